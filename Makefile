@@ -1,0 +1,41 @@
+# Set-up is part of every target: a fresh machine needs only `make serve` or `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch goes in first, so nothing pulls the multi-GB CUDA build; on a machine with a
+# GPU, set TORCH_SPEC to the torch you want (e.g. TORCH_SPEC='torch>=2.4,<2.14').
+TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.4,<2.14' || echo 'torch==2.13.0')
+HOST ?= 127.0.0.1
+PORT ?= 8000
+ARGS ?=
+
+.PHONY: serve test lint bench soak clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+serve: $(VENV)/.installed
+	$(BIN)/realtime-gw serve --host $(HOST) --port $(PORT) $(ARGS)
+
+test: $(VENV)/.installed-dev
+	$(BIN)/ruff check realtime_gw tests loadtest examples
+	$(BIN)/pytest -q -p no:cacheprovider $(ARGS)
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/python loadtest/bench_realtime.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,63 @@
+"""The Starlette application: routes, lifespan (workers), shared gateway state."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.registry import Workers, build_workers
+from realtime_gw.models.responder import Responder, build_responder
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Gateway:
+    """What every handler shares: the config, the workers, and live session bookkeeping."""
+
+    config: GatewayConfig
+    workers: Workers
+    responder: Responder
+    sessions: dict[str, int] = field(default_factory=lambda: {"realtime": 0, "openpi": 0})
+
+
+def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlette:
+    from realtime_gw.server import ops, realtime_ws
+
+    gateway = Gateway(
+        config=config, workers=workers or build_workers(config), responder=build_responder(config)
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gateway.workers.start(warmup=config.warmup)
+        log.info("gateway ready on %s:%s", config.host, config.port)
+        try:
+            yield
+        finally:
+            await gateway.workers.stop()
+
+    routes: list[BaseRoute] = [
+        Route("/healthz", ops.healthz),
+        Route("/readyz", ops.readyz),
+        Route("/metrics", ops.metrics),
+        Route("/v1/models", ops.models),
+        WebSocketRoute("/v1/realtime", realtime_ws.realtime_endpoint),
+    ]
+    if gateway.workers.policy is not None:
+        from realtime_gw.server import openpi_ws
+
+        routes += [
+            WebSocketRoute("/v1/realtime/robot/openpi", openpi_ws.openpi_endpoint),
+            # openpi-client's WebsocketClientPolicy connects to ws://host:port/ with no path.
+            WebSocketRoute("/", openpi_ws.openpi_endpoint),
+        ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.gateway = gateway
+    return app

@@ -1,0 +1,65 @@
+"""``realtime-gw serve``: every config field is also a flag (``--tts tone``, ``--openpi-tracebacks``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import typing
+from typing import Any
+
+import msgspec
+
+from realtime_gw.config import FIELDS, GatewayConfig, load_config
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    hints = typing.get_type_hints(GatewayConfig)
+    for name in FIELDS:
+        flag = "--" + name.replace("_", "-")
+        hint = hints[name]
+        if hint is bool:
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None)
+        elif typing.get_origin(hint) is list:
+            parser.add_argument(flag, dest=name, default=None, type=msgspec.json.decode, help="JSON list")
+        else:
+            choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
+            parser.add_argument(flag, dest=name, default=None, choices=choices)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="realtime-gw", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", default=None, help="TOML config file")
+    _add_config_flags(serve)
+    return parser
+
+
+def serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from realtime_gw.app import create_app
+
+    overrides: dict[str, Any] = {k: getattr(args, k) for k in FIELDS}
+    try:
+        config = load_config(args.config, overrides=overrides)
+    except (msgspec.ValidationError, msgspec.DecodeError, OSError) as e:
+        sys.exit(f"realtime-gw: bad configuration: {e}")
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(config)
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        ws_max_size=max(config.max_frame_bytes, config.openpi_max_frame_bytes),
+        ws_ping_interval=20.0,
+        ws_ping_timeout=20.0,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        serve(args)

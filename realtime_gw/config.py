@@ -1,0 +1,96 @@
+"""One config for the whole gateway: defaults < TOML file < environment < CLI flags.
+
+Environment variables are ``REALTIME_GW_<FIELD>`` (upper case), e.g. ``REALTIME_GW_PORT=9000``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+ENV_PREFIX = "REALTIME_GW_"
+
+
+class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # -- server ---------------------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    """Bearer key for HTTP and /v1/realtime, ``Api-Key`` for the OpenPI socket; None = open."""
+    log_level: str = "info"
+    max_sessions: int = 256
+    max_frame_bytes: int = 16 * 1024 * 1024
+    """Largest WebSocket message accepted (uvicorn closes with 1009 above it)."""
+    outbound_queue_frames: int = 2048
+    """Per-session outbound events waiting for the socket; a client that stops reading is closed."""
+    audio_lead_ms: int = 400
+    """How far ahead of real-time playback audio is sent (0 = as fast as produced)."""
+    warmup: bool = True
+
+    # -- realtime voice -------------------------------------------------------------------------------
+    max_input_buffer_bytes: int = 15 * 1024 * 1024
+    """Bound on the decoded input audio buffer of one session (PCM16)."""
+    max_conversation_items: int = 512
+    tts: Literal["piper", "tone"] = "piper"
+    tts_voice: str = "joe"
+    tts_max_batch: int = 8
+    asr: Literal["pocketsphinx"] = "pocketsphinx"
+    asr_slots: int = 4
+    vad: Literal["silero"] = "silero"
+    vad_max_batch: int = 64
+    responder: Literal["echo", "openai"] = "echo"
+    responder_url: str = "http://127.0.0.1:8001/v1"
+    responder_model: str = "default"
+    responder_api_key: str | None = None
+    responder_max_tokens: int = 256
+    responder_timeout_s: float = 30.0
+    worker_max_active: int = 256
+
+    # -- robots (OpenPI) ------------------------------------------------------------------------------
+    policy: Literal["pi0", "noop", "none"] = "pi0"
+    """`none` disables the robot socket and skips loading torch."""
+    policy_config: Literal["tiny", "pi0"] = "tiny"
+    policy_path: str | None = None
+    policy_device: str = "cpu"
+    policy_max_batch: int = 16
+    policy_max_wait_ms: float = 2.0
+    policy_norm_stats: str | None = None
+    openpi_tracebacks: bool = False
+    openpi_idle_timeout_s: float = 30.0
+    openpi_max_sessions: int = 64
+    openpi_max_frame_bytes: int = 64 * 1024 * 1024
+    openpi_image_history: list[int] = msgspec.field(default_factory=lambda: [0])
+    openpi_state_history: list[int] = msgspec.field(default_factory=lambda: [0])
+
+
+FIELDS = {f.name: f for f in msgspec.structs.fields(GatewayConfig)}
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in FIELDS:
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is None:
+            continue
+        # Lists come as JSON ("[-2,-1,0]"); everything else is converted from the string.
+        out[name] = msgspec.json.decode(raw) if raw.startswith("[") else raw
+    return out
+
+
+def load_config(
+    path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> GatewayConfig:
+    """Merge defaults, a TOML file, ``REALTIME_GW_*`` variables and explicit overrides, in that order."""
+    merged: dict[str, Any] = {}
+    if path is not None:
+        merged.update(msgspec.toml.decode(Path(path).read_bytes()))
+    merged.update(_from_env(os.environ if env is None else env))
+    merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    # strict=False lets "9000" (env) become 9000 and "true" become True.
+    return msgspec.convert(merged, GatewayConfig, strict=False)

@@ -1,0 +1,69 @@
+"""Builds the stage workers the config asks for; the only place that maps names to backends."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.runtime import StageWorker
+
+
+@dataclass
+class Workers:
+    tts: StageWorker
+    asr: StageWorker
+    vad: StageWorker
+    policy: StageWorker | None = None
+    all: list[StageWorker] = field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        return all(w.ready for w in self.all)
+
+    async def start(self, warmup: bool = True) -> None:
+        # Warm-ups run concurrently, each on its own worker thread.
+        await asyncio.gather(*(w.start(warmup=warmup) for w in self.all))
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(w.stop() for w in self.all), return_exceptions=True)
+
+
+def build_tts(config: GatewayConfig) -> StageWorker:
+    if config.tts == "tone":
+        from realtime_gw.models.tts_tone import ToneTtsBackend
+
+        backend = ToneTtsBackend()
+    else:
+        from realtime_gw.models.tts_piper import PiperTtsBackend
+
+        backend = PiperTtsBackend(voice=config.tts_voice)
+    return StageWorker(backend, max_batch=config.tts_max_batch, max_active=config.worker_max_active)
+
+
+def build_workers(config: GatewayConfig) -> Workers:
+    from realtime_gw.models.asr_pocketsphinx import PocketsphinxAsrBackend
+    from realtime_gw.models.vad_silero import SileroVadBackend
+
+    tts = build_tts(config)
+    asr = StageWorker(
+        PocketsphinxAsrBackend(slots=config.asr_slots),
+        max_batch=config.asr_slots,
+        max_active=config.worker_max_active,
+    )
+    vad = StageWorker(
+        SileroVadBackend(), max_batch=config.vad_max_batch, max_active=config.worker_max_active
+    )
+    workers = Workers(tts=tts, asr=asr, vad=vad)
+    if config.policy != "none":
+        from realtime_gw.models.policy_pi0 import build_policy_backend
+
+        workers.policy = StageWorker(
+            build_policy_backend(config),
+            device=config.policy_device,
+            max_batch=config.policy_max_batch,
+            max_wait_ms=config.policy_max_wait_ms,
+            max_active=config.openpi_max_sessions * 2,
+        )
+    workers.all = [w for w in (tts, asr, vad, workers.policy) if w is not None]
+    return workers

@@ -1,0 +1,36 @@
+"""Tone "TTS": a sine beep per sentence instead of speech.
+
+For measuring gateway overhead only (framing, scheduling, transport) with no model cost; it says
+nothing. Same contract as ``PiperTtsBackend``: sentences in, 1920-sample 24 kHz frames out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from realtime_gw.models.tts_piper import SentenceTtsBackend, TtsState
+from realtime_gw.models.types import FRAME_SAMPLES, OUTPUT_RATE
+from realtime_gw.protocols.audio import float32_to_pcm16
+
+
+class ToneTtsBackend(SentenceTtsBackend):
+    """220 Hz tone, ~60 ms per character (scaled by 1/speed), at least one frame per sentence."""
+
+    name = "tts-tone"
+    native_rate = OUTPUT_RATE  # no resampling: the cheapest possible path
+    voices = ("tone",)
+
+    def __init__(self, freq_hz: float = 220.0, ms_per_char: float = 60.0, amplitude: float = 0.2) -> None:
+        super().__init__("tone")
+        self.freq_hz = freq_hz
+        self.ms_per_char = ms_per_char
+        self.amplitude = amplitude
+
+    def _synthesize(self, state: TtsState, sentence: str) -> bytes:
+        n = int(len(sentence) * self.ms_per_char * state.length_scale * OUTPUT_RATE / 1000)
+        n = max(n, FRAME_SAMPLES)
+        phase0 = state.extra or 0.0  # phase carried across sentences: no click at the seam
+        step = 2 * np.pi * self.freq_hz / OUTPUT_RATE
+        phase = phase0 + step * np.arange(n, dtype=np.float64)
+        state.extra = float((phase0 + step * n) % (2 * np.pi))
+        return float32_to_pcm16(self.amplitude * np.sin(phase))

@@ -1,0 +1,34 @@
+"""Operational endpoints: health, readiness, Prometheus metrics, model list."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    """200 only after every worker has run one real warm-up inference."""
+    workers = request.app.state.gateway.workers
+    status = {w.name: w.ready for w in workers.all}
+    ready = bool(status) and all(status.values())
+    return JSONResponse({"ready": ready, "workers": status}, status_code=200 if ready else 503)
+
+
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def models(request: Request) -> Response:
+    gateway = request.app.state.gateway
+    w = gateway.workers
+    data = [
+        {"id": "realtime-gw", "object": "model", "owned_by": "realtime-gw", "tts": w.tts.name, "asr": w.asr.name},
+    ]
+    if w.policy is not None:
+        data.append({"id": "openpi-policy", "object": "model", "owned_by": "realtime-gw", "policy": w.policy.name})
+    return JSONResponse({"object": "list", "data": data})

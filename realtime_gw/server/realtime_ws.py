@@ -1,0 +1,357 @@
+"""``/v1/realtime``: the thin loop around ``RealtimeSession``.
+
+One mailbox per connection, consumed by one task that owns the session (no locks). Other tasks only
+move bytes (reader, writer) or pump worker results into the mailbox. The writer paces audio to
+``audio_lead_ms`` ahead of real-time playback and drops audio of cancelled responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from realtime_gw.app import Gateway
+from realtime_gw.models.runtime import NoFreeSlot, Stream, WorkerFault
+from realtime_gw.models.types import AsrRequest, TtsRequest, VadRequest
+from realtime_gw.protocols import realtime as rt
+from realtime_gw.server import auth
+from realtime_gw.server.metrics import FRAME_LATENESS, SESSIONS, TTFA
+from realtime_gw.sessions.events import (
+    CancelResponse,
+    Effect,
+    FeedVad,
+    Limits,
+    PurgeAudio,
+    ResponseAudio,
+    ResponseFinished,
+    ResponseTextDelta,
+    Send,
+    StartResponse,
+    StartVad,
+    StopVad,
+    Tick,
+    Transcribe,
+    TranscriptionDone,
+    VadResult,
+)
+from realtime_gw.sessions.realtime import RealtimeSession
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.25
+AUDIO_HIGH_WATER = 32  # queued audio frames above which TTS output is not pulled (backpressure)
+SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
+
+
+class _Closed(Exception):
+    """The connection must end (client gone or a limit hit)."""
+
+
+@dataclass(slots=True)
+class _Out:
+    data: bytes
+    response_id: str | None
+    audio_ms: float
+    seq: int
+
+
+class RealtimeConnection:
+    def __init__(self, ws: WebSocket, gateway: Gateway, session: RealtimeSession) -> None:
+        self.ws = ws
+        self.gateway = gateway
+        self.config = gateway.config
+        self.session = session
+        self.mailbox: asyncio.Queue[Any] = asyncio.Queue(maxsize=1024)
+        self.outbound: deque[_Out] = deque()
+        self.out_ready = asyncio.Event()
+        self.audio_room = asyncio.Event()
+        self.audio_room.set()
+        self.queued_audio = 0
+        self.seq = 0
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.vad_streams: dict[int, Stream[Any]] = {}
+        self.responses: dict[str, asyncio.Task[None]] = {}
+        self.response_started: dict[str, float] = {}
+        self.playback: dict[str, tuple[float, float]] = {}  # response_id -> (t0, audio ms sent)
+        self.purged: set[str] = set()
+        self.close_reason: tuple[int, str] | None = None
+
+    # -- task plumbing -------------------------------------------------------------------------------
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def run(self) -> None:
+        writer = self.spawn(self._writer(), "writer")
+        reader = self.spawn(self._reader(), "reader")
+        ticker = self.spawn(self._ticker(), "ticker")
+        self._run_effects(self.session.start(time.monotonic()))
+        try:
+            while True:
+                item = await self.mailbox.get()
+                if item is _DISCONNECTED:
+                    break
+                self._run_effects(self.session.handle(item, time.monotonic()))
+                if self.close_reason is not None:
+                    break
+        except _Closed:
+            pass
+        finally:
+            self._run_effects(self.session.close(), closing=True)
+            for t in (reader, ticker, *self.responses.values()):
+                t.cancel()
+            for s in self.vad_streams.values():
+                s.cancel()
+            if self.close_reason is not None:
+                writer.cancel()
+                code, reason = self.close_reason
+                with contextlib.suppress(Exception):
+                    await self.ws.close(code=code, reason=reason)
+            else:
+                writer.cancel()
+            for t in list(self.tasks):
+                t.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def _reader(self) -> None:
+        try:
+            while True:
+                msg = await self.ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    break
+                data = msg.get("text")
+                if data is None:
+                    data = msg.get("bytes")
+                    event: Any = rt.error_event(
+                        "Binary frames are not supported; send JSON text events", code="invalid_frame"
+                    ) if data is not None else None
+                    if event is None:
+                        continue
+                else:
+                    event = rt.decode_client_event(data)
+                await self.mailbox.put(event)
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+        finally:
+            with contextlib.suppress(asyncio.QueueFull):
+                self.mailbox.put_nowait(_DISCONNECTED)
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            await self.mailbox.put(Tick())
+
+    # -- effects -------------------------------------------------------------------------------------
+    def _run_effects(self, effects: list[Effect], closing: bool = False) -> None:
+        for e in effects:
+            if isinstance(e, Send):
+                if not closing:
+                    self._enqueue(e)
+            elif isinstance(e, FeedVad):
+                stream = self.vad_streams.get(e.stream_id)
+                if stream is not None:
+                    stream.push(e.pcm)
+            elif isinstance(e, StartVad):
+                self._start_vad(e)
+            elif isinstance(e, StopVad):
+                stream = self.vad_streams.pop(e.stream_id, None)
+                if stream is not None:
+                    stream.cancel()
+            elif isinstance(e, Transcribe):
+                self.spawn(self._transcribe(e), f"asr-{e.item_id}")
+            elif isinstance(e, StartResponse):
+                self.response_started.setdefault(e.response_id, time.perf_counter())
+                self.responses[e.response_id] = self.spawn(self._respond(e), f"resp-{e.response_id}")
+            elif isinstance(e, CancelResponse):
+                task = self.responses.pop(e.response_id, None)
+                if task is not None:
+                    task.cancel()
+            elif isinstance(e, PurgeAudio):
+                self._purge(e.response_id)
+
+    def _enqueue(self, e: Send) -> None:
+        ev = e.event
+        self.seq += 1
+        ev.server_event_seq = self.seq
+        if isinstance(ev, rt.ResponseCreatedEvent):
+            self.response_started[ev.response.id] = time.perf_counter()
+        elif isinstance(ev, rt.ResponseDoneEvent):
+            self.response_started.pop(ev.response.id, None)
+        if len(self.outbound) >= self.config.outbound_queue_frames:
+            self.close_reason = (1008, "outbound queue full: the client is not reading")
+            raise _Closed
+        self.outbound.append(_Out(rt.encode_server_event(ev), e.response_id, e.audio_ms, self.seq))
+        if e.response_id is not None:
+            self.queued_audio += 1
+            if self.queued_audio >= AUDIO_HIGH_WATER:
+                self.audio_room.clear()
+        self.out_ready.set()
+
+    def _purge(self, response_id: str) -> None:
+        self.purged.add(response_id)
+        kept = deque(o for o in self.outbound if o.response_id != response_id)
+        self.queued_audio -= len(self.outbound) - len(kept)
+        self.outbound = kept
+        if self.queued_audio < AUDIO_HIGH_WATER:
+            self.audio_room.set()
+
+    async def _writer(self) -> None:
+        lead = self.config.audio_lead_ms / 1000.0
+        try:
+            while True:
+                while not self.outbound:
+                    self.out_ready.clear()
+                    await self.out_ready.wait()
+                item = self.outbound[0]
+                if item.response_id is not None:
+                    t0, sent_ms = self.playback.get(item.response_id, (0.0, 0.0))
+                    now = time.perf_counter()
+                    if not t0:
+                        t0 = now
+                        started = self.response_started.get(item.response_id)
+                        if started is not None:
+                            TTFA.observe(now - started)
+                    due = t0 + sent_ms / 1000.0  # when this frame starts playing at the client
+                    if lead >= 0 and self.config.audio_lead_ms and now < due - lead:
+                        await asyncio.sleep(due - lead - now)
+                        continue  # the queue may have been purged meanwhile
+                    FRAME_LATENESS.observe(max(0.0, now - due))
+                    self.playback[item.response_id] = (t0, sent_ms + item.audio_ms)
+                self.outbound.popleft()
+                if item.response_id is not None:
+                    self.queued_audio -= 1
+                    if self.queued_audio < AUDIO_HIGH_WATER:
+                        self.audio_room.set()
+                await self.ws.send_text(item.data.decode())
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            with contextlib.suppress(asyncio.QueueFull):
+                self.mailbox.put_nowait(_DISCONNECTED)
+
+    # -- worker pumps ----------------------------------------------------------------------------------
+    def _start_vad(self, e: StartVad) -> None:
+        try:
+            stream = self.gateway.workers.vad.submit(VadRequest(sample_rate=e.sample_rate))
+        except NoFreeSlot as err:
+            self._enqueue(self.session.error(f"Server VAD unavailable: {err}", "server_busy"))
+            return
+        self.vad_streams[e.stream_id] = stream
+        self.spawn(self._pump_vad(e.stream_id, stream), f"vad-{e.stream_id}")
+
+    async def _pump_vad(self, stream_id: int, stream: Stream[Any]) -> None:
+        try:
+            async for probs in stream:
+                await self.mailbox.put(VadResult(probs, stream_id))
+        except WorkerFault as err:
+            log.warning("VAD stream failed: %s", err)
+
+    async def _transcribe(self, e: Transcribe) -> None:
+        stream: Stream[Any] | None = None
+        try:
+            stream = self.gateway.workers.asr.submit(AsrRequest(pcm=e.pcm, sample_rate=e.sample_rate))
+            results = await stream.collect()
+            text = " ".join(r.text for r in results if r.text)
+            await self.mailbox.put(TranscriptionDone(e.item_id, text))
+        except (NoFreeSlot, WorkerFault) as err:
+            await self.mailbox.put(TranscriptionDone(e.item_id, None, str(err)))
+        finally:
+            if stream is not None:
+                stream.cancel()
+
+    async def _respond(self, e: StartResponse) -> None:
+        error: str | None = None
+        tts: Stream[Any] | None = None
+        feeder: asyncio.Task[None] | None = None
+        try:
+            texts = self.gateway.responder.stream(e.messages, e.max_output_tokens)
+            if not e.audio:
+                async for piece in texts:
+                    await self.mailbox.put(ResponseTextDelta(e.response_id, e.epoch, piece))
+            else:
+                tts = self.gateway.workers.tts.submit(TtsRequest(voice=e.voice, speed=e.speed))
+                feeder = asyncio.create_task(self._feed_tts(texts, tts))
+                async for frame in tts:
+                    await self.mailbox.put(ResponseAudio(e.response_id, e.epoch, frame))
+                    if not self.audio_room.is_set():
+                        await self.audio_room.wait()
+                await feeder  # surfaces responder errors
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # responder or worker fault: this response fails, the session goes on
+            log.warning("response %s failed: %s", e.response_id, err)
+            error = str(err) or type(err).__name__
+        finally:
+            if feeder is not None and not feeder.done():
+                feeder.cancel()
+            if tts is not None:
+                tts.cancel()
+            self.responses.pop(e.response_id, None)
+        await self.mailbox.put(ResponseFinished(e.response_id, e.epoch, error))
+
+    async def _feed_tts(self, texts: Any, tts: Stream[Any]) -> None:
+        try:
+            async for piece in texts:
+                tts.push(piece)
+        finally:
+            tts.close_input()
+
+
+_DISCONNECTED = object()
+
+
+def _limits(gateway: Gateway, model: str) -> Limits:
+    voices = getattr(gateway.workers.tts.backend, "voices", None) or ("default",)
+    return Limits(
+        max_input_buffer_bytes=gateway.config.max_input_buffer_bytes,
+        max_items=gateway.config.max_conversation_items,
+        voices=frozenset(voices) | {"default"},
+        model=model,
+    )
+
+
+async def realtime_endpoint(ws: WebSocket) -> None:
+    gateway: Gateway = ws.app.state.gateway
+    config = gateway.config
+    offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+    if config.api_key is not None:
+        key = auth.bearer_key(ws.headers.get("authorization")) or next(
+            (p[len(SUBPROTOCOL_KEY_PREFIX) :] for p in offered if p.startswith(SUBPROTOCOL_KEY_PREFIX)), None
+        )
+        if not auth.key_matches(key, config.api_key):
+            await ws.close(code=1008, reason="invalid or missing API key")
+            return
+    subprotocol = "realtime" if "realtime" in offered else None
+    await ws.accept(subprotocol=subprotocol)
+    if gateway.sessions["realtime"] >= config.max_sessions:
+        await ws.send_text(
+            rt.encode_server_event(
+                rt.error_event(
+                    f"Session limit reached ({config.max_sessions}); try again later",
+                    code="session_limit_reached",
+                    type="server_error",
+                )
+            ).decode()
+        )
+        await ws.close(code=1013, reason="session limit reached")
+        return
+    model = ws.query_params.get("model") or "realtime-gw"
+    session = RealtimeSession("sess_" + secrets.token_hex(8), _limits(gateway, model), time.monotonic())
+    gateway.sessions["realtime"] += 1
+    SESSIONS.labels("realtime").inc()
+    try:
+        await RealtimeConnection(ws, gateway, session).run()
+    finally:
+        gateway.sessions["realtime"] -= 1
+        SESSIONS.labels("realtime").dec()
+        if ws.client_state == WebSocketState.CONNECTED:
+            with contextlib.suppress(Exception):
+                await ws.close()

@@ -1,0 +1,133 @@
+"""What flows into a session besides client events (worker results, time) and what flows out (effects).
+
+Every worker result carries the ``(response_id, epoch)`` it was started under; the session drops
+results whose pair is not the live one, so late frames of a cancelled response can never leak out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from realtime_gw.models.types import TtsFrame, VadProbs
+from realtime_gw.protocols.realtime import ServerEvent
+
+# -- inputs ------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class VadResult:
+    probs: VadProbs
+    stream_id: int
+    """Which VAD stream produced it; results of a replaced stream are dropped."""
+
+
+@dataclass(slots=True)
+class TranscriptionDone:
+    item_id: str
+    text: str | None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class ResponseTextDelta:
+    response_id: str
+    epoch: int
+    text: str
+
+
+@dataclass(slots=True)
+class ResponseAudio:
+    response_id: str
+    epoch: int
+    frame: TtsFrame
+
+
+@dataclass(slots=True)
+class ResponseFinished:
+    response_id: str
+    epoch: int
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class Tick:
+    """Time passes (idle timeouts)."""
+
+
+# -- effects -----------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Send:
+    event: ServerEvent
+    response_id: str | None = None
+    """Set on audio deltas, so the transport can pace them and purge them on cancel."""
+    audio_ms: float = 0.0
+
+
+@dataclass(slots=True)
+class StartVad:
+    stream_id: int
+    sample_rate: int
+
+
+@dataclass(slots=True)
+class StopVad:
+    stream_id: int
+
+
+@dataclass(slots=True)
+class FeedVad:
+    stream_id: int
+    pcm: bytes
+
+
+@dataclass(slots=True)
+class Transcribe:
+    item_id: str
+    pcm: bytes
+    sample_rate: int
+
+
+@dataclass(slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(slots=True)
+class StartResponse:
+    response_id: str
+    epoch: int
+    messages: list[ChatMessage]
+    audio: bool
+    """Speak the reply (TTS); otherwise text only."""
+    voice: str = "default"
+    speed: float = 1.0
+    max_output_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class CancelResponse:
+    response_id: str
+    epoch: int
+
+
+@dataclass(slots=True)
+class PurgeAudio:
+    """Drop audio of this response that is queued but not yet sent."""
+
+    response_id: str
+
+
+Effect = Send | StartVad | StopVad | FeedVad | Transcribe | StartResponse | CancelResponse | PurgeAudio
+
+
+@dataclass(slots=True)
+class Limits:
+    """Bounds and catalogues the gateway gives each session (from the config and the TTS backend)."""
+
+    max_input_buffer_bytes: int = 15 * 1024 * 1024
+    max_items: int = 512
+    voices: frozenset[str] = field(default_factory=lambda: frozenset({"default"}))
+    model: str = "realtime-gw"

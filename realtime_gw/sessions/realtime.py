@@ -1,0 +1,812 @@
+"""The pure state machine of one ``/v1/realtime`` session: ``handle(event, now) -> list[Effect]``.
+
+It owns the session config, the input audio buffer, server-VAD turn state, the conversation and the
+one live response. It never awaits or calls a model; the transport runs its effects and feeds worker
+results back in. Every rule about ordering (exactly one ``response.done`` per response, no output of a
+cancelled epoch) lives here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from msgspec import UNSET
+
+from realtime_gw.models.types import FRAME_SAMPLES, OUTPUT_RATE, TtsFrame
+from realtime_gw.protocols import audio
+from realtime_gw.protocols import realtime as rt
+from realtime_gw.sessions.conversation import (
+    Conversation,
+    ConversationError,
+    Entry,
+    SpokenSpan,
+    assistant_part,
+    heard_text,
+    item_text,
+)
+from realtime_gw.sessions.events import (
+    CancelResponse,
+    ChatMessage,
+    Effect,
+    FeedVad,
+    Limits,
+    PurgeAudio,
+    ResponseAudio,
+    ResponseFinished,
+    ResponseTextDelta,
+    Send,
+    StartResponse,
+    StartVad,
+    StopVad,
+    Tick,
+    Transcribe,
+    TranscriptionDone,
+    VadResult,
+)
+from realtime_gw.sessions.turn_detection import SpeechStarted, SpeechStopped, TurnDetector
+
+MIN_COMMIT_MS = 100  # as OpenAI: a commit needs at least 100 ms of audio
+OUTPUT_RATES = {"audio/pcm": OUTPUT_RATE, "audio/pcmu": 8000, "audio/pcma": 8000}
+OUTPUT_FORMATS = frozenset(OUTPUT_RATES)
+SEMANTIC_SILENCE_MS = {"low": 1200, "medium": 700, "high": 400, "auto": 700}
+
+
+@dataclass(slots=True)
+class SessionSettings:
+    instructions: str = ""
+    output_modalities: list[str] = field(default_factory=lambda: ["audio"])
+    input_format: str = "audio/pcm"
+    input_rate: int = 24000
+    transcription: rt.TranscriptionConfig | None = None
+    turn_detection: rt.ServerVad | rt.SemanticVad | None = field(default_factory=rt.ServerVad)
+    noise_reduction: str | None = None
+    output_format: str = "audio/pcm"
+    voice: str = "default"
+    speed: float = 1.0
+    max_output_tokens: int | None = None
+
+    def to_wire(self, session_id: str, model: str) -> rt.SessionOut:
+        td: Any = None if self.turn_detection is None else msgspec.to_builtins(self.turn_detection)
+        in_fmt: dict[str, Any] = {"type": self.input_format}
+        if self.input_format == "audio/pcm":
+            in_fmt["rate"] = self.input_rate
+        out_fmt: dict[str, Any] = {"type": self.output_format}
+        if self.output_format == "audio/pcm":
+            out_fmt["rate"] = OUTPUT_RATE
+        return rt.SessionOut(
+            id=session_id,
+            model=model,
+            instructions=self.instructions,
+            output_modalities=list(self.output_modalities),
+            audio={
+                "input": {
+                    "format": in_fmt,
+                    "transcription": None
+                    if self.transcription is None
+                    else msgspec.to_builtins(self.transcription),
+                    "turn_detection": td,
+                    "noise_reduction": None
+                    if self.noise_reduction is None
+                    else {"type": self.noise_reduction},
+                },
+                "output": {"format": out_fmt, "voice": self.voice, "speed": self.speed},
+            },
+            max_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
+        )
+
+
+@dataclass(slots=True)
+class LiveResponse:
+    id: str
+    epoch: int
+    item_id: str
+    audio: bool
+    in_conversation: bool
+    params: StartResponse | None = None
+    started: bool = False
+    frames: int = 0
+    audio_ms: float = 0.0
+    text: str = ""
+    spans: list[SpokenSpan] = field(default_factory=list)
+    encoder: audio.OutputEncoder | None = None
+    metadata: dict[str, str] | None = None
+
+
+class SessionError(Exception):
+    """A client event that breaks a rule; becomes one ``error`` event, state unchanged."""
+
+    def __init__(self, message: str, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+class RealtimeSession:
+    def __init__(self, session_id: str, limits: Limits, now: float = 0.0) -> None:
+        self.id = session_id
+        self.limits = limits
+        self.settings = SessionSettings()
+        self.conversation = Conversation(limits.max_items)
+        self.closed = False
+        # input audio: PCM16 at settings.input_rate; buffer_start_ms is where it sits on the timeline
+        self.buffer = bytearray()
+        self.buffer_start_ms = 0.0
+        self.turns = TurnDetector()
+        self.speech_item_id: str | None = None
+        self.vad_stream = 0
+        self.vad_origin_ms = 0.0
+        self.last_activity = now
+        self.response: LiveResponse | None = None
+        self.epoch = 0
+        self.waiting_transcripts: set[str] = set()
+        self._ids = itertools.count(1)
+        self._vad_ids = itertools.count(1)
+
+    # -- ids -----------------------------------------------------------------------------------------
+    def _new_id(self, prefix: str) -> str:
+        return f"{prefix}_{self.id[-8:]}{next(self._ids):05d}"
+
+    def _send(self, event: rt.ServerEvent, **kw: Any) -> Send:
+        event.event_id = self._new_id("event")
+        return Send(event, **kw)
+
+    def error(self, message: str, code: str, param: str | None = None, event_id: str | None = None) -> Send:
+        return self._send(rt.error_event(message, code=code, param=param, event_id=event_id))
+
+    @property
+    def bytes_per_ms(self) -> float:
+        return self.settings.input_rate * 2 / 1000.0
+
+    # -- entry points --------------------------------------------------------------------------------
+    def start(self, now: float) -> list[Effect]:
+        """Effects for a new connection: ``session.created`` and the default VAD stream."""
+        out: list[Effect] = [self._send(rt.SessionCreatedEvent(session=self._wire()))]
+        out += self._restart_vad()
+        return out
+
+    def handle(self, event: object, now: float) -> list[Effect]:
+        if self.closed:
+            return []
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            raise TypeError(f"no handler for {type(event).__name__}")
+        try:
+            return handler(self, event, now)
+        except (SessionError, ConversationError) as e:
+            event_id = getattr(event, "event_id", None)
+            return [self.error(str(e), e.code, e.param, event_id)]
+
+    def close(self) -> list[Effect]:
+        """The connection is gone: cancel the live response and stop the VAD stream."""
+        out: list[Effect] = []
+        if self.response is not None:
+            out += self._cancel("client_disconnected")
+        out.append(StopVad(self.vad_stream))
+        self.closed = True
+        return out
+
+    def _wire(self) -> rt.SessionOut:
+        return self.settings.to_wire(self.id, self.limits.model)
+
+    # -- session.update ------------------------------------------------------------------------------
+    def _on_session_update(self, ev: rt.SessionUpdateEvent, now: float) -> list[Effect]:
+        p = ev.session
+        new = SessionSettings(**{f: getattr(self.settings, f) for f in SessionSettings.__slots__})
+        if p.type is not UNSET and p.type != "realtime":
+            raise SessionError(
+                f"Unsupported session type '{p.type}'; only 'realtime' is served", "invalid_value", "session.type"
+            )
+        if p.instructions is not UNSET:
+            new.instructions = p.instructions
+        if p.output_modalities is not UNSET:
+            if not p.output_modalities:
+                raise SessionError("output_modalities must not be empty", "invalid_value", "session.output_modalities")
+            new.output_modalities = list(p.output_modalities)
+        if p.max_output_tokens is not UNSET:
+            new.max_output_tokens = None if p.max_output_tokens == "inf" else p.max_output_tokens
+        if p.audio is not UNSET:
+            self._apply_audio(new, p.audio)
+        restart_vad = (new.turn_detection is None) != (self.settings.turn_detection is None) or (
+            new.input_format,
+            new.input_rate,
+        ) != (self.settings.input_format, self.settings.input_rate)
+        if (new.input_format, new.input_rate) != (self.settings.input_format, self.settings.input_rate):
+            # Audio in the old format cannot be mixed with the new one.
+            self.buffer.clear()
+        self.settings = new
+        self._configure_turns()
+        out: list[Effect] = [self._send(rt.SessionUpdatedEvent(session=self._wire()))]
+        if restart_vad:
+            out += self._restart_vad()
+        return out
+
+    def _apply_audio(self, new: SessionSettings, a: rt.AudioConfig) -> None:
+        if a.input is not UNSET:
+            i = a.input
+            if i.format is not UNSET:
+                try:
+                    new.input_rate = audio.input_rate(i.format.type, i.format.rate)
+                except ValueError as e:
+                    raise SessionError(str(e), "invalid_value", "session.audio.input.format") from None
+                new.input_format = i.format.type
+            if i.transcription is not UNSET:
+                new.transcription = i.transcription
+            if i.turn_detection is not UNSET:
+                td = i.turn_detection
+                if isinstance(td, rt.ServerVad):
+                    if not 0.0 < td.threshold < 1.0:
+                        raise SessionError(
+                            "threshold must be between 0 and 1",
+                            "invalid_value",
+                            "session.audio.input.turn_detection.threshold",
+                        )
+                    if td.silence_duration_ms < 0 or td.prefix_padding_ms < 0:
+                        raise SessionError(
+                            "durations must not be negative",
+                            "invalid_value",
+                            "session.audio.input.turn_detection",
+                        )
+                new.turn_detection = td
+            if i.noise_reduction is not UNSET:
+                new.noise_reduction = None if i.noise_reduction is None else i.noise_reduction.type
+        if a.output is not UNSET:
+            o = a.output
+            if o.format is not UNSET:
+                if o.format.type not in OUTPUT_FORMATS:
+                    raise SessionError(
+                        f"Unsupported output format '{o.format.type}'; use one of {sorted(OUTPUT_FORMATS)}",
+                        "invalid_value",
+                        "session.audio.output.format.type",
+                    )
+                if o.format.type == "audio/pcm" and o.format.rate not in (None, OUTPUT_RATE):
+                    raise SessionError(
+                        f"Output audio/pcm is {OUTPUT_RATE} Hz; rate {o.format.rate} is not supported",
+                        "invalid_value",
+                        "session.audio.output.format.rate",
+                    )
+                new.output_format = o.format.type
+            if o.voice is not UNSET:
+                new.voice = self._check_voice(o.voice, "session.audio.output.voice")
+            if o.speed is not UNSET:
+                if not 0.25 <= o.speed <= 4.0:
+                    raise SessionError("speed must be between 0.25 and 4.0", "invalid_value", "session.audio.output.speed")
+                new.speed = o.speed
+
+    def _check_voice(self, voice: str, param: str) -> str:
+        if voice not in self.limits.voices:
+            raise SessionError(
+                f"Unknown voice '{voice}'; available: {', '.join(sorted(self.limits.voices))}", "invalid_value", param
+            )
+        return voice
+
+    def _configure_turns(self) -> None:
+        td = self.settings.turn_detection
+        if isinstance(td, rt.ServerVad):
+            self.turns.threshold = td.threshold
+            self.turns.silence_duration_ms = td.silence_duration_ms
+        elif isinstance(td, rt.SemanticVad):
+            self.turns.threshold = 0.5
+            self.turns.silence_duration_ms = SEMANTIC_SILENCE_MS[td.eagerness]
+
+    def _restart_vad(self) -> list[Effect]:
+        out: list[Effect] = [StopVad(self.vad_stream)] if self.vad_stream else []
+        self.turns.reset()
+        self.speech_item_id = None
+        if self.settings.turn_detection is None:
+            self.vad_stream = 0
+            return out
+        self.vad_stream = next(self._vad_ids)
+        self.vad_origin_ms = self._buffer_end_ms()
+        out.append(StartVad(self.vad_stream, self.settings.input_rate))
+        return out
+
+    # -- input audio buffer --------------------------------------------------------------------------
+    def _buffer_end_ms(self) -> float:
+        return self.buffer_start_ms + len(self.buffer) / self.bytes_per_ms
+
+    def _on_append(self, ev: rt.InputAudioBufferAppendEvent, now: float) -> list[Effect]:
+        try:
+            pcm = audio.decode_input(ev.audio, self.settings.input_format)
+        except ValueError as e:
+            raise SessionError(str(e), "invalid_value", "audio") from None
+        if len(self.buffer) + len(pcm) > self.limits.max_input_buffer_bytes:
+            raise SessionError(
+                f"Input audio buffer would exceed {self.limits.max_input_buffer_bytes} bytes; "
+                "commit or clear it first",
+                "input_audio_buffer_full",
+                "audio",
+            )
+        self.buffer += pcm
+        if self.settings.turn_detection is None or not self.vad_stream:
+            return []
+        return [FeedVad(self.vad_stream, pcm)]
+
+    def _on_commit(self, ev: rt.InputAudioBufferCommitEvent, now: float) -> list[Effect]:
+        if len(self.buffer) < MIN_COMMIT_MS * self.bytes_per_ms:
+            raise SessionError(
+                f"Error committing input audio buffer: buffer too small. Expected at least {MIN_COMMIT_MS}ms "
+                f"of audio, but buffer only has {len(self.buffer) / self.bytes_per_ms:.2f}ms of audio.",
+                "input_audio_buffer_commit_empty",
+            )
+        end_ms = self._buffer_end_ms()
+        item_id = self.speech_item_id or self._new_id("item")
+        self.speech_item_id = None
+        self.turns.reset()
+        return self._commit_range(item_id, self.buffer_start_ms, end_ms)
+
+    def _on_clear(self, ev: rt.InputAudioBufferClearEvent, now: float) -> list[Effect]:
+        self.buffer_start_ms = self._buffer_end_ms()
+        self.buffer.clear()
+        self.turns.reset()
+        self.speech_item_id = None
+        return [self._send(rt.InputAudioBufferClearedEvent())]
+
+    def _take(self, start_ms: float, end_ms: float) -> bytes:
+        """Remove audio up to ``end_ms`` from the buffer and return the part from ``start_ms``."""
+        lo = max(0, int((start_ms - self.buffer_start_ms) * self.bytes_per_ms) & ~1)
+        hi = max(lo, min(len(self.buffer), int((end_ms - self.buffer_start_ms) * self.bytes_per_ms) & ~1))
+        pcm = bytes(self.buffer[lo:hi])
+        del self.buffer[:hi]
+        self.buffer_start_ms += hi / self.bytes_per_ms
+        return pcm
+
+    def _commit_range(self, item_id: str, start_ms: float, end_ms: float) -> list[Effect]:
+        pcm = self._take(start_ms, end_ms)
+        previous = self.conversation.last_id()
+        item = rt.Item(
+            id=item_id,
+            object="realtime.item",
+            status="completed",
+            role="user",
+            content=[rt.ContentPart(type="input_audio", transcript=None)],
+        )
+        entry = self.conversation.add(item)
+        entry.transcript_pending = True
+        self.waiting_transcripts.add(item_id)
+        return [
+            self._send(rt.InputAudioBufferCommittedEvent(item_id=item_id, previous_item_id=previous)),
+            self._send(rt.ConversationItemAdded(item=item, previous_item_id=previous)),
+            self._send(rt.ConversationItemDone(item=item, previous_item_id=previous)),
+            Transcribe(item_id, pcm, self.settings.input_rate),
+        ]
+
+    # -- server VAD ----------------------------------------------------------------------------------
+    def _on_vad(self, ev: VadResult, now: float) -> list[Effect]:
+        td = self.settings.turn_detection
+        if td is None or ev.stream_id != self.vad_stream:
+            return []  # a result of a stream that was replaced or stopped
+        out: list[Effect] = []
+        origin = self.vad_origin_ms
+        for d in self.turns.feed(origin + ev.probs.start_ms, ev.probs.window_ms, ev.probs.probs):
+            if isinstance(d, SpeechStarted):
+                self.speech_item_id = self._new_id("item")
+                self.last_activity = now
+                out.append(
+                    self._send(
+                        rt.InputAudioBufferSpeechStartedEvent(
+                            audio_start_ms=int(d.start_ms), item_id=self.speech_item_id
+                        )
+                    )
+                )
+                if td.interrupt_response and self.response is not None:
+                    out += self._cancel("turn_detected")
+            elif isinstance(d, SpeechStopped):
+                item_id = self.speech_item_id or self._new_id("item")
+                self.speech_item_id = None
+                self.last_activity = now
+                out.append(
+                    self._send(rt.InputAudioBufferSpeechStoppedEvent(audio_end_ms=int(d.end_ms), item_id=item_id))
+                )
+                start = d.start_ms - (td.prefix_padding_ms if isinstance(td, rt.ServerVad) else 300)
+                out += self._commit_range(item_id, start, d.commit_ms)
+                if td.create_response and self.response is None:
+                    out += self._create_response(rt.ResponseParams(), None, now)
+        if not self.turns.speaking:
+            # Nobody is talking: keep only the prefix padding the next turn may need.
+            pad = td.prefix_padding_ms if isinstance(td, rt.ServerVad) else 300
+            keep_from = self.turns.position_ms - pad
+            if keep_from > self.buffer_start_ms:
+                self._take(keep_from, keep_from)
+        return out
+
+    def _on_tick(self, ev: Tick, now: float) -> list[Effect]:
+        td = self.settings.turn_detection
+        if not isinstance(td, rt.ServerVad) or not td.idle_timeout_ms:
+            return []
+        if self.turns.speaking or self.response is not None or self.waiting_transcripts:
+            self.last_activity = now
+            return []
+        if (now - self.last_activity) * 1000 < td.idle_timeout_ms:
+            return []
+        self.last_activity = now
+        item_id = self._new_id("item")
+        end = self._buffer_end_ms()
+        start = self.buffer_start_ms
+        out: list[Effect] = [
+            self._send(
+                rt.InputAudioBufferTimeoutTriggered(audio_start_ms=int(start), audio_end_ms=int(end), item_id=item_id)
+            )
+        ]
+        out += self._commit_range(item_id, start, end)
+        out += self._create_response(rt.ResponseParams(), None, now)
+        return out
+
+    def _on_transcription(self, ev: TranscriptionDone, now: float) -> list[Effect]:
+        self.waiting_transcripts.discard(ev.item_id)
+        out: list[Effect] = []
+        if ev.item_id in self.conversation:
+            entry = self.conversation.get(ev.item_id)
+            entry.transcript_pending = False
+            part = next(c for c in entry.item.content if c.type == "input_audio")
+            if ev.error is None:
+                part.transcript = ev.text or ""
+            if self.settings.transcription is not None:
+                if ev.error is None:
+                    out.append(
+                        self._send(
+                            rt.ConversationItemInputAudioTranscriptionDeltaEvent(
+                                item_id=ev.item_id, content_index=0, delta=part.transcript or ""
+                            )
+                        )
+                    )
+                    out.append(
+                        self._send(
+                            rt.ConversationItemInputAudioTranscriptionCompletedEvent(
+                                item_id=ev.item_id,
+                                content_index=0,
+                                transcript=part.transcript or "",
+                                usage=rt.TranscriptionUsage(seconds=0.0),
+                            )
+                        )
+                    )
+                else:
+                    out.append(
+                        self._send(
+                            rt.ConversationItemInputAudioTranscriptionFailedEvent(
+                                item_id=ev.item_id,
+                                content_index=0,
+                                error=rt.TranscriptionError(code="transcription_failed", message=ev.error),
+                            )
+                        )
+                    )
+        out += self._maybe_start()
+        return out
+
+    # -- conversation items --------------------------------------------------------------------------
+    def _on_item_create(self, ev: rt.ConversationItemCreateEvent, now: float) -> list[Effect]:
+        item = ev.item
+        if item.type != "message":
+            raise SessionError(
+                f"Item type '{item.type}' is not supported (no tools are configured); send a message",
+                "invalid_value",
+                "item.type",
+            )
+        if item.role is None:
+            raise SessionError("A message item needs a role", "missing_required_parameter", "item.role")
+        allowed = {
+            "user": {"input_text", "input_audio"},
+            "system": {"input_text"},
+            "assistant": {"output_text", "output_audio", "text", "audio"},
+        }[item.role]
+        for i, part in enumerate(item.content):
+            if part.type not in allowed:
+                raise SessionError(
+                    f"Content type '{part.type}' is not valid for a {item.role} message",
+                    "invalid_value",
+                    f"item.content[{i}].type",
+                )
+        item.id = item.id or self._new_id("item")
+        item.object = "realtime.item"
+        item.status = "completed"
+        transcribe: list[Effect] = []
+        for part in item.content:
+            if part.type == "input_audio" and part.audio:
+                try:
+                    pcm = audio.decode_input(base64.b64decode(part.audio, validate=True), self.settings.input_format)
+                except (ValueError, binascii.Error) as e:
+                    raise SessionError(f"Invalid input_audio: {e}", "invalid_value", "item.content.audio") from None
+                part.audio = None  # the audio is not echoed back, as OpenAI does not echo it
+                transcribe.append(Transcribe(item.id, pcm, self.settings.input_rate))
+        previous = ev.previous_item_id
+        entry = self.conversation.add(item, previous)
+        if transcribe:
+            entry.transcript_pending = True
+            self.waiting_transcripts.add(item.id)
+        prev_id = self.conversation.previous_id(item.id)
+        return [
+            self._send(rt.ConversationItemAdded(item=item, previous_item_id=prev_id)),
+            self._send(rt.ConversationItemDone(item=item, previous_item_id=prev_id)),
+            *transcribe[:1],
+        ]
+
+    def _on_item_retrieve(self, ev: rt.ConversationItemRetrieveEvent, now: float) -> list[Effect]:
+        return [self._send(rt.ConversationItemRetrieved(item=self.conversation.get(ev.item_id).item))]
+
+    def _on_item_delete(self, ev: rt.ConversationItemDeleteEvent, now: float) -> list[Effect]:
+        if self.response is not None and self.response.item_id == ev.item_id:
+            raise SessionError("Cannot delete the item of the response in progress", "item_in_use", "item_id")
+        self.conversation.delete(ev.item_id)
+        self.waiting_transcripts.discard(ev.item_id)
+        return [self._send(rt.ConversationItemDeletedEvent(item_id=ev.item_id))] + self._maybe_start()
+
+    def _on_item_truncate(self, ev: rt.ConversationItemTruncateEvent, now: float) -> list[Effect]:
+        entry = self.conversation.get(ev.item_id)
+        part = assistant_part(entry, ev.content_index)
+        if ev.audio_end_ms < 0 or ev.audio_end_ms > entry.audio_ms + 1e-6:
+            raise SessionError(
+                f"audio_end_ms {ev.audio_end_ms} is past the item's audio ({int(entry.audio_ms)} ms)",
+                "invalid_value",
+                "audio_end_ms",
+            )
+        out: list[Effect] = []
+        r = self.response
+        if r is not None and r.item_id == ev.item_id:
+            # The client stopped playback of what is still being generated.
+            self._sync_entry(entry, r)
+            out += self._cancel("client_cancelled")
+        part.transcript = heard_text(entry.spans, entry.audio_ms, ev.audio_end_ms)
+        entry.audio_ms = float(ev.audio_end_ms)
+        entry.spans = [s for s in entry.spans if s.start_ms < ev.audio_end_ms]
+        out.append(
+            self._send(
+                rt.ConversationItemTruncatedEvent(
+                    item_id=ev.item_id, content_index=ev.content_index, audio_end_ms=ev.audio_end_ms
+                )
+            )
+        )
+        return out
+
+    # -- responses -----------------------------------------------------------------------------------
+    def _on_response_create(self, ev: rt.ResponseCreateEvent, now: float) -> list[Effect]:
+        if self.response is not None:
+            raise SessionError(
+                f"Conversation already has an active response in progress: {self.response.id}. "
+                "Wait until the response is finished before creating a new one.",
+                "conversation_already_has_active_response",
+            )
+        return self._create_response(ev.response or rt.ResponseParams(), ev.event_id, now)
+
+    def _create_response(self, p: rt.ResponseParams, event_id: str | None, now: float) -> list[Effect]:
+        s = self.settings
+        modalities = p.output_modalities or s.output_modalities
+        voice, speed = s.voice, s.speed
+        if p.audio is not None and p.audio.output is not UNSET:
+            if p.audio.output.voice is not UNSET:
+                voice = self._check_voice(p.audio.output.voice, "response.audio.output.voice")
+            if p.audio.output.speed is not UNSET:
+                speed = p.audio.output.speed
+        if p.conversation not in (None, "auto", "none"):
+            raise SessionError(
+                f"conversation must be 'auto' or 'none', got '{p.conversation}'", "invalid_value", "response.conversation"
+            )
+        in_conversation = p.conversation != "none"
+        messages = self._messages(p.instructions if p.instructions is not None else s.instructions)
+        if p.input is not None:
+            # Out-of-band input replaces the conversation as the responder's context.
+            try:
+                items = msgspec.convert(p.input, list[rt.Item])
+            except msgspec.ValidationError as e:
+                raise SessionError(f"Invalid response.input: {e}", "invalid_value", "response.input") from None
+            messages = messages[:1] if messages and messages[0].role == "system" else []
+            messages += [ChatMessage(i.role or "user", item_text(i)) for i in items if i.type == "message"]
+        max_tokens = p.max_output_tokens if p.max_output_tokens not in (None, "inf") else s.max_output_tokens
+        self.epoch += 1
+        r = LiveResponse(
+            id=self._new_id("resp"),
+            epoch=self.epoch,
+            item_id=self._new_id("item"),
+            audio="audio" in modalities,
+            in_conversation=in_conversation,
+            metadata=p.metadata,
+        )
+        r.params = StartResponse(
+            r.id,
+            r.epoch,
+            messages,
+            audio=r.audio,
+            voice=voice,
+            speed=speed,
+            max_output_tokens=max_tokens if isinstance(max_tokens, int) else None,
+        )
+        if r.audio:
+            r.encoder = audio.OutputEncoder(s.output_format)
+        self.response = r
+        out: list[Effect] = [self._send(rt.ResponseCreatedEvent(response=self._response_wire(r, "in_progress")))]
+        item = self._assistant_item(r, "in_progress")
+        out.append(self._send(rt.ResponseOutputItemAddedEvent(response_id=r.id, output_index=0, item=item)))
+        if in_conversation:
+            previous = self.conversation.last_id()
+            self.conversation.add(msgspec.structs.replace(item, content=[]))
+            out.append(self._send(rt.ConversationItemAdded(item=item, previous_item_id=previous)))
+        out.append(self._send(rt.ResponseContentPartAddedEvent(**self._ref(r), part=self._part(r))))
+        out += self._maybe_start()
+        return out
+
+    def _messages(self, instructions: str) -> list[ChatMessage]:
+        msgs = [ChatMessage("system", instructions)] if instructions else []
+        for entry in self.conversation.entries():
+            text = item_text(entry.item)
+            if text and entry.item.role is not None and entry.item.type == "message":
+                msgs.append(ChatMessage(entry.item.role, text))
+        return msgs
+
+    def _maybe_start(self) -> list[Effect]:
+        """Start the live response once every user transcript it depends on has arrived."""
+        r = self.response
+        if r is None or r.started or self.waiting_transcripts or r.params is None:
+            return []
+        r.started = True
+        if r.in_conversation:
+            # Rebuild the context now that transcripts are filled in.
+            r.params.messages = self._messages(
+                r.params.messages[0].content if r.params.messages and r.params.messages[0].role == "system" else ""
+            )
+        return [r.params]
+
+    def _ref(self, r: LiveResponse) -> dict[str, Any]:
+        return {"response_id": r.id, "item_id": r.item_id, "output_index": 0, "content_index": 0}
+
+    def _part(self, r: LiveResponse) -> rt.Part:
+        return rt.Part(type="audio", transcript=r.text) if r.audio else rt.Part(type="text", text=r.text)
+
+    def _assistant_item(self, r: LiveResponse, status: str) -> rt.Item:
+        content = []
+        if status != "in_progress":
+            content = [
+                rt.ContentPart(type="output_audio", transcript=r.text)
+                if r.audio
+                else rt.ContentPart(type="output_text", text=r.text)
+            ]
+        return rt.Item(
+            id=r.item_id, object="realtime.item", status=status, role="assistant", content=content  # type: ignore[arg-type]
+        )
+
+    def _response_wire(self, r: LiveResponse, status: str, details: rt.ResponseStatusDetails | None = None) -> rt.Response:
+        output = [] if status == "in_progress" else [self._assistant_item(r, "completed" if status == "completed" else "incomplete")]
+        return rt.Response(
+            id=r.id,
+            status=status,  # type: ignore[arg-type]
+            status_details=details,
+            output=output,
+            output_modalities=["audio"] if r.audio else ["text"],
+            conversation_id=None if not r.in_conversation else f"conv_{self.id}",
+            metadata=r.metadata,
+            usage=rt.ResponseUsage() if status != "in_progress" else None,
+        )
+
+    def _live(self, response_id: str, epoch: int) -> LiveResponse | None:
+        r = self.response
+        if r is None or r.id != response_id or r.epoch != epoch:
+            return None  # stale: a result of a cancelled or finished response
+        return r
+
+    def _on_text_delta(self, ev: ResponseTextDelta, now: float) -> list[Effect]:
+        r = self._live(ev.response_id, ev.epoch)
+        if r is None or r.audio or not ev.text:
+            return []  # with audio, the transcript travels with the frames
+        r.text += ev.text
+        return [self._send(rt.ResponseTextDeltaEvent(**self._ref(r), delta=ev.text))]
+
+    def _on_audio(self, ev: ResponseAudio, now: float) -> list[Effect]:
+        r = self._live(ev.response_id, ev.epoch)
+        if r is None or not r.audio:
+            return []
+        out: list[Effect] = []
+        frame: TtsFrame = ev.frame
+        if frame.text.strip():
+            delta = (" " if r.text else "") + frame.text.strip()
+            r.text += delta
+            r.spans.append(SpokenSpan(r.audio_ms, frame.text.strip()))
+            out.append(self._send(rt.ResponseAudioTranscriptDeltaEvent(**self._ref(r), delta=delta)))
+        if frame.pcm:
+            ms = len(frame.pcm) / 2 / OUTPUT_RATE * 1000
+            assert r.encoder is not None
+            wire = r.encoder.encode(frame.pcm)
+            out.append(
+                self._send(
+                    rt.ResponseAudioDeltaEvent(
+                        **self._ref(r), delta=wire, seq=r.frames, sample_rate_hz=OUTPUT_RATES[self.settings.output_format]
+                    ),
+                    response_id=r.id,
+                    audio_ms=ms,
+                )
+            )
+            r.frames += 1
+            r.audio_ms += ms
+        return out
+
+    def _on_finished(self, ev: ResponseFinished, now: float) -> list[Effect]:
+        r = self._live(ev.response_id, ev.epoch)
+        if r is None:
+            return []
+        if ev.error is not None:
+            return self._finish(
+                r,
+                "failed",
+                rt.ResponseStatusDetails(type="failed", error={"type": "server_error", "message": ev.error}),
+            )
+        return self._finish(r, "completed", None)
+
+    def _on_response_cancel(self, ev: rt.ResponseCancelEvent, now: float) -> list[Effect]:
+        r = self.response
+        if r is None or (ev.response_id is not None and ev.response_id != r.id):
+            raise SessionError(
+                "Cancellation failed: no active response found"
+                + (f" with id '{ev.response_id}'" if ev.response_id else ""),
+                "response_cancel_not_active",
+                "response_id" if ev.response_id else None,
+            )
+        return self._cancel("client_cancelled")
+
+    def _on_output_clear(self, ev: rt.OutputAudioBufferClearEvent, now: float) -> list[Effect]:
+        r = self.response
+        if r is None:
+            return []
+        return [*self._cancel("client_cancelled"), self._send(rt.OutputAudioBufferClearedEvent(response_id=r.id))]
+
+    def _cancel(self, reason: str) -> list[Effect]:
+        r = self.response
+        assert r is not None
+        out: list[Effect] = [CancelResponse(r.id, r.epoch), PurgeAudio(r.id)]
+        out += self._finish(r, "cancelled", rt.ResponseStatusDetails(type="cancelled", reason=reason))
+        self.epoch += 1  # anything still in flight for the old epoch is now stale
+        return out
+
+    def _sync_entry(self, entry: Entry, r: LiveResponse) -> None:
+        entry.audio_ms = r.audio_ms
+        entry.spans = list(r.spans)
+        entry.item.content = self._assistant_item(r, "completed").content
+
+    def _finish(self, r: LiveResponse, status: str, details: rt.ResponseStatusDetails | None) -> list[Effect]:
+        """Close out the response's item and part, then its single ``response.done``."""
+        self.response = None
+        item_status = "completed" if status == "completed" else "incomplete"
+        item = self._assistant_item(r, item_status)
+        ref = self._ref(r)
+        out: list[Effect] = []
+        if r.audio:
+            out.append(self._send(rt.ResponseAudioDoneEvent(**ref)))
+            out.append(self._send(rt.ResponseAudioTranscriptDoneEvent(**ref, transcript=r.text)))
+        else:
+            out.append(self._send(rt.ResponseTextDoneEvent(**ref, text=r.text)))
+        out.append(self._send(rt.ResponseContentPartDoneEvent(**ref, part=self._part(r))))
+        out.append(self._send(rt.ResponseOutputItemDoneEvent(response_id=r.id, output_index=0, item=item)))
+        if r.in_conversation and r.item_id in self.conversation:
+            entry = self.conversation.get(r.item_id)
+            self._sync_entry(entry, r)
+            entry.item.status = item_status  # type: ignore[assignment]
+            out.append(
+                self._send(
+                    rt.ConversationItemDone(item=item, previous_item_id=self.conversation.previous_id(r.item_id))
+                )
+            )
+        out.append(self._send(rt.ResponseDoneEvent(response=self._response_wire(r, status, details))))
+        return out
+
+
+_HANDLERS: dict[type, Any] = {
+    rt.SessionUpdateEvent: RealtimeSession._on_session_update,
+    rt.InputAudioBufferAppendEvent: RealtimeSession._on_append,
+    rt.InputAudioBufferCommitEvent: RealtimeSession._on_commit,
+    rt.InputAudioBufferClearEvent: RealtimeSession._on_clear,
+    rt.OutputAudioBufferClearEvent: RealtimeSession._on_output_clear,
+    rt.ConversationItemCreateEvent: RealtimeSession._on_item_create,
+    rt.ConversationItemRetrieveEvent: RealtimeSession._on_item_retrieve,
+    rt.ConversationItemTruncateEvent: RealtimeSession._on_item_truncate,
+    rt.ConversationItemDeleteEvent: RealtimeSession._on_item_delete,
+    rt.ResponseCreateEvent: RealtimeSession._on_response_create,
+    rt.ResponseCancelEvent: RealtimeSession._on_response_cancel,
+    VadResult: RealtimeSession._on_vad,
+    TranscriptionDone: RealtimeSession._on_transcription,
+    ResponseTextDelta: RealtimeSession._on_text_delta,
+    ResponseAudio: RealtimeSession._on_audio,
+    ResponseFinished: RealtimeSession._on_finished,
+    Tick: RealtimeSession._on_tick,
+}
+
+__all__ = ["RealtimeSession", "SessionSettings", "FRAME_SAMPLES"]

@@ -1,0 +1,66 @@
+"""PocketSphinx ASR through a real StageWorker: accuracy on Piper speech, rates, slots."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jiwer
+import pytest
+from conftest import SPEECH_TEXT
+
+from realtime_gw.models.runtime import NoFreeSlot, WorkerFault
+from realtime_gw.models.types import AsrRequest
+from realtime_gw.protocols.audio import resample
+
+
+def normalize(text: str) -> str:
+    return re.sub(r"[^a-z' ]", " ", text.lower()).strip()
+
+
+@pytest.mark.parametrize("rate", [24000, 16000, 8000])
+async def test_transcribes_piper_speech(asr: Any, start_worker: Any, speech_24k: bytes, rate: int) -> None:
+    w = await start_worker(asr, max_batch=2)
+    [result] = await w.submit(AsrRequest(pcm=resample(speech_24k, 24000, rate), sample_rate=rate)).collect()
+    wer = jiwer.wer(normalize(SPEECH_TEXT), normalize(result.text))
+    assert wer <= (0.25 if rate >= 16000 else 0.5), (rate, result.text, wer)
+
+
+async def test_silence_and_empty(asr: Any, start_worker: Any) -> None:
+    w = await start_worker(asr, max_batch=2)
+    [silent] = await w.submit(AsrRequest(pcm=bytes(32000), sample_rate=16000)).collect()
+    [empty] = await w.submit(AsrRequest(pcm=b"", sample_rate=16000)).collect()
+    assert silent.text == "" and empty.text == ""
+    with pytest.raises(WorkerFault, match="even number of bytes"):
+        await w.submit(AsrRequest(pcm=b"\x00", sample_rate=16000)).collect()
+
+
+def test_slot_exhaustion_raises_no_free_slot(asr: Any) -> None:
+    req = AsrRequest(pcm=bytes(3200), sample_rate=16000)
+    states = [asr.open(req) for _ in range(asr.slots)]
+    with pytest.raises(NoFreeSlot):
+        asr.open(req)
+    asr.release(states.pop())
+    states.append(asr.open(req))  # the released decoder is reusable
+    for s in states:
+        asr.release(s)
+    assert asr.free_slots == asr.slots
+
+
+async def test_slot_exhaustion_through_worker(asr: Any, start_worker: Any, speech_24k: bytes) -> None:
+    req = AsrRequest(pcm=speech_24k, sample_rate=24000)
+    # Sized to the pool, the worker itself refuses at submit time ...
+    sized = await start_worker(asr, max_active=asr.slots, max_batch=asr.slots)
+    streams = [sized.submit(req) for _ in range(asr.slots)]
+    with pytest.raises(NoFreeSlot):
+        sized.submit(req)
+    for s in streams:
+        assert (await s.collect())[0].text
+    # ... oversized, the backend's NoFreeSlot fails the extra request (as WorkerFault) at once.
+    loose = await start_worker(asr, max_active=16, max_batch=asr.slots)
+    streams = [loose.submit(req) for _ in range(asr.slots + 1)]
+    with pytest.raises(WorkerFault, match="no free slot"):
+        await streams[-1].collect()
+    for s in streams[:-1]:
+        assert (await s.collect())[0].text
+    assert asr.free_slots == asr.slots

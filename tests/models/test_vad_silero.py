@@ -1,0 +1,124 @@
+"""Silero VAD through a real StageWorker: speech vs silence, batching equivalence, timing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from realtime_gw.models.types import VadProbs, VadRequest
+from realtime_gw.models.vad_silero import WINDOW_MS, silero_onnx_path
+from realtime_gw.protocols.audio import resample
+
+
+async def run_vad(worker: Any, pcm: bytes, rate: int, chunk_bytes: int = 1600) -> list[float]:
+    """Push ``pcm`` in chunks, close, and check the windows come back contiguous from 0 ms."""
+    s = worker.submit(VadRequest(sample_rate=rate))
+    for i in range(0, len(pcm), chunk_bytes):
+        s.push(pcm[i : i + chunk_bytes])
+        await asyncio.sleep(0)  # let the worker take chunks as they come, like a live session
+    s.close_input()
+    probs: list[float] = []
+    for out in await s.collect():
+        assert isinstance(out, VadProbs) and out.window_ms == WINDOW_MS
+        assert out.start_ms == pytest.approx(len(probs) * WINDOW_MS)
+        probs += out.probs
+    return probs
+
+
+async def test_speech_high_silence_low(vad: Any, start_worker: Any, speech_24k: bytes) -> None:
+    w = await start_worker(vad, max_batch=16)
+    rng = np.random.default_rng(0)
+    silence = bytes(24000 * 2)
+    hiss = (rng.standard_normal(24000) * 30).astype("<i2").tobytes()
+    speech, quiet, noise = await asyncio.gather(
+        run_vad(w, speech_24k, 24000), run_vad(w, silence, 24000), run_vad(w, hiss, 24000)
+    )
+    assert len(speech) == int(np.ceil(len(speech_24k) / 2 / 24000 * 1000 / WINDOW_MS)) or len(speech) > 50
+    assert max(quiet) < 0.1 and max(noise) < 0.2
+    assert max(speech) > 0.9 and np.mean(np.array(speech) > 0.5) > 0.5
+    assert w.active_count == 0
+
+
+async def test_other_rates(vad: Any, start_worker: Any, speech_24k: bytes) -> None:
+    w = await start_worker(vad)
+    for rate in (8000, 16000, 48000):
+        probs = await run_vad(w, resample(speech_24k, 24000, rate), rate)
+        assert np.mean(np.array(probs) > 0.5) > 0.5, rate
+
+
+def drive_alone(vad: Any, chunks: list[bytes]) -> list[float]:
+    state = vad.open(VadRequest(sample_rate=16000))
+    probs: list[float] = []
+    for c in chunks:
+        [r] = vad.step([(state, [c])])
+        probs += [p for out in r.outputs for p in out.probs]
+    vad.release(state)
+    return probs
+
+
+def test_batched_equals_per_stream(vad: Any, speech_24k: bytes) -> None:
+    rng = np.random.default_rng(1)
+    base = np.frombuffer(resample(speech_24k, 24000, 16000), dtype="<i2")
+    # Five different streams, each cut into uneven chunks (so windows straddle pushes).
+    streams = []
+    for k in range(5):
+        x = np.roll(base, k * 3001).astype(np.float32) * (0.3 + 0.15 * k)
+        x = (x + rng.standard_normal(x.size) * 50).clip(-32768, 32767).astype("<i2").tobytes()
+        cuts = np.sort(rng.integers(0, len(x) // 2, size=40)) * 2
+        streams.append([x[a:b] for a, b in zip([0, *cuts], [*cuts, len(x)], strict=True)])
+    alone = [drive_alone(vad, chunks) for chunks in streams]
+    states = [vad.open(VadRequest(sample_rate=16000)) for _ in streams]
+    batched: list[list[float]] = [[] for _ in streams]
+    for i in range(41):  # step all streams together; each pushes its i-th chunk
+        results = vad.step([(s, [chunks[i]]) for s, chunks in zip(states, streams, strict=True)])
+        for acc, r in zip(batched, results, strict=True):
+            acc += [p for out in r.outputs for p in out.probs]
+    for s in states:
+        vad.release(s)
+    for a, b in zip(alone, batched, strict=True):
+        assert len(a) == len(b) > 100
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_matches_silero_reference_wrapper(vad: Any, speech_24k: bytes) -> None:
+    """Same numbers as silero-vad's own OnnxWrapper (which needs torch) on the same model file."""
+    torch = pytest.importorskip("torch")
+    from silero_vad.utils_vad import OnnxWrapper
+
+    pcm = resample(speech_24k, 24000, 16000)
+    x = torch.from_numpy(np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0)
+    ref = OnnxWrapper(str(silero_onnx_path()), force_onnx_cpu=True).audio_forward(x, 16000)[0].numpy()
+    ours = drive_alone_closed(vad, pcm)
+    np.testing.assert_allclose(ours, ref, atol=1e-5)
+
+
+def drive_alone_closed(vad: Any, pcm: bytes) -> list[float]:
+    from realtime_gw.models.runtime import END_OF_INPUT
+
+    state = vad.open(VadRequest(sample_rate=16000))
+    [r] = vad.step([(state, [pcm, END_OF_INPUT])])
+    assert r.done
+    vad.release(state)
+    return [p for out in r.outputs for p in out.probs]
+
+
+async def test_long_lived_until_end_of_input(vad: Any, start_worker: Any) -> None:
+    w = await start_worker(vad)
+    s = w.submit(VadRequest(sample_rate=16000))
+    it = aiter(s)
+    s.push(bytes(2 * 512 * 3 + 100))  # three windows and a bit
+    first = await anext(it)
+    assert first.start_ms == 0 and len(first.probs) == 3
+    s.push(bytes(2 * 412))  # completes the fourth window
+    second = await anext(it)
+    assert second.start_ms == 3 * WINDOW_MS and len(second.probs) == 1
+    assert w.active_count == 1  # still open: VAD streams live as long as the session
+    s.push(bytes(20))
+    s.close_input()
+    rest = [x async for x in it]  # the padded partial window, then done
+    assert [len(x.probs) for x in rest] == [1] and rest[0].start_ms == 4 * WINDOW_MS
+    with pytest.raises(StopAsyncIteration):
+        await anext(it)
