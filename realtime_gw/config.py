@@ -65,6 +65,24 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     openpi_max_frame_bytes: int = 64 * 1024 * 1024
     openpi_image_history: list[int] = msgspec.field(default_factory=lambda: [0])
     openpi_state_history: list[int] = msgspec.field(default_factory=lambda: [0])
+    openpi_max_robots: int = 64
+    """Distinct ``session_id`` histories one OpenPI connection may hold."""
+    policy_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """`auto`: bfloat16 on CUDA, float32 on the CPU."""
+    policy_state_dim: int = 8
+    policy_action_dim: int = 8
+    policy_cameras: list[str] = msgspec.field(
+        default_factory=lambda: [
+            "observation/exterior_image_1_left",
+            "observation/wrist_image_left",
+            "observation/exterior_image_2_left",
+        ]
+    )
+    """Observation image keys in model camera-slot order (at most 3 for PI0)."""
+    policy_optional_cameras: list[str] = msgspec.field(
+        default_factory=lambda: ["observation/exterior_image_2_left"]
+    )
+    """Cameras a robot may leave out; their slot is masked."""
 
 
 FIELDS = {f.name: f for f in msgspec.structs.fields(GatewayConfig)}

@@ -96,8 +96,9 @@ class ContentPart(Struct, omit_defaults=True):
     transcript: str | None = None
 
 
-class Item(Struct, omit_defaults=True, kw_only=True):
-    """A conversation item as sent by clients and echoed by the server (messages only)."""
+class Item(Struct, kw_only=True):
+    """A conversation item as sent by clients and echoed by the server (messages only; other item
+    types decode too, so the session can say they are not supported)."""
 
     type: str = "message"
     id: str | None = None
@@ -105,11 +106,6 @@ class Item(Struct, omit_defaults=True, kw_only=True):
     status: Literal["completed", "incomplete", "in_progress"] | None = None
     role: Literal["user", "assistant", "system"] | None = None
     content: list[ContentPart] = msgspec.field(default_factory=list)
-    # function_call / function_call_output fields, accepted so the error can name the type
-    call_id: str | None = None
-    name: str | None = None
-    arguments: str | None = None
-    output: str | None = None
 
 
 class ResponseParams(Struct, kw_only=True):

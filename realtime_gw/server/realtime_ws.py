@@ -101,7 +101,12 @@ class RealtimeConnection:
                 item = await self.mailbox.get()
                 if item is _DISCONNECTED:
                     break
-                self._run_effects(self.session.handle(item, time.monotonic()))
+                try:
+                    effects = self.session.handle(item, time.monotonic())
+                except Exception:  # a bug must not take the connection down with it
+                    log.exception("session %s failed on %s", self.session.id, type(item).__name__)
+                    effects = [self.session.error("Internal error handling the event", "server_error")]
+                self._run_effects(effects)
                 if self.close_reason is not None:
                     break
         except _Closed:

@@ -73,8 +73,11 @@ class SessionSettings:
     def to_wire(self, session_id: str, model: str) -> rt.SessionOut:
         td: Any = None if self.turn_detection is None else msgspec.to_builtins(self.turn_detection)
         in_fmt: dict[str, Any] = {"type": self.input_format}
-        if self.input_format == "audio/pcm":
+        if self.input_format == "audio/pcm" and self.input_rate == OUTPUT_RATE:
             in_fmt["rate"] = self.input_rate
+        elif self.input_format == "audio/pcm":
+            # The API's `rate` only admits 24000; other input rates are echoed in an additive field.
+            in_fmt["sample_rate_hz"] = self.input_rate
         out_fmt: dict[str, Any] = {"type": self.output_format}
         if self.output_format == "audio/pcm":
             out_fmt["rate"] = OUTPUT_RATE
@@ -413,6 +416,10 @@ class RealtimeSession:
             if keep_from > self.buffer_start_ms:
                 self._take(keep_from, keep_from)
         return out
+
+    def _on_decode_error(self, ev: rt.ErrorEvent, now: float) -> list[Effect]:
+        """A frame that did not decode: the codec already explained it; number it and send it."""
+        return [self._send(ev)]
 
     def _on_tick(self, ev: Tick, now: float) -> list[Effect]:
         td = self.settings.turn_detection
@@ -807,6 +814,7 @@ _HANDLERS: dict[type, Any] = {
     ResponseAudio: RealtimeSession._on_audio,
     ResponseFinished: RealtimeSession._on_finished,
     Tick: RealtimeSession._on_tick,
+    rt.ErrorEvent: RealtimeSession._on_decode_error,
 }
 
 __all__ = ["RealtimeSession", "SessionSettings", "FRAME_SAMPLES"]

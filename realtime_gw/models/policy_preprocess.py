@@ -1,0 +1,130 @@
+"""PI0 input preparation as openpi / LeRobot do it: images, prompt tokens, normalization statistics.
+
+Runs on the policy worker's thread (never on the event loop).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+# -- images -----------------------------------------------------------------------------------------------
+def image_to_model(img: np.ndarray | None, size: tuple[int, int]) -> tuple[torch.Tensor, bool]:
+    """uint8 (H, W, 3) -> float32 (3, h, w) in [-1, 1], resized with padding; None -> masked black image."""
+    h, w = size
+    if img is None:
+        # openpi feeds zeros for an absent camera and masks its tokens out.
+        return torch.full((3, h, w), -1.0), False
+    x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).float()
+    if x.shape[1:] != (h, w):
+        x = resize_with_pad(x, h, w)
+    return x / 127.5 - 1.0, True
+
+
+def resize_with_pad(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """Keep the aspect ratio, fit inside (h, w), pad the rest with black (openpi's resize_with_pad)."""
+    cur_h, cur_w = x.shape[1:]
+    ratio = max(cur_w / w, cur_h / h)
+    new_h, new_w = max(1, int(cur_h / ratio)), max(1, int(cur_w / ratio))
+    resized = F.interpolate(x[None], size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True)[0]
+    resized = resized.round().clamp(0, 255)  # match a uint8 round-trip like PIL's
+    top, left = (h - new_h) // 2, (w - new_w) // 2
+    out = torch.zeros((3, h, w), dtype=x.dtype)
+    out[:, top : top + new_h, left : left + new_w] = resized
+    return out
+
+
+# -- prompt -----------------------------------------------------------------------------------------------
+class PromptTokenizer(Protocol):
+    name: str
+    bos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens, for random-init models that come without a tokenizer.
+
+    Ids follow Gemma's specials (0 pad, 1 eos, 2 bos); byte ``b`` is id ``b + 3``.
+    """
+
+    name = "byte-level (random-init model; not the PaliGemma tokenizer)"
+    bos_id = 2
+    vocab_size = 259
+
+    def encode(self, text: str) -> list[int]:
+        return [b + 3 for b in text.encode("utf-8")]
+
+
+class HfTokenizer:
+    """A tokenizer saved next to the model (the PaliGemma SentencePiece tokenizer for real PI0 weights)."""
+
+    def __init__(self, path: str) -> None:
+        from transformers import AutoTokenizer
+
+        self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.name = f"{type(self._tok).__name__} from {path}"
+        self.bos_id = int(self._tok.bos_token_id if self._tok.bos_token_id is not None else 2)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+
+def tokenize_prompt(tok: PromptTokenizer, prompt: str, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """openpi's PaligemmaTokenizer layout: BOS + cleaned prompt + "\\n", right-padded to max_len."""
+    cleaned = prompt.strip().replace("_", " ").replace("\n", " ")
+    ids = ([tok.bos_id] + tok.encode(cleaned) + tok.encode("\n"))[:max_len]
+    tokens = np.zeros(max_len, dtype=np.int64)
+    mask = np.zeros(max_len, dtype=bool)
+    tokens[: len(ids)] = ids
+    mask[: len(ids)] = True
+    return tokens, mask
+
+
+# -- normalization ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NormStats:
+    """Mean/std (z-score) statistics, the normalization PI0 was trained with."""
+
+    state_mean: np.ndarray
+    state_std: np.ndarray
+    actions_mean: np.ndarray
+    actions_std: np.ndarray
+
+    def state(self, x: np.ndarray) -> np.ndarray:
+        return (x - self.state_mean) / (self.state_std + 1e-6)
+
+    def actions(self, x: np.ndarray) -> np.ndarray:
+        return x * (self.actions_std + 1e-6) + self.actions_mean
+
+
+def load_norm_stats(path: str | Path, state_dim: int, action_dim: int) -> NormStats:
+    """openpi's ``norm_stats.json`` (``{"norm_stats": {"state": {"mean", "std"}, "actions": {...}}}``).
+
+    The outer ``norm_stats`` wrapper is optional; vectors longer than the robot's dims are cut.
+    """
+    doc: Any = json.loads(Path(path).read_text())
+    stats = doc.get("norm_stats", doc)
+
+    def vec(feature: str, field: str, dim: int) -> np.ndarray:
+        try:
+            v = np.asarray(stats[feature][field], dtype=np.float32)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{path}: missing {feature}.{field} ({e})") from None
+        if v.ndim != 1 or v.shape[0] < dim:
+            raise ValueError(f"{path}: {feature}.{field} has shape {v.shape}, need at least ({dim},)")
+        return v[:dim]
+
+    return NormStats(
+        state_mean=vec("state", "mean", state_dim),
+        state_std=vec("state", "std", state_dim),
+        actions_mean=vec("actions", "mean", action_dim),
+        actions_std=vec("actions", "std", action_dim),
+    )

@@ -1,0 +1,79 @@
+"""Plain records shared by the policy session and the policy backends (NumPy only: no torch, no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DROID_CAMERAS = (
+    "observation/exterior_image_1_left",
+    "observation/wrist_image_left",
+    "observation/exterior_image_2_left",
+)
+"""Camera keys in model slot order (openpi's base_0 / left_wrist_0 / right_wrist_0 slots)."""
+DROID_OPTIONAL_CAMERAS = ("observation/exterior_image_2_left",)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    """What a policy backend consumes and produces; the session validates observations against it."""
+
+    model: str
+    """Human-readable model name, e.g. ``pi0-tiny (random init)``."""
+    action_horizon: int
+    action_dim: int
+    state_dim: int
+    camera_keys: tuple[str, ...] = DROID_CAMERAS
+    optional_cameras: tuple[str, ...] = DROID_OPTIONAL_CAMERAS
+    image_size: tuple[int, int] = (224, 224)
+    image_history: tuple[int, ...] = (0,)
+    """Frame offsets fed to the model for every camera, oldest first; 0 is the current frame."""
+    state_history: tuple[int, ...] = (0,)
+    state_key: str = "observation/state"
+    prompt_key: str = "prompt"
+    action_key: str = "actions"
+    random_init: bool = True
+    tokenizer: str = "byte-level"
+    max_prompt_tokens: int = 48
+    num_inference_steps: int = 10
+    max_inference_steps: int = 100
+    normalization: str = "none"
+    max_image_side: int = 4096
+
+    def __post_init__(self) -> None:
+        for name, offsets in (("image_history", self.image_history), ("state_history", self.state_history)):
+            if not offsets or list(offsets) != sorted(set(offsets)) or offsets[-1] != 0 or offsets[0] > 0:
+                raise ValueError(f"{name} must be strictly increasing frame offsets <= 0 ending in 0, got {offsets}")
+        unknown = set(self.optional_cameras) - set(self.camera_keys)
+        if unknown:
+            raise ValueError(f"optional cameras {sorted(unknown)} are not among camera_keys {self.camera_keys}")
+
+    @property
+    def required_cameras(self) -> tuple[str, ...]:
+        return tuple(k for k in self.camera_keys if k not in self.optional_cameras)
+
+    @property
+    def image_slots(self) -> int:
+        """Images per request: one per camera per history offset."""
+        return len(self.camera_keys) * len(self.image_history)
+
+    @property
+    def history_depth(self) -> int:
+        """Frames the session must remember (current one included)."""
+        return 1 - min(self.image_history[0], self.state_history[0])
+
+
+@dataclass(slots=True)
+class PolicyRequest:
+    """One action-chunk request; one-shot (finished after one backend step)."""
+
+    images: list[np.ndarray | None]
+    """``spec.image_slots`` entries, camera-major then oldest-to-newest; uint8 (H, W, 3) or None (masked)."""
+    state: np.ndarray
+    """(len(state_history), state_dim) float32, oldest first."""
+    prompt: str = ""
+    seed: int | None = None
+    """Seeds the flow-matching noise; None draws a fresh seed."""
+    num_steps: int | None = None
+    session_id: str = "default"

@@ -1,0 +1,69 @@
+"""Real speech for tests: Piper synthesizes, pocketsphinx transcribes (both the embedded backends)."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jiwer
+
+from realtime_gw.models.asr_pocketsphinx import PocketsphinxAsrBackend
+from realtime_gw.models.runtime import END_OF_INPUT
+from realtime_gw.models.tts_piper import PiperTtsBackend
+from realtime_gw.models.types import AsrRequest, TtsRequest
+from realtime_gw.protocols.audio import resample
+
+
+@functools.lru_cache(maxsize=1)
+def _tts() -> PiperTtsBackend:
+    return PiperTtsBackend()
+
+
+@functools.lru_cache(maxsize=1)
+def _asr() -> PocketsphinxAsrBackend:
+    backend = PocketsphinxAsrBackend(slots=1)
+    backend.warmup()
+    return backend
+
+
+def synthesize(text: str, rate: int = 24000) -> bytes:
+    """PCM16 mono of ``text`` at ``rate``, through the same backend the server uses."""
+    backend = _tts()
+    state = backend.open(TtsRequest())
+    inputs: list[object] = [text, END_OF_INPUT]
+    pcm = bytearray()
+    try:
+        while True:
+            (result,) = backend.step([(state, inputs)])
+            inputs = []
+            pcm += b"".join(f.pcm for f in result.outputs)
+            if result.done:
+                break
+    finally:
+        backend.release(state)
+    return bytes(pcm) if rate == 24000 else resample(bytes(pcm), 24000, rate)
+
+
+def transcribe(pcm: bytes, rate: int) -> str:
+    backend = _asr()
+    state = backend.open(AsrRequest(pcm=pcm, sample_rate=rate))
+    try:
+        (result,) = backend.step([(state, [])])
+    finally:
+        backend.release(state)
+    return " ".join(r.text for r in result.outputs)
+
+
+_CONTRACTIONS = {"n't": " not", "'ll": " will", "'re": " are", "'ve": " have", "'m": " am", "'d": " would", "'s": " is"}
+
+
+def normalize(text: str) -> str:
+    """Lower case, no punctuation, contractions expanded (as standard WER normalizers do)."""
+    text = text.lower()
+    for short, long in _CONTRACTIONS.items():
+        text = text.replace(short, long)
+    return " ".join(re.sub(r"[^a-z ]+", " ", text).split())
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    return jiwer.wer(normalize(reference), normalize(hypothesis) or "<empty>")
