@@ -22,7 +22,8 @@ def image_to_model(img: np.ndarray | None, size: tuple[int, int]) -> tuple[torch
     if img is None:
         # openpi feeds zeros for an absent camera and masks its tokens out.
         return torch.full((3, h, w), -1.0), False
-    x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).float()
+    # Frames arrive as read-only views on the message; torch wants writable memory, so copy once.
+    x = torch.tensor(img).permute(2, 0, 1).float()
     if x.shape[1:] != (h, w):
         x = resize_with_pad(x, h, w)
     return x / 127.5 - 1.0, True

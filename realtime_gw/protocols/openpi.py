@@ -60,7 +60,7 @@ def unpackb(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMIT
     """Decode one frame; raises ``DecodeError`` with a precise reason on anything unacceptable."""
     size = len(data)
     if size > limits.max_frame_bytes:
-        raise DecodeError(f"frame is {_fmt_bytes(size)}, over the {_fmt_bytes(limits.max_frame_bytes)} limit")
+        raise DecodeError(f"frame is {_fmt_bytes(size)}, over the limit of {_fmt_bytes(limits.max_frame_bytes)}")
     try:
         # The hook-free decode keeps key paths available for error messages; msgpack's own stack
         # limit bounds nesting before our walk sees it.
@@ -106,7 +106,7 @@ def _to_array(obj: dict[Any, Any], path: str, limits: Limits) -> np.ndarray:
     if nbytes > limits.max_array_bytes:
         raise DecodeError(
             f"{_where(path)}array of shape {tuple(shape)} is {_fmt_bytes(nbytes)}, "
-            f"over the {_fmt_bytes(limits.max_array_bytes)} limit"
+            f"over the limit of {_fmt_bytes(limits.max_array_bytes)}"
         )
     if len(data) != nbytes:
         raise DecodeError(
@@ -153,4 +153,4 @@ def _where(path: str) -> str:
 
 
 def _fmt_bytes(n: int) -> str:
-    return f"{n / MiB:.1f} MiB" if n >= MiB else f"{n} bytes"
+    return f"{n} bytes ({n / MiB:.1f} MiB)" if n >= MiB else f"{n} bytes"

@@ -460,8 +460,14 @@ def decode_client_event(raw: bytes | str) -> AnyClientEvent | ErrorEvent:
     except msgspec.ValidationError as e:
         try:
             header = msgspec.json.decode(raw, type=_Header)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return error_event(f"Invalid event: {e}", code="invalid_event")
+        except msgspec.ValidationError:
+            try:
+                msgspec.json.decode(raw)  # typed decoding stops at the first mismatch; is it JSON at all?
+            except msgspec.DecodeError as bad:
+                return error_event(f"Malformed JSON: {bad}", code="invalid_json")
+            return error_event("Invalid event: an event is a JSON object with a 'type'", code="invalid_event")
+        except msgspec.DecodeError as bad:
+            return error_event(f"Malformed JSON: {bad}", code="invalid_json")
         event_id = header.event_id if isinstance(header.event_id, str) else None
         if not isinstance(header.type, str):
             return error_event(

@@ -44,6 +44,11 @@ SPEECH_TEXT = "The weather today is sunny and warm. Please turn on the kitchen l
 
 
 @pytest.fixture(scope="session")
+def speech_text() -> str:
+    return SPEECH_TEXT
+
+
+@pytest.fixture(scope="session")
 def speech_24k(piper: Any) -> bytes:
     """Piper speech of ``SPEECH_TEXT`` as 24 kHz PCM16, made by driving the backend directly."""
     state = piper.open(TtsRequest())

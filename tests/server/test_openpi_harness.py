@@ -1,0 +1,156 @@
+"""Helpers for the OpenPI socket tests: in-process gateways (uvicorn in a thread) and DROID-like observations.
+
+The gateway is built with ``create_app(config, workers=...)`` holding only the policy worker (the voice
+fields get an unstarted placeholder worker), so these tests never load Piper, pocketsphinx or Silero.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import uvicorn
+from prometheus_client import REGISTRY
+
+from realtime_gw.app import Gateway, create_app
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.policy_backend import PolicyBackend, PolicyRunner
+from realtime_gw.models.registry import Workers
+from realtime_gw.models.runtime import StageWorker, StepResult
+
+API_KEY = "robot-key"
+CAMERAS = ("observation/exterior_image_1_left", "observation/wrist_image_left")
+
+
+class _Unused:
+    """Placeholder backend for the voice worker fields; never started."""
+
+    name = "unused"
+
+    def open(self, request: Any) -> None:
+        raise RuntimeError("not a voice gateway")
+
+    def step(self, work: list[tuple[Any, list[Any]]]) -> list[StepResult]:
+        return []
+
+    def release(self, state: Any) -> None:
+        pass
+
+    def has_work(self, state: Any) -> bool:
+        return False
+
+    def warmup(self) -> None:
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Served:
+    port: int
+    gateway: Gateway
+    worker: StageWorker
+
+    @property
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+
+@contextmanager
+def serve(config: GatewayConfig, runner: PolicyRunner) -> Iterator[Served]:
+    """A live gateway on a free loopback port serving ``runner`` as the policy worker."""
+    worker = StageWorker(
+        PolicyBackend(runner, slots=config.openpi_max_sessions * 2),
+        device=config.policy_device,
+        max_batch=config.policy_max_batch,
+        max_wait_ms=config.policy_max_wait_ms,
+        max_active=config.openpi_max_sessions * 2,
+    )
+    unused = StageWorker(_Unused())
+    workers = Workers(tts=unused, asr=unused, vad=unused, policy=worker, all=[worker])
+    app = create_app(config, workers=workers)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            ws_max_size=max(config.max_frame_bytes, config.openpi_max_frame_bytes) + 1024,
+            lifespan="on",
+        )
+    )
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not (server.started and worker.ready):
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("test gateway did not start")
+        time.sleep(0.02)
+    try:
+        yield Served(port, app.state.gateway, worker)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_model() -> tuple[Any, Any]:
+    """The tiny random-init PI0 and its tokenizer, built once per test process."""
+    from realtime_gw.models.policy_pi0 import load_model
+
+    model, tok, _, _ = load_model(GatewayConfig())
+    return model, tok
+
+
+def tiny_runner(config: GatewayConfig) -> Any:
+    """A PI0 runner over the shared tiny model, with ``config``'s observation scheme and history."""
+    from realtime_gw.models.policy_pi0 import Pi0Runner, policy_spec
+
+    model, tok = tiny_model()
+    spec = policy_spec(
+        config, model="pi0-tiny (random init)", action_horizon=model.config.chunk_size, tokenizer=tok.name
+    )
+    return Pi0Runner(model, tok, spec, config.policy_device)
+
+
+def droid_obs(i: int, prompt: str = "pick up the red cup", size: tuple[int, int] = (224, 224), **extra: Any) -> dict:
+    """A DROID-like observation; ``i`` picks the (deterministic) pixels and state."""
+    rng = np.random.default_rng(i)
+    h, w = size
+    obs: dict[str, Any] = {key: rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for key in CAMERAS}
+    obs["observation/state"] = rng.standard_normal(8)
+    obs["prompt"] = prompt
+    obs.update(extra)
+    return obs
+
+
+def batch_histogram(worker: str = "policy") -> tuple[float, float]:
+    """(steps observed, steps that advanced exactly one request) of ``realtime_gw_worker_batch_size``."""
+    count = REGISTRY.get_sample_value("realtime_gw_worker_batch_size_count", {"worker": worker}) or 0.0
+    ones = REGISTRY.get_sample_value("realtime_gw_worker_batch_size_bucket", {"worker": worker, "le": "1.0"}) or 0.0
+    return count, ones
+
+
+def wait_for(predicate: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
