@@ -49,6 +49,7 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         Route("/metrics", ops.metrics),
         Route("/v1/models", ops.models),
         WebSocketRoute("/v1/realtime", realtime_ws.realtime_endpoint),
+        WebSocketRoute("/v1/duplex", realtime_ws.realtime_endpoint),
     ]
     if gateway.workers.policy is not None:
         from realtime_gw.server import openpi_ws

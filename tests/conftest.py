@@ -96,3 +96,11 @@ def voice_server() -> Iterator[LiveServer]:
     )
     yield server
     stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def tone_server() -> Iterator[LiveServer]:
+    """Cheap sine TTS and a session limit of 2, for gateway-level behaviour."""
+    server = start_server("--policy", "none", "--tts", "tone", "--max-sessions", "2", name="tone")
+    yield server
+    stop_server(server)

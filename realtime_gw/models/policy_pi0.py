@@ -98,7 +98,9 @@ def load_model(config: GatewayConfig) -> tuple[Any, PromptTokenizer, str, bool]:
     if config.policy_path:
         path = Path(config.policy_path)
         model = PI0ForConditionalGeneration.from_pretrained(path, local_files_only=True, dtype=dtype)
-        has_tokenizer = any((path / f).exists() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"))
+        has_tokenizer = any(
+            (path / f).exists() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+        )
         tok: PromptTokenizer = HfTokenizer(str(path)) if has_tokenizer else ByteTokenizer()
         desc, random_init = f"pi0 from {path}", False
     else:
@@ -109,7 +111,9 @@ def load_model(config: GatewayConfig) -> tuple[Any, PromptTokenizer, str, bool]:
             model = PI0ForConditionalGeneration(cfg)
         tok, desc, random_init = ByteTokenizer(), f"pi0-{config.policy_config} (random init)", True
     if isinstance(tok, ByteTokenizer) and model.config.vlm_config.text_config.vocab_size < tok.vocab_size:
-        raise ValueError(f"{desc}: vocabulary too small for the byte-level tokenizer and no tokenizer files found")
+        raise ValueError(
+            f"{desc}: vocabulary too small for the byte-level tokenizer and no tokenizer files found"
+        )
     return model.to(device=device, dtype=dtype).eval(), tok, desc, random_init
 
 
@@ -215,7 +219,9 @@ def build_pi0_runner(config: GatewayConfig) -> Pi0Runner:
     norm_path = config.policy_norm_stats
     if norm_path is None and config.policy_path and (Path(config.policy_path) / "norm_stats.json").exists():
         norm_path = str(Path(config.policy_path) / "norm_stats.json")
-    norm = load_norm_stats(norm_path, config.policy_state_dim, config.policy_action_dim) if norm_path else None
+    norm = (
+        load_norm_stats(norm_path, config.policy_state_dim, config.policy_action_dim) if norm_path else None
+    )
     spec = policy_spec(
         config,
         model=desc,

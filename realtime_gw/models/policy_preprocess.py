@@ -34,7 +34,9 @@ def resize_with_pad(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
     cur_h, cur_w = x.shape[1:]
     ratio = max(cur_w / w, cur_h / h)
     new_h, new_w = max(1, int(cur_h / ratio)), max(1, int(cur_w / ratio))
-    resized = F.interpolate(x[None], size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True)[0]
+    resized = F.interpolate(
+        x[None], size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True
+    )[0]
     resized = resized.round().clamp(0, 255)  # match a uint8 round-trip like PIL's
     top, left = (h - new_h) // 2, (w - new_w) // 2
     out = torch.zeros((3, h, w), dtype=x.dtype)

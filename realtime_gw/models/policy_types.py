@@ -44,10 +44,14 @@ class PolicySpec:
     def __post_init__(self) -> None:
         for name, offsets in (("image_history", self.image_history), ("state_history", self.state_history)):
             if not offsets or list(offsets) != sorted(set(offsets)) or offsets[-1] != 0 or offsets[0] > 0:
-                raise ValueError(f"{name} must be strictly increasing frame offsets <= 0 ending in 0, got {offsets}")
+                raise ValueError(
+                    f"{name} must be strictly increasing frame offsets <= 0 ending in 0, got {offsets}"
+                )
         unknown = set(self.optional_cameras) - set(self.camera_keys)
         if unknown:
-            raise ValueError(f"optional cameras {sorted(unknown)} are not among camera_keys {self.camera_keys}")
+            raise ValueError(
+                f"optional cameras {sorted(unknown)} are not among camera_keys {self.camera_keys}"
+            )
 
     @property
     def required_cameras(self) -> tuple[str, ...]:

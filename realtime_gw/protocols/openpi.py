@@ -60,7 +60,9 @@ def unpackb(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMIT
     """Decode one frame; raises ``DecodeError`` with a precise reason on anything unacceptable."""
     size = len(data)
     if size > limits.max_frame_bytes:
-        raise DecodeError(f"frame is {_fmt_bytes(size)}, over the limit of {_fmt_bytes(limits.max_frame_bytes)}")
+        raise DecodeError(
+            f"frame is {_fmt_bytes(size)}, over the limit of {_fmt_bytes(limits.max_frame_bytes)}"
+        )
     try:
         # The hook-free decode keeps key paths available for error messages; msgpack's own stack
         # limit bounds nesting before our walk sees it.
@@ -96,9 +98,13 @@ def _to_array(obj: dict[Any, Any], path: str, limits: Limits) -> np.ndarray:
         raise DecodeError(f"{_where(path)}__ndarray__ needs bin 'data', got {type(data).__name__}")
     dtype = _dtype(dtype_s, path)
     if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
-        raise DecodeError(f"{_where(path)}__ndarray__ 'shape' must be a list of non-negative integers, got {shape!r}")
+        raise DecodeError(
+            f"{_where(path)}__ndarray__ 'shape' must be a list of non-negative integers, got {shape!r}"
+        )
     if len(shape) > limits.max_array_ndim:
-        raise DecodeError(f"{_where(path)}array has {len(shape)} dimensions, over the limit of {limits.max_array_ndim}")
+        raise DecodeError(
+            f"{_where(path)}array has {len(shape)} dimensions, over the limit of {limits.max_array_ndim}"
+        )
     count = 1
     for n in shape:
         count *= n
@@ -125,7 +131,9 @@ def _to_generic(obj: dict[Any, Any], path: str) -> np.generic:
     try:
         return dtype.type(value)
     except (TypeError, ValueError, OverflowError) as e:
-        raise DecodeError(f"{_where(path)}__npgeneric__ value {value!r} is not a valid {dtype.str}: {e}") from None
+        raise DecodeError(
+            f"{_where(path)}__npgeneric__ value {value!r} is not a valid {dtype.str}: {e}"
+        ) from None
 
 
 def _dtype(spec: Any, path: str) -> np.dtype[Any]:

@@ -9,7 +9,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
@@ -70,6 +70,14 @@ class AudioConfig(Struct, kw_only=True):
     output: AudioOutputConfig | UnsetType = UNSET
 
 
+class DuplexParams(Struct, kw_only=True):
+    """Extension: the overlap policy of ``?duplex=1`` sessions."""
+
+    overlap_short_ack_ms: Annotated[int, msgspec.Meta(ge=0)] | UnsetType = UNSET
+    overlap_barge_in_ms: Annotated[int, msgspec.Meta(ge=0)] | UnsetType = UNSET
+    echo_guard_ms: Annotated[int, msgspec.Meta(ge=0)] | UnsetType = UNSET
+
+
 class SessionParams(Struct, kw_only=True):
     """The ``session`` of ``session.update``: every field optional, absent means unchanged."""
 
@@ -85,6 +93,7 @@ class SessionParams(Struct, kw_only=True):
     truncation: Any = UNSET
     include: list[str] | None | UnsetType = UNSET
     prompt: Any = UNSET
+    duplex: DuplexParams | UnsetType = UNSET
 
 
 class ContentPart(Struct, omit_defaults=True):
@@ -178,6 +187,17 @@ class ResponseCancelEvent(ClientEvent, tag="response.cancel"):
     response_id: str | None = None
 
 
+class PlaybackAckEvent(ClientEvent, tag="playback.ack"):
+    """Extension (duplex): how much of a response's audio the client has played."""
+
+    response_id: str
+    played_ms: Annotated[int, msgspec.Meta(ge=0)]
+
+
+class SessionCloseEvent(ClientEvent, tag="session.close"):
+    """Extension (duplex): end the session now; the server answers ``session.closed`` and closes."""
+
+
 AnyClientEvent = (
     SessionUpdateEvent
     | InputAudioBufferAppendEvent
@@ -190,10 +210,14 @@ AnyClientEvent = (
     | ConversationItemDeleteEvent
     | ResponseCreateEvent
     | ResponseCancelEvent
+    | PlaybackAckEvent
+    | SessionCloseEvent
 )
 CLIENT_EVENT_TYPES = frozenset(
     t.__struct_config__.tag for t in AnyClientEvent.__args__  # type: ignore[attr-defined]
 )
+EXTENSION_EVENT_TYPES = frozenset({"playback.ack", "session.close"})
+GA_CLIENT_EVENT_TYPES = CLIENT_EVENT_TYPES - EXTENSION_EVENT_TYPES
 
 # ------------------------------------------------------------------------------------------------
 # Server events
@@ -232,6 +256,7 @@ class SessionOut(Struct, kw_only=True):
     tools: list[Any] = msgspec.field(default_factory=list)
     tool_choice: str = "auto"
     capabilities: dict[str, Any] | None = None
+    duplex: dict[str, Any] | None = None
 
 
 class SessionCreatedEvent(ServerEvent, tag="session.created"):
@@ -424,6 +449,34 @@ class ResponseTextDeltaEvent(_ResponsePartRef, tag="response.output_text.delta")
 
 class ResponseTextDoneEvent(_ResponsePartRef, tag="response.output_text.done"):
     text: str
+
+
+class PlaybackAcknowledgedEvent(ServerEvent, tag="playback.acknowledged"):
+    """Extension (duplex): the ledger entry for a ``playback.ack``."""
+
+    response_id: str
+    played_ms: int
+    """The furthest point acknowledged for this response (acks never move backwards)."""
+    audio_ms: int
+    """Audio generated for the response so far."""
+
+
+class OverlapDecisionEvent(ServerEvent, tag="overlap.decision"):
+    """Extension (duplex): what user speech over assistant speech was taken to mean."""
+
+    decision: Literal["drop", "listen", "barge_in"]
+    item_id: str
+    """The user speech's item id (as in ``speech_started``)."""
+    response_id: str
+    audio_start_ms: int
+    speech_ms: int
+    reason: str
+
+
+class SessionClosedEvent(ServerEvent, tag="session.closed"):
+    """Extension (duplex): the answer to ``session.close``; the socket closes after it."""
+
+    session_id: str
 
 
 # ------------------------------------------------------------------------------------------------

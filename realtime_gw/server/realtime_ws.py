@@ -26,9 +26,11 @@ from realtime_gw.server import auth
 from realtime_gw.server.metrics import FRAME_LATENESS, SESSIONS, TTFA
 from realtime_gw.sessions.events import (
     CancelResponse,
+    Close,
     Effect,
     FeedVad,
     Limits,
+    PlaybackStarted,
     PurgeAudio,
     ResponseAudio,
     ResponseFinished,
@@ -118,8 +120,12 @@ class RealtimeConnection:
             for s in self.vad_streams.values():
                 s.cancel()
             if self.close_reason is not None:
-                writer.cancel()
                 code, reason = self.close_reason
+                if code == 1000:
+                    # A requested close: let the writer deliver what is queued (session.closed) first.
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._drained(), 2.0)
+                writer.cancel()
                 with contextlib.suppress(Exception):
                     await self.ws.close(code=code, reason=reason)
             else:
@@ -175,7 +181,7 @@ class RealtimeConnection:
             elif isinstance(e, Transcribe):
                 self.spawn(self._transcribe(e), f"asr-{e.item_id}")
             elif isinstance(e, StartResponse):
-                self.response_started.setdefault(e.response_id, time.perf_counter())
+                self.response_started.setdefault(e.response_id, time.monotonic())
                 self.responses[e.response_id] = self.spawn(self._respond(e), f"resp-{e.response_id}")
             elif isinstance(e, CancelResponse):
                 task = self.responses.pop(e.response_id, None)
@@ -183,13 +189,16 @@ class RealtimeConnection:
                     task.cancel()
             elif isinstance(e, PurgeAudio):
                 self._purge(e.response_id)
+            elif isinstance(e, Close):
+                self._purge_all_audio()
+                self.close_reason = (e.code, e.reason)
 
     def _enqueue(self, e: Send) -> None:
         ev = e.event
         self.seq += 1
         ev.server_event_seq = self.seq
         if isinstance(ev, rt.ResponseCreatedEvent):
-            self.response_started[ev.response.id] = time.perf_counter()
+            self.response_started[ev.response.id] = time.monotonic()
         elif isinstance(ev, rt.ResponseDoneEvent):
             self.response_started.pop(ev.response.id, None)
         if len(self.outbound) >= self.config.outbound_queue_frames:
@@ -202,6 +211,10 @@ class RealtimeConnection:
                 self.audio_room.clear()
         self.out_ready.set()
 
+    def _purge_all_audio(self) -> None:
+        for response_id in {o.response_id for o in self.outbound if o.response_id is not None}:
+            self._purge(response_id)
+
     def _purge(self, response_id: str) -> None:
         self.purged.add(response_id)
         kept = deque(o for o in self.outbound if o.response_id != response_id)
@@ -209,6 +222,10 @@ class RealtimeConnection:
         self.outbound = kept
         if self.queued_audio < AUDIO_HIGH_WATER:
             self.audio_room.set()
+
+    async def _drained(self) -> None:
+        while self.outbound:
+            await asyncio.sleep(0.01)
 
     async def _writer(self) -> None:
         lead = self.config.audio_lead_ms / 1000.0
@@ -220,12 +237,14 @@ class RealtimeConnection:
                 item = self.outbound[0]
                 if item.response_id is not None:
                     t0, sent_ms = self.playback.get(item.response_id, (0.0, 0.0))
-                    now = time.perf_counter()
+                    now = time.monotonic()
                     if not t0:
                         t0 = now
                         started = self.response_started.get(item.response_id)
                         if started is not None:
                             TTFA.observe(now - started)
+                        with contextlib.suppress(asyncio.QueueFull):
+                            self.mailbox.put_nowait(PlaybackStarted(item.response_id, now))
                     due = t0 + sent_ms / 1000.0  # when this frame starts playing at the client
                     if lead >= 0 and self.config.audio_lead_ms and now < due - lead:
                         await asyncio.sleep(due - lead - now)
@@ -349,7 +368,10 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         await ws.close(code=1013, reason="session limit reached")
         return
     model = ws.query_params.get("model") or "realtime-gw"
-    session = RealtimeSession("sess_" + secrets.token_hex(8), _limits(gateway, model), time.monotonic())
+    duplex = ws.scope["path"].rstrip("/").endswith("/duplex") or ws.query_params.get("duplex") in ("1", "true")
+    session = RealtimeSession(
+        "sess_" + secrets.token_hex(8), _limits(gateway, model), time.monotonic(), duplex=duplex
+    )
     gateway.sessions["realtime"] += 1
     SESSIONS.labels("realtime").inc()
     try:

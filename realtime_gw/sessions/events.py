@@ -50,6 +50,14 @@ class ResponseFinished:
 
 
 @dataclass(slots=True)
+class PlaybackStarted:
+    """The first audio frame of a response left the server at ``at`` (session clock, seconds)."""
+
+    response_id: str
+    at: float
+
+
+@dataclass(slots=True)
 class Tick:
     """Time passes (idle timeouts)."""
 
@@ -120,7 +128,15 @@ class PurgeAudio:
     response_id: str
 
 
-Effect = Send | StartVad | StopVad | FeedVad | Transcribe | StartResponse | CancelResponse | PurgeAudio
+@dataclass(slots=True)
+class Close:
+    """Send what is queued (audio excepted), then close the socket."""
+
+    code: int = 1000
+    reason: str = ""
+
+
+Effect = Close | Send | StartVad | StopVad | FeedVad | Transcribe | StartResponse | CancelResponse | PurgeAudio
 
 
 @dataclass(slots=True)

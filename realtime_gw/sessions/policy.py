@@ -152,7 +152,9 @@ class PolicyConnection:
         self._in_flight = None
         expected = (self.spec.action_horizon, self.spec.action_dim)
         if actions.shape != expected or actions.dtype != np.float32:
-            raise RuntimeError(f"policy returned {actions.dtype} {actions.shape}, expected float32 {expected}")
+            raise RuntimeError(
+                f"policy returned {actions.dtype} {actions.shape}, expected float32 {expected}"
+            )
         return [Send({self.spec.action_key: actions})]
 
     def on_error(self, message: str) -> list[Effect]:
@@ -269,14 +271,18 @@ def _prompt(spec: PolicySpec, msg: dict[str, Any]) -> str:
     if not isinstance(prompt, str):
         raise ObservationError(f"{spec.prompt_key!r} must be a string, got {_kind(prompt)}")
     if len(prompt) > MAX_PROMPT_CHARS:
-        raise ObservationError(f"{spec.prompt_key!r} is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+        raise ObservationError(
+            f"{spec.prompt_key!r} is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}"
+        )
     return prompt
 
 
 def _session_id(msg: dict[str, Any]) -> str:
     sid = msg.get("session_id", "default")
     if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID_CHARS:
-        raise ObservationError(f"'session_id' must be a string of 1 to {MAX_SESSION_ID_CHARS} characters, got {sid!r}")
+        raise ObservationError(
+            f"'session_id' must be a string of 1 to {MAX_SESSION_ID_CHARS} characters, got {sid!r}"
+        )
     return sid
 
 
@@ -284,7 +290,11 @@ def _seed(msg: dict[str, Any]) -> int | None:
     seed = msg.get("seed")
     if seed is None:
         return None
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+    if (
+        isinstance(seed, (bool, np.bool_))
+        or not isinstance(seed, (int, np.integer))
+        or not 0 <= seed <= MAX_SEED
+    ):
         raise ObservationError(f"'seed' must be an integer from 0 to 2**63-1, got {seed!r}")
     return int(seed)
 

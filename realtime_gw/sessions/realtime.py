@@ -29,12 +29,15 @@ from realtime_gw.sessions.conversation import (
     heard_text,
     item_text,
 )
+from realtime_gw.sessions.duplex import Decision, DuplexSettings, Overlap, OverlapPolicy, Playback
 from realtime_gw.sessions.events import (
     CancelResponse,
     ChatMessage,
+    Close,
     Effect,
     FeedVad,
     Limits,
+    PlaybackStarted,
     PurgeAudio,
     ResponseAudio,
     ResponseFinished,
@@ -50,6 +53,8 @@ from realtime_gw.sessions.events import (
 )
 from realtime_gw.sessions.turn_detection import SpeechStarted, SpeechStopped, TurnDetector
 
+MAX_TRACKED_PLAYBACKS = 16  # responses whose playback can still be acked
+ACK_TOLERANCE_MS = 80  # one frame: a client may ack a frame it just received
 MIN_COMMIT_MS = 100  # as OpenAI: a commit needs at least 100 ms of audio
 OUTPUT_RATES = {"audio/pcm": OUTPUT_RATE, "audio/pcmu": 8000, "audio/pcma": 8000}
 OUTPUT_FORMATS = frozenset(OUTPUT_RATES)
@@ -69,8 +74,9 @@ class SessionSettings:
     voice: str = "default"
     speed: float = 1.0
     max_output_tokens: int | None = None
+    duplex: DuplexSettings = field(default_factory=DuplexSettings)
 
-    def to_wire(self, session_id: str, model: str) -> rt.SessionOut:
+    def to_wire(self, session_id: str, model: str, duplex: bool = False) -> rt.SessionOut:
         td: Any = None if self.turn_detection is None else msgspec.to_builtins(self.turn_detection)
         in_fmt: dict[str, Any] = {"type": self.input_format}
         if self.input_format == "audio/pcm" and self.input_rate == OUTPUT_RATE:
@@ -100,6 +106,10 @@ class SessionSettings:
                 "output": {"format": out_fmt, "voice": self.voice, "speed": self.speed},
             },
             max_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
+            capabilities={"supports_barge_in": True, "supports_playback_ack": True, "chunk_period_ms": 80}
+            if duplex
+            else None,
+            duplex=msgspec.structs.asdict(self.duplex) if duplex else None,  # type: ignore[arg-type]
         )
 
 
@@ -130,8 +140,9 @@ class SessionError(Exception):
 
 
 class RealtimeSession:
-    def __init__(self, session_id: str, limits: Limits, now: float = 0.0) -> None:
+    def __init__(self, session_id: str, limits: Limits, now: float = 0.0, duplex: bool = False) -> None:
         self.id = session_id
+        self.duplex = duplex
         self.limits = limits
         self.settings = SessionSettings()
         self.conversation = Conversation(limits.max_items)
@@ -147,6 +158,11 @@ class RealtimeSession:
         self.response: LiveResponse | None = None
         self.epoch = 0
         self.waiting_transcripts: set[str] = set()
+        self.playbacks: dict[str, Playback] = {}
+        """Assistant audio by response id, newest last (bounded): the playback.ack ledger."""
+        self.overlap: Overlap | None = None
+        self.respond_after = False
+        """A 'listen' utterance arrived during a response: answer it when that response ends."""
         self._ids = itertools.count(1)
         self._vad_ids = itertools.count(1)
 
@@ -194,7 +210,7 @@ class RealtimeSession:
         return out
 
     def _wire(self) -> rt.SessionOut:
-        return self.settings.to_wire(self.id, self.limits.model)
+        return self.settings.to_wire(self.id, self.limits.model, self.duplex)
 
     # -- session.update ------------------------------------------------------------------------------
     def _on_session_update(self, ev: rt.SessionUpdateEvent, now: float) -> list[Effect]:
@@ -214,6 +230,23 @@ class RealtimeSession:
             new.max_output_tokens = None if p.max_output_tokens == "inf" else p.max_output_tokens
         if p.audio is not UNSET:
             self._apply_audio(new, p.audio)
+        if p.duplex is not UNSET:
+            d = p.duplex
+            new.duplex = DuplexSettings(
+                overlap_short_ack_ms=new.duplex.overlap_short_ack_ms
+                if d.overlap_short_ack_ms is UNSET
+                else d.overlap_short_ack_ms,
+                overlap_barge_in_ms=new.duplex.overlap_barge_in_ms
+                if d.overlap_barge_in_ms is UNSET
+                else d.overlap_barge_in_ms,
+                echo_guard_ms=new.duplex.echo_guard_ms if d.echo_guard_ms is UNSET else d.echo_guard_ms,
+            )
+            if new.duplex.overlap_barge_in_ms < new.duplex.overlap_short_ack_ms:
+                raise SessionError(
+                    "overlap_barge_in_ms must not be shorter than overlap_short_ack_ms",
+                    "invalid_value",
+                    "session.duplex.overlap_barge_in_ms",
+                )
         restart_vad = (new.turn_detection is None) != (self.settings.turn_detection is None) or (
             new.input_format,
             new.input_rate,
@@ -384,37 +417,169 @@ class RealtimeSession:
         if td is None or ev.stream_id != self.vad_stream:
             return []  # a result of a stream that was replaced or stopped
         out: list[Effect] = []
-        origin = self.vad_origin_ms
-        for d in self.turns.feed(origin + ev.probs.start_ms, ev.probs.window_ms, ev.probs.probs):
-            if isinstance(d, SpeechStarted):
-                self.speech_item_id = self._new_id("item")
-                self.last_activity = now
+        origin = self.vad_origin_ms + ev.probs.start_ms
+        window = ev.probs.window_ms
+        # Window by window, so an overlap can be decided at the exact window it crosses a threshold.
+        for i, p in enumerate(ev.probs.probs):
+            for d in self.turns.feed(origin + i * window, window, [p]):
+                if isinstance(d, SpeechStarted):
+                    out += self._speech_started(td, d, now)
+                else:
+                    out += self._speech_stopped(td, d, now)
+            if self.overlap is not None and self.turns.speaking:
+                decision = OverlapPolicy(self.settings.duplex).during(self.overlap, self.turns.position_ms)
+                if decision is Decision.BARGE_IN:
+                    out += self._overlap_decided(decision, "speech long enough to interrupt", now)
+                    out += self._interrupt(now)
+        if not self.turns.speaking:
+            # Nobody is talking: keep only the prefix padding the next turn may need.
+            keep_from = self.turns.position_ms - self._prefix_ms(td)
+            if keep_from > self.buffer_start_ms:
+                self._take(keep_from, keep_from)
+        return out
+
+    @staticmethod
+    def _prefix_ms(td: rt.ServerVad | rt.SemanticVad) -> int:
+        return td.prefix_padding_ms if isinstance(td, rt.ServerVad) else 300
+
+    def _speech_started(self, td: rt.ServerVad | rt.SemanticVad, d: SpeechStarted, now: float) -> list[Effect]:
+        self.speech_item_id = self._new_id("item")
+        self.last_activity = now
+        out: list[Effect] = [
+            self._send(
+                rt.InputAudioBufferSpeechStartedEvent(audio_start_ms=int(d.start_ms), item_id=self.speech_item_id)
+            )
+        ]
+        if not td.interrupt_response:
+            return out
+        playback = self._audible(now)
+        if self.duplex and playback is not None:
+            # Over assistant speech: let the overlap policy decide instead of cutting in at once.
+            assert playback.started_at is not None
+            heard_for_ms = (now - playback.started_at) * 1000.0
+            self.overlap = OverlapPolicy(self.settings.duplex).begin(d.start_ms, heard_for_ms)
+        elif self.response is not None or playback is not None:
+            out += self._interrupt(now)
+        return out
+
+    def _speech_stopped(self, td: rt.ServerVad | rt.SemanticVad, d: SpeechStopped, now: float) -> list[Effect]:
+        item_id = self.speech_item_id or self._new_id("item")
+        self.speech_item_id = None
+        self.last_activity = now
+        out: list[Effect] = [
+            self._send(rt.InputAudioBufferSpeechStoppedEvent(audio_end_ms=int(d.end_ms), item_id=item_id))
+        ]
+        overlap, self.overlap = self.overlap, None
+        decision = None
+        if overlap is not None:
+            decision = OverlapPolicy(self.settings.duplex).end(overlap, d.end_ms)
+            if decision is not None:
+                self.overlap = overlap  # _overlap_decided reads it
+                reason = (
+                    "speech began inside the echo guard"
+                    if overlap.echo
+                    else "short backchannel"
+                    if decision is Decision.DROP
+                    else "speech between backchannel and barge-in lengths"
+                )
+                out += self._overlap_decided(decision, reason, now, end_ms=d.end_ms, item_id=item_id)
+                self.overlap = None
+        start = d.start_ms - self._prefix_ms(td)
+        if decision is Decision.DROP:
+            self._take(start, d.commit_ms)  # the backchannel is not a user turn
+            return out
+        out += self._commit_range(item_id, start, d.commit_ms)
+        if td.create_response:
+            if self.response is None:
+                out += self._create_response(rt.ResponseParams(), None, now)
+            else:
+                self.respond_after = True
+        return out
+
+    def _overlap_decided(
+        self, decision: Decision, reason: str, now: float, end_ms: float | None = None, item_id: str | None = None
+    ) -> list[Effect]:
+        overlap = self.overlap
+        assert overlap is not None
+        playback = self._latest_playback()
+        end = self.turns.position_ms if end_ms is None else end_ms
+        return [
+            self._send(
+                rt.OverlapDecisionEvent(
+                    decision=decision.value,
+                    item_id=item_id or self.speech_item_id or "",
+                    response_id=playback.response_id if playback else "",
+                    audio_start_ms=int(overlap.start_ms),
+                    speech_ms=int(end - overlap.start_ms),
+                    reason=reason,
+                )
+            )
+        ]
+
+    def _latest_playback(self) -> Playback | None:
+        return next(reversed(self.playbacks.values()), None)
+
+    def _audible(self, now: float) -> Playback | None:
+        playback = self._latest_playback()
+        return playback if playback is not None and playback.audible(now) else None
+
+    def _interrupt(self, now: float) -> list[Effect]:
+        """Barge-in: stop the live response and the audio still queued, and cut the assistant item
+        back to what the client has heard."""
+        out: list[Effect] = []
+        playback = self._latest_playback()
+        if self.response is not None:
+            out += self._cancel("turn_detected")
+        elif playback is not None and playback.audible(now):
+            out += [PurgeAudio(playback.response_id), self._send(rt.OutputAudioBufferClearedEvent(response_id=playback.response_id))]
+        if playback is not None:
+            playback.finished = True
+        if playback is not None and playback.item_id in self.conversation:
+            played = playback.played_ms(now)
+            entry = self.conversation.get(playback.item_id)
+            if played < entry.audio_ms - 1e-6:
+                self._truncate_entry(entry, played)
+                playback.audio_ms = played
                 out.append(
                     self._send(
-                        rt.InputAudioBufferSpeechStartedEvent(
-                            audio_start_ms=int(d.start_ms), item_id=self.speech_item_id
+                        rt.ConversationItemTruncatedEvent(
+                            item_id=playback.item_id, content_index=0, audio_end_ms=int(played)
                         )
                     )
                 )
-                if td.interrupt_response and self.response is not None:
-                    out += self._cancel("turn_detected")
-            elif isinstance(d, SpeechStopped):
-                item_id = self.speech_item_id or self._new_id("item")
-                self.speech_item_id = None
-                self.last_activity = now
-                out.append(
-                    self._send(rt.InputAudioBufferSpeechStoppedEvent(audio_end_ms=int(d.end_ms), item_id=item_id))
+        return out
+
+    def _on_playback_started(self, ev: PlaybackStarted, now: float) -> list[Effect]:
+        playback = self.playbacks.get(ev.response_id)
+        if playback is not None and playback.started_at is None:
+            playback.started_at = ev.at
+        return []
+
+    def _on_playback_ack(self, ev: rt.PlaybackAckEvent, now: float) -> list[Effect]:
+        playback = self.playbacks.get(ev.response_id)
+        if playback is None:
+            raise SessionError(
+                f"Unknown response '{ev.response_id}': no audio of it is being tracked", "unknown_response", "response_id"
+            )
+        if ev.played_ms > playback.audio_ms + ACK_TOLERANCE_MS:
+            raise SessionError(
+                f"played_ms {ev.played_ms} is past the response's audio ({int(playback.audio_ms)} ms)",
+                "invalid_value",
+                "played_ms",
+            )
+        played = playback.ack(min(float(ev.played_ms), playback.audio_ms), now)
+        return [
+            self._send(
+                rt.PlaybackAcknowledgedEvent(
+                    response_id=ev.response_id, played_ms=int(played), audio_ms=int(playback.audio_ms)
                 )
-                start = d.start_ms - (td.prefix_padding_ms if isinstance(td, rt.ServerVad) else 300)
-                out += self._commit_range(item_id, start, d.commit_ms)
-                if td.create_response and self.response is None:
-                    out += self._create_response(rt.ResponseParams(), None, now)
-        if not self.turns.speaking:
-            # Nobody is talking: keep only the prefix padding the next turn may need.
-            pad = td.prefix_padding_ms if isinstance(td, rt.ServerVad) else 300
-            keep_from = self.turns.position_ms - pad
-            if keep_from > self.buffer_start_ms:
-                self._take(keep_from, keep_from)
+            )
+        ]
+
+    def _on_session_close(self, ev: rt.SessionCloseEvent, now: float) -> list[Effect]:
+        out = self.close()
+        out.append(self._send(rt.SessionClosedEvent(session_id=self.id)))
+        out.append(Close(1000, "session closed by client"))
         return out
 
     def _on_decode_error(self, ev: rt.ErrorEvent, now: float) -> list[Effect]:
@@ -543,7 +708,7 @@ class RealtimeSession:
 
     def _on_item_truncate(self, ev: rt.ConversationItemTruncateEvent, now: float) -> list[Effect]:
         entry = self.conversation.get(ev.item_id)
-        part = assistant_part(entry, ev.content_index)
+        assistant_part(entry, ev.content_index)  # validates the item and part
         if ev.audio_end_ms < 0 or ev.audio_end_ms > entry.audio_ms + 1e-6:
             raise SessionError(
                 f"audio_end_ms {ev.audio_end_ms} is past the item's audio ({int(entry.audio_ms)} ms)",
@@ -556,9 +721,13 @@ class RealtimeSession:
             # The client stopped playback of what is still being generated.
             self._sync_entry(entry, r)
             out += self._cancel("client_cancelled")
-        part.transcript = heard_text(entry.spans, entry.audio_ms, ev.audio_end_ms)
-        entry.audio_ms = float(ev.audio_end_ms)
-        entry.spans = [s for s in entry.spans if s.start_ms < ev.audio_end_ms]
+        playback = next((p for p in self.playbacks.values() if p.item_id == ev.item_id), None)
+        if playback is not None:
+            if playback.audible(now):
+                out.append(PurgeAudio(playback.response_id))  # the client stopped listening
+            playback.finished = True
+            playback.audio_ms = min(playback.audio_ms, float(ev.audio_end_ms))
+        self._truncate_entry(entry, float(ev.audio_end_ms))
         out.append(
             self._send(
                 rt.ConversationItemTruncatedEvent(
@@ -622,6 +791,9 @@ class RealtimeSession:
         )
         if r.audio:
             r.encoder = audio.OutputEncoder(s.output_format)
+            self.playbacks[r.id] = Playback(r.id, r.item_id)
+            while len(self.playbacks) > MAX_TRACKED_PLAYBACKS:
+                del self.playbacks[next(iter(self.playbacks))]
         self.response = r
         out: list[Effect] = [self._send(rt.ResponseCreatedEvent(response=self._response_wire(r, "in_progress")))]
         item = self._assistant_item(r, "in_progress")
@@ -725,6 +897,9 @@ class RealtimeSession:
             )
             r.frames += 1
             r.audio_ms += ms
+            playback = self.playbacks.get(r.id)
+            if playback is not None:
+                playback.audio_ms = r.audio_ms
         return out
 
     def _on_finished(self, ev: ResponseFinished, now: float) -> list[Effect]:
@@ -737,7 +912,11 @@ class RealtimeSession:
                 "failed",
                 rt.ResponseStatusDetails(type="failed", error={"type": "server_error", "message": ev.error}),
             )
-        return self._finish(r, "completed", None)
+        out = self._finish(r, "completed", None)
+        if self.respond_after:
+            self.respond_after = False
+            out += self._create_response(rt.ResponseParams(), None, now)
+        return out
 
     def _on_response_cancel(self, ev: rt.ResponseCancelEvent, now: float) -> list[Effect]:
         r = self.response
@@ -764,6 +943,13 @@ class RealtimeSession:
         self.epoch += 1  # anything still in flight for the old epoch is now stale
         return out
 
+    def _truncate_entry(self, entry: Entry, audio_end_ms: float) -> None:
+        """Keep only the audio before ``audio_end_ms`` and the words heard in it."""
+        part = next(c for c in entry.item.content if c.type == "output_audio")
+        part.transcript = heard_text(entry.spans, entry.audio_ms, audio_end_ms)
+        entry.audio_ms = audio_end_ms
+        entry.spans = [s for s in entry.spans if s.start_ms < audio_end_ms]
+
     def _sync_entry(self, entry: Entry, r: LiveResponse) -> None:
         entry.audio_ms = r.audio_ms
         entry.spans = list(r.spans)
@@ -772,6 +958,9 @@ class RealtimeSession:
     def _finish(self, r: LiveResponse, status: str, details: rt.ResponseStatusDetails | None) -> list[Effect]:
         """Close out the response's item and part, then its single ``response.done``."""
         self.response = None
+        playback = self.playbacks.get(r.id)
+        if playback is not None:
+            playback.finished = True
         item_status = "completed" if status == "completed" else "incomplete"
         item = self._assistant_item(r, item_status)
         ref = self._ref(r)
@@ -815,6 +1004,9 @@ _HANDLERS: dict[type, Any] = {
     ResponseFinished: RealtimeSession._on_finished,
     Tick: RealtimeSession._on_tick,
     rt.ErrorEvent: RealtimeSession._on_decode_error,
+    rt.PlaybackAckEvent: RealtimeSession._on_playback_ack,
+    rt.SessionCloseEvent: RealtimeSession._on_session_close,
+    PlaybackStarted: RealtimeSession._on_playback_started,
 }
 
 __all__ = ["RealtimeSession", "SessionSettings", "FRAME_SAMPLES"]

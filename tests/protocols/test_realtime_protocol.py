@@ -31,7 +31,7 @@ CLIENT_EVENTS = {
 
 
 def test_all_eleven_client_events_decode() -> None:
-    assert set(CLIENT_EVENTS) == rt.CLIENT_EVENT_TYPES
+    assert set(CLIENT_EVENTS) == rt.GA_CLIENT_EVENT_TYPES
     for kind, body in CLIENT_EVENTS.items():
         ev = rt.decode_client_event(json.dumps({"type": kind, "event_id": "e1", **body}))
         assert not isinstance(ev, rt.ErrorEvent), (kind, ev)

@@ -45,7 +45,10 @@ def test_internal_fault_sends_text_then_closes_1011(tracebacks: bool) -> None:
         if tracebacks:
             assert text.startswith("Traceback (most recent call last)") and "WorkerFault" in text
         else:
-            assert text == "internal server error: WorkerFault: policy: CUDA error: an illegal memory access was encountered"
+            assert (
+                text
+                == "internal server error: WorkerFault: policy: CUDA error: an illegal memory access was encountered"
+            )
         with pytest.raises(ConnectionClosed) as closed:
             policy._ws.recv(timeout=5)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011

@@ -129,7 +129,9 @@ def tiny_runner(config: GatewayConfig) -> Any:
     return Pi0Runner(model, tok, spec, config.policy_device)
 
 
-def droid_obs(i: int, prompt: str = "pick up the red cup", size: tuple[int, int] = (224, 224), **extra: Any) -> dict:
+def droid_obs(
+    i: int, prompt: str = "pick up the red cup", size: tuple[int, int] = (224, 224), **extra: Any
+) -> dict:
     """A DROID-like observation; ``i`` picks the (deterministic) pixels and state."""
     rng = np.random.default_rng(i)
     h, w = size
@@ -143,7 +145,10 @@ def droid_obs(i: int, prompt: str = "pick up the red cup", size: tuple[int, int]
 def batch_histogram(worker: str = "policy") -> tuple[float, float]:
     """(steps observed, steps that advanced exactly one request) of ``realtime_gw_worker_batch_size``."""
     count = REGISTRY.get_sample_value("realtime_gw_worker_batch_size_count", {"worker": worker}) or 0.0
-    ones = REGISTRY.get_sample_value("realtime_gw_worker_batch_size_bucket", {"worker": worker, "le": "1.0"}) or 0.0
+    ones = (
+        REGISTRY.get_sample_value("realtime_gw_worker_batch_size_bucket", {"worker": worker, "le": "1.0"})
+        or 0.0
+    )
     return count, ones
 
 

@@ -171,9 +171,15 @@ def test_bad_input_gets_exact_errors_and_the_server_keeps_serving(gw: Served) ->
     cases: list[tuple[bytes, str]] = [
         (b"\xc1 this is not msgpack", "could not decode observation: not valid msgpack"),
         (object_array, "at 'observation/state': dtype '|O' (object) is not allowed"),
-        (b"\0" * (FRAME_LIMIT + 1), "frame is 4194305 bytes (4.0 MiB), over the limit of 4194304 bytes (4.0 MiB)"),
+        (
+            b"\0" * (FRAME_LIMIT + 1),
+            "frame is 4194305 bytes (4.0 MiB), over the limit of 4194304 bytes (4.0 MiB)",
+        ),
         (pack(missing_wrist), "missing camera key 'observation/wrist_image_left'"),
-        (pack(droid_obs(8, **{"observation/state": np.zeros(7)})), "'observation/state' must have length 8, got length 7"),
+        (
+            pack(droid_obs(8, **{"observation/state": np.zeros(7)})),
+            "'observation/state' must have length 8, got length 7",
+        ),
         (
             pack(droid_obs(8, **{"observation/wrist_image_left": np.zeros((224, 224, 3), np.float32)})),
             "'observation/wrist_image_left' must have dtype uint8, got float32",

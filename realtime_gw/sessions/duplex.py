@@ -1,0 +1,101 @@
+"""Full-duplex turn state: what the client has heard, and what user speech over assistant speech means.
+
+Pure. ``Playback`` estimates how much of an assistant item the client has played, from the moment its
+first frame left the server and from the client's ``playback.ack``s. ``OverlapPolicy`` classifies user
+speech that overlaps assistant speech: a short backchannel ("uh-huh") is dropped, a long one barges in,
+anything between is listened to without interrupting; speech that starts inside the echo-guard window
+of an assistant turn is treated as the assistant's own echo and never interrupts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Decision(str, Enum):
+    DROP = "drop"
+    LISTEN = "listen"
+    BARGE_IN = "barge_in"
+
+
+@dataclass(slots=True)
+class DuplexSettings:
+    overlap_short_ack_ms: int = 700
+    overlap_barge_in_ms: int = 1200
+    echo_guard_ms: int = 400
+
+
+@dataclass(slots=True)
+class Playback:
+    """One assistant item's audio on its way to the client's speaker."""
+
+    response_id: str
+    item_id: str
+    audio_ms: float = 0.0
+    """Audio generated so far."""
+    started_at: float | None = None
+    """When its first frame left the server (session clock, seconds)."""
+    acked_ms: float = 0.0
+    acked_at: float | None = None
+    acks: list[tuple[float, float]] = field(default_factory=list)
+    """The ledger: (session time, played_ms) per accepted ack."""
+    finished: bool = False
+
+    def played_ms(self, now: float) -> float:
+        """What the client has heard by ``now``: its acks if any, else the real-time clock since the
+        first frame; never more than was generated."""
+        if self.started_at is None:
+            return 0.0
+        estimate = (now - self.started_at) * 1000.0
+        if self.acked_at is not None:
+            estimate = min(estimate, self.acked_ms + (now - self.acked_at) * 1000.0)
+        return max(0.0, min(estimate, self.audio_ms))
+
+    def audible(self, now: float) -> bool:
+        """The assistant is speaking: its audio has started and is not yet all played."""
+        return self.started_at is not None and (not self.finished or self.played_ms(now) < self.audio_ms - 1e-6)
+
+    def ack(self, played_ms: float, now: float) -> float:
+        """Record an ack; acks only move forward. Returns the ledger's played_ms."""
+        if played_ms >= self.acked_ms or self.acked_at is None:
+            self.acked_ms = max(self.acked_ms, played_ms)
+            self.acked_at = now
+            self.acks.append((now, self.acked_ms))
+        return self.acked_ms
+
+
+@dataclass(slots=True)
+class Overlap:
+    """User speech that began while the assistant was speaking."""
+
+    start_ms: float
+    """On the input-audio timeline."""
+    echo: bool
+    decided: Decision | None = None
+
+
+class OverlapPolicy:
+    def __init__(self, settings: DuplexSettings) -> None:
+        self.settings = settings
+
+    def begin(self, start_ms: float, assistant_turn_ms: float) -> Overlap:
+        """``assistant_turn_ms``: how long the assistant had been audible when the speech began."""
+        return Overlap(start_ms, echo=assistant_turn_ms < self.settings.echo_guard_ms)
+
+    def during(self, overlap: Overlap, position_ms: float) -> Decision | None:
+        """While the user keeps talking: barge in once the speech is long enough."""
+        long_enough = position_ms - overlap.start_ms >= self.settings.overlap_barge_in_ms
+        if overlap.decided is None and not overlap.echo and long_enough:
+            overlap.decided = Decision.BARGE_IN
+            return Decision.BARGE_IN
+        return None
+
+    def end(self, overlap: Overlap, end_ms: float) -> Decision | None:
+        """When the speech stops (if nothing was decided yet)."""
+        if overlap.decided is not None:
+            return None
+        length = end_ms - overlap.start_ms
+        decision = Decision.DROP if overlap.echo or length < self.settings.overlap_short_ack_ms else Decision.LISTEN
+        overlap.decided = decision
+        return decision
