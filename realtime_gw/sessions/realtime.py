@@ -9,6 +9,7 @@ cancelled epoch) lives here.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import binascii
 import itertools
 from dataclasses import dataclass, field
@@ -109,7 +110,7 @@ class SessionSettings:
             capabilities={"supports_barge_in": True, "supports_playback_ack": True, "chunk_period_ms": 80}
             if duplex
             else None,
-            duplex=msgspec.structs.asdict(self.duplex) if duplex else None,  # type: ignore[arg-type]
+            duplex=dataclasses.asdict(self.duplex) if duplex else None,
         )
 
 
@@ -427,7 +428,7 @@ class RealtimeSession:
                 else:
                     out += self._speech_stopped(td, d, now)
             if self.overlap is not None and self.turns.speaking:
-                decision = OverlapPolicy(self.settings.duplex).during(self.overlap, self.turns.position_ms)
+                decision = OverlapPolicy(self.settings.duplex).during(self.overlap, self.turns.last_voice_ms)
                 if decision is Decision.BARGE_IN:
                     out += self._overlap_decided(decision, "speech long enough to interrupt", now)
                     out += self._interrupt(now)
@@ -502,7 +503,7 @@ class RealtimeSession:
         overlap = self.overlap
         assert overlap is not None
         playback = self._latest_playback()
-        end = self.turns.position_ms if end_ms is None else end_ms
+        end = self.turns.last_voice_ms if end_ms is None else end_ms
         return [
             self._send(
                 rt.OverlapDecisionEvent(
@@ -543,7 +544,7 @@ class RealtimeSession:
                 out.append(
                     self._send(
                         rt.ConversationItemTruncatedEvent(
-                            item_id=playback.item_id, content_index=0, audio_end_ms=int(played)
+                            item_id=playback.item_id, content_index=0, audio_end_ms=round(played)
                         )
                     )
                 )
