@@ -25,6 +25,8 @@ from realtime_gw.protocols import realtime as rt
 from realtime_gw.server import auth
 from realtime_gw.server.metrics import FRAME_LATENESS, SESSIONS, TTFA
 from realtime_gw.sessions.events import (
+    AudioDelivered,
+    AwaitDelivery,
     CancelResponse,
     Close,
     Effect,
@@ -59,10 +61,11 @@ class _Closed(Exception):
 
 @dataclass(slots=True)
 class _Out:
-    data: bytes
+    event: rt.ServerEvent
     response_id: str | None
     audio_ms: float
-    seq: int
+    purgeable: bool = False
+    """Audio and its transcript: unheard, so dropped when the response is cancelled."""
 
 
 class RealtimeConnection:
@@ -72,7 +75,10 @@ class RealtimeConnection:
         self.config = gateway.config
         self.session = session
         self.mailbox: asyncio.Queue[Any] = asyncio.Queue(maxsize=1024)
-        self.outbound: deque[_Out] = deque()
+        self.control: deque[_Out] = deque()
+        """Events sent as soon as possible (not tied to a response's audio)."""
+        self.media: deque[_Out] = deque()
+        """Events of responses, in order; audio deltas paced to real time."""
         self.out_ready = asyncio.Event()
         self.audio_room = asyncio.Event()
         self.audio_room.set()
@@ -189,55 +195,81 @@ class RealtimeConnection:
                     task.cancel()
             elif isinstance(e, PurgeAudio):
                 self._purge(e.response_id)
+            elif isinstance(e, AwaitDelivery):
+                self.spawn(self._await_delivery(e), f"deliver-{e.response_id}")
             elif isinstance(e, Close):
                 self._purge_all_audio()
                 self.close_reason = (e.code, e.reason)
 
     def _enqueue(self, e: Send) -> None:
         ev = e.event
-        self.seq += 1
-        ev.server_event_seq = self.seq
         if isinstance(ev, rt.ResponseCreatedEvent):
             self.response_started[ev.response.id] = time.monotonic()
         elif isinstance(ev, rt.ResponseDoneEvent):
             self.response_started.pop(ev.response.id, None)
-        if len(self.outbound) >= self.config.outbound_queue_frames:
+        if len(self.control) + len(self.media) >= self.config.outbound_queue_frames:
             self.close_reason = (1008, "outbound queue full: the client is not reading")
             raise _Closed
-        self.outbound.append(_Out(rt.encode_server_event(ev), e.response_id, e.audio_ms, self.seq))
-        if e.response_id is not None:
-            self.queued_audio += 1
-            if self.queued_audio >= AUDIO_HIGH_WATER:
-                self.audio_room.clear()
+        purgeable = isinstance(ev, (rt.ResponseAudioDeltaEvent, rt.ResponseAudioTranscriptDeltaEvent))
+        item = _Out(ev, e.response_id, e.audio_ms, purgeable)
+        if e.response_id is None:
+            self.control.append(item)
+        else:
+            self.media.append(item)
+            if e.audio_ms:
+                self.queued_audio += 1
+                if self.queued_audio >= AUDIO_HIGH_WATER:
+                    self.audio_room.clear()
         self.out_ready.set()
 
+    def _audio_queued(self, response_id: str) -> bool:
+        return any(o.audio_ms and o.response_id == response_id for o in self.media)
+
     def _purge_all_audio(self) -> None:
-        for response_id in {o.response_id for o in self.outbound if o.response_id is not None}:
+        for response_id in {o.response_id for o in self.media if o.audio_ms}:
             self._purge(response_id)
 
     def _purge(self, response_id: str) -> None:
-        self.purged.add(response_id)
-        kept = deque(o for o in self.outbound if o.response_id != response_id)
-        self.queued_audio -= len(self.outbound) - len(kept)
-        self.outbound = kept
+        """Drop the unsent audio (and the transcript that goes with it) of a cancelled response."""
+        kept = deque(o for o in self.media if not (o.response_id == response_id and o.purgeable))
+        self.queued_audio -= sum(1 for o in self.media if o.audio_ms and o.response_id == response_id)
+        self.media = kept
         if self.queued_audio < AUDIO_HIGH_WATER:
             self.audio_room.set()
 
+    async def _await_delivery(self, e: AwaitDelivery) -> None:
+        # Frames of this response were all queued before this effect ran; wait until none is left.
+        while self._audio_queued(e.response_id):
+            await asyncio.sleep(0.02)
+        await self.mailbox.put(AudioDelivered(e.response_id, e.epoch))
+
     async def _drained(self) -> None:
-        while self.outbound:
+        while self.control or self.media:
             await asyncio.sleep(0.01)
 
     async def _writer(self) -> None:
         lead = self.config.audio_lead_ms / 1000.0
         try:
             while True:
-                while not self.outbound:
+                if self.control:
+                    await self._write(self.control.popleft())
+                    continue
+                if not self.media:
                     self.out_ready.clear()
                     await self.out_ready.wait()
-                item = self.outbound[0]
-                if item.response_id is not None:
+                    continue
+                item = self.media[0]
+                if item.audio_ms:
+                    assert item.response_id is not None
                     t0, sent_ms = self.playback.get(item.response_id, (0.0, 0.0))
                     now = time.monotonic()
+                    due = (t0 or now) + sent_ms / 1000.0  # when this frame starts playing at the client
+                    if t0 and self.config.audio_lead_ms and now < due - lead:
+                        # Sleep until the frame is due, but wake for control events or a purge.
+                        self.out_ready.clear()
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await asyncio.wait_for(self.out_ready.wait(), due - lead - now)
+                        continue
                     if not t0:
                         t0 = now
                         started = self.response_started.get(item.response_id)
@@ -245,21 +277,22 @@ class RealtimeConnection:
                             TTFA.observe(now - started)
                         with contextlib.suppress(asyncio.QueueFull):
                             self.mailbox.put_nowait(PlaybackStarted(item.response_id, now))
-                    due = t0 + sent_ms / 1000.0  # when this frame starts playing at the client
-                    if lead >= 0 and self.config.audio_lead_ms and now < due - lead:
-                        await asyncio.sleep(due - lead - now)
-                        continue  # the queue may have been purged meanwhile
                     FRAME_LATENESS.observe(max(0.0, now - due))
                     self.playback[item.response_id] = (t0, sent_ms + item.audio_ms)
-                self.outbound.popleft()
-                if item.response_id is not None:
                     self.queued_audio -= 1
                     if self.queued_audio < AUDIO_HIGH_WATER:
                         self.audio_room.set()
-                await self.ws.send_text(item.data.decode())
+                self.media.popleft()
+                await self._write(item)
         except (WebSocketDisconnect, RuntimeError, OSError):
             with contextlib.suppress(asyncio.QueueFull):
                 self.mailbox.put_nowait(_DISCONNECTED)
+
+    async def _write(self, item: _Out) -> None:
+        # Numbered as sent, so the sequence is monotonic on the wire across both lanes.
+        self.seq += 1
+        item.event.server_event_seq = self.seq
+        await self.ws.send_text(rt.encode_server_event(item.event).decode())
 
     # -- worker pumps ----------------------------------------------------------------------------------
     def _start_vad(self, e: StartVad) -> None:

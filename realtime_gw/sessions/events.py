@@ -58,6 +58,14 @@ class PlaybackStarted:
 
 
 @dataclass(slots=True)
+class AudioDelivered:
+    """Every queued audio frame of the response has been written to the socket (or purged)."""
+
+    response_id: str
+    epoch: int
+
+
+@dataclass(slots=True)
 class Tick:
     """Time passes (idle timeouts)."""
 
@@ -69,8 +77,10 @@ class Tick:
 class Send:
     event: ServerEvent
     response_id: str | None = None
-    """Set on audio deltas, so the transport can pace them and purge them on cancel."""
+    """Set on every event of a response: they keep their order in that response's lane, while
+    events without it (acks, VAD, errors) are sent at once, never stuck behind paced audio."""
     audio_ms: float = 0.0
+    """Set on audio deltas: the transport paces them to real time and can purge them."""
 
 
 @dataclass(slots=True)
@@ -129,6 +139,17 @@ class PurgeAudio:
 
 
 @dataclass(slots=True)
+class AwaitDelivery:
+    """Report ``AudioDelivered`` once the response's queued audio has left (paced) for the client.
+
+    A response stays live until its audio is out, so speech over it still cancels it: the session's
+    idea of "in progress" matches what the client hears, not just what the model has produced."""
+
+    response_id: str
+    epoch: int
+
+
+@dataclass(slots=True)
 class Close:
     """Send what is queued (audio excepted), then close the socket."""
 
@@ -136,7 +157,7 @@ class Close:
     reason: str = ""
 
 
-Effect = Close | Send | StartVad | StopVad | FeedVad | Transcribe | StartResponse | CancelResponse | PurgeAudio
+Effect = AwaitDelivery | Close | Send | StartVad | StopVad | FeedVad | Transcribe | StartResponse | CancelResponse | PurgeAudio
 
 
 @dataclass(slots=True)

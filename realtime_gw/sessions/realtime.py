@@ -9,8 +9,8 @@ cancelled epoch) lives here.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import binascii
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +32,8 @@ from realtime_gw.sessions.conversation import (
 )
 from realtime_gw.sessions.duplex import Decision, DuplexSettings, Overlap, OverlapPolicy, Playback
 from realtime_gw.sessions.events import (
+    AudioDelivered,
+    AwaitDelivery,
     CancelResponse,
     ChatMessage,
     Close,
@@ -174,6 +176,10 @@ class RealtimeSession:
     def _send(self, event: rt.ServerEvent, **kw: Any) -> Send:
         event.event_id = self._new_id("event")
         return Send(event, **kw)
+
+    def _rsend(self, r: LiveResponse, event: rt.ServerEvent, audio_ms: float = 0.0) -> Send:
+        """An event of response ``r``: it travels in that response's ordered (paced) lane."""
+        return self._send(event, response_id=r.id, audio_ms=audio_ms)
 
     def error(self, message: str, code: str, param: str | None = None, event_id: str | None = None) -> Send:
         return self._send(rt.error_event(message, code=code, param=param, event_id=event_id))
@@ -796,14 +802,14 @@ class RealtimeSession:
             while len(self.playbacks) > MAX_TRACKED_PLAYBACKS:
                 del self.playbacks[next(iter(self.playbacks))]
         self.response = r
-        out: list[Effect] = [self._send(rt.ResponseCreatedEvent(response=self._response_wire(r, "in_progress")))]
+        out: list[Effect] = [self._rsend(r, rt.ResponseCreatedEvent(response=self._response_wire(r, "in_progress")))]
         item = self._assistant_item(r, "in_progress")
-        out.append(self._send(rt.ResponseOutputItemAddedEvent(response_id=r.id, output_index=0, item=item)))
+        out.append(self._rsend(r, rt.ResponseOutputItemAddedEvent(response_id=r.id, output_index=0, item=item)))
         if in_conversation:
             previous = self.conversation.last_id()
             self.conversation.add(msgspec.structs.replace(item, content=[]))
-            out.append(self._send(rt.ConversationItemAdded(item=item, previous_item_id=previous)))
-        out.append(self._send(rt.ResponseContentPartAddedEvent(**self._ref(r), part=self._part(r))))
+            out.append(self._rsend(r, rt.ConversationItemAdded(item=item, previous_item_id=previous)))
+        out.append(self._rsend(r, rt.ResponseContentPartAddedEvent(**self._ref(r), part=self._part(r))))
         out += self._maybe_start()
         return out
 
@@ -870,7 +876,7 @@ class RealtimeSession:
         if r is None or r.audio or not ev.text:
             return []  # with audio, the transcript travels with the frames
         r.text += ev.text
-        return [self._send(rt.ResponseTextDeltaEvent(**self._ref(r), delta=ev.text))]
+        return [self._rsend(r, rt.ResponseTextDeltaEvent(**self._ref(r), delta=ev.text))]
 
     def _on_audio(self, ev: ResponseAudio, now: float) -> list[Effect]:
         r = self._live(ev.response_id, ev.epoch)
@@ -882,17 +888,16 @@ class RealtimeSession:
             delta = (" " if r.text else "") + frame.text.strip()
             r.text += delta
             r.spans.append(SpokenSpan(r.audio_ms, frame.text.strip()))
-            out.append(self._send(rt.ResponseAudioTranscriptDeltaEvent(**self._ref(r), delta=delta)))
+            out.append(self._rsend(r, rt.ResponseAudioTranscriptDeltaEvent(**self._ref(r), delta=delta)))
         if frame.pcm:
             ms = len(frame.pcm) / 2 / OUTPUT_RATE * 1000
             assert r.encoder is not None
             wire = r.encoder.encode(frame.pcm)
             out.append(
-                self._send(
+                self._rsend(r,
                     rt.ResponseAudioDeltaEvent(
                         **self._ref(r), delta=wire, seq=r.frames, sample_rate_hz=OUTPUT_RATES[self.settings.output_format]
                     ),
-                    response_id=r.id,
                     audio_ms=ms,
                 )
             )
@@ -913,6 +918,15 @@ class RealtimeSession:
                 "failed",
                 rt.ResponseStatusDetails(type="failed", error={"type": "server_error", "message": ev.error}),
             )
+        if r.audio and r.frames:
+            return [AwaitDelivery(r.id, r.epoch)]  # finished generating; live until its audio is out
+        return self._complete(r, now)
+
+    def _on_audio_delivered(self, ev: AudioDelivered, now: float) -> list[Effect]:
+        r = self._live(ev.response_id, ev.epoch)
+        return [] if r is None else self._complete(r, now)
+
+    def _complete(self, r: LiveResponse, now: float) -> list[Effect]:
         out = self._finish(r, "completed", None)
         if self.respond_after:
             self.respond_after = False
@@ -967,22 +981,22 @@ class RealtimeSession:
         ref = self._ref(r)
         out: list[Effect] = []
         if r.audio:
-            out.append(self._send(rt.ResponseAudioDoneEvent(**ref)))
-            out.append(self._send(rt.ResponseAudioTranscriptDoneEvent(**ref, transcript=r.text)))
+            out.append(self._rsend(r, rt.ResponseAudioDoneEvent(**ref)))
+            out.append(self._rsend(r, rt.ResponseAudioTranscriptDoneEvent(**ref, transcript=r.text)))
         else:
-            out.append(self._send(rt.ResponseTextDoneEvent(**ref, text=r.text)))
-        out.append(self._send(rt.ResponseContentPartDoneEvent(**ref, part=self._part(r))))
-        out.append(self._send(rt.ResponseOutputItemDoneEvent(response_id=r.id, output_index=0, item=item)))
+            out.append(self._rsend(r, rt.ResponseTextDoneEvent(**ref, text=r.text)))
+        out.append(self._rsend(r, rt.ResponseContentPartDoneEvent(**ref, part=self._part(r))))
+        out.append(self._rsend(r, rt.ResponseOutputItemDoneEvent(response_id=r.id, output_index=0, item=item)))
         if r.in_conversation and r.item_id in self.conversation:
             entry = self.conversation.get(r.item_id)
             self._sync_entry(entry, r)
             entry.item.status = item_status  # type: ignore[assignment]
             out.append(
-                self._send(
+                self._rsend(r,
                     rt.ConversationItemDone(item=item, previous_item_id=self.conversation.previous_id(r.item_id))
                 )
             )
-        out.append(self._send(rt.ResponseDoneEvent(response=self._response_wire(r, status, details))))
+        out.append(self._rsend(r, rt.ResponseDoneEvent(response=self._response_wire(r, status, details))))
         return out
 
 
@@ -1008,6 +1022,7 @@ _HANDLERS: dict[type, Any] = {
     rt.PlaybackAckEvent: RealtimeSession._on_playback_ack,
     rt.SessionCloseEvent: RealtimeSession._on_session_close,
     PlaybackStarted: RealtimeSession._on_playback_started,
+    AudioDelivered: RealtimeSession._on_audio_delivered,
 }
 
 __all__ = ["RealtimeSession", "SessionSettings", "FRAME_SAMPLES"]

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import random
 import time
-import typing
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,16 +13,11 @@ from typing import Any
 import httpx
 import pytest
 from openai import AsyncOpenAI
-from openai.types.realtime import RealtimeServerEvent
 
 from tests.audio_tools import synthesize, transcribe, wer
 from tests.conftest import LiveServer
+from tests.server.sdk_events import validate
 
-# type -> the SDK's model for it, so a mismatch names the exact field instead of the whole union
-SERVER_EVENTS = {
-    m.model_fields["type"].annotation.__args__[0]: m
-    for m in typing.get_args(typing.get_args(RealtimeServerEvent)[0])
-}
 FRAME_BYTES = 1920 * 2
 
 
@@ -43,10 +36,7 @@ async def connect(server: LiveServer, **session: Any) -> AsyncIterator[Any]:
 
 async def recv(conn: Any, timeout: float = 30.0) -> Any:
     """Next server event, validated against the SDK's pydantic models (not just constructed)."""
-    raw = await asyncio.wait_for(conn.recv_bytes(), timeout)
-    kind = json.loads(raw)["type"]
-    assert kind in SERVER_EVENTS, f"unknown server event {kind}"
-    return SERVER_EVENTS[kind].model_validate_json(raw)
+    return validate(await asyncio.wait_for(conn.recv_bytes(), timeout))
 
 
 async def collect_until(conn: Any, stop: Callable[[Any], bool], timeout: float = 60.0) -> list[Any]:

@@ -8,6 +8,7 @@ from realtime_gw.models.types import TtsFrame, VadProbs
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.sessions.duplex import Decision, DuplexSettings, Overlap, OverlapPolicy, Playback
 from realtime_gw.sessions.events import (
+    AudioDelivered,
     CancelResponse,
     Close,
     Limits,
@@ -129,7 +130,8 @@ def test_medium_speech_is_listened_to_and_answered_after_the_response() -> None:
     assert decisions(out) == ["listen"]
     assert not of(out, CancelResponse)
     assert "input_audio_buffer.committed" in kinds(out)
-    done = s.handle(ResponseFinished(start.response_id, start.epoch), 11.5)
+    s.handle(ResponseFinished(start.response_id, start.epoch), 11.5)
+    done = s.handle(AudioDelivered(start.response_id, start.epoch), 11.6)
     assert kinds(done).count("response.done") == 1 and "response.created" in kinds(done)
 
 
@@ -164,6 +166,7 @@ def test_speech_after_generation_while_audio_still_plays_purges_it() -> None:
     s = session(duplex=False)
     start = speaking_response(s, at=10.0)
     s.handle(ResponseFinished(start.response_id, start.epoch), 10.1)
+    s.handle(AudioDelivered(start.response_id, start.epoch), 10.2)
     out = vad(s, 0.0, speech(100), now=10.5)
     assert of(out, PurgeAudio)
     assert "output_audio_buffer.cleared" in kinds(out)

@@ -9,6 +9,8 @@ import pytest
 from realtime_gw.models.types import TtsFrame, VadProbs
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.sessions.events import (
+    AudioDelivered,
+    AwaitDelivery,
     CancelResponse,
     Limits,
     PurgeAudio,
@@ -98,11 +100,13 @@ def test_text_turn_lifecycle_and_single_response_done() -> None:
     assert kinds(out) == ["response.output_audio_transcript.delta", "response.output_audio.delta"]
     delta = sent(out)[1]
     assert delta.delta == FRAME and delta.seq == 0  # type: ignore[attr-defined]
-    done = s.handle(ResponseFinished(start.response_id, start.epoch), 0)
+    generated = s.handle(ResponseFinished(start.response_id, start.epoch), 0)
+    assert generated == [AwaitDelivery(start.response_id, start.epoch)], "live until its audio is out"
+    done = s.handle(AudioDelivered(start.response_id, start.epoch), 0)
     assert kinds(done)[-1] == "response.done"
     assert sent(done)[-1].response.status == "completed"  # type: ignore[attr-defined]
     # a late duplicate finish is stale and ignored
-    assert s.handle(ResponseFinished(start.response_id, start.epoch), 0) == []
+    assert s.handle(AudioDelivered(start.response_id, start.epoch), 0) == []
 
 
 def test_second_response_create_while_active_is_an_error() -> None:
@@ -269,6 +273,7 @@ def test_truncate_keeps_only_heard_words() -> None:
     for _ in range(9):
         s.handle(ResponseAudio(r, start.epoch, TtsFrame(FRAME)), 0)
     s.handle(ResponseFinished(r, start.epoch), 0)
+    s.handle(AudioDelivered(r, start.epoch), 0)
     item_id = s.conversation.entries()[-1].item.id
     # 1600 ms of audio: first sentence 0-800 ms, second 800-1600 ms; heard up to 1200 ms
     too_far = s.handle(decode(f'{{"type":"conversation.item.truncate","item_id":"{item_id}","content_index":0,"audio_end_ms":1700}}'), 0)
