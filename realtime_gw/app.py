@@ -28,7 +28,7 @@ class Gateway:
 
 
 def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlette:
-    from realtime_gw.server import ops, realtime_ws
+    from realtime_gw.server import ops, realtime_ws, speech
 
     gateway = Gateway(
         config=config, workers=workers or build_workers(config), responder=build_responder(config)
@@ -50,6 +50,8 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         Route("/v1/models", ops.models),
         WebSocketRoute("/v1/realtime", realtime_ws.realtime_endpoint),
         WebSocketRoute("/v1/duplex", realtime_ws.realtime_endpoint),
+        Route("/v1/audio/speech", speech.speech_endpoint, methods=["POST"]),
+        WebSocketRoute("/v1/audio/speech/stream", speech.speech_stream_endpoint),
     ]
     if gateway.workers.policy is not None:
         from realtime_gw.server import openpi_ws

@@ -29,11 +29,28 @@ class Workers:
         await asyncio.gather(*(w.stop() for w in self.all), return_exceptions=True)
 
 
+def accepted_voices(backend: object) -> frozenset[str]:
+    """Voice names a TTS backend answers to: its own, "default", and OpenAI's names (mapped)."""
+    from realtime_gw.models.tts_piper import OPENAI_VOICES
+
+    return frozenset(getattr(backend, "voices", ())) | {"default"} | OPENAI_VOICES
+
+
 def build_tts(config: GatewayConfig) -> StageWorker:
     if config.tts == "tone":
         from realtime_gw.models.tts_tone import ToneTtsBackend
 
         backend = ToneTtsBackend()
+    elif config.tts == "codec":
+        from realtime_gw.models.tts_codec import CodecTtsBackend
+
+        # Every stream holds a slot and all of them advance each step: slots = batch = admission limit,
+        # so a full worker refuses at submit ("no free slot") instead of queueing.
+        slots = config.tts_max_batch
+        codec = CodecTtsBackend(
+            config=config.tts_config, path=config.tts_path, device=config.tts_device, slots=slots
+        )
+        return StageWorker(codec, device=config.tts_device, max_batch=slots, max_active=slots)
     else:
         from realtime_gw.models.tts_piper import PiperTtsBackend
 

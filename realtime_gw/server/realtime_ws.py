@@ -19,6 +19,7 @@ from typing import Any
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from realtime_gw.app import Gateway
+from realtime_gw.models.registry import accepted_voices
 from realtime_gw.models.runtime import NoFreeSlot, Stream, WorkerFault
 from realtime_gw.models.types import AsrRequest, TtsRequest, VadRequest
 from realtime_gw.protocols import realtime as rt
@@ -366,11 +367,10 @@ _DISCONNECTED = object()
 
 
 def _limits(gateway: Gateway, model: str) -> Limits:
-    voices = getattr(gateway.workers.tts.backend, "voices", None) or ("default",)
     return Limits(
         max_input_buffer_bytes=gateway.config.max_input_buffer_bytes,
         max_items=gateway.config.max_conversation_items,
-        voices=frozenset(voices) | {"default"},
+        voices=accepted_voices(gateway.workers.tts.backend),
         model=model,
     )
 
