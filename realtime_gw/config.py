@@ -35,9 +35,16 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_input_buffer_bytes: int = 15 * 1024 * 1024
     """Bound on the decoded input audio buffer of one session (PCM16)."""
     max_conversation_items: int = 512
-    tts: Literal["piper", "tone"] = "piper"
+    tts: Literal["piper", "tone", "codec"] = "piper"
     tts_voice: str = "joe"
     tts_max_batch: int = 8
+    """Streams advanced per step by batching TTS backends (``codec``); Piper and tone step one.
+    For ``codec`` also its slot count: the most streams synthesising at once (64 suits a GPU)."""
+    tts_path: str | None = None
+    """`codec`: local weight directory (see realtime_gw/models/codec/spec.py); None = random init."""
+    tts_config: Literal["tiny", "full"] = "tiny"
+    """`codec` random-init shape: `tiny` (CPU tests) or `full` (Qwen3-TTS-0.6B-shaped, for a GPU)."""
+    tts_device: str = "cpu"
     asr: Literal["pocketsphinx"] = "pocketsphinx"
     asr_slots: int = 4
     vad: Literal["silero"] = "silero"

@@ -31,6 +31,24 @@ class AsrState:
     decoded: bool = False
 
 
+def trim_silence(pcm16k: bytes, margin_ms: int = 200, floor: float = 0.02) -> bytes:
+    """Cut leading and trailing near-silence (keeping a margin): batch CMN averages over the whole
+    utterance, and long silent stretches around the words skew it and cost accuracy."""
+    x = np.frombuffer(pcm16k, dtype="<i2").astype(np.float32)
+    hop = ASR_RATE // 100  # 10 ms
+    n = len(x) // hop
+    if n == 0:
+        return pcm16k
+    rms = np.sqrt(np.mean(x[: n * hop].reshape(n, hop) ** 2, axis=1))
+    loud = np.flatnonzero(rms > max(rms.max() * floor, 30.0))
+    if loud.size == 0:
+        return pcm16k
+    margin = margin_ms // 10
+    lo = max(0, loud[0] - margin) * hop
+    hi = min(n, loud[-1] + 1 + margin) * hop
+    return pcm16k[2 * lo : 2 * hi]
+
+
 class PocketsphinxAsrBackend:
     name = "asr-pocketsphinx"
 
@@ -38,7 +56,9 @@ class PocketsphinxAsrBackend:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.slots = slots
-        self._decoder_kwargs = {"loglevel": "ERROR", **decoder_kwargs}
+        # dither: digital silence (all zeros) otherwise decodes to a random word ("dog", "ah"); a fixed
+        # seed keeps results reproducible. Measured: no WER change on speech.
+        self._decoder_kwargs = {"loglevel": "ERROR", "dither": True, "seed": 1, **decoder_kwargs}
         self._decoders: list[Any] = []
         self._free: list[int] = []
 
@@ -83,13 +103,15 @@ class PocketsphinxAsrBackend:
         return results
 
     def _decode(self, state: AsrState) -> str:
+        if len(state.pcm16k) < 2 * ASR_RATE // 10:
+            return ""  # under 100 ms: no word fits, and the search errors on a too-short utterance
+        pcm = trim_silence(state.pcm16k)
         d = state.decoder
         d.start_utt()
         try:
-            if state.pcm16k:
-                # full_utt=True: batch cepstral mean normalisation over the whole utterance (more
-                # accurate than the live estimate, and we have the whole utterance anyway).
-                d.process_raw(state.pcm16k, no_search=False, full_utt=True)
+            # full_utt=True: batch cepstral mean normalisation over the whole utterance (more
+            # accurate than the live estimate, and we have the whole utterance anyway).
+            d.process_raw(pcm, no_search=False, full_utt=True)
         finally:
             d.end_utt()
         hyp = d.hyp()

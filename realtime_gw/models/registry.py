@@ -55,7 +55,9 @@ def build_tts(config: GatewayConfig) -> StageWorker:
         from realtime_gw.models.tts_piper import PiperTtsBackend
 
         backend = PiperTtsBackend(voice=config.tts_voice)
-    return StageWorker(backend, max_batch=config.tts_max_batch, max_active=config.worker_max_active)
+    # Piper has no batched kernel: one sentence per step lets the scheduler put a new stream's first
+    # sentence ahead of other streams' later ones. A small backlog keeps streams ~2 s ahead, no more.
+    return StageWorker(backend, max_batch=1, max_active=config.worker_max_active, max_backlog=25)
 
 
 def build_workers(config: GatewayConfig) -> Workers:

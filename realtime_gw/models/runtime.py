@@ -106,6 +106,10 @@ class Stream(Generic[S]):
         self.cancelled = False
         self.finished = False
         self.submitted_at = time.perf_counter()
+        self.steps = 0
+        """Backend steps this request has had; 0 = still waiting for its first output."""
+        self.last_step = 0
+        """The worker iteration that last advanced it (for round-robin order)."""
         self._max_backlog = max_backlog
         self._outputs: deque[Any] = deque()
         self._readable = asyncio.Event()
@@ -207,7 +211,7 @@ class StageWorker:
         self._wake_event: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"worker-{self.name}")
-        self._rr = 0  # round-robin start index for fairness when more are runnable than max_batch
+        self._rr = 0  # iteration counter, for round-robin order
         self._ident: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -300,12 +304,14 @@ class StageWorker:
             WORKER_QUEUE.labels(self.name).set(len(self._opening))
 
     def _pick(self, runnable: list[Stream[Any]]) -> list[Stream[Any]]:
-        if len(runnable) <= self.max_batch:
-            return runnable
-        start = self._rr % len(runnable)
-        self._rr += self.max_batch
-        rotated = runnable[start:] + runnable[:start]
-        return rotated[: self.max_batch]
+        """Requests still waiting for their first output go first (time to first audio), then the
+        least recently advanced: a long stream never starves a new one."""
+        self._rr += 1
+        chosen = sorted(runnable, key=lambda s: (s.steps > 0, s.last_step))[: self.max_batch]
+        for s in chosen:
+            s.steps += 1
+            s.last_step = self._rr
+        return chosen
 
     def _execute(
         self,

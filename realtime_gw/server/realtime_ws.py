@@ -52,7 +52,7 @@ from realtime_gw.sessions.realtime import RealtimeSession
 log = logging.getLogger(__name__)
 
 TICK_S = 0.25
-AUDIO_HIGH_WATER = 32  # queued audio frames above which TTS output is not pulled (backpressure)
+AUDIO_HIGH_WATER = 25  # queued audio frames (2 s) above which TTS output is not pulled (backpressure)
 SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 
 

@@ -1,0 +1,278 @@
+"""Realtime voice benchmark: time to first audio, frame lateness, sustained sessions, barge-in latency.
+
+Starts its own gateways on free loopback ports (Piper, and the cheap `tone` TTS for gateway overhead),
+drives them with raw WebSocket clients, prints a table and appends it to docs/benchmarks.md.
+
+    .venv/bin/python loadtest/bench_realtime.py            # full run (~3 min)
+    .venv/bin/python loadtest/bench_realtime.py --quick    # smoke run
+
+CPU numbers are noisy on shared machines, so the Piper TTFA is also given as a ratio to the time the
+same machine takes to synthesize the first sentence with Piper directly, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import websockets
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import LiveServer, start_server, stop_server  # noqa: E402
+
+TEXT = "Please open the door for me. I would like a cup of coffee."
+FRAME_MS = 80.0
+
+
+@dataclass
+class Stats:
+    ttfa_ms: list[float] = field(default_factory=list)
+    lateness_ms: list[float] = field(default_factory=list)
+    barge_in_ms: list[float] = field(default_factory=list)
+    turns: int = 0
+    errors: int = 0
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+async def open_session(server: LiveServer, session: dict[str, Any]) -> Any:
+    ws = await websockets.connect(server.ws + "/v1/realtime", max_size=None)
+    assert json.loads(await ws.recv())["type"] == "session.created"
+    await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", **session}}))
+    while json.loads(await ws.recv())["type"] != "session.updated":
+        pass
+    return ws
+
+
+async def text_turn(ws: Any, stats: Stats) -> None:
+    await ws.send(
+        json.dumps(
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": TEXT}]},
+            }
+        )
+    )
+    sent = time.monotonic()
+    await ws.send(json.dumps({"type": "response.create"}))
+    first: float | None = None
+    while True:
+        ev = json.loads(await ws.recv())
+        kind = ev["type"]
+        now = time.monotonic()
+        if kind == "response.output_audio.delta":
+            if first is None:
+                first = now
+                stats.ttfa_ms.append((now - sent) * 1000)
+            # lateness against the real-time playback slot the client would play this frame in
+            due = first + ev["seq"] * FRAME_MS / 1000
+            stats.lateness_ms.append(max(0.0, (now - due) * 1000))
+        elif kind == "error":
+            stats.errors += 1
+        elif kind == "response.done":
+            stats.turns += 1
+            if ev["response"]["status"] != "completed":
+                stats.errors += 1
+            return
+
+
+async def turns_load(server: LiveServer, sessions: int, seconds: float) -> Stats:
+    stats = Stats()
+    deadline = time.monotonic() + seconds
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(i * 0.05)  # a ramp, not a thundering herd
+        ws = await open_session(server, {"audio": {"input": {"turn_detection": None}}})
+        try:
+            while time.monotonic() < deadline:
+                await text_turn(ws, stats)
+        finally:
+            await ws.close()
+
+    results = await asyncio.gather(*(one(i) for i in range(sessions)), return_exceptions=True)
+    stats.errors += sum(1 for r in results if isinstance(r, BaseException))
+    return stats
+
+
+async def barge_in(server: LiveServer, sessions: int, speech_pcm: bytes) -> Stats:
+    """User speech onset -> last audio frame of the cancelled response received (server VAD)."""
+    stats = Stats()
+    session = {"audio": {"input": {"turn_detection": {"type": "server_vad", "create_response": False}}}}
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(i * 0.05)
+        ws = await open_session(server, session)
+        speech = bytearray()
+        onset: list[float] = []
+        mic_running = True
+
+        async def mic() -> None:
+            n = int(FRAME_MS * 48)
+            next_at = time.monotonic()
+            while mic_running:
+                chunk = bytes(speech[:n]).ljust(n, b"\x00")
+                if speech and not onset:
+                    onset.append(time.monotonic())
+                del speech[:n]
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()}))
+                next_at += FRAME_MS / 1000
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+        mic_task = asyncio.create_task(mic())
+        try:
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "conversation.item.create",
+                        "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": TEXT * 3}]},
+                    }
+                )
+            )
+            await ws.send(json.dumps({"type": "response.create"}))
+            first: float | None = None
+            last_frame = 0.0
+            while True:
+                ev = json.loads(await ws.recv())
+                now = time.monotonic()
+                if ev["type"] == "response.output_audio.delta":
+                    last_frame = now
+                    if first is None:
+                        first = now
+                    if now - first > 1.5 and not speech and not onset:
+                        speech += speech_pcm
+                elif ev["type"] == "response.done":
+                    if ev["response"]["status"] == "cancelled" and onset:
+                        stats.barge_in_ms.append((last_frame - onset[0]) * 1000)
+                    else:
+                        stats.errors += 1
+                    return
+        finally:
+            mic_running = False
+            mic_task.cancel()
+            await ws.close()
+
+    results = await asyncio.gather(*(one(i) for i in range(sessions)), return_exceptions=True)
+    stats.errors += sum(1 for r in results if isinstance(r, BaseException))
+    return stats
+
+
+def piper_baseline_ms(repeats: int = 5) -> float:
+    """Synthesis time of TEXT's first sentence with Piper directly (no gateway), same machine, same run."""
+    from tests.audio_tools import synthesize
+
+    synthesize("Warm up.")
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        synthesize(TEXT.split(". ")[0] + ".")
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def hardware() -> str:
+    model = "unknown CPU"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    seconds = 6.0 if args.quick else args.seconds
+    levels = [1, 4] if args.quick else [1, 4, 16]
+    tone_levels = [16, 64] if args.quick else [16, 32, 64, 128, 192, 256]
+    lines: list[str] = []
+
+    def out(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    baseline = piper_baseline_ms()
+    from tests.audio_tools import synthesize
+
+    stop_speech = synthesize("Hold on, please stop talking now.", 24000)
+    piper = start_server("--policy", "none", "--max-sessions", "512", name="bench-piper")
+    try:
+        out(f"Piper first-sentence synthesis, direct (baseline): {baseline:.0f} ms")
+        out("")
+        out("| TTS | sessions | turns | TTFA p50 ms | TTFA p95 ms | TTFA p50 / baseline | lateness p95 ms | lateness max ms | errors |")
+        out("|---|---|---|---|---|---|---|---|---|")
+        for n in levels:
+            s = await turns_load(piper, n, seconds)
+            out(
+                f"| piper | {n} | {s.turns} | {pct(s.ttfa_ms, 50):.0f} | {pct(s.ttfa_ms, 95):.0f} | "
+                f"{pct(s.ttfa_ms, 50) / baseline:.2f} | {pct(s.lateness_ms, 95):.1f} | "
+                f"{max(s.lateness_ms, default=0):.1f} | {s.errors} |"
+            )
+        out("")
+        out("| barge-in (server VAD, interrupt_response) | sessions | p50 ms | p95 ms | errors |")
+        out("|---|---|---|---|---|")
+        for n in [1, 4] if args.quick else [1, 16]:
+            s = await barge_in(piper, n, stop_speech)
+            out(f"| onset -> last frame of cancelled response | {n} | {pct(s.barge_in_ms, 50):.0f} | {pct(s.barge_in_ms, 95):.0f} | {s.errors} |")
+    finally:
+        stop_server(piper)
+
+    tone = start_server("--policy", "none", "--tts", "tone", "--max-sessions", "1024", name="bench-tone")
+    sustained = 0
+    try:
+        out("")
+        out("| TTS | sessions | turns | TTFA p50 ms | TTFA p95 ms | lateness p95 ms | errors |")
+        out("|---|---|---|---|---|---|---|")
+        for n in tone_levels:
+            s = await turns_load(tone, n, max(seconds / 2, 5.0))
+            late = pct(s.lateness_ms, 95)
+            out(f"| tone | {n} | {s.turns} | {pct(s.ttfa_ms, 50):.0f} | {pct(s.ttfa_ms, 95):.0f} | {late:.1f} | {s.errors} |")
+            if late <= 20.0 and s.errors == 0:
+                sustained = n
+            else:
+                break
+        out("")
+        out(
+            f"Sessions sustained by the gateway itself (tone TTS, p95 frame lateness <= 20 ms, no errors; "
+            f"client and server share this machine): {sustained}"
+        )
+    finally:
+        stop_server(tone)
+
+    if not args.no_write:
+        doc = ROOT / "docs" / "benchmarks.md"
+        header = "" if doc.exists() else "# Benchmarks\n"
+        with doc.open("a") as f:
+            f.write(
+                f"{header}\n## Realtime voice ({dt.date.today().isoformat()})\n\n"
+                f"- Hardware: {hardware()}; no GPU\n"
+                f"- Command: `.venv/bin/python loadtest/bench_realtime.py{' --quick' if args.quick else ''}`\n"
+                "- Each session loops text turns (two sentences, ~3.5 s of audio, paced at real time with a 400 ms lead);\n"
+                "  TTFA = `response.create` sent -> first audio delta received; lateness = arrival after the frame's\n"
+                "  real-time playback slot. Client and server share the machine.\n\n" + "\n".join(lines) + "\n"
+            )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
