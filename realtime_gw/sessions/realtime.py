@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import itertools
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -30,7 +28,7 @@ from realtime_gw.sessions.conversation import (
     heard_text,
     item_text,
 )
-from realtime_gw.sessions.duplex import Decision, DuplexSettings, Overlap, OverlapPolicy, Playback
+from realtime_gw.sessions.duplex import Decision, Overlap, OverlapPolicy, Playback
 from realtime_gw.sessions.events import (
     AudioDelivered,
     AwaitDelivery,
@@ -54,92 +52,20 @@ from realtime_gw.sessions.events import (
     TranscriptionDone,
     VadResult,
 )
+from realtime_gw.sessions.response import LiveResponse
+from realtime_gw.sessions.settings import (
+    OUTPUT_RATES,
+    SEMANTIC_SILENCE_MS,
+    SessionError,
+    SessionSettings,
+    apply_session_update,
+    check_voice,
+)
 from realtime_gw.sessions.turn_detection import SpeechStarted, SpeechStopped, TurnDetector
 
 MAX_TRACKED_PLAYBACKS = 16  # responses whose playback can still be acked
 ACK_TOLERANCE_MS = 80  # one frame: a client may ack a frame it just received
 MIN_COMMIT_MS = 100  # as OpenAI: a commit needs at least 100 ms of audio
-OUTPUT_RATES = {"audio/pcm": OUTPUT_RATE, "audio/pcmu": 8000, "audio/pcma": 8000}
-OUTPUT_FORMATS = frozenset(OUTPUT_RATES)
-SEMANTIC_SILENCE_MS = {"low": 1200, "medium": 700, "high": 400, "auto": 700}
-
-
-@dataclass(slots=True)
-class SessionSettings:
-    instructions: str = ""
-    output_modalities: list[str] = field(default_factory=lambda: ["audio"])
-    input_format: str = "audio/pcm"
-    input_rate: int = 24000
-    transcription: rt.TranscriptionConfig | None = None
-    turn_detection: rt.ServerVad | rt.SemanticVad | None = field(default_factory=rt.ServerVad)
-    noise_reduction: str | None = None
-    output_format: str = "audio/pcm"
-    voice: str = "default"
-    speed: float = 1.0
-    max_output_tokens: int | None = None
-    duplex: DuplexSettings = field(default_factory=DuplexSettings)
-
-    def to_wire(self, session_id: str, model: str, duplex: bool = False) -> rt.SessionOut:
-        td: Any = None if self.turn_detection is None else msgspec.to_builtins(self.turn_detection)
-        in_fmt: dict[str, Any] = {"type": self.input_format}
-        if self.input_format == "audio/pcm" and self.input_rate == OUTPUT_RATE:
-            in_fmt["rate"] = self.input_rate
-        elif self.input_format == "audio/pcm":
-            # The API's `rate` only admits 24000; other input rates are echoed in an additive field.
-            in_fmt["sample_rate_hz"] = self.input_rate
-        out_fmt: dict[str, Any] = {"type": self.output_format}
-        if self.output_format == "audio/pcm":
-            out_fmt["rate"] = OUTPUT_RATE
-        return rt.SessionOut(
-            id=session_id,
-            model=model,
-            instructions=self.instructions,
-            output_modalities=list(self.output_modalities),
-            audio={
-                "input": {
-                    "format": in_fmt,
-                    "transcription": None
-                    if self.transcription is None
-                    else msgspec.to_builtins(self.transcription),
-                    "turn_detection": td,
-                    "noise_reduction": None
-                    if self.noise_reduction is None
-                    else {"type": self.noise_reduction},
-                },
-                "output": {"format": out_fmt, "voice": self.voice, "speed": self.speed},
-            },
-            max_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
-            capabilities={"supports_barge_in": True, "supports_playback_ack": True, "chunk_period_ms": 80}
-            if duplex
-            else None,
-            duplex=dataclasses.asdict(self.duplex) if duplex else None,
-        )
-
-
-@dataclass(slots=True)
-class LiveResponse:
-    id: str
-    epoch: int
-    item_id: str
-    audio: bool
-    in_conversation: bool
-    params: StartResponse | None = None
-    started: bool = False
-    frames: int = 0
-    audio_ms: float = 0.0
-    text: str = ""
-    spans: list[SpokenSpan] = field(default_factory=list)
-    encoder: audio.OutputEncoder | None = None
-    metadata: dict[str, str] | None = None
-
-
-class SessionError(Exception):
-    """A client event that breaks a rule; becomes one ``error`` event, state unchanged."""
-
-    def __init__(self, message: str, code: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.param = param
 
 
 class RealtimeSession:
@@ -221,44 +147,13 @@ class RealtimeSession:
 
     # -- session.update ------------------------------------------------------------------------------
     def _on_session_update(self, ev: rt.SessionUpdateEvent, now: float) -> list[Effect]:
-        p = ev.session
-        new = SessionSettings(**{f: getattr(self.settings, f) for f in SessionSettings.__slots__})
-        if p.type is not UNSET and p.type != "realtime":
-            raise SessionError(
-                f"Unsupported session type '{p.type}'; only 'realtime' is served", "invalid_value", "session.type"
-            )
-        if p.instructions is not UNSET:
-            new.instructions = p.instructions
-        if p.output_modalities is not UNSET:
-            if not p.output_modalities:
-                raise SessionError("output_modalities must not be empty", "invalid_value", "session.output_modalities")
-            new.output_modalities = list(p.output_modalities)
-        if p.max_output_tokens is not UNSET:
-            new.max_output_tokens = None if p.max_output_tokens == "inf" else p.max_output_tokens
-        if p.audio is not UNSET:
-            self._apply_audio(new, p.audio)
-        if p.duplex is not UNSET:
-            d = p.duplex
-            new.duplex = DuplexSettings(
-                overlap_short_ack_ms=new.duplex.overlap_short_ack_ms
-                if d.overlap_short_ack_ms is UNSET
-                else d.overlap_short_ack_ms,
-                overlap_barge_in_ms=new.duplex.overlap_barge_in_ms
-                if d.overlap_barge_in_ms is UNSET
-                else d.overlap_barge_in_ms,
-                echo_guard_ms=new.duplex.echo_guard_ms if d.echo_guard_ms is UNSET else d.echo_guard_ms,
-            )
-            if new.duplex.overlap_barge_in_ms < new.duplex.overlap_short_ack_ms:
-                raise SessionError(
-                    "overlap_barge_in_ms must not be shorter than overlap_short_ack_ms",
-                    "invalid_value",
-                    "session.duplex.overlap_barge_in_ms",
-                )
-        restart_vad = (new.turn_detection is None) != (self.settings.turn_detection is None) or (
+        new = apply_session_update(self.settings, ev.session, self.limits.voices)
+        old = self.settings
+        restart_vad = (new.turn_detection is None) != (old.turn_detection is None) or (
             new.input_format,
             new.input_rate,
-        ) != (self.settings.input_format, self.settings.input_rate)
-        if (new.input_format, new.input_rate) != (self.settings.input_format, self.settings.input_rate):
+        ) != (old.input_format, old.input_rate)
+        if (new.input_format, new.input_rate) != (old.input_format, old.input_rate):
             # Audio in the old format cannot be mixed with the new one.
             self.buffer.clear()
         self.settings = new
@@ -268,64 +163,8 @@ class RealtimeSession:
             out += self._restart_vad()
         return out
 
-    def _apply_audio(self, new: SessionSettings, a: rt.AudioConfig) -> None:
-        if a.input is not UNSET:
-            i = a.input
-            if i.format is not UNSET:
-                try:
-                    new.input_rate = audio.input_rate(i.format.type, i.format.rate)
-                except ValueError as e:
-                    raise SessionError(str(e), "invalid_value", "session.audio.input.format") from None
-                new.input_format = i.format.type
-            if i.transcription is not UNSET:
-                new.transcription = i.transcription
-            if i.turn_detection is not UNSET:
-                td = i.turn_detection
-                if isinstance(td, rt.ServerVad):
-                    if not 0.0 < td.threshold < 1.0:
-                        raise SessionError(
-                            "threshold must be between 0 and 1",
-                            "invalid_value",
-                            "session.audio.input.turn_detection.threshold",
-                        )
-                    if td.silence_duration_ms < 0 or td.prefix_padding_ms < 0:
-                        raise SessionError(
-                            "durations must not be negative",
-                            "invalid_value",
-                            "session.audio.input.turn_detection",
-                        )
-                new.turn_detection = td
-            if i.noise_reduction is not UNSET:
-                new.noise_reduction = None if i.noise_reduction is None else i.noise_reduction.type
-        if a.output is not UNSET:
-            o = a.output
-            if o.format is not UNSET:
-                if o.format.type not in OUTPUT_FORMATS:
-                    raise SessionError(
-                        f"Unsupported output format '{o.format.type}'; use one of {sorted(OUTPUT_FORMATS)}",
-                        "invalid_value",
-                        "session.audio.output.format.type",
-                    )
-                if o.format.type == "audio/pcm" and o.format.rate not in (None, OUTPUT_RATE):
-                    raise SessionError(
-                        f"Output audio/pcm is {OUTPUT_RATE} Hz; rate {o.format.rate} is not supported",
-                        "invalid_value",
-                        "session.audio.output.format.rate",
-                    )
-                new.output_format = o.format.type
-            if o.voice is not UNSET:
-                new.voice = self._check_voice(o.voice, "session.audio.output.voice")
-            if o.speed is not UNSET:
-                if not 0.25 <= o.speed <= 4.0:
-                    raise SessionError("speed must be between 0.25 and 4.0", "invalid_value", "session.audio.output.speed")
-                new.speed = o.speed
-
     def _check_voice(self, voice: str, param: str) -> str:
-        if voice not in self.limits.voices:
-            raise SessionError(
-                f"Unknown voice '{voice}'; available: {', '.join(sorted(self.limits.voices))}", "invalid_value", param
-            )
-        return voice
+        return check_voice(voice, self.limits.voices, param)
 
     def _configure_turns(self) -> None:
         td = self.settings.turn_detection
@@ -786,6 +625,7 @@ class RealtimeSession:
             audio="audio" in modalities,
             in_conversation=in_conversation,
             metadata=p.metadata,
+            conversation_id=f"conv_{self.id}",
         )
         r.params = StartResponse(
             r.id,
@@ -802,14 +642,14 @@ class RealtimeSession:
             while len(self.playbacks) > MAX_TRACKED_PLAYBACKS:
                 del self.playbacks[next(iter(self.playbacks))]
         self.response = r
-        out: list[Effect] = [self._rsend(r, rt.ResponseCreatedEvent(response=self._response_wire(r, "in_progress")))]
-        item = self._assistant_item(r, "in_progress")
+        out: list[Effect] = [self._rsend(r, rt.ResponseCreatedEvent(response=r.wire("in_progress")))]
+        item = r.item("in_progress")
         out.append(self._rsend(r, rt.ResponseOutputItemAddedEvent(response_id=r.id, output_index=0, item=item)))
         if in_conversation:
             previous = self.conversation.last_id()
             self.conversation.add(msgspec.structs.replace(item, content=[]))
             out.append(self._rsend(r, rt.ConversationItemAdded(item=item, previous_item_id=previous)))
-        out.append(self._rsend(r, rt.ResponseContentPartAddedEvent(**self._ref(r), part=self._part(r))))
+        out.append(self._rsend(r, rt.ResponseContentPartAddedEvent(**r.ref(), part=r.part())))
         out += self._maybe_start()
         return out
 
@@ -834,37 +674,6 @@ class RealtimeSession:
             )
         return [r.params]
 
-    def _ref(self, r: LiveResponse) -> dict[str, Any]:
-        return {"response_id": r.id, "item_id": r.item_id, "output_index": 0, "content_index": 0}
-
-    def _part(self, r: LiveResponse) -> rt.Part:
-        return rt.Part(type="audio", transcript=r.text) if r.audio else rt.Part(type="text", text=r.text)
-
-    def _assistant_item(self, r: LiveResponse, status: str) -> rt.Item:
-        content = []
-        if status != "in_progress":
-            content = [
-                rt.ContentPart(type="output_audio", transcript=r.text)
-                if r.audio
-                else rt.ContentPart(type="output_text", text=r.text)
-            ]
-        return rt.Item(
-            id=r.item_id, object="realtime.item", status=status, role="assistant", content=content  # type: ignore[arg-type]
-        )
-
-    def _response_wire(self, r: LiveResponse, status: str, details: rt.ResponseStatusDetails | None = None) -> rt.Response:
-        output = [] if status == "in_progress" else [self._assistant_item(r, "completed" if status == "completed" else "incomplete")]
-        return rt.Response(
-            id=r.id,
-            status=status,  # type: ignore[arg-type]
-            status_details=details,
-            output=output,
-            output_modalities=["audio"] if r.audio else ["text"],
-            conversation_id=None if not r.in_conversation else f"conv_{self.id}",
-            metadata=r.metadata,
-            usage=rt.ResponseUsage() if status != "in_progress" else None,
-        )
-
     def _live(self, response_id: str, epoch: int) -> LiveResponse | None:
         r = self.response
         if r is None or r.id != response_id or r.epoch != epoch:
@@ -876,7 +685,7 @@ class RealtimeSession:
         if r is None or r.audio or not ev.text:
             return []  # with audio, the transcript travels with the frames
         r.text += ev.text
-        return [self._rsend(r, rt.ResponseTextDeltaEvent(**self._ref(r), delta=ev.text))]
+        return [self._rsend(r, rt.ResponseTextDeltaEvent(**r.ref(), delta=ev.text))]
 
     def _on_audio(self, ev: ResponseAudio, now: float) -> list[Effect]:
         r = self._live(ev.response_id, ev.epoch)
@@ -888,7 +697,7 @@ class RealtimeSession:
             delta = (" " if r.text else "") + frame.text.strip()
             r.text += delta
             r.spans.append(SpokenSpan(r.audio_ms, frame.text.strip()))
-            out.append(self._rsend(r, rt.ResponseAudioTranscriptDeltaEvent(**self._ref(r), delta=delta)))
+            out.append(self._rsend(r, rt.ResponseAudioTranscriptDeltaEvent(**r.ref(), delta=delta)))
         if frame.pcm:
             ms = len(frame.pcm) / 2 / OUTPUT_RATE * 1000
             assert r.encoder is not None
@@ -896,7 +705,7 @@ class RealtimeSession:
             out.append(
                 self._rsend(r,
                     rt.ResponseAudioDeltaEvent(
-                        **self._ref(r), delta=wire, seq=r.frames, sample_rate_hz=OUTPUT_RATES[self.settings.output_format]
+                        **r.ref(), delta=wire, seq=r.frames, sample_rate_hz=OUTPUT_RATES[self.settings.output_format]
                     ),
                     audio_ms=ms,
                 )
@@ -968,7 +777,7 @@ class RealtimeSession:
     def _sync_entry(self, entry: Entry, r: LiveResponse) -> None:
         entry.audio_ms = r.audio_ms
         entry.spans = list(r.spans)
-        entry.item.content = self._assistant_item(r, "completed").content
+        entry.item.content = r.item("completed").content
 
     def _finish(self, r: LiveResponse, status: str, details: rt.ResponseStatusDetails | None) -> list[Effect]:
         """Close out the response's item and part, then its single ``response.done``."""
@@ -977,15 +786,15 @@ class RealtimeSession:
         if playback is not None:
             playback.finished = True
         item_status = "completed" if status == "completed" else "incomplete"
-        item = self._assistant_item(r, item_status)
-        ref = self._ref(r)
+        item = r.item(item_status)
+        ref = r.ref()
         out: list[Effect] = []
         if r.audio:
             out.append(self._rsend(r, rt.ResponseAudioDoneEvent(**ref)))
             out.append(self._rsend(r, rt.ResponseAudioTranscriptDoneEvent(**ref, transcript=r.text)))
         else:
             out.append(self._rsend(r, rt.ResponseTextDoneEvent(**ref, text=r.text)))
-        out.append(self._rsend(r, rt.ResponseContentPartDoneEvent(**ref, part=self._part(r))))
+        out.append(self._rsend(r, rt.ResponseContentPartDoneEvent(**ref, part=r.part())))
         out.append(self._rsend(r, rt.ResponseOutputItemDoneEvent(response_id=r.id, output_index=0, item=item)))
         if r.in_conversation and r.item_id in self.conversation:
             entry = self.conversation.get(r.item_id)
@@ -996,7 +805,7 @@ class RealtimeSession:
                     rt.ConversationItemDone(item=item, previous_item_id=self.conversation.previous_id(r.item_id))
                 )
             )
-        out.append(self._rsend(r, rt.ResponseDoneEvent(response=self._response_wire(r, status, details))))
+        out.append(self._rsend(r, rt.ResponseDoneEvent(response=r.wire(status, details))))
         return out
 
 
