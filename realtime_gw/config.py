@@ -27,6 +27,8 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Largest WebSocket message accepted (uvicorn closes with 1009 above it)."""
     outbound_queue_frames: int = 2048
     """Per-session outbound events waiting for the socket; a client that stops reading is closed."""
+    send_timeout_s: float = 10.0
+    """A socket write blocked this long means the client stopped reading: close 1008."""
     audio_lead_ms: int = 400
     """How far ahead of real-time playback audio is sent (0 = as fast as produced)."""
     warmup: bool = True
@@ -56,6 +58,10 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     responder_max_tokens: int = 256
     responder_timeout_s: float = 30.0
     worker_max_active: int = 256
+    worker_step_timeout_s: float = 30.0
+    """A backend step running longer is a hang: the supervisor abandons the thread and restarts."""
+    fault_injection: list[str] = msgspec.field(default_factory=list)
+    """Tests only: e.g. ["tts:raise@3"], see realtime_gw/models/faults.py."""
 
     # -- robots (OpenPI) ------------------------------------------------------------------------------
     policy: Literal["pi0", "noop", "none"] = "pi0"

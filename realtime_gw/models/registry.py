@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from realtime_gw.config import GatewayConfig
+from realtime_gw.models import faults
 from realtime_gw.models.runtime import StageWorker
 
 
@@ -36,28 +38,32 @@ def accepted_voices(backend: object) -> frozenset[str]:
     return frozenset(getattr(backend, "voices", ())) | {"default"} | OPENAI_VOICES
 
 
-def build_tts(config: GatewayConfig) -> StageWorker:
-    if config.tts == "tone":
-        from realtime_gw.models.tts_tone import ToneTtsBackend
+def _worker(role: str, backend: Any, config: GatewayConfig, **options: Any) -> StageWorker:
+    """A stage worker for ``backend``, with the configured deadline and any injected test faults."""
+    backend = faults.wrap(role, backend, config.fault_injection)
+    return StageWorker(backend, step_timeout_s=config.worker_step_timeout_s, **options)
 
-        backend = ToneTtsBackend()
-    elif config.tts == "codec":
+
+def build_tts(config: GatewayConfig) -> StageWorker:
+    if config.tts == "codec":
         from realtime_gw.models.tts_codec import CodecTtsBackend
 
         # Every stream holds a slot and all of them advance each step: slots = batch = admission limit,
         # so a full worker refuses at submit ("no free slot") instead of queueing.
         slots = config.tts_max_batch
-        codec = CodecTtsBackend(
-            config=config.tts_config, path=config.tts_path, device=config.tts_device, slots=slots
-        )
-        return StageWorker(codec, device=config.tts_device, max_batch=slots, max_active=slots)
+        codec = CodecTtsBackend(config=config.tts_config, path=config.tts_path, device=config.tts_device, slots=slots)
+        return _worker("tts", codec, config, device=config.tts_device, max_batch=slots, max_active=slots)
+    if config.tts == "tone":
+        from realtime_gw.models.tts_tone import ToneTtsBackend
+
+        backend: Any = ToneTtsBackend()
     else:
         from realtime_gw.models.tts_piper import PiperTtsBackend
 
         backend = PiperTtsBackend(voice=config.tts_voice)
     # Piper has no batched kernel: one sentence per step lets the scheduler put a new stream's first
     # sentence ahead of other streams' later ones. A small backlog keeps streams ~2 s ahead, no more.
-    return StageWorker(backend, max_batch=1, max_active=config.worker_max_active, max_backlog=25)
+    return _worker("tts", backend, config, max_batch=1, max_active=config.worker_max_active, max_backlog=25)
 
 
 def build_workers(config: GatewayConfig) -> Workers:
@@ -65,20 +71,22 @@ def build_workers(config: GatewayConfig) -> Workers:
     from realtime_gw.models.vad_silero import SileroVadBackend
 
     tts = build_tts(config)
-    asr = StageWorker(
+    asr = _worker(
+        "asr",
         PocketsphinxAsrBackend(slots=config.asr_slots),
+        config,
         max_batch=config.asr_slots,
         max_active=config.worker_max_active,
     )
-    vad = StageWorker(
-        SileroVadBackend(), max_batch=config.vad_max_batch, max_active=config.worker_max_active
-    )
+    vad = _worker("vad", SileroVadBackend(), config, max_batch=config.vad_max_batch, max_active=config.worker_max_active)
     workers = Workers(tts=tts, asr=asr, vad=vad)
     if config.policy != "none":
         from realtime_gw.models.policy_pi0 import build_policy_backend
 
-        workers.policy = StageWorker(
+        workers.policy = _worker(
+            "policy",
             build_policy_backend(config),
+            config,
             device=config.policy_device,
             max_batch=config.policy_max_batch,
             max_wait_ms=config.policy_max_wait_ms,

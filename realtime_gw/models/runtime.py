@@ -51,6 +51,9 @@ WORKER_STEP_SECONDS = Histogram(
 )
 WORKER_REJECTED = Counter("realtime_gw_worker_rejected_total", "Requests refused with no free slot", ["worker"])
 WORKER_ERRORS = Counter("realtime_gw_worker_errors_total", "Backend faults", ["worker"])
+WORKER_RESTARTS = Counter(
+    "realtime_gw_worker_restarts_total", "Worker threads replaced by the supervisor (crash or hang)", ["worker"]
+)
 
 
 class NoFreeSlot(RuntimeError):
@@ -197,6 +200,7 @@ class StageWorker:
         max_wait_ms: float = 0.0,
         max_active: int = 64,
         max_backlog: int = 64,
+        step_timeout_s: float = 30.0,
     ) -> None:
         self.backend = backend
         self.name = backend.name
@@ -205,6 +209,8 @@ class StageWorker:
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_active = max_active
         self.max_backlog = max_backlog
+        self.step_timeout_s = step_timeout_s
+        self.restarts = 0
         self.ready = False
         self._opening: deque[Stream[Any]] = deque()
         self._active: list[Stream[Any]] = []
@@ -284,14 +290,18 @@ class StageWorker:
                 s.pending = []
             self._wake_event.clear()
             try:
-                opened, results = await loop.run_in_executor(
-                    self._thread, self._execute, to_open, work, to_release
+                opened, results = await asyncio.wait_for(
+                    loop.run_in_executor(self._thread, self._execute, to_open, work, to_release),
+                    self.step_timeout_s,
                 )
-            except Exception:  # the step itself blew up outside per-request handling
-                log.exception("worker %s step failed", self.name)
-                WORKER_ERRORS.labels(self.name).inc()
-                for s, _ in work:
-                    s._deliver([], True, f"{self.name} backend fault")
+            except asyncio.TimeoutError:
+                await self._restart(f"{self.name}: step exceeded {self.step_timeout_s:g} s", to_open, abandon=True)
+                continue
+            except BaseException as e:  # the thread died outside per-request handling
+                if isinstance(e, asyncio.CancelledError):
+                    raise
+                log.exception("worker %s thread failed", self.name)
+                await self._restart(f"{self.name}: worker failed ({type(e).__name__})", to_open, abandon=False)
                 continue
             for s, err in opened:
                 if err is None:
@@ -302,6 +312,44 @@ class StageWorker:
                 s._deliver(r.outputs, r.done, r.error)
             WORKER_ACTIVE.labels(self.name).set(len(self._active))
             WORKER_QUEUE.labels(self.name).set(len(self._opening))
+
+    async def _restart(self, reason: str, opening: list[Stream[Any]], abandon: bool) -> None:
+        """Supervisor: fail every request in flight, replace the worker thread, warm up again.
+
+        A hung thread cannot be killed; it is abandoned (its late results are never read) and its
+        states are dropped rather than released on a thread that may still be using them."""
+        WORKER_ERRORS.labels(self.name).inc()
+        WORKER_RESTARTS.labels(self.name).inc()
+        self.restarts += 1
+        self.ready = False
+        log.error("%s; restarting the worker", reason)
+        failed = self._active + opening
+        self._active = []
+        for s in failed:
+            s._deliver([], True, reason)
+        old = self._thread
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"worker-{self.name}")
+        old.shutdown(wait=False, cancel_futures=True)
+        loop = asyncio.get_running_loop()
+        if not abandon:
+            await loop.run_in_executor(self._thread, self._release_states, [s.state for s in failed])
+        for s in failed:
+            s.state = None
+        try:
+            await asyncio.wait_for(loop.run_in_executor(self._thread, self.backend.warmup), self.step_timeout_s)
+            self.ready = True
+        except Exception:
+            log.exception("worker %s: warm-up after restart failed; it stays not ready", self.name)
+        WORKER_ACTIVE.labels(self.name).set(0)
+
+    def _release_states(self, states: list[Any]) -> None:
+        for state in states:
+            if state is None:
+                continue
+            try:
+                self.backend.release(state)
+            except Exception:
+                log.exception("worker %s release failed", self.name)
 
     def _pick(self, runnable: list[Stream[Any]]) -> list[Stream[Any]]:
         """Requests still waiting for their first output go first (time to first audio), then the

@@ -134,7 +134,7 @@ class RealtimeConnection:
                         await asyncio.wait_for(self._drained(), 2.0)
                 writer.cancel()
                 with contextlib.suppress(Exception):
-                    await self.ws.close(code=code, reason=reason)
+                    await asyncio.wait_for(self.ws.close(code=code, reason=reason), 2.0)
             else:
                 writer.cancel()
             for t in list(self.tasks):
@@ -293,7 +293,13 @@ class RealtimeConnection:
         # Numbered as sent, so the sequence is monotonic on the wire across both lanes.
         self.seq += 1
         item.event.server_event_seq = self.seq
-        await self.ws.send_text(rt.encode_server_event(item.event).decode())
+        data = rt.encode_server_event(item.event).decode()
+        try:
+            await asyncio.wait_for(self.ws.send_text(data), self.config.send_timeout_s)
+        except asyncio.TimeoutError:
+            # The client stopped reading and the socket buffers are full: bound what we hold.
+            self.close_reason = (1008, "client is not reading")
+            raise RuntimeError("send timed out") from None
 
     # -- worker pumps ----------------------------------------------------------------------------------
     def _start_vad(self, e: StartVad) -> None:
@@ -306,11 +312,22 @@ class RealtimeConnection:
         self.spawn(self._pump_vad(e.stream_id, stream), f"vad-{e.stream_id}")
 
     async def _pump_vad(self, stream_id: int, stream: Stream[Any]) -> None:
-        try:
-            async for probs in stream:
-                await self.mailbox.put(VadResult(probs, stream_id))
-        except WorkerFault as err:
-            log.warning("VAD stream failed: %s", err)
+        while True:
+            try:
+                async for probs in stream:
+                    await self.mailbox.put(VadResult(probs, stream_id))
+                return
+            except WorkerFault as err:
+                # The VAD worker failed (and is being restarted): reopen this session's stream.
+                log.warning("VAD stream failed, reopening: %s", err)
+            await asyncio.sleep(0.2)
+            if self.vad_streams.get(stream_id) is not stream:
+                return  # stopped meanwhile
+            try:
+                stream = self.gateway.workers.vad.submit(stream.request)
+            except NoFreeSlot:
+                return
+            self.vad_streams[stream_id] = stream
 
     async def _transcribe(self, e: Transcribe) -> None:
         stream: Stream[Any] | None = None

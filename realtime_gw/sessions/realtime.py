@@ -722,11 +722,17 @@ class RealtimeSession:
         if r is None:
             return []
         if ev.error is not None:
-            return self._finish(
-                r,
-                "failed",
-                rt.ResponseStatusDetails(type="failed", error={"type": "server_error", "message": ev.error}),
-            )
+            # The session goes on: an error event says what happened, then the one response.done.
+            failed = self.error(f"Response {r.id} failed: {ev.error}", "response_failed")
+            failed.event.error.type = "server_error"  # type: ignore[attr-defined]
+            return [
+                failed,
+                *self._finish(
+                    r,
+                    "failed",
+                    rt.ResponseStatusDetails(type="failed", error={"type": "server_error", "message": ev.error}),
+                ),
+            ]
         if r.audio and r.frames:
             return [AwaitDelivery(r.id, r.epoch)]  # finished generating; live until its audio is out
         return self._complete(r, now)

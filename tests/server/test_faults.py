@@ -1,0 +1,196 @@
+"""Faults: a backend that raises, a worker thread that dies, a worker that hangs; a client that stops
+reading; abrupt disconnects at every phase. The gateway answers, recovers and frees everything."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import websockets
+
+from tests.conftest import LiveServer, start_server, stop_server
+
+LONG = " ".join(["This sentence is spoken by a tone."] * 6)
+
+
+async def connect(server: LiveServer, **kw: Any) -> Any:
+    ws = await websockets.connect(server.ws + "/v1/realtime", **kw)
+    assert json.loads(await ws.recv())["type"] == "session.created"
+    await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}))
+    assert json.loads(await ws.recv())["type"] == "session.updated"
+    return ws
+
+
+async def turn(ws: Any, text: str = LONG) -> list[dict[str, Any]]:
+    await ws.send(
+        json.dumps(
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
+            }
+        )
+    )
+    await ws.send(json.dumps({"type": "response.create"}))
+    events = []
+    while True:
+        ev = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        events.append(ev)
+        if ev["type"] == "response.done":
+            return events
+
+
+async def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture(params=["raise@2", "die@2", "hang@2:30"])
+def faulty_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, LiveServer]]:
+    fault = request.param
+    server = start_server(
+        "--policy", "none", "--tts", "tone", "--audio-lead-ms", "0", "--worker-step-timeout-s", "1",
+        "--fault-injection", json.dumps([f"tts:{fault}"]), name=f"fault-{fault.split('@')[0]}",
+    )  # fmt: skip
+    yield fault, server
+    stop_server(server)
+
+
+async def test_worker_fault_fails_the_response_and_the_worker_recovers(
+    faulty_server: tuple[str, LiveServer],
+) -> None:
+    fault, server = faulty_server
+    ws = await connect(server)
+    events = await turn(ws)
+    kinds = [e["type"] for e in events]
+    assert "error" in kinds, kinds
+    err = events[kinds.index("error")]["error"]
+    assert err["type"] == "server_error" and err["code"] == "response_failed"
+    assert events[-1]["response"]["status"] == "failed"
+    assert kinds.count("response.done") == 1
+    if not fault.startswith("raise"):
+        assert server.metric("realtime_gw_worker_restarts_total", 'worker="tts-tone"') == 1
+    # the same session, and a new one, work again within 5 s
+    t0 = time.monotonic()
+    again = await turn(ws, "Back to normal.")
+    assert again[-1]["response"]["status"] == "completed"
+    await ws.close()
+    fresh = await connect(server)
+    assert (await turn(fresh, "A new session."))[-1]["response"]["status"] == "completed"
+    assert time.monotonic() - t0 < 5.0
+    await fresh.close()
+
+
+@pytest.fixture
+def tone_no_pacing() -> Iterator[LiveServer]:
+    server = start_server(
+        "--policy", "none", "--tts", "tone", "--audio-lead-ms", "0", "--send-timeout-s", "1", name="stall",
+    )  # fmt: skip
+    yield server
+    stop_server(server)
+
+
+def _masked_text_frame(text: str) -> bytes:
+    payload = text.encode()
+    mask = os.urandom(4)
+    n = len(payload)
+    if n < 126:
+        header = bytes([0x81, 0x80 | n])
+    elif n < 65536:
+        header = bytes([0x81, 0x80 | 126]) + n.to_bytes(2, "big")
+    else:
+        header = bytes([0x81, 0x80 | 127]) + n.to_bytes(8, "big")
+    return header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def test_client_that_stops_reading_is_closed_and_freed(tone_no_pacing: LiveServer) -> None:
+    """A raw client with a tiny receive buffer that never reads after the handshake: the server's
+    socket writes block, it closes the session (1008) and frees it instead of buffering forever."""
+    server = tone_no_pacing
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", server.port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        (
+            f"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert b" 101 " in head.split(b"\r\n")[0]
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": LONG * 40}]}
+    sock.sendall(_masked_text_frame(json.dumps({"type": "conversation.item.create", "item": item})))
+    sock.sendall(_masked_text_frame(json.dumps({"type": "response.create"})))
+    deadline = time.monotonic() + 20
+    while server.metric("realtime_gw_sessions", 'kind="realtime"') > 0:
+        assert time.monotonic() < deadline, "a client that stops reading must be dropped"
+        time.sleep(0.2)
+    assert server.metric("realtime_gw_worker_active_requests", 'worker="tts-tone"') == 0
+    sock.close()
+
+
+async def _abort(ws: Any) -> None:
+    ws.transport.abort()  # no close frame: the TCP connection just goes away
+    await asyncio.sleep(0)
+
+
+async def test_abrupt_disconnects_at_every_phase_free_all_state(voice_server: LiveServer) -> None:
+    headers = {"Authorization": "Bearer test-key"}
+    url = voice_server.ws + "/v1/realtime"
+    speech = base64.b64encode(b"\x10\x00" * 24000).decode()
+
+    async def before_created() -> None:
+        ws = await websockets.connect(url, additional_headers=headers)
+        await _abort(ws)
+
+    async def mid_append() -> None:
+        ws = await websockets.connect(url, additional_headers=headers)
+        await ws.recv()
+        for _ in range(5):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": speech}))
+        await _abort(ws)
+
+    async def during_transcription() -> None:
+        ws = await websockets.connect(url, additional_headers=headers)
+        await ws.recv()
+        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": speech}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        await _abort(ws)
+
+    async def mid_response() -> None:
+        ws = await websockets.connect(url, additional_headers=headers)
+        await ws.recv()
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": LONG}]},
+                }
+            )
+        )
+        await ws.send(json.dumps({"type": "response.create"}))
+        while json.loads(await ws.recv())["type"] != "response.output_audio.delta":
+            pass
+        await _abort(ws)
+
+    for phase in (before_created, mid_append, during_transcription, mid_response):
+        await phase()
+        await wait_until(
+            lambda: voice_server.metric("realtime_gw_sessions", 'kind="realtime"') == 0
+            and voice_server.metric("realtime_gw_worker_active_requests") == 0,
+            5.0,
+            f"state left behind after a disconnect {phase.__name__}",
+        )
