@@ -13,6 +13,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.registry import Workers, build_workers
 from realtime_gw.models.responder import Responder, build_responder
+from realtime_gw.server.auth import Access
 
 log = logging.getLogger(__name__)
 
@@ -24,14 +25,23 @@ class Gateway:
     config: GatewayConfig
     workers: Workers
     responder: Responder
+    access: Access
     sessions: dict[str, int] = field(default_factory=lambda: {"realtime": 0, "openpi": 0})
 
 
 def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlette:
+    from realtime_gw import web
     from realtime_gw.server import ops, realtime_ws, speech
 
     gateway = Gateway(
-        config=config, workers=workers or build_workers(config), responder=build_responder(config)
+        config=config,
+        workers=workers or build_workers(config),
+        responder=build_responder(config),
+        access=Access(
+            ([config.api_key] if config.api_key else []) + config.api_keys,
+            config.max_sessions_per_key,
+            config.allowed_origins,
+        ),
     )
 
     @contextlib.asynccontextmanager
@@ -48,6 +58,7 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         Route("/readyz", ops.readyz),
         Route("/metrics", ops.metrics),
         Route("/v1/models", ops.models),
+        *web.routes(),  # the browser page at GET / and its files under /web
         WebSocketRoute("/v1/realtime", realtime_ws.realtime_endpoint),
         WebSocketRoute("/v1/duplex", realtime_ws.realtime_endpoint),
         Route("/v1/audio/speech", speech.speech_endpoint, methods=["POST"]),

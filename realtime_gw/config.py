@@ -21,6 +21,12 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     port: int = 8000
     api_key: str | None = None
     """Bearer key for HTTP and /v1/realtime, ``Api-Key`` for the OpenPI socket; None = open."""
+    api_keys: list[str] = msgspec.field(default_factory=list)
+    """More accepted keys (each with its own session slots), in addition to ``api_key``."""
+    max_sessions_per_key: int = 0
+    """Open sessions (all sockets together) one key may hold; 0 = only the global limits."""
+    allowed_origins: list[str] = msgspec.field(default_factory=list)
+    """Browser origins allowed to open WebSockets besides the gateway's own; "*" = any."""
     log_level: str = "info"
     max_sessions: int = 256
     max_frame_bytes: int = 16 * 1024 * 1024

@@ -6,6 +6,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from realtime_gw.server import auth
+
 
 async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
@@ -25,6 +27,11 @@ async def metrics(request: Request) -> Response:
 
 async def models(request: Request) -> Response:
     gateway = request.app.state.gateway
+    if gateway.access.identify(auth.presented_key(request.headers)) is None:
+        return JSONResponse(
+            {"error": {"message": "Invalid or missing API key", "type": "invalid_request_error", "code": "invalid_api_key"}},
+            401,
+        )
     w = gateway.workers
     data = [
         {"id": "realtime-gw", "object": "model", "owned_by": "realtime-gw", "tts": w.tts.name, "asr": w.asr.name},

@@ -53,7 +53,6 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.25
 AUDIO_HIGH_WATER = 25  # queued audio frames (2 s) above which TTS output is not pulled (backpressure)
-SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 
 
 class _Closed(Exception):
@@ -395,26 +394,24 @@ def _limits(gateway: Gateway, model: str) -> Limits:
 async def realtime_endpoint(ws: WebSocket) -> None:
     gateway: Gateway = ws.app.state.gateway
     config = gateway.config
-    offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
-    if config.api_key is not None:
-        key = auth.bearer_key(ws.headers.get("authorization")) or next(
-            (p[len(SUBPROTOCOL_KEY_PREFIX) :] for p in offered if p.startswith(SUBPROTOCOL_KEY_PREFIX)), None
-        )
-        if not auth.key_matches(key, config.api_key):
-            await ws.close(code=1008, reason="invalid or missing API key")
-            return
-    subprotocol = "realtime" if "realtime" in offered else None
+    access = gateway.access
+    if not access.origin_allowed(ws.headers.get("origin"), ws.headers.get("host")):
+        await ws.close(code=1008, reason="origin not allowed")
+        return
+    key = access.identify(auth.presented_key(ws.headers))
+    if key is None:
+        await ws.close(code=1008, reason="invalid or missing API key")
+        return
+    subprotocol = "realtime" if "realtime" in auth.offered_subprotocols(ws.headers) else None
     await ws.accept(subprotocol=subprotocol)
+    limit = None
     if gateway.sessions["realtime"] >= config.max_sessions:
-        await ws.send_text(
-            rt.encode_server_event(
-                rt.error_event(
-                    f"Session limit reached ({config.max_sessions}); try again later",
-                    code="session_limit_reached",
-                    type="server_error",
-                )
-            ).decode()
-        )
+        limit = f"Session limit reached ({config.max_sessions}); try again later"
+    elif not access.acquire(key):
+        limit = f"Session limit for this API key reached ({config.max_sessions_per_key}); try again later"
+    if limit is not None:
+        error = rt.error_event(limit, code="session_limit_reached", type="server_error")
+        await ws.send_text(rt.encode_server_event(error).decode())
         await ws.close(code=1013, reason="session limit reached")
         return
     model = ws.query_params.get("model") or "realtime-gw"
@@ -428,6 +425,7 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         await RealtimeConnection(ws, gateway, session).run()
     finally:
         gateway.sessions["realtime"] -= 1
+        access.release(key)
         SESSIONS.labels("realtime").dec()
         if ws.client_state == WebSocketState.CONNECTED:
             with contextlib.suppress(Exception):

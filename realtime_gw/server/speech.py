@@ -39,14 +39,11 @@ def openai_error(status: int, message: str, param: str | None = None, code: str 
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status)
 
 
-def _authorized(gateway: Gateway, header: str | None) -> bool:
-    key = gateway.config.api_key
-    return key is None or auth.key_matches(auth.bearer_key(header), key)
 
 
 async def speech_endpoint(request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
-    if not _authorized(gateway, request.headers.get("authorization")):
+    if gateway.access.identify(auth.presented_key(request.headers)) is None:
         return openai_error(401, "Invalid or missing API key", code="invalid_api_key")
     try:
         req = msgspec.json.decode(await request.body(), type=sp.SpeechRequest)
@@ -120,11 +117,23 @@ async def _sse(stream: Stream[Any], fmt: str) -> AsyncIterator[str]:
 
 async def speech_stream_endpoint(ws: WebSocket) -> None:
     gateway: Gateway = ws.app.state.gateway
-    if not _authorized(gateway, ws.headers.get("authorization")):
+    access = gateway.access
+    if not access.origin_allowed(ws.headers.get("origin"), ws.headers.get("host")):
+        await ws.close(code=1008, reason="origin not allowed")
+        return
+    key = access.identify(auth.presented_key(ws.headers))
+    if key is None:
         await ws.close(code=1008, reason="invalid or missing API key")
         return
     await ws.accept()
-    await SpeechStream(ws, gateway).run()
+    if not access.acquire(key):
+        await ws.send_text(msgspec.json.encode(sp.StreamError(message="session limit for this key", code="session_limit_reached")).decode())
+        await ws.close(code=1013, reason="session limit reached")
+        return
+    try:
+        await SpeechStream(ws, gateway).run()
+    finally:
+        access.release(key)
 
 
 class SpeechStream:

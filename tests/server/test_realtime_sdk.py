@@ -266,7 +266,8 @@ async def test_bad_input_gets_one_error_and_session_continues(
 
 
 async def test_disconnect_mid_response_frees_worker_state(voice_server: LiveServer) -> None:
-    tts_worker = httpx.get(voice_server.http + "/v1/models").json()["data"][0]["tts"]
+    models = httpx.get(voice_server.http + "/v1/models", headers={"Authorization": "Bearer test-key"})
+    tts_worker = models.json()["data"][0]["tts"]
     active = lambda: voice_server.metric("realtime_gw_worker_active_requests", f'worker="{tts_worker}"')  # noqa: E731
     async with connect(voice_server, audio={"input": {"turn_detection": None}}) as conn:
         await conn.conversation.item.create(

@@ -1,0 +1,67 @@
+"""Keys (several, each with its own session slots), browser origins, and refusals on every endpoint."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import websockets
+
+from tests.conftest import LiveServer, start_server, stop_server
+
+
+@pytest.fixture(scope="module")
+def secured() -> Iterator[LiveServer]:
+    server = start_server(
+        "--policy", "none", "--tts", "tone", "--api-keys", '["key-one", "key-two"]', "--max-sessions-per-key", "1",
+        "--allowed-origins", '["https://app.example"]', name="secured",
+    )  # fmt: skip
+    yield server
+    stop_server(server)
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_per_key_session_limit(secured: LiveServer) -> None:
+    url = secured.ws + "/v1/realtime"
+    async with websockets.connect(url, additional_headers=auth("key-one")) as first:
+        assert json.loads(await first.recv())["type"] == "session.created"
+        async with websockets.connect(url, additional_headers=auth("key-one")) as second:
+            err = json.loads(await second.recv())
+            assert err["type"] == "error" and err["error"]["code"] == "session_limit_reached"
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await second.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+        # another key has its own slots
+        async with websockets.connect(url, additional_headers=auth("key-two")) as other:
+            assert json.loads(await other.recv())["type"] == "session.created"
+
+
+async def test_keys_are_checked_on_every_endpoint(secured: LiveServer) -> None:
+    for path in ("/v1/realtime", "/v1/audio/speech/stream"):
+        for headers in ({}, auth("wrong"), {"Authorization": "Basic key-one"}):
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                async with websockets.connect(secured.ws + path, additional_headers=headers):
+                    pass
+            assert refused.value.response.status_code == 403
+    assert httpx.post(secured.http + "/v1/audio/speech", json={"input": "hi"}).status_code == 401
+    assert httpx.get(secured.http + "/v1/models", headers=auth("wrong")).status_code == 401
+    assert httpx.get(secured.http + "/v1/models", headers=auth("key-two")).status_code == 200
+    # health and metrics stay open for probes
+    assert httpx.get(secured.http + "/healthz").status_code == 200
+
+
+async def test_browser_subprotocol_key_and_origins(secured: LiveServer) -> None:
+    url = secured.ws + "/v1/realtime"
+    protocols = ["realtime", "openai-insecure-api-key.key-two"]
+    for origin in ("https://app.example", f"http://127.0.0.1:{secured.port}"):
+        async with websockets.connect(url, subprotocols=protocols, origin=origin) as ws:  # type: ignore[arg-type]
+            assert ws.subprotocol == "realtime"
+            assert json.loads(await ws.recv())["type"] == "session.created"
+    with pytest.raises(websockets.InvalidStatus):
+        async with websockets.connect(url, subprotocols=protocols, origin="https://evil.example"):  # type: ignore[arg-type]
+            pass
