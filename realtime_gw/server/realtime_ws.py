@@ -89,7 +89,6 @@ class RealtimeConnection:
         self.responses: dict[str, asyncio.Task[None]] = {}
         self.response_started: dict[str, float] = {}
         self.playback: dict[str, tuple[float, float]] = {}  # response_id -> (t0, audio ms sent)
-        self.purged: set[str] = set()
         self.close_reason: tuple[int, str] | None = None
 
     # -- task plumbing -------------------------------------------------------------------------------
@@ -160,8 +159,17 @@ class RealtimeConnection:
         except (WebSocketDisconnect, RuntimeError):
             pass
         finally:
-            with contextlib.suppress(asyncio.QueueFull):
+            self._signal_disconnect()
+
+    def _signal_disconnect(self) -> None:
+        """Wake the session task to end, even when its mailbox is full (anything dropped to make
+        room is moot: the connection is going away)."""
+        while True:
+            try:
                 self.mailbox.put_nowait(_DISCONNECTED)
+                return
+            except asyncio.QueueFull:
+                self.mailbox.get_nowait()
 
     async def _ticker(self) -> None:
         while True:
@@ -285,13 +293,14 @@ class RealtimeConnection:
                 self.media.popleft()
                 await self._write(item)
         except (WebSocketDisconnect, RuntimeError, OSError):
-            with contextlib.suppress(asyncio.QueueFull):
-                self.mailbox.put_nowait(_DISCONNECTED)
+            self._signal_disconnect()
 
     async def _write(self, item: _Out) -> None:
         # Numbered as sent, so the sequence is monotonic on the wire across both lanes.
         self.seq += 1
         item.event.server_event_seq = self.seq
+        if isinstance(item.event, rt.ResponseDoneEvent):
+            self.playback.pop(item.event.response.id, None)  # its audio is all out
         data = rt.encode_server_event(item.event).decode()
         try:
             await asyncio.wait_for(self.ws.send_text(data), self.config.send_timeout_s)
