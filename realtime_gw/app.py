@@ -75,3 +75,14 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.gateway = gateway
     return app
+
+
+def create_app_from_env() -> Starlette:
+    """For running under uvicorn's own CLI (TLS, sockets, proxies): ``uvicorn --factory
+    realtime_gw.app:create_app_from_env``. Reads ``REALTIME_GW_*`` and the TOML file named by
+    ``REALTIME_GW_CONFIG``."""
+    import os
+
+    from realtime_gw.config import load_config
+
+    return create_app(load_config(os.environ.get("REALTIME_GW_CONFIG")))
