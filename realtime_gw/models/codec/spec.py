@@ -70,11 +70,15 @@ class CodecSpec:
     def from_json(cls, text: str) -> CodecSpec:
         data = json.loads(text)
         if data.get("format") != FORMAT_VERSION:
-            raise ValueError(f"unsupported codec_tts format {data.get('format')!r} (expected {FORMAT_VERSION})")
+            raise ValueError(
+                f"unsupported codec_tts format {data.get('format')!r} (expected {FORMAT_VERSION})"
+            )
         return cls(**data["spec"])
 
 
-def _qwen3(hidden: int, inter: int, layers: int, heads: int, kv: int, head_dim: int, vocab: int) -> dict[str, Any]:
+def _qwen3(
+    hidden: int, inter: int, layers: int, heads: int, kv: int, head_dim: int, vocab: int
+) -> dict[str, Any]:
     return {
         "vocab_size": vocab,
         "hidden_size": hidden,

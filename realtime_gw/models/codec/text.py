@@ -52,7 +52,9 @@ class HfTokenizer:
 
 def has_tokenizer_files(path: str | Path) -> bool:
     p = Path(path)
-    return any((p / f).exists() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json"))
+    return any(
+        (p / f).exists() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+    )
 
 
 class TextFeed:

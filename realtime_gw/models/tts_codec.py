@@ -1,0 +1,235 @@
+"""Codec-LM TTS backend (the GPU speech stage): Qwen3 talker + code predictor + streaming Mimi decoder.
+
+Same contract as ``PiperTtsBackend``: text arrives in pieces (``Stream.push(str)``), then
+``END_OF_INPUT``; audio leaves as 24 kHz PCM16 ``TtsFrame`` deltas of exactly 1920 samples, the last
+one ``final=True`` (it may be empty). Unlike Piper it does not wait for sentences: every step advances
+every stream that has text by one 80 ms codec frame, all streams in one batched talker + decoder step,
+so the first frame leaves after one talker step and one decoder step.
+
+Per stream: one text token is consumed per frame (text leads the audio). A word is released to the
+talker once whitespace follows it (or at end of input), and its text rides on the frame that speaks its
+first token. Stopping rule, once the text has ended and every token is spoken:
+- random-init weights (no EOS is ever learned): ``tail_frames`` more frames with the pad text token;
+  an utterance is exactly ``tokens + tail_frames`` frames (capped by the slot length);
+- loaded weights: until codebook 0 emits EOS (allowed only from then on), or at most
+  ``max_frames_per_token * tokens + tail_frames`` frames (and the slot length) in all.
+A stream whose text has not ended and whose tokens are all spoken waits (no frame) for more text.
+
+``speed`` is validated like Piper's but not applied: a codec LM has no length scale.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from realtime_gw.models.codec.engine import CodecEngine, LoadedModels, load_models
+from realtime_gw.models.codec.text import TextFeed
+from realtime_gw.models.runtime import END_OF_INPUT, StepResult
+from realtime_gw.models.tts_piper import MAX_SPEED, MIN_SPEED, OPENAI_VOICES
+from realtime_gw.models.types import OUTPUT_RATE, TtsFrame, TtsRequest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class CodecTtsState:
+    request: TtsRequest
+    slot: int
+    text: TextFeed
+    frames: int = 0
+    spoken: int = 0
+    """Text tokens consumed (one per frame while text lasts)."""
+    tail: int = 0
+    """Frames after the text ran out (pad text token)."""
+    done: bool = False
+    released: bool = False
+
+
+class CodecTtsBackend:
+    name = "tts-codec"
+    native_rate = OUTPUT_RATE
+    voices: tuple[str, ...] = ("default",)
+
+    def __init__(
+        self,
+        config: str = "tiny",
+        path: str | None = None,
+        device: str = "cpu",
+        slots: int = 8,
+        *,
+        dtype: torch.dtype | None = None,
+        temperature: float = 0.9,
+        top_k: int = 50,
+        tail_frames: int = 3,
+        max_frames_per_token: int = 8,
+        cuda_graphs: bool | None = None,
+        models: LoadedModels | None = None,
+    ) -> None:
+        """``models``: already loaded weights (tests and benchmarks share one load); else load them here."""
+        if slots < 1:
+            raise ValueError("slots must be >= 1")
+        dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+        if models is None:
+            models = load_models(config, path, device, dtype)
+        else:
+            param = next(models.talker.parameters())
+            dtype, device = param.dtype, str(param.device)
+        self.spec = models.spec
+        self.tokenizer = models.tokenizer
+        self.random_init = models.random_init
+        self.tail_frames = tail_frames
+        self.max_frames_per_token = max_frames_per_token
+        # EOS is only meaningful for trained weights; random init would stop at a random frame.
+        self.allow_eos = not models.random_init
+        self.engine = CodecEngine(
+            models,
+            slots,
+            temperature=temperature,
+            top_k=top_k,
+            allow_eos=self.allow_eos,
+            cuda_graphs=cuda_graphs,
+        )
+        self.info: dict[str, Any] = {
+            "model": models.description,
+            "random_init": models.random_init,
+            "device": device,
+            "talker_dtype": str(dtype).removeprefix("torch."),
+            "decoder_dtype": "float32",
+            "slots": slots,
+            "tokenizer": models.tokenizer.name,
+            "frame_rate_hz": 12.5,
+            "codebooks": self.spec.num_codebooks,
+            "max_frames": self.spec.max_positions,
+            "cuda_graphs": self.engine.use_graphs,
+            "speed": "accepted, not applied",
+        }
+        if models.random_init:
+            self.info["note"] = "random-init weights: real architecture and cost, but the audio is noise"
+            log.warning("%s: %s", self.name, self.info["note"])
+        log.info("%s: %s", self.name, self.info)
+
+    # -- Backend protocol ------------------------------------------------------------------------------
+    def resolve_voice(self, voice: str) -> str:
+        if voice in self.voices or voice == "default" or voice in OPENAI_VOICES:
+            return "default"
+        available = sorted({*self.voices, *OPENAI_VOICES})
+        raise ValueError(f"unknown voice {voice!r}; available voices: {', '.join(available)}")
+
+    def open(self, request: TtsRequest) -> CodecTtsState:
+        speed = float(request.speed)
+        if not (MIN_SPEED <= speed <= MAX_SPEED) or math.isnan(speed):
+            raise ValueError(f"speed must be between {MIN_SPEED} and {MAX_SPEED}, got {request.speed}")
+        self.resolve_voice(request.voice)
+        slot = self.engine.alloc()  # NoFreeSlot when full
+        return CodecTtsState(request=request, slot=slot, text=TextFeed(self.tokenizer))
+
+    def has_work(self, state: CodecTtsState) -> bool:
+        return not state.done and (bool(state.text.tokens) or state.text.ended)
+
+    def release(self, state: CodecTtsState) -> None:
+        if not state.released:
+            state.released = True
+            self.engine.free(state.slot)
+
+    def step(self, work: list[tuple[CodecTtsState, list[Any]]]) -> list[StepResult]:
+        results: list[StepResult | None] = [None] * len(work)
+        go: list[int] = []
+        for i, (state, inputs) in enumerate(work):
+            try:
+                self._absorb(state, inputs)
+            except Exception as e:  # bad input fails this stream only
+                log.warning("%s: stream failed: %s", self.name, e)
+                results[i] = StepResult(done=True, error=f"{self.name}: {e}")
+                continue
+            text = state.text
+            if state.done:
+                results[i] = StepResult(done=True)
+            elif text.ended and text.queued == 0:  # nothing to say: one empty final frame
+                state.done = True
+                results[i] = StepResult(outputs=[TtsFrame(pcm=b"", final=True)], done=True)
+            elif text.tokens or text.ended:
+                go.append(i)
+            else:
+                results[i] = StepResult()  # waiting for a complete word
+        if go:
+            states = [work[i][0] for i in go]
+            tokens, eos_ok = [], []
+            for st in states:
+                if st.text.tokens:
+                    tokens.append(st.text.tokens.popleft())
+                    st.spoken += 1
+                    eos_ok.append(False)  # EOS only once every token has been spoken
+                else:
+                    tokens.append(self.tokenizer.pad_id)
+                    st.tail += 1
+                    eos_ok.append(True)
+            codes, pcm = self.engine.step([st.slot for st in states], tokens, eos_ok)
+            for j, i in enumerate(go):
+                results[i] = self._emit(states[j], codes[j], pcm[j])
+        return [r if r is not None else StepResult() for r in results]
+
+    def warmup(self) -> None:
+        seconds = self.engine.capture_all()
+        if seconds:
+            log.info("%s: captured %d CUDA graphs in %.1f s", self.name, self.engine.graph_count, seconds)
+        state = self.open(TtsRequest())
+        try:
+            inputs: list[Any] = ["Warming up.", END_OF_INPUT]
+            pcm = b""
+            for _ in range(self.spec.max_positions + 1):
+                result = self.step([(state, inputs)])[0]
+                inputs = []
+                pcm += b"".join(f.pcm for f in result.outputs)
+                if result.done:
+                    break
+            if not pcm:
+                raise RuntimeError(f"{self.name}: warm-up produced no audio")
+        finally:
+            self.release(state)
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _absorb(self, state: CodecTtsState, inputs: list[Any]) -> None:
+        for item in inputs:
+            if item is END_OF_INPUT:
+                state.text.end()
+            elif isinstance(item, str):
+                state.text.feed(item)
+            else:
+                raise TypeError(f"TTS input must be str, got {type(item).__name__}")
+
+    def _limit(self, state: CodecTtsState) -> int:
+        """Most frames this utterance may take (known once the text has ended)."""
+        cap = self.spec.max_positions
+        if state.text.ended:
+            per_token = 1 if not self.allow_eos else self.max_frames_per_token
+            cap = min(cap, per_token * state.text.queued + self.tail_frames)
+        return cap
+
+    def _emit(self, state: CodecTtsState, codes: np.ndarray, pcm: np.ndarray) -> StepResult:
+        state.frames += 1
+        text = state.text
+        words = text.take_marks(state.spoken)
+        finished_text = text.ended and not text.tokens
+        if self.allow_eos and state.tail > 0 and int(codes[0]) == self.spec.eos_id:
+            # EOS is not audio: the utterance ends with an empty final frame
+            words += [w for _, w in text.marks]
+            text.marks.clear()
+            state.done = True
+            return StepResult(outputs=[TtsFrame(pcm=b"", text=" ".join(words), final=True)], done=True)
+        done = state.frames >= self._limit(state)
+        if finished_text and not self.allow_eos and state.tail >= self.tail_frames:
+            done = True
+        if done:
+            if text.tokens or not text.ended:
+                log.warning("%s: utterance cut at %d frames (slot length)", self.name, state.frames)
+            words += [w for _, w in text.marks]
+            text.marks.clear()
+            state.done = True
+        frame = TtsFrame(pcm=pcm.astype("<i2", copy=False).tobytes(), text=" ".join(words), final=done)
+        return StepResult(outputs=[frame], done=done)
