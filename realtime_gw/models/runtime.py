@@ -232,7 +232,11 @@ class StageWorker:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
+            # Cancel until it is done: before Python 3.12, asyncio.wait_for returns the inner result and
+            # drops a cancel that lands just as the step completes, and the loop would then wait forever.
+            while not self._task.done():
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=0.01)
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         for s in list(self._active) + list(self._opening):

@@ -25,7 +25,21 @@ from realtime_gw.protocols.audio import Reframer, StreamingResampler, float32_to
 log = logging.getLogger(__name__)
 
 OPENAI_VOICES = frozenset(
-    {"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage", "shimmer", "verse"}
+    {
+        "alloy",
+        "ash",
+        "ballad",
+        "cedar",
+        "coral",
+        "echo",
+        "fable",
+        "marin",
+        "nova",
+        "onyx",
+        "sage",
+        "shimmer",
+        "verse",
+    }
 )
 """OpenAI voice names; clients send them, so they map onto the backend's default voice."""
 

@@ -18,7 +18,7 @@ class ToneTtsBackend(SentenceTtsBackend):
 
     name = "tts-tone"
     native_rate = OUTPUT_RATE  # no resampling: the cheapest possible path
-    voices = ("tone",)
+    voices = ("tone", "joe")  # "joe" too: a config or client naming the Piper voice still works
 
     def __init__(self, freq_hz: float = 220.0, ms_per_char: float = 60.0, amplitude: float = 0.2) -> None:
         super().__init__("tone")
@@ -27,7 +27,7 @@ class ToneTtsBackend(SentenceTtsBackend):
         self.amplitude = amplitude
 
     def _synthesize(self, state: TtsState, sentence: str) -> bytes:
-        n = int(len(sentence) * self.ms_per_char * state.length_scale * OUTPUT_RATE / 1000)
+        n = round(len(sentence) * self.ms_per_char * state.length_scale * OUTPUT_RATE / 1000)
         n = max(n, FRAME_SAMPLES)
         phase0 = state.extra or 0.0  # phase carried across sentences: no click at the seam
         step = 2 * np.pi * self.freq_hz / OUTPUT_RATE

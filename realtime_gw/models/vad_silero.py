@@ -70,7 +70,9 @@ class SileroVadBackend:
         opts.intra_op_num_threads = intra_op_threads
         opts.inter_op_num_threads = 1
         path = str(model_path or silero_onnx_path())
-        self._session = onnxruntime.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+        self._session = onnxruntime.InferenceSession(
+            path, sess_options=opts, providers=["CPUExecutionProvider"]
+        )
         self._sr = np.array(VAD_RATE, dtype=np.int64)
 
     def open(self, request: VadRequest) -> VadState:

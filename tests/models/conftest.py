@@ -14,12 +14,38 @@ StartWorker = Callable[..., Awaitable[StageWorker]]
 
 
 @pytest.fixture(scope="session")
-def piper() -> Any:
+def _piper_and_speech() -> tuple[Any, bytes]:
+    import onnxruntime
+
     from realtime_gw.models.tts_piper import PiperTtsBackend
 
+    # Piper samples noise (VITS noise_scale / noise_w), so every rendition differs. A fixed seed set
+    # before the session is built makes the sequence of renditions reproducible run to run.
+    onnxruntime.set_seed(0)
     backend = PiperTtsBackend()
     backend.warmup()
-    return backend
+    # Rendered first thing, so the clip does not depend on which other tests ran before.
+    return backend, synthesize(backend, SPEECH_TEXT)
+
+
+@pytest.fixture(scope="session")
+def piper(_piper_and_speech: tuple[Any, bytes]) -> Any:
+    return _piper_and_speech[0]
+
+
+def synthesize(backend: Any, text: str, **request: Any) -> bytes:
+    """Drive a TTS backend directly (no worker) and return the utterance as 24 kHz PCM16."""
+    state = backend.open(TtsRequest(**request))
+    pcm = b""
+    inputs: list[Any] = [text, END_OF_INPUT]
+    while True:
+        result = backend.step([(state, inputs)])[0]
+        inputs = []
+        pcm += b"".join(f.pcm for f in result.outputs)
+        if result.done:
+            break
+    backend.release(state)
+    return pcm
 
 
 @pytest.fixture(scope="session")
@@ -49,19 +75,9 @@ def speech_text() -> str:
 
 
 @pytest.fixture(scope="session")
-def speech_24k(piper: Any) -> bytes:
-    """Piper speech of ``SPEECH_TEXT`` as 24 kHz PCM16, made by driving the backend directly."""
-    state = piper.open(TtsRequest())
-    pcm = b""
-    inputs: list[Any] = [SPEECH_TEXT, END_OF_INPUT]
-    while True:
-        result = piper.step([(state, inputs)])[0]
-        inputs = []
-        pcm += b"".join(f.pcm for f in result.outputs)
-        if result.done:
-            break
-    piper.release(state)
-    return pcm
+def speech_24k(_piper_and_speech: tuple[Any, bytes]) -> bytes:
+    """Piper speech of ``SPEECH_TEXT`` as 24 kHz PCM16 (one fixed, seeded rendition)."""
+    return _piper_and_speech[1]
 
 
 @pytest.fixture

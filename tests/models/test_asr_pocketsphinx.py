@@ -50,7 +50,7 @@ def test_slot_exhaustion_raises_no_free_slot(asr: Any) -> None:
 
 
 async def test_slot_exhaustion_through_worker(asr: Any, start_worker: Any, speech_24k: bytes) -> None:
-    req = AsrRequest(pcm=speech_24k, sample_rate=24000)
+    req = AsrRequest(pcm=speech_24k[: 2 * 36000], sample_rate=24000)  # first 1.5 s: "the weather today"
     # Sized to the pool, the worker itself refuses at submit time ...
     sized = await start_worker(asr, max_active=asr.slots, max_batch=asr.slots)
     streams = [sized.submit(req) for _ in range(asr.slots)]

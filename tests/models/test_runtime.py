@@ -174,3 +174,15 @@ async def test_flow_control_pauses_generating_stream(start_worker: Any) -> None:
     assert len(toy.batches) > steps
     s.cancel()
     await wait_for(lambda: w.active_count == 0)
+
+
+async def test_stop_right_after_a_result_does_not_hang() -> None:
+    # Regression: a cancel landing as a step completes was swallowed by asyncio.wait_for (< 3.12),
+    # and stop() then waited forever (~80% of stops right after a result, with this toy backend).
+    from realtime_gw.models.runtime import StageWorker
+
+    for _ in range(20):
+        w = StageWorker(Toy())
+        await w.start(warmup=False)
+        assert await w.submit(Req(n=1)).collect() == [1]
+        await asyncio.wait_for(w.stop(), 2.0)

@@ -88,11 +88,12 @@ async def test_voices(piper: Any, start_worker: Any) -> None:
 
 
 async def test_speed_changes_duration(piper: Any, start_worker: Any) -> None:
-    tts = await start_worker(piper)
+    tts = await start_worker(piper, max_batch=4)
     text = ["This sentence is spoken at two different speeds."]
-    normal, fast = await asyncio.gather(speak(tts, text), speak(tts, text, speed=2.0))
-    ratio = len(check_frames(fast)) / len(check_frames(normal))
-    assert 0.35 < ratio < 0.7
+    # Piper's durations vary by up to ~25% between renditions (sampled noise): average two of each.
+    runs = await asyncio.gather(*(speak(tts, text, speed=s) for s in (1.0, 1.0, 2.0, 2.0)))
+    normal, fast = (sum(len(check_frames(f)) for f in pair) for pair in (runs[:2], runs[2:]))
+    assert 0.35 < fast / normal < 0.85  # measured ~0.62: length_scale 0.5 does not shrink pauses
 
 
 async def test_cancel_mid_utterance_frees_state(piper: Any, start_worker: Any) -> None:

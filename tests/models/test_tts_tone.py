@@ -15,14 +15,14 @@ async def test_tone_frames(start_worker: Any) -> None:
     backend.warmup()
     w = await start_worker(backend)
     s = w.submit(TtsRequest(voice="alloy"))
-    s.push("Hi. ")  # 3 chars -> 180 ms
+    s.push("! ")  # 1 char -> 60 ms, rounded up to one frame
     s.push("A much longer second sentence.")  # 30 chars -> 1.8 s
     s.close_input()
     frames = await s.collect()
     assert all(len(f.pcm) == 2 * FRAME_SAMPLES for f in frames[:-1]) and frames[-1].final
-    assert [f.text for f in frames if f.text] == ["Hi.", "A much longer second sentence."]
+    assert [f.text for f in frames if f.text] == ["!", "A much longer second sentence."]
     pcm = np.frombuffer(b"".join(f.pcm for f in frames), dtype="<i2")
-    assert len(pcm) == FRAME_SAMPLES + int(30 * 0.06 * 24000)  # 3 chars round up to one frame
+    assert len(pcm) == FRAME_SAMPLES + round(30 * 0.06 * 24000)
     # phase-continuous: no jump larger than one sample step of a 220 Hz tone at this amplitude
     assert np.abs(np.diff(pcm.astype(np.int32))).max() < 0.2 * 32768 * 2 * np.pi * 220 / 24000 + 2
 
@@ -33,7 +33,7 @@ async def test_tone_speed_and_empty(start_worker: Any) -> None:
     s.push("x" * 100)
     s.close_input()
     frames = await s.collect()
-    assert sum(len(f.pcm) for f in frames) // 2 == int(100 * 0.03 * 24000)
+    assert sum(len(f.pcm) for f in frames) // 2 == round(100 * 0.03 * 24000)
     empty = w.submit(TtsRequest())
     empty.close_input()
     [final] = await empty.collect()

@@ -36,7 +36,7 @@ async def test_speech_high_silence_low(vad: Any, start_worker: Any, speech_24k: 
     speech, quiet, noise = await asyncio.gather(
         run_vad(w, speech_24k, 24000), run_vad(w, silence, 24000), run_vad(w, hiss, 24000)
     )
-    assert len(speech) == int(np.ceil(len(speech_24k) / 2 / 24000 * 1000 / WINDOW_MS)) or len(speech) > 50
+    assert abs(len(speech) - len(speech_24k) / 2 / 24000 * 1000 / WINDOW_MS) <= 1  # every window scored
     assert max(quiet) < 0.1 and max(noise) < 0.2
     assert max(speech) > 0.9 and np.mean(np.array(speech) > 0.5) > 0.5
     assert w.active_count == 0
@@ -109,16 +109,21 @@ async def test_long_lived_until_end_of_input(vad: Any, start_worker: Any) -> Non
     w = await start_worker(vad)
     s = w.submit(VadRequest(sample_rate=16000))
     it = aiter(s)
-    s.push(bytes(2 * 512 * 3 + 100))  # three windows and a bit
-    first = await anext(it)
+
+    async def next_output() -> Any:
+        return await asyncio.wait_for(anext(it), 2.0)
+
+    s.push(bytes(2 * (512 * 3 + 100)))  # three windows and a bit
+    first = await next_output()
     assert first.start_ms == 0 and len(first.probs) == 3
     s.push(bytes(2 * 412))  # completes the fourth window
-    second = await anext(it)
+    second = await next_output()
     assert second.start_ms == 3 * WINDOW_MS and len(second.probs) == 1
     assert w.active_count == 1  # still open: VAD streams live as long as the session
     s.push(bytes(20))
     s.close_input()
-    rest = [x async for x in it]  # the padded partial window, then done
-    assert [len(x.probs) for x in rest] == [1] and rest[0].start_ms == 4 * WINDOW_MS
+    last = await next_output()  # the zero-padded partial window, then the stream ends
+    assert len(last.probs) == 1 and last.start_ms == 4 * WINDOW_MS
     with pytest.raises(StopAsyncIteration):
-        await anext(it)
+        await next_output()
+    assert w.active_count == 0
