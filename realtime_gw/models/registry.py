@@ -76,7 +76,7 @@ def build_workers(config: GatewayConfig) -> Workers:
         PocketsphinxAsrBackend(slots=config.asr_slots),
         config,
         max_batch=config.asr_slots,
-        max_active=config.worker_max_active,
+        max_active=config.asr_slots,  # one decoder per request: a full pool refuses at submit
     )
     vad = _worker("vad", SileroVadBackend(), config, max_batch=config.vad_max_batch, max_active=config.worker_max_active)
     workers = Workers(tts=tts, asr=asr, vad=vad)

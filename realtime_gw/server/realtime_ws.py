@@ -20,7 +20,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from realtime_gw.app import Gateway
 from realtime_gw.models.registry import accepted_voices
-from realtime_gw.models.runtime import NoFreeSlot, Stream, WorkerFault
+from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFault
 from realtime_gw.models.types import AsrRequest, TtsRequest, VadRequest
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.server import auth
@@ -52,6 +52,7 @@ from realtime_gw.sessions.realtime import RealtimeSession
 log = logging.getLogger(__name__)
 
 TICK_S = 0.25
+ASR_PATIENCE_S = 5.0  # how long a commit may wait for a free ASR decoder
 AUDIO_HIGH_WATER = 25  # queued audio frames (2 s) above which TTS output is not pulled (backpressure)
 
 
@@ -340,7 +341,7 @@ class RealtimeConnection:
     async def _transcribe(self, e: Transcribe) -> None:
         stream: Stream[Any] | None = None
         try:
-            stream = self.gateway.workers.asr.submit(AsrRequest(pcm=e.pcm, sample_rate=e.sample_rate))
+            stream = await self._submit_with_retry(self.gateway.workers.asr, AsrRequest(e.pcm, e.sample_rate))
             results = await stream.collect()
             text = " ".join(r.text for r in results if r.text)
             await self.mailbox.put(TranscriptionDone(e.item_id, text))
@@ -349,6 +350,19 @@ class RealtimeConnection:
         finally:
             if stream is not None:
                 stream.cancel()
+
+    @staticmethod
+    async def _submit_with_retry(worker: StageWorker, request: Any, patience_s: float = ASR_PATIENCE_S) -> Stream[Any]:
+        """Utterances are short: when every decoder is busy, wait a moment for one instead of failing
+        the transcription (bounded: the worker itself never queues)."""
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                return worker.submit(request)
+            except NoFreeSlot:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.05)
 
     async def _respond(self, e: StartResponse) -> None:
         error: str | None = None
