@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
@@ -22,12 +23,22 @@ def secured() -> Iterator[LiveServer]:
     stop_server(server)
 
 
+async def no_sessions(server: LiveServer) -> None:
+    """Per-key slots come back when the server has seen the close; wait for that."""
+    for _ in range(100):
+        if server.metric("realtime_gw_sessions", 'kind="realtime"') == 0:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("sessions were not released")
+
+
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
 async def test_per_key_session_limit(secured: LiveServer) -> None:
     url = secured.ws + "/v1/realtime"
+    await no_sessions(secured)
     async with websockets.connect(url, additional_headers=auth("key-one")) as first:
         assert json.loads(await first.recv())["type"] == "session.created"
         async with websockets.connect(url, additional_headers=auth("key-one")) as second:
@@ -59,6 +70,7 @@ async def test_browser_subprotocol_key_and_origins(secured: LiveServer) -> None:
     url = secured.ws + "/v1/realtime"
     protocols = ["realtime", "openai-insecure-api-key.key-two"]
     for origin in ("https://app.example", f"http://127.0.0.1:{secured.port}"):
+        await no_sessions(secured)
         async with websockets.connect(url, subprotocols=protocols, origin=origin) as ws:  # type: ignore[arg-type]
             assert ws.subprotocol == "realtime"
             assert json.loads(await ws.recv())["type"] == "session.created"
