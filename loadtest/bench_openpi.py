@@ -17,6 +17,7 @@ event loop; ours batches concurrent robots into one forward per step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -38,19 +39,22 @@ BENCHMARKS_MD = ROOT / "docs" / "benchmarks.md"
 
 
 # -- servers (child processes) ----------------------------------------------------------------------------
-def _config(policy: str, port: int) -> Any:
+def _config(policy: str, port: int, max_wait_ms: float | None = None) -> Any:
     from realtime_gw.config import GatewayConfig
 
-    return GatewayConfig(
+    config = GatewayConfig(
         policy="noop" if policy == "noop" else "pi0",
         policy_config="tiny",
         port=port,
         openpi_idle_timeout_s=0,
         log_level="warning",
     )
+    if max_wait_ms is not None:
+        config.policy_max_wait_ms = max_wait_ms
+    return config
 
 
-def serve_ours(policy: str, port: int) -> None:
+def serve_ours(policy: str, port: int, max_wait_ms: float | None) -> None:
     import uvicorn
 
     from realtime_gw.app import create_app
@@ -58,7 +62,7 @@ def serve_ours(policy: str, port: int) -> None:
     from realtime_gw.models.registry import Workers
     from realtime_gw.models.runtime import StageWorker
 
-    config = _config(policy, port)
+    config = _config(policy, port, max_wait_ms)
     worker = StageWorker(
         build_policy_backend(config),
         device=config.policy_device,
@@ -141,44 +145,62 @@ class Cell:
 def run_cell(server: str, policy: str, port: int, robots: int, seconds: float, min_requests: int) -> Cell:
     clients = [_connect(port) for _ in range(robots)]
     latencies: list[list[float]] = [[] for _ in clients]
-    errors = [0] * robots
+    errors: list[str] = []
+    window: list[float] = []  # start and end times of every robot's timed loop
     barrier = threading.Barrier(robots)
 
     def robot(i: int) -> None:
         obs = _observation(i + 1)
-        clients[i].infer(obs)  # one untimed request per robot
-        barrier.wait()
+        try:
+            clients[i].infer(obs)  # one untimed request per robot
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+            barrier.abort()  # never leave the others waiting for a robot that is gone
+            return
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait()
+        start = time.perf_counter()
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline or len(latencies[i]) < min_requests:
             t0 = time.perf_counter()
             try:
                 reply = clients[i].infer(obs)
                 assert reply["actions"].shape[0] > 0
-            except Exception:
-                errors[i] += 1
+            except Exception as e:  # e.g. the stock client's keepalive timing out on a busy server
+                errors.append(f"{type(e).__name__}: {e}")
                 break
             latencies[i].append((time.perf_counter() - t0) * 1000)
+        window.extend((start, time.perf_counter()))
 
     threads = [threading.Thread(target=robot, args=(i,)) for i in range(robots)]
-    t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
     for c in clients:
-        c._ws.close()
-    return Cell(server, policy, robots, [x for lat in latencies for x in lat], wall, sum(errors))
+        with contextlib.suppress(Exception):
+            c._ws.close()
+    for e in sorted(set(errors)):
+        print(f"  {server} {policy} robots={robots}: {errors.count(e)}x {e}", flush=True)
+    wall = max(window) - min(window) if window else 0.0
+    return Cell(server, policy, robots, [x for lat in latencies for x in lat], wall, len(errors))
 
 
-def start(kind: str, policy: str) -> tuple[subprocess.Popen[bytes], int]:
+def start(
+    kind: str, policy: str, max_wait_ms: float | None, omp_wait_policy: str = "PASSIVE"
+) -> tuple[subprocess.Popen[bytes], int]:
     port = _free_port()
     cmd = [sys.executable, __file__, "--serve", kind, "--policy", policy, "--port", str(port)]
+    if max_wait_ms is not None:
+        cmd += ["--max-wait-ms", str(max_wait_ms)]
     log_dir = ROOT / "test-artifacts"
     log_dir.mkdir(exist_ok=True)
     with (log_dir / f"bench-openpi-{kind}-{policy}.log").open("wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    _connect(port)._ws.close()  # ready: metadata received (ours answers 503 until warmed up)
+        env = {**os.environ}
+        if omp_wait_policy:
+            # Spinning OpenMP workers starve the Python thread when other work shares the cores.
+            env["OMP_WAIT_POLICY"] = omp_wait_policy
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     return proc, port
 
 
@@ -226,7 +248,7 @@ def table(cells: list[Cell]) -> str:
     return "\n".join(rows)
 
 
-def append_markdown(text: str, command: str) -> None:
+def append_markdown(text: str, command: str, load: str, omp: str) -> None:
     BENCHMARKS_MD.parent.mkdir(exist_ok=True)
     header = "" if BENCHMARKS_MD.exists() else "# Benchmarks\n"
     stamp = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
@@ -235,11 +257,14 @@ def append_markdown(text: str, command: str) -> None:
             f"{header}\n## OpenPI policy socket: realtime_gw vs stock openpi-server ({stamp})\n\n"
             f"- hardware: {hardware()}\n"
             f"- command: `{command}`\n"
+            f"- load average (1 min) at start / end: {load} (other work on the machine skews absolute numbers; "
+            "ours and stock alternate within every cell so both see the same conditions)\n"
             "- observation: 2 cameras 224x224x3 uint8 + 8-dim state + prompt; closed-loop robots "
             "(`WebsocketClientPolicy`), round-trip latency per `infer`\n"
             "- policies: `noop` returns zeros (server overhead only); `tiny` is PI0 at the tiny config with "
             "**random-init weights** (real compute, meaningless actions). Ratios < 1 mean ours is faster.\n"
-            "- both servers are child processes on the same machine as the clients\n\n"
+            "- both servers are child processes on the same machine as the clients, "
+            f"with OMP_WAIT_POLICY={omp or '(inherited)'}\n\n"
             f"{text}\n"
         )
 
@@ -253,34 +278,71 @@ def main() -> None:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--policies", default="noop,tiny", help="comma-separated: noop,tiny")
     parser.add_argument("--robots", default="1,4,16", help="concurrent robots per cell, comma-separated")
-    parser.add_argument("--seconds", type=float, default=4.0, help="timed load per cell")
+    parser.add_argument("--seconds", type=float, default=4.0, help="timed load per cell and server")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="ours/stock alternations per cell (fights drift)"
+    )
+    parser.add_argument(
+        "--max-wait-ms", type=float, default=None, help="ours: policy_max_wait_ms (default: config)"
+    )
     parser.add_argument("--min-requests", type=int, default=3, help="per robot and cell, even past --seconds")
+    parser.add_argument(
+        "--omp-wait-policy",
+        default="PASSIVE",
+        help="OMP_WAIT_POLICY for both servers ('' = inherit). Under CPU contention the default (spinning) "
+        "made the stock server's inference 20-50x slower in our runs",
+    )
     parser.add_argument("--no-append", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args()
-    if args.serve:
-        (serve_ours if args.serve == "ours" else serve_stock)(args.policy, args.port)
+    if args.serve == "ours":
+        serve_ours(args.policy, args.port, args.max_wait_ms)
+        return
+    if args.serve == "stock":
+        serve_stock(args.policy, args.port)
         return
 
     command = "python loadtest/bench_openpi.py " + " ".join(sys.argv[1:])
+    load_start = os.getloadavg()[0]
     cells: list[Cell] = []
     for policy in args.policies.split(","):
-        for kind in ("ours", "stock"):
-            proc, port = start(kind, policy)
-            try:
-                for robots in (int(r) for r in args.robots.split(",")):
-                    cell = run_cell(kind, policy, port, robots, args.seconds, args.min_requests)
+        # Both servers stay up (idle costs nothing) so the measurements can alternate between them.
+        servers = {
+            kind: start(kind, policy, args.max_wait_ms, args.omp_wait_policy) for kind in ("ours", "stock")
+        }
+        try:
+            for _, port in servers.values():
+                _connect(port)._ws.close()  # ready: metadata received (ours answers 503 until warmed up)
+            for robots in (int(r) for r in args.robots.split(",")):
+                merged = {k: Cell(k, policy, robots, [], 0.0, 0) for k in servers}
+                for rnd in range(args.rounds):
+                    for kind in ("ours", "stock") if rnd % 2 == 0 else ("stock", "ours"):
+                        part = run_cell(
+                            kind,
+                            policy,
+                            servers[kind][1],
+                            robots,
+                            args.seconds / args.rounds,
+                            args.min_requests,
+                        )
+                        merged[kind].latencies_ms += part.latencies_ms
+                        merged[kind].wall_s += part.wall_s
+                        merged[kind].errors += part.errors
+                for cell in merged.values():
                     cells.append(cell)
                     print(
-                        f"{kind:5s} {policy:4s} robots={robots:2d}  p50={cell.pct(50):8.1f} ms  "
+                        f"{cell.server:5s} {policy:4s} robots={robots:2d}  p50={cell.pct(50):8.1f} ms  "
                         f"p99={cell.pct(99):8.1f} ms  {cell.throughput:7.1f} req/s  n={len(cell.latencies_ms)}",
                         flush=True,
                     )
-            finally:
+        finally:
+            for proc, _ in servers.values():
                 stop(proc)
     text = table(cells)
     print("\n" + text)
     if not args.no_append:
-        append_markdown(text, command.strip())
+        append_markdown(
+            text, command.strip(), f"{load_start:.2f} / {os.getloadavg()[0]:.2f}", args.omp_wait_policy
+        )
         print(f"\nappended to {BENCHMARKS_MD.relative_to(ROOT)}")
 
 

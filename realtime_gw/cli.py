@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", default=None, help="TOML config file")
     _add_config_flags(serve)
+    from realtime_gw.client.commands import add_client_commands  # light: argparse only until run
+
+    add_client_commands(sub)
     return parser
 
 
@@ -53,7 +56,8 @@ def serve(args: argparse.Namespace) -> None:
         host=config.host,
         port=config.port,
         log_level=config.log_level,
-        ws_max_size=max(config.max_frame_bytes, config.openpi_max_frame_bytes),
+        # 1 MiB above our own limits, so an oversized frame reaches the handler and gets a readable error
+        ws_max_size=max(config.max_frame_bytes, config.openpi_max_frame_bytes) + 1024 * 1024,
         ws_ping_interval=20.0,
         ws_ping_timeout=20.0,
     )
@@ -63,3 +67,5 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         serve(args)
+    else:
+        sys.exit(args.func(args))

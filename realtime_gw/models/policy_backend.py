@@ -85,6 +85,9 @@ class PolicyBackend:
         return not state.done
 
     def warmup(self) -> None:
+        # The runtime warms up only when no request holds a slot: at start, and after a supervisor
+        # restart, which may drop a hung step's states without releasing them.
+        self._used = 0
         state = self.open(dummy_request(self.spec))
         try:
             self.step([(state, [])])

@@ -218,6 +218,7 @@ class StageWorker:
         self._task: asyncio.Task[None] | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"worker-{self.name}")
         self._rr = 0  # iteration counter, for round-robin order
+        self._last_batch = 0
         self._ident: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -279,8 +280,10 @@ class StageWorker:
                 self._wake_event.clear()
                 await self._wake_event.wait()
                 continue
-            if self.max_wait_s and runnable and len(runnable) < self.max_batch and not to_release:
-                # Give concurrent sessions a moment to join this step (bounded batching delay).
+            waiting = len(runnable) + len(to_open)
+            if self.max_wait_s and waiting < self.max_batch and self._last_batch > 1 and not to_release:
+                # Give concurrent sessions a moment to join this step (bounded batching delay) — only
+                # when the last step was shared; a lone client never pays the window.
                 self._wake_event.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake_event.wait(), self.max_wait_s)
@@ -289,12 +292,14 @@ class StageWorker:
                 runnable = [s for s in self._active if s._runnable(self.backend)]
             batch = self._pick(runnable)
             work = []
-            for s in batch:
+            for s in batch + to_open:
+                # Inputs are taken here, on the loop thread that pushes them; new requests get theirs
+                # back below if they could not join this step.
                 work.append((s, s.pending))
                 s.pending = []
             self._wake_event.clear()
             try:
-                opened, results = await asyncio.wait_for(
+                opened, work, results = await asyncio.wait_for(
                     loop.run_in_executor(self._thread, self._execute, to_open, work, to_release),
                     self.step_timeout_s,
                 )
@@ -307,13 +312,15 @@ class StageWorker:
                 log.exception("worker %s thread failed", self.name)
                 await self._restart(f"{self.name}: worker failed ({type(e).__name__})", to_open, abandon=False)
                 continue
-            for s, err in opened:
+            for s, err, unused_inputs in opened:
                 if err is None:
                     self._active.append(s)
+                    s.pending = unused_inputs + s.pending
                 else:
                     s._deliver([], True, err)
             for (s, _), r in zip(work, results, strict=True):
                 s._deliver(r.outputs, r.done, r.error)
+            self._last_batch = len(work)
             WORKER_ACTIVE.labels(self.name).set(len(self._active))
             WORKER_QUEUE.labels(self.name).set(len(self._opening))
 
@@ -370,21 +377,36 @@ class StageWorker:
         to_open: list[Stream[Any]],
         work: list[tuple[Stream[Any], list[Any]]],
         to_release: list[Stream[Any]],
-    ) -> tuple[list[tuple[Stream[Any], str | None]], list[StepResult]]:
-        """Runs on the worker thread: releases first (frees slots), then opens, then one step."""
+    ) -> tuple[
+        list[tuple[Stream[Any], str | None, list[Any]]], list[tuple[Stream[Any], list[Any]]], list[StepResult]
+    ]:
+        """Runs on the worker thread: releases first (frees slots), then opens, then one step.
+
+        ``work`` ends with the new requests and their inputs; a new request joins this very step when
+        it can run and the batch has room (one-shot requests answer in one iteration, not two)."""
         for s in to_release:
             self._release(s)
-        opened: list[tuple[Stream[Any], str | None]] = []
+        fresh = {id(s): inputs for s, inputs in work[len(work) - len(to_open) :]}
+        work = work[: len(work) - len(to_open)]
+        opened: list[tuple[Stream[Any], str | None, list[Any]]] = []
         for s in to_open:
+            inputs = fresh[id(s)]
             try:
                 s.state = self.backend.open(s.request)
-                opened.append((s, None))
             except NoFreeSlot as e:
                 WORKER_REJECTED.labels(self.name).inc()
-                opened.append((s, str(e)))
+                opened.append((s, str(e), []))
+                continue
             except Exception as e:  # bad request content: fail this request only
                 log.warning("worker %s open failed: %s", self.name, e)
-                opened.append((s, f"{self.name}: {e}"))
+                opened.append((s, f"{self.name}: {e}", []))
+                continue
+            if len(work) < self.max_batch and (inputs or self.backend.has_work(s.state)):
+                work.append((s, inputs))
+                s.steps += 1
+                opened.append((s, None, []))
+            else:
+                opened.append((s, None, inputs))
         results: list[StepResult] = []
         if work:
             t0 = time.perf_counter()
@@ -399,7 +421,7 @@ class StageWorker:
             for (s, _), r in zip(work, results, strict=True):
                 if r.done or r.error is not None:
                     self._release(s)
-        return opened, results
+        return opened, work, results
 
     def _release(self, s: Stream[Any]) -> None:
         if s.state is None:

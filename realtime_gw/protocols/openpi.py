@@ -22,6 +22,17 @@ import numpy as np
 
 MiB = 1024 * 1024
 REJECTED_KINDS = {"O": "object", "V": "void (structured)", "c": "complex"}
+_GENERIC_DATA: dict[str, tuple[type, ...]] = {
+    "b": (bool,),
+    "i": (int,),
+    "u": (int,),
+    "f": (float, int),
+    "S": (bytes,),
+    "U": (str,),
+    "M": (int,),
+    "m": (int,),
+}
+"""Python types ``np.generic.item()`` gives per dtype kind, i.e. what the stock packer can send."""
 
 
 class DecodeError(ValueError):
@@ -97,9 +108,10 @@ def _to_array(obj: dict[Any, Any], path: str, limits: Limits) -> np.ndarray:
     if not isinstance(data, bytes):
         raise DecodeError(f"{_where(path)}__ndarray__ needs bin 'data', got {type(data).__name__}")
     dtype = _dtype(dtype_s, path)
-    if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+    # type() is int, not isinstance: a bool is an int to Python but not a dimension to numpy.
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
         raise DecodeError(
-            f"{_where(path)}__ndarray__ 'shape' must be a list of non-negative integers, got {shape!r}"
+            f"{_where(path)}__ndarray__ 'shape' must be a list of non-negative integers, got {_short(shape)}"
         )
     if len(shape) > limits.max_array_ndim:
         raise DecodeError(
@@ -119,20 +131,34 @@ def _to_array(obj: dict[Any, Any], path: str, limits: Limits) -> np.ndarray:
             f"{_where(path)}array of shape {tuple(shape)} and dtype {dtype.str} needs {nbytes} bytes of data, "
             f"got {len(data)}"
         )
-    # Zero-copy, read-only view on the frame, exactly like the stock decoder.
-    return np.ndarray(buffer=data, dtype=dtype, shape=tuple(shape))
+    try:
+        # Zero-copy, read-only view on the frame, exactly like the stock decoder.
+        return np.ndarray(buffer=data, dtype=dtype, shape=tuple(shape))
+    except (ValueError, TypeError, OverflowError) as e:
+        # e.g. a zero beside a dimension numpy cannot index: 0 bytes pass the size check above.
+        raise DecodeError(f"{_where(path)}array of shape {tuple(shape)} is not valid: {e}") from None
 
 
 def _to_generic(obj: dict[Any, Any], path: str) -> np.generic:
     dtype = _dtype(obj.get(b"dtype"), path)
     value = obj.get(b"data")
-    if isinstance(value, (dict, list)) or value is None:
-        raise DecodeError(f"{_where(path)}__npgeneric__ 'data' must be a scalar, got {type(value).__name__}")
+    allowed = _GENERIC_DATA.get(dtype.kind, ())
+    # Exact types, as numpy's .item() produces them: np.bytes_(2**30) would allocate a GiB from 5 bytes.
+    if type(value) not in allowed:
+        names = " or ".join(t.__name__ for t in allowed) or "nothing"
+        raise DecodeError(
+            f"{_where(path)}__npgeneric__ of dtype {dtype.str} needs {names} 'data', got {type(value).__name__}"
+        )
+    if dtype.kind in "iu" and type(value) is int:
+        # NumPy 1.x wraps out-of-range integers (with a warning) instead of refusing them.
+        info = np.iinfo(dtype)
+        if not info.min <= value <= info.max:
+            raise DecodeError(f"{_where(path)}__npgeneric__ value {_short(value)} does not fit {dtype.str}")
     try:
         return dtype.type(value)
     except (TypeError, ValueError, OverflowError) as e:
         raise DecodeError(
-            f"{_where(path)}__npgeneric__ value {value!r} is not a valid {dtype.str}: {e}"
+            f"{_where(path)}__npgeneric__ value {_short(value)} is not a valid {dtype.str}: {e}"
         ) from None
 
 
@@ -158,6 +184,11 @@ def _join(path: str, key: Any) -> str:
 
 def _where(path: str) -> str:
     return f"at '{path}': " if path else ""
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)  # msgpack primitives and lists of them: repr cannot fail
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _fmt_bytes(n: int) -> str:

@@ -38,44 +38,49 @@ OFFLOAD_DECODE_BYTES = 1 << 20
 
 async def openpi_endpoint(ws: WebSocket) -> None:
     gateway: Gateway = ws.app.state.gateway
-    refusal = _refusal(ws, gateway)
+    key, refusal = _admit(ws, gateway)
     if refusal is not None:
         await _deny(ws, *refusal)
         return
-    worker = gateway.workers.policy
-    assert worker is not None
-    await ws.accept()
+    assert key is not None and gateway.workers.policy is not None
     gateway.sessions["openpi"] += 1
     SESSIONS.labels("openpi").inc()
     try:
-        await _Loop(ws, gateway, worker).run()
+        await ws.accept()
+        await _Loop(ws, gateway, gateway.workers.policy).run()
     finally:
         gateway.sessions["openpi"] -= 1
+        gateway.access.release(key)
         SESSIONS.labels("openpi").dec()
         if ws.client_state == WebSocketState.CONNECTED:
             with contextlib.suppress(Exception):
                 await ws.close()
 
 
-def _refusal(ws: WebSocket, gateway: Gateway) -> tuple[int, str] | None:
-    """(HTTP status, reason) when the upgrade must be refused, checked before accepting."""
-    config = gateway.config
-    if config.api_key is not None:
-        key = auth.bearer_key(ws.headers.get("authorization"), "Api-Key") or auth.bearer_key(
-            ws.headers.get("authorization")
-        )
-        if not auth.key_matches(key, config.api_key):
-            return 401, "invalid or missing API key (send 'Authorization: Api-Key <key>')"
+def _admit(ws: WebSocket, gateway: Gateway) -> tuple[str | None, tuple[int, str] | None]:
+    """(the caller's key, None) with one of its session slots taken, or (None, (HTTP status, reason))."""
+    config, access = gateway.config, gateway.access
+    if not access.origin_allowed(ws.headers.get("origin"), ws.headers.get("host")):
+        return None, (403, "origin not allowed")
+    # Keys are compared in constant time; openpi-client sends 'Authorization: Api-Key <key>'.
+    key = access.identify(auth.presented_key(ws.headers))
+    if key is None:
+        return None, (401, "invalid or missing API key (send 'Authorization: Api-Key <key>')")
     worker = gateway.workers.policy
     if worker is None:
-        return 503, "the robot policy is disabled on this server (policy=none)"
+        return None, (503, "the robot policy is disabled on this server (policy=none)")
     if not worker.ready:
-        return 503, "the robot policy is still warming up; retry shortly"
+        return None, (503, "the robot policy is still warming up; retry shortly")
     if gateway.sessions["openpi"] >= config.openpi_max_sessions:
-        return 503, f"OpenPI session limit reached ({config.openpi_max_sessions}); retry later"
+        return None, (503, f"OpenPI session limit reached ({config.openpi_max_sessions}); retry later")
     if sum(gateway.sessions.values()) >= config.max_sessions:
-        return 503, f"server session limit reached ({config.max_sessions}); retry later"
-    return None
+        return None, (503, f"server session limit reached ({config.max_sessions}); retry later")
+    if not access.acquire(key):
+        return None, (
+            503,
+            f"session limit for this API key reached ({config.max_sessions_per_key}); retry later",
+        )
+    return key, None
 
 
 async def _deny(ws: WebSocket, status: int, reason: str) -> None:
@@ -83,7 +88,7 @@ async def _deny(ws: WebSocket, status: int, reason: str) -> None:
     if "websocket.http.response" in ws.scope.get("extensions", {}):
         await ws.send_denial_response(PlainTextResponse(reason + "\n", status_code=status))
     else:
-        await ws.close(code=1008 if status == 401 else 1013, reason=reason[:120])
+        await ws.close(code=1008 if status in (401, 403) else 1013, reason=reason[:120])
 
 
 class _Loop:

@@ -154,6 +154,12 @@ class RealtimeConnection:
                     ) if data is not None else None
                     if event is None:
                         continue
+                elif len(data) > self.config.max_frame_bytes:
+                    # uvicorn's own cap is the largest of all sockets' limits; enforce ours here
+                    event = rt.error_event(
+                        f"Message of {len(data)} bytes exceeds the limit of {self.config.max_frame_bytes}",
+                        code="message_too_large",
+                    )
                 else:
                     event = rt.decode_client_event(data)
                 await self.mailbox.put(event)

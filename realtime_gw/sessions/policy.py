@@ -165,8 +165,9 @@ class PolicyConnection:
     # -- internals --------------------------------------------------------------------------------------
     def _endpoint(self, msg: dict[str, Any]) -> list[Effect]:
         endpoint = msg["endpoint"]
-        if endpoint != "reset":
-            raise ObservationError(f"unknown endpoint {endpoint!r}; the only endpoint is 'reset'")
+        # isinstance first: comparing a numpy array with "reset" is elementwise, not a yes/no.
+        if not (isinstance(endpoint, str) and endpoint == "reset"):
+            raise ObservationError(f"unknown endpoint {_show(endpoint)}; the only endpoint is 'reset'")
         self.robots.pop(_session_id(msg), None)
         return [Send({"status": "reset successful"})]
 
@@ -249,7 +250,7 @@ def _state(spec: PolicySpec, msg: dict[str, Any]) -> np.ndarray:
     if isinstance(value, (list, tuple)):
         try:
             value = np.asarray(value, dtype=np.float64)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ObservationError(f"{key!r} must be a list of {dim} numbers") from None
     if not isinstance(value, np.ndarray):
         raise ObservationError(f"{key!r} must be a float array of shape ({dim},), got {_kind(value)}")
@@ -281,7 +282,7 @@ def _session_id(msg: dict[str, Any]) -> str:
     sid = msg.get("session_id", "default")
     if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID_CHARS:
         raise ObservationError(
-            f"'session_id' must be a string of 1 to {MAX_SESSION_ID_CHARS} characters, got {sid!r}"
+            f"'session_id' must be a string of 1 to {MAX_SESSION_ID_CHARS} characters, got {_show(sid)}"
         )
     return sid
 
@@ -295,7 +296,7 @@ def _seed(msg: dict[str, Any]) -> int | None:
         or not isinstance(seed, (int, np.integer))
         or not 0 <= seed <= MAX_SEED
     ):
-        raise ObservationError(f"'seed' must be an integer from 0 to 2**63-1, got {seed!r}")
+        raise ObservationError(f"'seed' must be an integer from 0 to 2**63-1, got {_show(seed)}")
     return int(seed)
 
 
@@ -306,7 +307,7 @@ def _num_steps(spec: PolicySpec, msg: dict[str, Any]) -> int | None:
     ok = isinstance(steps, (int, np.integer)) and not isinstance(steps, (bool, np.bool_))
     if not ok or not 1 <= steps <= spec.max_inference_steps:
         raise ObservationError(
-            f"'num_inference_steps' must be an integer from 1 to {spec.max_inference_steps}, got {steps!r}"
+            f"'num_inference_steps' must be an integer from 1 to {spec.max_inference_steps}, got {_show(steps)}"
         )
     return int(steps)
 
@@ -315,3 +316,14 @@ def _kind(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return f"{value.dtype} array of shape {value.shape}"
     return type(value).__name__
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """A short repr for error messages; never raises (numpy's repr can, e.g. for generic datetimes)."""
+    if isinstance(value, np.ndarray):
+        return _kind(value)
+    try:
+        text = repr(value)
+    except Exception:
+        return type(value).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -147,3 +147,48 @@ def test_corrupted_frames_only_ever_raise_decode_error(junk: bytes, pos: int, by
     for candidate in (bytes(frame), junk, bytes(frame[: pos % len(frame)])):
         with contextlib.suppress(DecodeError):
             unpackb(candidate)
+
+
+@pytest.mark.parametrize(
+    ("shape", "data", "message"),
+    [
+        ([True], b"\0\0", "'shape' must be a list of non-negative integers, got [True]"),
+        ([2, False], b"", "'shape' must be a list of non-negative integers, got [2, False]"),
+        ([2**63, 0], b"", "at 'a': array of shape (9223372036854775808, 0) is not valid"),
+        ([0, 2**63 - 1], b"", "is not valid"),
+        ([2**31, 2**31, 2**31, 0], b"", "is not valid"),
+    ],
+)
+def test_shapes_numpy_cannot_build_are_decode_errors(shape: list[object], data: bytes, message: str) -> None:
+    """Found by fuzzing (tests/fuzz): these used to escape as ValueError / TypeError."""
+    frame = msgpack.packb({"a": {b"__ndarray__": True, b"data": data, b"dtype": "<i2", b"shape": shape}})
+    with pytest.raises(DecodeError) as err:
+        unpackb(frame)
+    assert message in str(err.value)
+
+
+def test_out_of_range_integer_scalar_is_refused() -> None:
+    frame = msgpack.packb({"s": {b"__npgeneric__": True, b"data": 300, b"dtype": "|u1"}})
+    with pytest.raises(DecodeError, match="at 's': __npgeneric__ value 300 does not fit |u1"):
+        unpackb(frame)
+    ok = msgpack.packb({"s": {b"__npgeneric__": True, b"data": -128, b"dtype": "|i1"}})
+    assert unpackb(ok)["s"] == np.int8(-128)
+
+
+@pytest.mark.parametrize(
+    ("data", "dtype", "message"),
+    [
+        (2**30, "S0", "__npgeneric__ of dtype |S0 needs bytes 'data', got int"),  # would allocate 1 GiB
+        (5, "<U0", "needs str 'data', got int"),
+        (True, "<i8", "needs int 'data', got bool"),
+        ("1", "<f4", "needs float or int 'data', got str"),
+        (None, "<f4", "got NoneType"),
+        ([1], "<i4", "got list"),
+    ],
+)
+def test_npgeneric_data_must_have_the_dtype_python_type(data: object, dtype: str, message: str) -> None:
+    """Found by fuzzing (tests/fuzz): np.bytes_(N) allocated N bytes from a 38-byte frame."""
+    frame = msgpack.packb({"a": {b"__npgeneric__": True, b"data": data, b"dtype": dtype}})
+    with pytest.raises(DecodeError) as err:
+        unpackb(frame)
+    assert message in str(err.value)

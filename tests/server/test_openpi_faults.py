@@ -6,6 +6,8 @@ import time
 
 import numpy as np
 import pytest
+import websockets.sync.client as ws_client
+from openpi_client import msgpack_numpy
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -81,3 +83,51 @@ def test_idle_timeout_and_session_limit() -> None:
         third = WebsocketClientPolicy(host="127.0.0.1", port=gw.port)  # slots are free again
         assert third.infer(droid_obs(4))["actions"].shape == (10, 8)
         third._ws.close()
+
+
+def test_several_keys_per_key_slots_and_origins() -> None:
+    config = GatewayConfig(
+        policy="noop",
+        api_keys=["key-one", "key-two"],
+        max_sessions_per_key=1,
+        allowed_origins=["https://ok.example"],
+    )
+    with serve(config, _runner(config)) as gw:
+        one = WebsocketClientPolicy(host="127.0.0.1", port=gw.port, api_key="key-one")
+        with pytest.raises(InvalidStatus) as refused:
+            WebsocketClientPolicy(host="127.0.0.1", port=gw.port, api_key="key-one")
+        assert refused.value.response.status_code == 503
+        assert b"session limit for this API key reached (1)" in refused.value.response.body
+        two = WebsocketClientPolicy(host="127.0.0.1", port=gw.port, api_key="key-two")  # its own slot
+        assert two.infer(droid_obs(5))["actions"].shape == (10, 8)
+        two._ws.close()
+        one._ws.close()
+        assert wait_for(lambda: not gw.gateway.access.sessions)  # every slot returned
+
+        url = f"ws://127.0.0.1:{gw.port}/v1/realtime/robot/openpi"
+        bearer = {"Authorization": "Bearer key-two"}
+        with ws_client.connect(url, additional_headers=bearer, origin="https://ok.example") as conn:  # type: ignore[arg-type]
+            assert "policy_server_config" in msgpack_numpy.unpackb(conn.recv())
+        with pytest.raises(InvalidStatus) as refused:
+            ws_client.connect(url, additional_headers=bearer, origin="https://evil.example")  # type: ignore[arg-type]
+        assert refused.value.response.status_code == 403
+        assert wait_for(lambda: gw.gateway.sessions["openpi"] == 0 and not gw.gateway.access.sessions)
+
+
+@pytest.mark.parametrize("fault", ["policy:die@2", "policy:hang@2:1.0"])
+def test_worker_restart_fails_the_robot_in_flight_and_frees_every_slot(fault: str) -> None:
+    """The runtime's supervisor replaces a dead or hung policy thread; the robot gets the stock 1011."""
+    config = GatewayConfig(policy="noop", fault_injection=[fault], worker_step_timeout_s=0.5)
+    with serve(config, _runner(config)) as gw:
+        policy = WebsocketClientPolicy(host="127.0.0.1", port=gw.port)
+        assert policy.infer(droid_obs(1))["actions"].shape == (10, 8)  # step 1
+        with pytest.raises(RuntimeError, match="internal server error: WorkerFault: policy"):
+            policy.infer(droid_obs(1))  # step 2: the fault
+        with pytest.raises(ConnectionClosed):
+            policy._ws.recv(timeout=5)
+        assert wait_for(lambda: gw.worker.ready and gw.worker.restarts == 1)
+        assert gw.worker.backend._used == 0  # type: ignore[attr-defined]
+        again = WebsocketClientPolicy(host="127.0.0.1", port=gw.port)
+        assert again.infer(droid_obs(2))["actions"].shape == (10, 8)
+        again._ws.close()
+        assert wait_for(lambda: gw.gateway.sessions["openpi"] == 0 and gw.worker.backend._used == 0)  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY
 
 from realtime_gw.app import Gateway, create_app
 from realtime_gw.config import GatewayConfig
+from realtime_gw.models import faults
 from realtime_gw.models.policy_backend import PolicyBackend, PolicyRunner
 from realtime_gw.models.registry import Workers
 from realtime_gw.models.runtime import StageWorker, StepResult
@@ -73,9 +74,14 @@ class Served:
 
 @contextmanager
 def serve(config: GatewayConfig, runner: PolicyRunner) -> Iterator[Served]:
-    """A live gateway on a free loopback port serving ``runner`` as the policy worker."""
+    """A live gateway on a free loopback port serving ``runner`` as the policy worker (with any
+    ``fault_injection`` for the policy applied, as the registry does)."""
+    backend = faults.wrap(
+        "policy", PolicyBackend(runner, slots=config.openpi_max_sessions * 2), config.fault_injection
+    )
     worker = StageWorker(
-        PolicyBackend(runner, slots=config.openpi_max_sessions * 2),
+        backend,
+        step_timeout_s=config.worker_step_timeout_s,
         device=config.policy_device,
         max_batch=config.policy_max_batch,
         max_wait_ms=config.policy_max_wait_ms,

@@ -218,3 +218,23 @@ def test_metadata_advertises_the_scheme() -> None:
 def test_history_offsets_are_checked(offsets: tuple[int, ...]) -> None:
     with pytest.raises(ValueError, match="strictly increasing frame offsets <= 0 ending in 0"):
         spec(image_history=offsets)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.array(["reset", "reset"]),
+        np.zeros(3, np.uint8),
+        np.zeros(0),
+        np.ndarray(buffer=b"\0" * 8, dtype="<M8", shape=()),  # as decoded; numpy cannot even repr it
+        np.datetime64(0, "D"),
+        {"nested": "map"},
+    ],
+)
+def test_odd_endpoint_and_field_values_get_a_send_error(value: Any) -> None:
+    """Found by fuzzing (tests/fuzz): arrays compared elementwise with 'reset', and reprs that raise."""
+    conn = PolicyConnection(spec())
+    for msg in ({"endpoint": value}, obs(session_id=value), obs(seed=value), obs(num_inference_steps=value)):
+        effects = conn.handle(msg)
+        assert len(effects) == 1 and isinstance(effects[0], SendError), (msg, effects)
+    assert "must be a list of 3 numbers" in error(conn, obs(**{"observation/state": [1, 2, 10**400]}))
