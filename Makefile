@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ARGS ?=
 
-.PHONY: serve test lint bench soak clean
+.PHONY: serve test lint bench soak clean browser-deps
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,7 +27,7 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 serve: $(VENV)/.installed
 	$(BIN)/realtime-gw serve --host $(HOST) --port $(PORT) $(ARGS)
 
-test: $(VENV)/.installed-dev
+test: $(VENV)/.installed-dev browser-deps
 	$(BIN)/ruff check realtime_gw tests loadtest examples
 	$(BIN)/pytest -q -p no:cacheprovider $(ARGS)
 
@@ -39,3 +39,16 @@ bench: $(VENV)/.installed-dev
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# -- browser tests and soak (clients and load) ------------------------------------------------------------
+# Debian's Chromium + ChromeDriver for tests/web (headless, fake microphone); a no-op once installed.
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+# The long soak: 10 minutes, 200 voice users + 20 robots (10 Hz), against a server it starts itself.
+# Each user speaks every 3-5 minutes and holds its session while it thinks: ~0.8 turns/s, what the
+# embedded CPU ASR sustains on 2 cores (see docs/benchmarks.md; --think 5,15 overloads it).
+SOAK_ARGS ?= --duration 600 --users 200 --robots 20 --think 180,300 --start-jitter --spawn-rate 10
+soak: $(VENV)/.installed-dev
+	$(BIN)/python loadtest/soak.py $(SOAK_ARGS) $(ARGS)

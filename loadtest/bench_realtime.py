@@ -67,7 +67,11 @@ async def text_turn(ws: Any, stats: Stats) -> None:
         json.dumps(
             {
                 "type": "conversation.item.create",
-                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": TEXT}]},
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": TEXT}],
+                },
             }
         )
     )
@@ -132,7 +136,11 @@ async def barge_in(server: LiveServer, sessions: int, speech_pcm: bytes) -> Stat
                 if speech and not onset:
                     onset.append(time.monotonic())
                 del speech[:n]
-                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()}))
+                await ws.send(
+                    json.dumps(
+                        {"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()}
+                    )
+                )
                 next_at += FRAME_MS / 1000
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
@@ -142,7 +150,11 @@ async def barge_in(server: LiveServer, sessions: int, speech_pcm: bytes) -> Stat
                 json.dumps(
                     {
                         "type": "conversation.item.create",
-                        "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": TEXT * 3}]},
+                        "item": {
+                            "type": "message",
+                            "role": "user",
+                            "content": [{"type": "input_text", "text": TEXT * 3}],
+                        },
                     }
                 )
             )
@@ -220,7 +232,9 @@ async def main() -> None:
     try:
         out(f"Piper first-sentence synthesis, direct (baseline): {baseline:.0f} ms")
         out("")
-        out("| TTS | sessions | turns | TTFA p50 ms | TTFA p95 ms | TTFA p50 / baseline | lateness p95 ms | lateness max ms | errors |")
+        out(
+            "| TTS | sessions | turns | TTFA p50 ms | TTFA p95 ms | TTFA p50 / baseline | lateness p95 ms | lateness max ms | errors |"
+        )
         out("|---|---|---|---|---|---|---|---|---|")
         for n in levels:
             s = await turns_load(piper, n, seconds)
@@ -234,7 +248,9 @@ async def main() -> None:
         out("|---|---|---|---|---|")
         for n in [1, 4] if args.quick else [1, 16]:
             s = await barge_in(piper, n, stop_speech)
-            out(f"| onset -> last frame of cancelled response | {n} | {pct(s.barge_in_ms, 50):.0f} | {pct(s.barge_in_ms, 95):.0f} | {s.errors} |")
+            out(
+                f"| onset -> last frame of cancelled response | {n} | {pct(s.barge_in_ms, 50):.0f} | {pct(s.barge_in_ms, 95):.0f} | {s.errors} |"
+            )
     finally:
         stop_server(piper)
 
@@ -247,7 +263,9 @@ async def main() -> None:
         for n in tone_levels:
             s = await turns_load(tone, n, max(seconds / 2, 5.0))
             late = pct(s.lateness_ms, 95)
-            out(f"| tone | {n} | {s.turns} | {pct(s.ttfa_ms, 50):.0f} | {pct(s.ttfa_ms, 95):.0f} | {late:.1f} | {s.errors} |")
+            out(
+                f"| tone | {n} | {s.turns} | {pct(s.ttfa_ms, 50):.0f} | {pct(s.ttfa_ms, 95):.0f} | {late:.1f} | {s.errors} |"
+            )
             if late <= 20.0 and s.errors == 0:
                 sustained = n
             else:
@@ -270,7 +288,9 @@ async def main() -> None:
                 f"- Command: `.venv/bin/python loadtest/bench_realtime.py{' --quick' if args.quick else ''}`\n"
                 "- Each session loops text turns (two sentences, ~3.5 s of audio, paced at real time with a 400 ms lead);\n"
                 "  TTFA = `response.create` sent -> first audio delta received; lateness = arrival after the frame's\n"
-                "  real-time playback slot. Client and server share the machine.\n\n" + "\n".join(lines) + "\n"
+                "  real-time playback slot. Client and server share the machine.\n\n"
+                + "\n".join(lines)
+                + "\n"
             )
 
 

@@ -77,6 +77,14 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     policy_device: str = "cpu"
     policy_max_batch: int = 16
     policy_max_wait_ms: float = 2.0
+    """How long the policy worker holds a step open for more robots once steps are being shared."""
+    policy_impl: Literal["auto", "fast", "eager"] = "auto"
+    """PI0 sampler: `fast` (static prefix KV, CUDA graphs per batch bucket), `eager` (transformers'
+    `sample_actions`); `auto` = `fast` on CUDA, `eager` on the CPU. Both give the same actions."""
+    policy_graph_buckets: list[int] = msgspec.field(default_factory=lambda: [1, 2, 4, 8, 16])
+    """`fast` on CUDA: batch sizes with captured graphs; a batch runs padded to the next bucket."""
+    policy_rtc_beta: float = 5.0
+    """Real-time chunking: clip of the guidance weight (the RTC paper's beta)."""
     policy_norm_stats: str | None = None
     openpi_tracebacks: bool = False
     openpi_idle_timeout_s: float = 30.0

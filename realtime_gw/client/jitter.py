@@ -23,6 +23,8 @@ class _Stream:
     played_samples: int = 0
     received_samples: int = 0
     ended: bool = False
+    muted: bool = False
+    """Flushed by barge-in: frames still in flight from the server are dropped, not played."""
     lost: int = 0
     duplicates: int = 0
 
@@ -48,8 +50,11 @@ class JitterBuffer:
 
     # -- input ---------------------------------------------------------------------------------------
     def push(self, response_id: str, seq: int, pcm: bytes) -> str:
-        """Add one frame. Returns 'ok', 'duplicate' or 'gap' (frames before it are missing so far)."""
+        """Add one frame. Returns 'ok', 'duplicate', 'gap' (frames before it are missing so far) or
+        'muted' (the response was flushed)."""
         s = self._streams.setdefault(response_id, _Stream())
+        if s.muted:
+            return "muted"
         if seq < s.next_seq or seq in s.pending:
             s.duplicates += 1
             return "duplicate"
@@ -76,7 +81,7 @@ class JitterBuffer:
         for rid, s in self._streams.items():
             if response_id is None or rid == response_id:
                 s.pending.clear()
-                s.ended = True
+                s.ended = s.muted = True
         if not self._queue:
             self._playing = False
 

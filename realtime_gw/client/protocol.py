@@ -81,8 +81,10 @@ def encode_client_event(event: rt.ClientEvent | PlaybackAckEvent) -> str:
 
 def session_update(session: dict[str, Any] | rt.SessionParams) -> rt.SessionUpdateEvent:
     """``session.update`` from a plain dict, validated here so a typo fails before it is sent."""
-    params = session if isinstance(session, rt.SessionParams) else msgspec.convert(
-        {"type": "realtime", **session}, rt.SessionParams
+    params = (
+        session
+        if isinstance(session, rt.SessionParams)
+        else msgspec.convert({"type": "realtime", **session}, rt.SessionParams)
     )
     return rt.SessionUpdateEvent(session=params)
 
@@ -176,7 +178,10 @@ class ClientState:
     errors: list[rt.ErrorDetail] = field(default_factory=list)
     speech_started_at: float | None = None
     speech_stopped_at: float | None = None
+    speaking: bool = False
+    """Between the server's speech_started and its speech_stopped."""
     commits: int = 0
+    responses_created: int = 0
     responses_done: int = 0
 
     @property
@@ -204,6 +209,7 @@ class ClientState:
                 self.speech_stopped_at = None
             self.replies[reply.id] = reply
             self.current = reply
+            self.responses_created += 1
             while len(self.replies) > self.max_replies:  # bounded for long (soak) sessions
                 del self.replies[next(iter(self.replies))]
             return reply
@@ -236,8 +242,10 @@ class ClientState:
             return reply
         elif isinstance(ev, rt.InputAudioBufferSpeechStartedEvent):
             self.speech_started_at = now
+            self.speaking = True
         elif isinstance(ev, rt.InputAudioBufferSpeechStoppedEvent):
             self.speech_stopped_at = now
+            self.speaking = False
         elif isinstance(ev, rt.InputAudioBufferCommittedEvent):
             self.commits += 1
         elif isinstance(ev, rt.ConversationItemInputAudioTranscriptionCompletedEvent):

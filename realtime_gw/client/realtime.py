@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
+import msgspec
 import websockets
 from websockets.asyncio.client import ClientConnection
 
@@ -37,6 +39,7 @@ from realtime_gw.client.protocol import (
 )
 from realtime_gw.protocols import realtime as rt
 
+log = logging.getLogger(__name__)
 Event = rt.ServerEvent | UnknownEvent
 PLAYER_TICK_S = 0.02
 
@@ -92,6 +95,7 @@ class RealtimeClient:
         self._tasks: list[asyncio.Task[None]] = []
         self._acked: dict[str, int] = {}
         self._closed: BaseException | None = None
+        self._racy_cancels: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def __aenter__(self) -> RealtimeClient:
@@ -113,7 +117,11 @@ class RealtimeClient:
         )
         created = self.expect(lambda ev: isinstance(ev, rt.SessionCreatedEvent))
         self._tasks.append(asyncio.create_task(self._reader(), name="realtime-reader"))
-        await asyncio.wait_for(created, self.open_timeout)
+        try:
+            await asyncio.wait_for(created, self.open_timeout)
+        except BaseException:
+            await self.close()  # __aexit__ does not run when __aenter__ fails
+            raise
         self.connect_s = time.perf_counter() - t0
         if self.play:
             self._tasks.append(asyncio.create_task(self._player(), name="realtime-player"))
@@ -166,9 +174,9 @@ class RealtimeClient:
         await self.send(rt.InputAudioBufferCommitEvent())
 
     async def create_response(self, **params: Any) -> None:
-        import msgspec
-
-        await self.send(rt.ResponseCreateEvent(response=msgspec.convert(params, rt.ResponseParams) if params else None))
+        await self.send(
+            rt.ResponseCreateEvent(response=msgspec.convert(params, rt.ResponseParams) if params else None)
+        )
 
     async def cancel_response(self, response_id: str | None = None) -> None:
         await self.send(rt.ResponseCancelEvent(response_id=response_id))
@@ -195,7 +203,11 @@ class RealtimeClient:
         played = int(self.jitter.played_ms(reply.id))
         self.jitter.flush(reply.id)
         if not reply.done:
-            await self.send(rt.ResponseCancelEvent(response_id=reply.id))
+            # The server may have finished generating already (its response.done is still queued
+            # behind paced audio): that cancel's "not active" error is expected, so it is not raised.
+            cancel = rt.ResponseCancelEvent(response_id=reply.id, event_id="evt_cancel_" + reply.id)
+            self._racy_cancels.add(cancel.event_id or "")
+            await self.send(cancel)
         if reply.item_id is not None:
             await self.send(
                 rt.ConversationItemTruncateEvent(item_id=reply.item_id, content_index=0, audio_end_ms=played)
@@ -237,6 +249,9 @@ class RealtimeClient:
             async for raw in self.ws:
                 now = time.monotonic()
                 ev = decode_server_event(raw)
+                if isinstance(ev, rt.ErrorEvent) and ev.error.event_id in self._racy_cancels:
+                    self._racy_cancels.discard(ev.error.event_id)
+                    continue
                 reply = self.state.feed(ev, now)
                 if isinstance(ev, rt.ResponseAudioDeltaEvent):
                     self.jitter.push(ev.response_id, ev.seq, ev.delta)
@@ -245,10 +260,16 @@ class RealtimeClient:
                 elif isinstance(ev, rt.InputAudioBufferSpeechStartedEvent) and self.auto_barge_in:
                     await self._interrupted_by_speech()
                 if self.on_event is not None:
-                    self.on_event(ev, reply)
+                    try:
+                        self.on_event(ev, reply)
+                    except Exception:  # a broken callback must not stop the session
+                        log.exception("on_event callback failed")
                 self._resolve(ev)
             self._closed = ConnectionError("closed by server")
         except websockets.ConnectionClosed as e:
+            self._closed = e
+        except Exception as e:  # e.g. an undecodable frame: fail the waiters with the reason
+            log.exception("realtime reader failed")
             self._closed = e
         finally:
             self._closed = self._closed or ConnectionError("reader stopped")

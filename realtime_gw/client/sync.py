@@ -130,7 +130,9 @@ class OpenPIClient:
     stock openpi location and works too).
     """
 
-    def __init__(self, url: str = "http://127.0.0.1:8000", api_key: str | None = None, open_timeout: float = 10.0):
+    def __init__(
+        self, url: str = "http://127.0.0.1:8000", api_key: str | None = None, open_timeout: float = 10.0
+    ):
         self.url = ws_url(url, OPENPI_PATH)
         self.api_key = api_key
         self.open_timeout = open_timeout
@@ -148,7 +150,11 @@ class OpenPIClient:
     def connect(self) -> dict[str, Any]:
         headers = {"Authorization": f"Api-Key {self.api_key}"} if self.api_key else None
         self.ws = connect(
-            self.url, additional_headers=headers, max_size=None, open_timeout=self.open_timeout, compression=None
+            self.url,
+            additional_headers=headers,
+            max_size=None,
+            open_timeout=self.open_timeout,
+            compression=None,
         )
         first = self.ws.recv(self.open_timeout)
         if isinstance(first, str):
@@ -177,7 +183,9 @@ class OpenPIClient:
         return reply if isinstance(reply, str) else openpi.unpackb(reply)
 
 
-def sample_observation(metadata: dict[str, Any], prompt: str = "pick up the cup", seed: int | None = None) -> dict[str, Any]:
+def sample_observation(
+    metadata: dict[str, Any], prompt: str = "pick up the cup", seed: int | None = None
+) -> dict[str, Any]:
     """An observation the server will accept, built from its metadata frame (zeros, or noise with ``seed``).
 
     Uses ``policy_server_config`` (camera keys, image size, state key and size); a server that sends
@@ -192,8 +200,14 @@ def sample_observation(metadata: dict[str, Any], prompt: str = "pick up the cup"
     obs: dict[str, Any] = {}
     for key in cameras:
         obs[key] = (
-            rng.integers(0, 256, (h, w, 3), dtype=np.uint8) if rng is not None else np.zeros((h, w, 3), np.uint8)
+            rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+            if rng is not None
+            else np.zeros((h, w, 3), np.uint8)
         )
-    obs[state_key] = rng.standard_normal(state_dim).astype(np.float32) if rng is not None else np.zeros(state_dim, np.float32)
+    obs[state_key] = (
+        rng.standard_normal(state_dim).astype(np.float32)
+        if rng is not None
+        else np.zeros(state_dim, np.float32)
+    )
     obs[cfg.get("prompt_key") or "prompt"] = prompt
     return obs

@@ -88,6 +88,9 @@ class PolicyBackend:
         # The runtime warms up only when no request holds a slot: at start, and after a supervisor
         # restart, which may drop a hung step's states without releasing them.
         self._used = 0
+        capture = getattr(self.runner, "warmup", None)
+        if capture is not None:
+            capture()  # e.g. CUDA graphs for every batch bucket, before the first robot
         state = self.open(dummy_request(self.spec))
         try:
             self.step([(state, [])])

@@ -28,10 +28,12 @@ from realtime_gw.models.policy_preprocess import (
     HfTokenizer,
     NormStats,
     PromptTokenizer,
-    image_to_model,
+    image_to_uint8,
     load_norm_stats,
+    scale_pixels,
     tokenize_prompt,
 )
+from realtime_gw.models.policy_rtc import DEFAULT_BETA, RtcArrays, rtc_arrays
 from realtime_gw.models.policy_types import PolicyRequest, PolicySpec
 
 log = logging.getLogger(__name__)
@@ -121,11 +123,13 @@ def load_model(config: GatewayConfig) -> tuple[Any, PromptTokenizer, str, bool]:
 class Prepared:
     """One robot's model inputs, on the CPU; stacked with others in ``Pi0Runner.run``."""
 
-    pixel_values: torch.Tensor  # (slots, 3, H, W) float32 in [-1, 1]
+    pixel_values: torch.Tensor  # (slots, 3, H, W) uint8; scaled to [-1, 1] on the device
     input_ids: torch.Tensor  # (L,)
     attention_mask: torch.Tensor  # (L,) bool
     state: torch.Tensor  # (max_state_dim,)
     noise: torch.Tensor  # (chunk_size, max_action_dim), from the request's seed
+    rtc: RtcArrays | None = None  # real-time chunking guidance, model space
+    frozen: np.ndarray | None = None  # (d, action_dim): the previous chunk's frozen actions, exact
 
 
 class Pi0Runner:
@@ -136,6 +140,7 @@ class Pi0Runner:
         spec: PolicySpec,
         device: str = "cpu",
         norm: NormStats | None = None,
+        rtc_beta: float = DEFAULT_BETA,
     ) -> None:
         cfg = model.config
         vision = cfg.vlm_config.vision_config
@@ -157,10 +162,12 @@ class Pi0Runner:
         self.tokens_per_image = (vision.image_size // vision.patch_size) ** 2
         self.max_state_dim = cfg.max_state_dim
         self.noise_shape = (cfg.chunk_size, cfg.max_action_dim)
+        self.rtc_beta = rtc_beta
+        self._functional: Any = None  # the guided sampler for RTC requests, built on first use
 
     def prepare(self, request: PolicyRequest) -> Prepared:
         spec = self.spec
-        pixels, present = zip(*(image_to_model(img, spec.image_size) for img in request.images), strict=True)
+        pixels, present = zip(*(image_to_uint8(img, spec.image_size) for img in request.images), strict=True)
         tokens, text_mask = tokenize_prompt(self.tokenizer, request.prompt, spec.max_prompt_tokens)
         image_mask = np.repeat(np.asarray(present, dtype=bool), self.tokens_per_image)
         n_image = image_mask.shape[0]
@@ -173,19 +180,54 @@ class Pi0Runner:
         # Noise from the request's own generator (on the CPU): the same seed gives the same chunk
         # whatever else shares the batch, and whatever the device.
         noise = torch.randn(self.noise_shape, generator=torch.Generator().manual_seed(seed))
+        rtc, frozen = None, None
+        if request.rtc is not None:
+            cfg = self.model.config
+            rtc = rtc_arrays(request.rtc, cfg.chunk_size, cfg.max_action_dim, spec.action_dim, self.norm)
+            frozen = np.asarray(request.rtc.prev_actions[: rtc.delay], np.float32).copy()
         return Prepared(
             pixel_values=torch.stack(pixels),
             input_ids=torch.from_numpy(input_ids),
             attention_mask=torch.from_numpy(np.concatenate([image_mask, text_mask])),
             state=torch.from_numpy(state),
             noise=noise,
+            rtc=rtc,
+            frozen=frozen,
         )
 
-    @torch.inference_mode()
     def run(self, prepared: list[Prepared], num_steps: int | None) -> list[np.ndarray]:
+        if any(p.rtc is not None for p in prepared):
+            # transformers' sample_actions has no guidance hook: RTC batches take the guided sampler.
+            from realtime_gw.models.policy_fast import Pi0Functional
+
+            if self._functional is None:
+                self._functional = Pi0Functional(self.model)
+            actions = self._functional.sample(
+                prepared, num_steps or self.spec.num_inference_steps, self.device, self.rtc_beta
+            )
+            return self.finish(prepared, actions)
+        return self.finish(prepared, self._sample(prepared, num_steps))
+
+    def finish(self, prepared: list[Prepared], actions: torch.Tensor) -> list[np.ndarray]:
+        """(B, chunk, max_action_dim) model-space actions -> per-request float32 robot actions."""
+        out = actions[:, :, : self.spec.action_dim].float().cpu().numpy()
+        if self.norm is not None:
+            out = self.norm.actions(out)
+        results = []
+        for p, a in zip(prepared, out, strict=True):
+            a = np.ascontiguousarray(a, dtype=np.float32)
+            if p.frozen is not None and len(p.frozen):
+                # The denoiser already lands there (to rounding: bf16 on a GPU); the executed prefix must
+                # be bit-identical to what the robot is executing, so write it exactly.
+                a[: len(p.frozen)] = p.frozen
+            results.append(a)
+        return results
+
+    @torch.inference_mode()
+    def _sample(self, prepared: list[Prepared], num_steps: int | None) -> torch.Tensor:
         dev, dt = self.device, self.dtype
         batch = len(prepared)
-        pixel_values = torch.stack([p.pixel_values for p in prepared]).to(dev, dt)
+        pixel_values = scale_pixels(torch.stack([p.pixel_values for p in prepared]).to(dev)).to(dt)
         actions = self.model.sample_actions(
             state=torch.stack([p.state for p in prepared]).to(dev, dt),
             input_ids=torch.stack([p.input_ids for p in prepared]).to(dev),
@@ -196,10 +238,7 @@ class Pi0Runner:
             pixel_attention_mask=torch.ones(batch, pixel_values.shape[1], dtype=torch.bool, device=dev),
             num_steps=num_steps or self.spec.num_inference_steps,
         )
-        out = actions[:, :, : self.spec.action_dim].float().cpu().numpy()
-        if self.norm is not None:
-            out = self.norm.actions(out)
-        return [np.ascontiguousarray(a, dtype=np.float32) for a in out]
+        return actions
 
 
 def policy_spec(config: GatewayConfig, **fields: Any) -> PolicySpec:
@@ -229,11 +268,31 @@ def build_pi0_runner(config: GatewayConfig) -> Pi0Runner:
         random_init=random_init,
         tokenizer=tok.name,
         num_inference_steps=model.config.num_inference_steps,
+        sampler=resolve_impl(config),
         normalization=f"mean/std from {norm_path}" if norm_path else "none",
     )
     if len(spec.camera_keys) > 3:
         log.warning("PI0 was trained with at most 3 cameras; %d configured", len(spec.camera_keys))
-    return Pi0Runner(model, tok, spec, config.policy_device, norm)
+    if resolve_impl(config) == "fast":
+        from realtime_gw.models.policy_fast import FastPi0Runner
+
+        return FastPi0Runner(
+            model,
+            tok,
+            spec,
+            config.policy_device,
+            norm,
+            rtc_beta=config.policy_rtc_beta,
+            buckets=tuple(config.policy_graph_buckets),
+        )
+    return Pi0Runner(model, tok, spec, config.policy_device, norm, rtc_beta=config.policy_rtc_beta)
+
+
+def resolve_impl(config: GatewayConfig) -> str:
+    """``policy_impl`` with ``auto`` decided: ``fast`` on CUDA, ``eager`` on the CPU."""
+    if config.policy_impl != "auto":
+        return config.policy_impl
+    return "fast" if config.policy_device.startswith("cuda") else "eager"
 
 
 def build_policy_backend(config: GatewayConfig) -> PolicyBackend:

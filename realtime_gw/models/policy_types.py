@@ -39,6 +39,8 @@ class PolicySpec:
     num_inference_steps: int = 10
     max_inference_steps: int = 100
     normalization: str = "none"
+    sampler: str = "eager"
+    """How chunks are sampled: ``eager`` (transformers' sample_actions) or ``fast`` (static KV, graphs)."""
     max_image_side: int = 4096
 
     def __post_init__(self) -> None:
@@ -68,6 +70,24 @@ class PolicySpec:
         return 1 - min(self.image_history[0], self.state_history[0])
 
 
+@dataclass(frozen=True, slots=True)
+class RtcGuide:
+    """Real-time chunking: join the new chunk onto what is left of the previous one.
+
+    ``prev_actions[i]`` is the previous chunk's action for the new chunk's step ``i`` (the robot's action
+    space, as the server sent it). The first ``inference_delay`` steps are frozen to it (they execute
+    while the new chunk is computed); guidance toward it then decays to zero at step
+    ``action_horizon - execute_horizon`` (Black et al., 2025, "Real-Time Execution of Action Chunking
+    Flow Policies")."""
+
+    prev_actions: np.ndarray
+    """(K, action_dim) float32, 1 <= K <= action_horizon."""
+    inference_delay: int
+    """d: steps frozen to ``prev_actions``; 0 <= d <= K."""
+    execute_horizon: int
+    """s: steps executed from each chunk before the next one starts; 1 <= s <= action_horizon."""
+
+
 @dataclass(slots=True)
 class PolicyRequest:
     """One action-chunk request; one-shot (finished after one backend step)."""
@@ -81,3 +101,5 @@ class PolicyRequest:
     """Seeds the flow-matching noise; None draws a fresh seed."""
     num_steps: int | None = None
     session_id: str = "default"
+    rtc: RtcGuide | None = None
+    """Real-time chunking against the previous chunk; None = a plain chunk."""

@@ -509,6 +509,15 @@ def error_event(
 def decode_client_event(raw: bytes | str) -> AnyClientEvent | ErrorEvent:
     """Decode one client frame, or explain exactly why it is not a valid event."""
     try:
+        return _decode(raw)
+    except RecursionError:
+        return error_event("Malformed JSON: nested too deeply", code="invalid_json")
+    except UnicodeError as e:
+        return error_event(f"Malformed JSON: not valid UTF-8 ({e.reason})", code="invalid_json")
+
+
+def _decode(raw: bytes | str) -> AnyClientEvent | ErrorEvent:
+    try:
         return _decoder.decode(raw)
     except msgspec.ValidationError as e:
         try:

@@ -7,6 +7,8 @@ the problem and the connection stays open; ``Api-Key`` auth, idle timeout and a 
 
 Requests on one connection are strictly sequential (one reply per observation, as the client expects);
 concurrency comes from many connections, which the policy worker batches into one forward per step.
+Streamed mode (``{"endpoint": "stream_start", ...}``, opt-in) pushes RTC-joined ``action_chunk`` frames
+on the server's schedule instead; ``{"endpoint": "stream_stop"}`` returns to request/reply.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from realtime_gw.models.runtime import NoFreeSlot, StageWorker
 from realtime_gw.protocols.openpi import DecodeError, Limits, packb, unpackb
 from realtime_gw.server import auth
 from realtime_gw.server.metrics import SESSIONS
-from realtime_gw.sessions.policy import Effect, Infer, PolicyConnection, Send, SendError
+from realtime_gw.sessions.policy import Effect, Infer, PolicyConnection, Send, SendError, StartStream
+from realtime_gw.sessions.policy_stream import RunChunk, StopStream, StreamSession
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,12 @@ async def _deny(ws: WebSocket, status: int, reason: str) -> None:
 
 
 class _Loop:
+    """One connection: a reader task feeds frames into a one-slot queue; this task owns the session.
+
+    Request/reply mode handles one frame at a time (the stock contract). Streamed mode
+    (``stream_start``) waits on the next frame, the chunk being computed and the scheduler's next
+    wake-up at once, and runs whatever the pure ``StreamSession`` decides."""
+
     def __init__(self, ws: WebSocket, gateway: Gateway, worker: StageWorker) -> None:
         config = gateway.config
         self.ws = ws
@@ -103,40 +112,77 @@ class _Loop:
         )
         self.conn = PolicyConnection(worker.backend.spec, max_robots=config.openpi_max_robots)  # type: ignore[attr-defined]
         self.prev_total_ms: float | None = None
+        # One frame of read-ahead: enough to notice frames while a chunk computes, no unbounded buffer.
+        self.frames: asyncio.Queue[tuple[dict[str, Any], float] | None] = asyncio.Queue(maxsize=1)
+        self.held: tuple[dict[str, Any], float] | None = None
 
     async def run(self) -> None:
+        reader = asyncio.create_task(self._read())
         try:
             await self.ws.send_bytes(packb(self.conn.metadata))
             while True:
-                try:
-                    message = await asyncio.wait_for(self.ws.receive(), self.idle_s)
-                except asyncio.TimeoutError:
-                    await self.ws.close(code=1000, reason=f"idle for {self.idle_s:g} s")
+                item = await self._next_frame()
+                if item is None:
                     return
-                if message["type"] == "websocket.disconnect":
+                message, started = item
+                if not await self._run_effects(await self._effects_for(message), started):
                     return
-                started = time.monotonic()
-                await self._run_effects(await self._effects_for(message), started)
         except WebSocketDisconnect:
             return
         except Exception as e:  # an internal fault: the stock contract is a text frame, then 1011
             log.exception("openpi connection failed")
             await self._fail(e)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
 
-    async def _effects_for(self, message: dict[str, Any]) -> list[Effect]:
+    async def _read(self) -> None:
+        """Frames -> queue; None once the client is gone or idle (the owner then returns)."""
+        try:
+            while True:
+                try:
+                    message = await asyncio.wait_for(self.ws.receive(), self.idle_s)
+                except asyncio.TimeoutError:
+                    await self.frames.put(({"type": "idle"}, time.monotonic()))
+                    return
+                if message["type"] == "websocket.disconnect":
+                    break
+                await self.frames.put((message, time.monotonic()))
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+        await self.frames.put(None)
+
+    async def _next_frame(self) -> tuple[dict[str, Any], float] | None:
+        if self.held is not None:
+            item, self.held = self.held, None
+        else:
+            item = await self.frames.get()
+        if item is not None and item[0]["type"] == "idle":
+            await self.ws.close(code=1000, reason=f"idle for {self.idle_s:g} s")
+            return None
+        return item
+
+    async def _decode(self, message: dict[str, Any]) -> tuple[Any, str | None]:
+        """(decoded frame, None) or (None, why it could not be decoded)."""
         data = message.get("bytes")
         if data is None:
-            return self.conn.reject("expected a binary msgpack-numpy frame, got a text frame")
+            return None, "expected a binary msgpack-numpy frame, got a text frame"
         try:
             if len(data) > OFFLOAD_DECODE_BYTES:
-                obs = await asyncio.to_thread(unpackb, data, self.limits)
-            else:
-                obs = unpackb(data, self.limits)
+                return await asyncio.to_thread(unpackb, data, self.limits), None
+            return unpackb(data, self.limits), None
         except DecodeError as e:
-            return self.conn.reject(str(e))
+            return None, str(e)
+
+    async def _effects_for(self, message: dict[str, Any]) -> list[Effect]:
+        obs, error = await self._decode(message)
+        if error is not None:
+            return self.conn.reject(error)
         return self.conn.handle(obs)
 
-    async def _run_effects(self, effects: list[Effect], started: float) -> None:
+    async def _run_effects(self, effects: list[Effect], started: float) -> bool:
+        """Execute effects; False once the connection is gone."""
         for effect in effects:
             if isinstance(effect, SendError):
                 await self.ws.send_text(effect.message)
@@ -144,6 +190,11 @@ class _Loop:
                 await self.ws.send_bytes(packb(effect.payload))
             elif isinstance(effect, Infer):
                 await self._infer(effect.request, started)
+            elif isinstance(effect, StartStream) and not await self._stream(
+                StreamSession(self.conn, effect.settings, started)
+            ):
+                return False
+        return True
 
     async def _infer(self, request: PolicyRequest, started: float) -> None:
         t0 = time.monotonic()
@@ -162,6 +213,63 @@ class _Loop:
                 await self._run_effects([effect], started)
         # Server-side total of the previous request: frame received -> reply written.
         self.prev_total_ms = (time.monotonic() - started) * 1000
+
+    # -- streamed mode ------------------------------------------------------------------------------------
+    async def _stream(self, session: StreamSession) -> bool:
+        """Run streamed mode until ``stream_stop`` (True) or the connection ends (False)."""
+        await self.ws.send_bytes(packb(session.started().payload))
+        scheduler = session.scheduler
+        get: asyncio.Task[Any] | None = None
+        chunk: asyncio.Task[tuple[int, np.ndarray | None, str | None]] | None = None
+        try:
+            while True:
+                wake = scheduler.wakeup_at()
+                timeout = None if wake is None else max(0.0, wake - time.monotonic())
+                if get is None:
+                    get = asyncio.create_task(self._next_frame())
+                waiting: set[asyncio.Task[Any]] = {get} if chunk is None else {get, chunk}
+                done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                now = time.monotonic()
+                effects: list[Any] = []
+                if chunk is not None and chunk in done:
+                    index, actions, error = chunk.result()  # a worker fault raises: text frame + 1011
+                    chunk = None
+                    if actions is not None:
+                        effects += scheduler.on_chunk(index, actions, now)
+                    else:
+                        effects += scheduler.on_failure(index, error or "failed", now)
+                if get in done:
+                    item = get.result()
+                    get = None
+                    if item is None:
+                        return False
+                    obs, error = await self._decode(item[0])
+                    effects += session.reject(error) if error is not None else session.handle(obs, now)
+                if not done:
+                    effects += scheduler.on_tick(now)
+                for effect in effects:
+                    if isinstance(effect, RunChunk):
+                        chunk = asyncio.create_task(self._chunk(effect))
+                    elif isinstance(effect, SendError):
+                        await self.ws.send_text(effect.message)
+                    elif isinstance(effect, Send):
+                        await self.ws.send_bytes(packb(effect.payload))
+                    elif isinstance(effect, StopStream):
+                        return True
+        finally:
+            if get is not None:
+                if get.done() and not get.cancelled() and get.exception() is None:
+                    self.held = get.result()  # a frame that raced the stop: request/reply mode gets it
+                else:
+                    get.cancel()
+            if chunk is not None:
+                chunk.cancel()  # frees the worker slot (see _run_policy)
+
+    async def _chunk(self, run: RunChunk) -> tuple[int, np.ndarray | None, str | None]:
+        try:
+            return run.chunk_index, await _run_policy(self.worker, run.request), None
+        except NoFreeSlot as e:
+            return run.chunk_index, None, f"policy busy: {e}"
 
     async def _fail(self, error: Exception) -> None:
         if self.tracebacks:

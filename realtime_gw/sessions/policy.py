@@ -4,7 +4,9 @@ One ``PolicyConnection`` per WebSocket. It turns each decoded frame into effects
 
 - ``Send(payload)``      a binary msgpack-numpy reply (the transport adds ``server_timing`` to action replies);
 - ``SendError(message)`` a text frame; the connection stays open for the next observation;
-- ``Infer(request)``     run the policy; the transport feeds the actions back through ``on_actions``.
+- ``Infer(request)``     run the policy; the transport feeds the actions back through ``on_actions``;
+- ``StartStream(settings)`` switch this connection to streamed actions (``policy_stream``) until
+  ``{"endpoint": "stream_stop"}``.
 
 Several robots may share one connection, told apart by ``session_id`` (default ``"default"``). Each keeps
 its own observation-history ring, which starts fresh on its first observation, on ``{"endpoint":
@@ -19,11 +21,13 @@ from typing import Any, Union
 
 import numpy as np
 
-from realtime_gw.models.policy_types import PolicyRequest, PolicySpec
+from realtime_gw.models.policy_types import PolicyRequest, PolicySpec, RtcGuide
 
 MAX_SESSION_ID_CHARS = 128
 MAX_PROMPT_CHARS = 2000
 MAX_SEED = 2**63 - 1
+MAX_CONTROL_HZ = 1000.0
+ENDPOINTS = ("reset", "stream_start", "stream_stop")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +45,26 @@ class Infer:
     request: PolicyRequest
 
 
-Effect = Union[Send, SendError, Infer]  # noqa: UP007 -- a runtime alias; py3.10 target
+@dataclass(frozen=True, slots=True)
+class StreamSettings:
+    """``{"endpoint": "stream_start", ...}``, checked."""
+
+    control_hz: float
+    """The robot's control rate: one action per step of 1 / control_hz seconds."""
+    execute_horizon: int
+    """s: steps of each chunk executed before the next chunk starts (a new chunk every s steps)."""
+    inference_delay: int | None = None
+    """d, fixed by the client; None = estimated from measured chunk latencies."""
+    rtc: bool = True
+    """Join consecutive chunks with real-time chunking (False: plain chunks)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartStream:
+    settings: StreamSettings
+
+
+Effect = Union[Send, SendError, Infer, StartStream]  # noqa: UP007 -- a runtime alias; py3.10 target
 
 
 class ObservationError(ValueError):
@@ -76,7 +99,8 @@ def server_metadata(spec: PolicySpec) -> dict[str, Any]:
             "num_inference_steps": spec.num_inference_steps,
             "max_inference_steps": spec.max_inference_steps,
             "normalization": spec.normalization,
-            "extensions": ["reset", "session_id", "seed", "num_inference_steps"],
+            "sampler": spec.sampler,
+            "extensions": ["reset", "session_id", "seed", "num_inference_steps", "rtc", "stream"],
         }
     }
 
@@ -95,6 +119,7 @@ class Observation:
     session_id: str
     seed: int | None
     num_steps: int | None
+    rtc: RtcGuide | None = None
 
 
 class RobotHistory:
@@ -135,13 +160,23 @@ class PolicyConnection:
         try:
             if isinstance(msg, dict) and "endpoint" in msg:
                 return self._endpoint(msg)
-            obs = parse_observation(self.spec, msg)
-            robot = self._robot(obs.session_id, obs.prompt)
+            request = self.observe(msg)
         except ObservationError as e:
             return [SendError(str(e))]
+        self._in_flight = request.session_id
+        return [Infer(request)]
+
+    def observe(self, msg: Any) -> PolicyRequest:
+        """Validate an observation, push it into its robot's history and build the request (no in-flight
+        bookkeeping: streamed mode takes observations while a chunk is computing)."""
+        obs = parse_observation(self.spec, msg)
+        robot = self._robot(obs.session_id, obs.prompt)
         robot.push(obs.frame)
-        self._in_flight = obs.session_id
-        return [Infer(self._request(robot, obs))]
+        return self._request(robot, obs)
+
+    def reset(self, msg: dict[str, Any]) -> list[Effect]:
+        self.robots.pop(_session_id(msg), None)
+        return [Send({"status": "reset successful"})]
 
     def reject(self, reason: str) -> list[Effect]:
         """A frame that could not be decoded at all."""
@@ -164,12 +199,14 @@ class PolicyConnection:
 
     # -- internals --------------------------------------------------------------------------------------
     def _endpoint(self, msg: dict[str, Any]) -> list[Effect]:
-        endpoint = msg["endpoint"]
-        # isinstance first: comparing a numpy array with "reset" is elementwise, not a yes/no.
-        if not (isinstance(endpoint, str) and endpoint == "reset"):
-            raise ObservationError(f"unknown endpoint {_show(endpoint)}; the only endpoint is 'reset'")
-        self.robots.pop(_session_id(msg), None)
-        return [Send({"status": "reset successful"})]
+        endpoint = endpoint_name(msg)
+        if endpoint == "reset":
+            return self.reset(msg)
+        if endpoint == "stream_start":
+            return [StartStream(parse_stream_start(self.spec, msg))]
+        raise ObservationError(
+            "no stream is running; send {'endpoint': 'stream_start', 'control_hz': ...} first"
+        )
 
     def _robot(self, session_id: str, prompt: str) -> RobotHistory:
         robot = self.robots.get(session_id)
@@ -197,7 +234,42 @@ class PolicyConnection:
             seed=obs.seed,
             num_steps=obs.num_steps,
             session_id=obs.session_id,
+            rtc=obs.rtc,
         )
+
+
+def endpoint_name(msg: dict[str, Any]) -> str:
+    """The ``endpoint`` of a control frame, one of ``ENDPOINTS``; raises ``ObservationError`` otherwise."""
+    endpoint = msg["endpoint"]
+    # isinstance first: comparing a numpy array with "reset" is elementwise, not a yes/no.
+    if not (isinstance(endpoint, str) and endpoint in ENDPOINTS):
+        raise ObservationError(
+            f"unknown endpoint {_show(endpoint)}; the endpoints are {', '.join(repr(e) for e in ENDPOINTS)}"
+        )
+    return endpoint
+
+
+def parse_stream_start(spec: PolicySpec, msg: dict[str, Any]) -> StreamSettings:
+    h = spec.action_horizon
+    hz = msg.get("control_hz")
+    if isinstance(hz, (bool, np.bool_)) or not isinstance(hz, (int, float, np.integer, np.floating)):
+        raise ObservationError(
+            f"stream_start needs 'control_hz': a number of control steps per second, got {_show(hz)}"
+        )
+    if not 0 < float(hz) <= MAX_CONTROL_HZ:
+        raise ObservationError(f"'control_hz' must be > 0 and <= {MAX_CONTROL_HZ:g}, got {_show(hz)}")
+    s = _int_field(msg, "execute_horizon", 1, h, default=max(1, h // 2))
+    d = msg.get("inference_delay")
+    delay = None if d is None else _int_field(msg, "inference_delay", 0, h - 1)
+    if delay is not None and delay > h - s:
+        raise ObservationError(
+            f"'inference_delay' ({delay}) must be <= action_horizon - execute_horizon ({h - s}): "
+            "the frozen steps must exist in the previous chunk"
+        )
+    rtc = msg.get("rtc", True)
+    if not isinstance(rtc, (bool, np.bool_)):
+        raise ObservationError(f"'rtc' must be true or false, got {_show(rtc)}")
+    return StreamSettings(control_hz=float(hz), execute_horizon=s, inference_delay=delay, rtc=bool(rtc))
 
 
 # -- validation -------------------------------------------------------------------------------------------
@@ -226,6 +298,7 @@ def parse_observation(spec: PolicySpec, msg: Any) -> Observation:
         session_id=_session_id(msg),
         seed=_seed(msg),
         num_steps=_num_steps(spec, msg),
+        rtc=_rtc(spec, msg),
     )
 
 
@@ -310,6 +383,51 @@ def _num_steps(spec: PolicySpec, msg: dict[str, Any]) -> int | None:
             f"'num_inference_steps' must be an integer from 1 to {spec.max_inference_steps}, got {_show(steps)}"
         )
     return int(steps)
+
+
+def _int_field(msg: dict[str, Any], key: str, lo: int, hi: int, default: int | None = None) -> int:
+    value = msg.get(key, default)
+    ok = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if not ok or not lo <= value <= hi:
+        raise ObservationError(f"{key!r} must be an integer from {lo} to {hi}, got {_show(value)}")
+    return int(value)
+
+
+def _rtc(spec: PolicySpec, msg: dict[str, Any]) -> RtcGuide | None:
+    """``rtc: {prev_actions: (K, action_dim), inference_delay: d, execute_horizon: s}`` (s optional)."""
+    rtc = msg.get("rtc")
+    if rtc is None:
+        return None
+    h, a = spec.action_horizon, spec.action_dim
+    if not isinstance(rtc, dict):
+        raise ObservationError(
+            f"'rtc' must be a map {{prev_actions, inference_delay, execute_horizon}}, got {_kind(rtc)}"
+        )
+    prev = rtc.get("prev_actions")
+    if isinstance(prev, (list, tuple)):
+        try:
+            prev = np.asarray(prev, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            raise ObservationError(
+                f"'rtc.prev_actions' must be a ({h}, {a})-shaped list of numbers"
+            ) from None
+    if not isinstance(prev, np.ndarray) or prev.dtype.kind not in "fiu":
+        raise ObservationError(
+            f"'rtc.prev_actions' must be a float array of shape (K, {a}), got {_kind(prev)}"
+        )
+    if prev.ndim != 2 or prev.shape[1] != a or not 1 <= prev.shape[0] <= h:
+        raise ObservationError(
+            f"'rtc.prev_actions' must have shape (K, {a}) with 1 <= K <= {h} (the previous chunk's actions "
+            f"from the new observation's step on), got {prev.shape}"
+        )
+    prev = prev.astype(np.float32)
+    if not np.isfinite(prev).all():
+        raise ObservationError("'rtc.prev_actions' contains NaN or infinity")
+    k = prev.shape[0]
+    delay = _int_field(rtc, "inference_delay", 0, k)
+    # By default the previous chunk is exactly the remainder: s = H - K steps of it were executed.
+    horizon = _int_field(rtc, "execute_horizon", 1, h, default=max(1, h - k))
+    return RtcGuide(prev_actions=prev, inference_delay=delay, execute_horizon=horizon)
 
 
 def _kind(value: Any) -> str:

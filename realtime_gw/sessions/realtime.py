@@ -602,6 +602,10 @@ class RealtimeSession:
                 voice = self._check_voice(p.audio.output.voice, "response.audio.output.voice")
             if p.audio.output.speed is not UNSET:
                 speed = p.audio.output.speed
+                if not 0.25 <= speed <= 4.0:
+                    raise SessionError(
+                        "speed must be between 0.25 and 4.0", "invalid_value", "response.audio.output.speed"
+                    )
         if p.conversation not in (None, "auto", "none"):
             raise SessionError(
                 f"conversation must be 'auto' or 'none', got '{p.conversation}'", "invalid_value", "response.conversation"
@@ -617,6 +621,14 @@ class RealtimeSession:
             messages = messages[:1] if messages and messages[0].role == "system" else []
             messages += [ChatMessage(i.role or "user", item_text(i)) for i in items if i.type == "message"]
         max_tokens = p.max_output_tokens if p.max_output_tokens not in (None, "inf") else s.max_output_tokens
+        if isinstance(max_tokens, int) and max_tokens < 1:
+            raise SessionError("max_output_tokens must be at least 1", "invalid_value", "response.max_output_tokens")
+        if in_conversation and len(self.conversation) >= self.conversation.max_items:
+            # Checked before any state changes: a refused response must leave nothing behind.
+            raise SessionError(
+                f"Conversation is full ({self.conversation.max_items} items); delete items first",
+                "conversation_full",
+            )
         self.epoch += 1
         r = LiveResponse(
             id=self._new_id("resp"),

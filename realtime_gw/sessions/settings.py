@@ -103,6 +103,8 @@ def apply_session_update(current: SessionSettings, p: rt.SessionParams, voices: 
             raise SessionError("output_modalities must not be empty", "invalid_value", "session.output_modalities")
         new.output_modalities = list(p.output_modalities)
     if p.max_output_tokens is not UNSET:
+        if isinstance(p.max_output_tokens, int) and p.max_output_tokens < 1:
+            raise SessionError("max_output_tokens must be at least 1", "invalid_value", "session.max_output_tokens")
         new.max_output_tokens = None if p.max_output_tokens == "inf" else p.max_output_tokens
     if p.audio is not UNSET:
         _apply_audio(new, p.audio, voices)

@@ -162,7 +162,7 @@ def test_max_robots_per_connection() -> None:
         (obs(num_inference_steps=101), "'num_inference_steps' must be an integer from 1 to 100, got 101"),
         (obs(session_id=""), "'session_id' must be a string of 1 to 128 characters, got ''"),
         (obs(session_id=7), "'session_id' must be a string of 1 to 128 characters, got 7"),
-        ({"endpoint": "infer"}, "unknown endpoint 'infer'; the only endpoint is 'reset'"),
+        ({"endpoint": "infer"}, "unknown endpoint 'infer'; the endpoints are 'reset', 'stream_start', 'stream_stop'"),
     ],
 )
 def test_validation_messages(msg: Any, message: str) -> None:

@@ -1,0 +1,522 @@
+"""GPU robot policy: the fast PI0 sampler (static prefix KV + CUDA graphs per batch bucket) vs transformers'
+eager ``sample_actions``, one run.
+
+Full PI0 config (PaliGemma 2B + 300M action expert), **random-init weights** (real architecture and cost;
+the actions are meaningless), bfloat16, 3 cameras at 224x224, 48 prompt tokens, 50 x 32 actions.
+
+Phases (each prints as it goes; everything also goes to ``--json``):
+1. checks: fast (graphs) vs eager ``sample_actions`` on the same inputs and noise, mixed batch of 4 (bf16,
+   so agreement is to bf16 rounding); graph replay vs the same code launched eagerly; RTC frozen steps.
+2. chunk latency, runner level (``runner.run`` on prepared requests: host->device copy, graph replays,
+   device->host copy), p50/p99 at several batch sizes, eager baseline at 1 and 8; RTC chunks too.
+   Also the device time of the graph replays alone (CUDA events).
+3. robots at a fixed chunk rate (default 10 Hz each, random phases) through a real ``StageWorker``
+   (preprocessing on the worker thread, batching window ``policy_max_wait_ms``): latency p50/p99 per N.
+4. the socket: a gateway (uvicorn, the OpenPI handler) on this machine and msgpack-numpy clients on
+   this machine: round trip per ``infer`` for 1 robot closed-loop and N robots at 10 Hz, and streamed
+   mode (chunk order, start steps, gaps).
+
+    python3 loadtest/bench_policy_gpu.py --json out.json          # on a CUDA machine
+    python3 loadtest/bench_policy_gpu.py --config tiny --device cpu --quick   # smoke run anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import platform
+import random
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from realtime_gw.config import GatewayConfig  # noqa: E402
+from realtime_gw.models.policy_backend import PolicyBackend  # noqa: E402
+from realtime_gw.models.policy_fast import FastPi0Runner  # noqa: E402
+from realtime_gw.models.policy_pi0 import Pi0Runner, load_model, policy_spec  # noqa: E402
+from realtime_gw.models.policy_types import PolicyRequest, RtcGuide  # noqa: E402
+from realtime_gw.models.runtime import StageWorker  # noqa: E402
+
+CAMERAS = [
+    "observation/exterior_image_1_left",
+    "observation/wrist_image_left",
+    "observation/exterior_image_2_left",
+]
+PROMPT = "pick up the red cup and put it in the blue bowl on the left"  # >= 48 byte tokens
+RESULTS: dict[str, Any] = {}
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def make_config(args: argparse.Namespace) -> GatewayConfig:
+    return GatewayConfig(
+        policy_config=args.config,
+        policy_device=args.device,
+        policy_cameras=CAMERAS,
+        policy_optional_cameras=[],
+        policy_max_batch=max(args.batches),
+        policy_max_wait_ms=args.max_wait_ms,
+        openpi_max_sessions=256,
+        warmup=True,
+    )
+
+
+def request(i: int, seed: int | None = None, rtc: RtcGuide | None = None) -> PolicyRequest:
+    rng = np.random.default_rng(i)
+    return PolicyRequest(
+        images=[rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in CAMERAS],
+        state=rng.standard_normal((1, 8)).astype(np.float32),
+        prompt=PROMPT,
+        seed=i if seed is None else seed,
+        rtc=rtc,
+    )
+
+
+def observation(i: int) -> dict[str, Any]:
+    rng = np.random.default_rng(i)
+    obs: dict[str, Any] = {k: rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for k in CAMERAS}
+    obs["observation/state"] = rng.standard_normal(8)
+    obs["prompt"] = PROMPT
+    return obs
+
+
+# -- 1. checks --------------------------------------------------------------------------------------------
+def checks(eager: Pi0Runner, fast: FastPi0Runner) -> None:
+    reqs = [request(i) for i in range(4)]
+    reqs[1].images[2] = None  # a masked camera in the mix
+    prepared = [eager.prepare(r) for r in reqs]
+    ref = np.stack(eager.run(prepared, None))
+    got = np.stack(fast.run(prepared, None))
+    solo = np.stack([fast.run([p], None)[0] for p in prepared])
+    direct = fast.finish(prepared, fast.fn.sample(prepared, fast.spec.num_inference_steps, fast.device))
+    rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    RESULTS["check"] = {
+        "fast_vs_eager_max_abs": float(np.abs(got - ref).max()),
+        "fast_vs_eager_rel_l2": rel,
+        "eager_abs_max": float(np.abs(ref).max()),
+        "graph_batched_vs_solo_max_abs": float(np.abs(got - solo).max()),
+        "graph_vs_no_graph_max_abs": float(np.abs(got - np.stack(direct)).max()),
+    }
+    # A bf16 reference for scale: eager bf16 vs itself on a different batch composition.
+    ref_solo = np.stack([eager.run([p], None)[0] for p in prepared])
+    RESULTS["check"]["eager_batched_vs_solo_max_abs"] = float(np.abs(ref - ref_solo).max())
+    h = fast.spec.action_horizon
+    s, d = h // 2, max(2, h // 10)
+    prev = got[0][s:]
+    (rtc,) = fast.run([fast.prepare(request(9, rtc=RtcGuide(prev, d, s)))], None)
+    (plain,) = fast.run([fast.prepare(request(9))], None)
+    raw = fast.fn.sample([fast.prepare(request(9, rtc=RtcGuide(prev, d, s)))], 10, fast.device)
+    raw_a = raw[0, :, : fast.spec.action_dim].float().cpu().numpy()
+    RESULTS["check"]["rtc_frozen_max_abs_model_output"] = float(np.abs(raw_a[:d] - prev[:d]).max())
+    RESULTS["check"]["rtc_boundary_jump"] = float(np.linalg.norm(rtc[d] - prev[d]))
+    RESULTS["check"]["plain_boundary_jump"] = float(np.linalg.norm(plain[d] - prev[d]))
+    log(f"checks: {json.dumps(RESULTS['check'])}")
+
+
+# -- 2. chunk latency ---------------------------------------------------------------------------------------
+def time_runner(runner: Pi0Runner, batch: int, reps: int, device: str, rtc: bool = False) -> dict[str, float]:
+    h = runner.spec.action_horizon
+    guide = RtcGuide(np.zeros((h // 2, runner.spec.action_dim), np.float32), 5, h // 2) if rtc else None
+    sets = [[runner.prepare(request(100 * k + i, rtc=guide)) for i in range(batch)] for k in range(3)]
+    runner.run(sets[0], None)  # warm (captures this bucket's graph if it was not yet)
+    times = []
+    for r in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        runner.run(sets[r % 3], None)
+        times.append((time.perf_counter() - t0) * 1000)
+    return {"p50_ms": pct(times, 50), "p99_ms": pct(times, 99), "min_ms": min(times), "n": reps}
+
+
+def device_time(fast: FastPi0Runner, batch: int, rtc: bool = False, iters: int = 20) -> dict[str, float]:
+    """Graph replays only (prefix + denoise), CUDA events, median."""
+    bucket = fast._bucket(batch)
+    steps = fast.spec.num_inference_steps
+    prefix = fast._graph(bucket, "prefix", steps)
+    loop = fast._graph(bucket, "rtc" if rtc else "plain", steps)
+    out: dict[str, float] = {}
+    for name, parts in (("prefix_ms", [prefix]), ("denoise_ms", [loop]), ("chunk_ms", [prefix, loop])):
+        if any(p is None for p in parts):
+            continue
+        times = []
+        for _ in range(iters):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for p in parts:
+                p.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        out[name] = float(np.median(times))
+    return out
+
+
+# -- 3. robots at a chunk rate through the worker -------------------------------------------------------------
+async def robots_at_rate(worker: StageWorker, n: int, hz: float, seconds: float) -> dict[str, float]:
+    lat: list[float] = []
+    batches_before = _batch_sum()
+    rng = random.Random(n)
+
+    async def robot(i: int) -> None:
+        await asyncio.sleep(rng.random() / hz)  # random phase
+        period, nxt = 1.0 / hz, time.perf_counter()
+        end = nxt + seconds
+        k = 0
+        while nxt < end:
+            req = request(1000 * i + k % 4)
+            t0 = time.perf_counter()
+            outs = await worker.submit(req).collect()
+            assert len(outs) == 1
+            lat.append((time.perf_counter() - t0) * 1000)
+            k += 1
+            nxt += period
+            await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(robot(i) for i in range(n)))
+    wall = time.perf_counter() - t0
+    steps, items = (x - y for x, y in zip(_batch_sum(), batches_before, strict=True))
+    return {
+        "robots": n,
+        "p50_ms": pct(lat, 50),
+        "p99_ms": pct(lat, 99),
+        "max_ms": max(lat),
+        "chunks_per_s": len(lat) / wall,
+        "mean_batch": items / steps if steps else 0.0,
+    }
+
+
+def _batch_sum() -> tuple[float, float]:
+    from prometheus_client import REGISTRY
+
+    count = REGISTRY.get_sample_value("realtime_gw_worker_batch_size_count", {"worker": "policy"}) or 0.0
+    total = REGISTRY.get_sample_value("realtime_gw_worker_batch_size_sum", {"worker": "policy"}) or 0.0
+    return count, total
+
+
+# -- 4. the socket ------------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def gateway(config: GatewayConfig, backend: PolicyBackend) -> Any:
+    """The OpenPI handler under uvicorn with only the policy worker (no voice models needed)."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+
+    from realtime_gw.app import Gateway
+    from realtime_gw.models.registry import Workers
+    from realtime_gw.models.responder import build_responder
+    from realtime_gw.server import openpi_ws
+    from realtime_gw.server.auth import Access
+
+    worker = StageWorker(
+        backend,
+        device=config.policy_device,
+        max_batch=config.policy_max_batch,
+        max_wait_ms=config.policy_max_wait_ms,
+        max_active=512,
+    )
+    workers = Workers(tts=worker, asr=worker, vad=worker, policy=worker, all=[worker])
+    gw = Gateway(config=config, workers=workers, responder=build_responder(config), access=Access([], 0, []))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> Any:
+        await worker.start(warmup=False)  # the backend is already warm
+        yield
+        await worker.stop()
+
+    app = Starlette(routes=[WebSocketRoute("/", openpi_ws.openpi_endpoint)], lifespan=lifespan)
+    app.state.gateway = gw
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws_max_size=64 << 20, lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        yield f"ws://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def _client(url: str) -> Any:
+    import websockets.sync.client as wsc
+
+    from realtime_gw.protocols.openpi import unpackb
+
+    conn = wsc.connect(url, max_size=None, compression=None)
+    unpackb(conn.recv())  # metadata
+    return conn
+
+
+def socket_round_trips(url: str, n: int, hz: float | None, seconds: float) -> dict[str, float]:
+    from realtime_gw.protocols.openpi import packb, unpackb
+
+    frames = [packb(observation(i)) for i in range(4)]
+    lat: list[float] = []
+    lock = threading.Lock()
+
+    def robot(i: int) -> None:
+        conn = _client(url)
+        rng = random.Random(i)
+        if hz:
+            time.sleep(rng.random() / hz)
+        nxt = time.perf_counter()
+        end = nxt + seconds
+        k = 0
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            conn.send(frames[(i + k) % 4])
+            reply = unpackb(conn.recv(timeout=60))
+            assert isinstance(reply, dict) and "actions" in reply, reply
+            with lock:
+                lat.append((time.perf_counter() - t0) * 1000)
+            k += 1
+            if hz:
+                nxt += 1.0 / hz
+                time.sleep(max(0.0, nxt - time.perf_counter()))
+        conn.close()
+
+    threads = [threading.Thread(target=robot, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"robots": n, "hz": hz or 0, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "n": len(lat)}
+
+
+def socket_stream(url: str, control_hz: float, execute_horizon: int, seconds: float) -> dict[str, Any]:
+    from realtime_gw.protocols.openpi import packb, unpackb
+
+    conn = _client(url)
+    conn.send(packb({"endpoint": "stream_start", "control_hz": control_hz, "execute_horizon": execute_horizon}))
+    started = unpackb(conn.recv(timeout=30))
+    stop = threading.Event()
+
+    def sender() -> None:
+        k = 0
+        while not stop.is_set():
+            conn.send(packb(observation(k % 4)))
+            k += 1
+            time.sleep(1.0 / 30)  # a 30 fps camera
+
+    t = threading.Thread(target=sender)
+    t.start()
+    chunks: list[dict[str, Any]] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        msg = conn.recv(timeout=30)
+        if isinstance(msg, str):
+            raise RuntimeError(msg)
+        m = unpackb(msg)
+        if m.get("type") == "action_chunk":
+            chunks.append(m)
+    stop.set()
+    t.join()
+    conn.send(packb({"endpoint": "stream_stop"}))
+    status: dict[str, Any] = {}
+    while True:
+        m = unpackb(conn.recv(timeout=30))
+        if m.get("status") == "stream stopped":
+            status = m
+            break
+    conn.close()
+    idx = [c["chunk_index"] for c in chunks]
+    starts = [c["start_step"] for c in chunks]
+    h = started["action_horizon"]
+    joins = []
+    for a, b in zip(chunks, chunks[1:], strict=False):
+        off, d = b["start_step"] - a["start_step"], b["inference_delay"]
+        if 0 <= off < h and d:
+            joins.append(float(np.abs(b["actions"][:d] - a["actions"][off : off + d]).max()))
+    return {
+        "chunks": len(chunks),
+        "in_order": idx == list(range(idx[0], idx[0] + len(idx))) if idx else False,
+        "start_step_deltas": sorted(set(np.diff(starts).tolist())),
+        "max_start_delta": int(max(np.diff(starts))) if len(starts) > 1 else 0,
+        "action_horizon": h,
+        "inference_delays": sorted({c["inference_delay"] for c in chunks}),
+        "infer_ms_p50": pct([c["server_timing"]["infer_ms"] for c in chunks], 50),
+        "frozen_join_max_abs": max(joins) if joins else None,
+        "status": {k: v for k, v in status.items() if k != "status"},
+    }
+
+
+# -- main ---------------------------------------------------------------------------------------------------
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="pi0", choices=["pi0", "tiny"])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--batches", default="1,2,4,8,16")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--robots", default="1,4,8,12,16,24,32")
+    ap.add_argument("--robot-hz", type=float, default=10.0)
+    ap.add_argument("--robot-seconds", type=float, default=4.0)
+    ap.add_argument("--max-wait-ms", type=float, default=2.0)
+    ap.add_argument("--quick", action="store_true", help="few reps, small robot counts (smoke run)")
+    ap.add_argument("--skip", default="", help="comma list of phases to skip: checks,eager,fast,robots,socket")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    args.batches = [int(b) for b in args.batches.split(",")]
+    robots = [int(r) for r in args.robots.split(",")]
+    skip = set(filter(None, args.skip.split(",")))
+    if args.quick:
+        args.reps, robots, args.robot_seconds = 3, [1, 4], 1.5
+    dev = args.device
+    if dev == "cpu":
+        torch.set_num_threads(2)
+    RESULTS["env"] = {
+        "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "gpu": torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu",
+    }
+    import transformers
+
+    RESULTS["env"]["transformers"] = transformers.__version__
+    log(f"env: {RESULTS['env']}")
+    config = make_config(args)
+    t0 = time.perf_counter()
+    model, tok, desc, _ = load_model(config)
+    sync(dev)
+    RESULTS["load_s"] = time.perf_counter() - t0
+    spec = policy_spec(
+        config, model=desc, action_horizon=model.config.chunk_size, tokenizer=tok.name, max_prompt_tokens=48
+    )
+    log(f"model {desc}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params, {RESULTS['load_s']:.1f} s")
+    eager = Pi0Runner(model, tok, spec, dev)
+    fast = FastPi0Runner(model, tok, spec, dev, buckets=tuple(args.batches))
+    t0 = time.perf_counter()
+    fast.warmup()
+    RESULTS["capture_s"] = time.perf_counter() - t0
+    RESULTS["graphs"] = sum(len(b.graphs) for b in fast._buckets.values())
+    RESULTS["graph_failures"] = sorted(map(str, fast._graph_failed))
+    log(f"captured {RESULTS['graphs']} graphs in {RESULTS['capture_s']:.1f} s; failures {RESULTS['graph_failures']}")
+
+    phases: list[tuple[str, Any]] = []
+    if "checks" not in skip:
+        phases.append(("checks", lambda: checks(eager, fast)))
+    if "eager" not in skip:
+
+        def eager_phase() -> None:
+            RESULTS["eager"] = {}
+            for b in (1, 8):
+                RESULTS["eager"][b] = time_runner(eager, b, 5 if not args.quick else 2, dev)
+                log(f"eager batch {b}: {RESULTS['eager'][b]}")
+
+        phases.append(("eager", eager_phase))
+    if "fast" not in skip:
+
+        def fast_phase() -> None:
+            RESULTS["fast"], RESULTS["fast_rtc"], RESULTS["device"] = {}, {}, {}
+            for b in args.batches:
+                RESULTS["fast"][b] = time_runner(fast, b, args.reps, dev)
+                if dev.startswith("cuda"):
+                    RESULTS["device"][b] = device_time(fast, b)
+                log(f"fast batch {b}: {RESULTS['fast'][b]} device {RESULTS['device'].get(b)}")
+            for b in (1, 8):
+                if b in args.batches:
+                    RESULTS["fast_rtc"][b] = time_runner(fast, b, args.reps, dev, rtc=True)
+                    if dev.startswith("cuda"):
+                        RESULTS["fast_rtc"][b]["device"] = device_time(fast, b, rtc=True)
+                    log(f"fast+rtc batch {b}: {RESULTS['fast_rtc'][b]}")
+
+        phases.append(("fast", fast_phase))
+    backend = PolicyBackend(fast, slots=512)
+    if "robots" not in skip:
+
+        def robots_phase() -> None:
+            async def go() -> None:
+                worker = StageWorker(
+                    backend, device=dev, max_batch=max(args.batches), max_wait_ms=args.max_wait_ms, max_active=512
+                )
+                await worker.start(warmup=False)
+                RESULTS["robots"] = []
+                over = 0
+                for n in robots:
+                    r = await robots_at_rate(worker, n, args.robot_hz, args.robot_seconds)
+                    RESULTS["robots"].append(r)
+                    log(f"robots at {args.robot_hz:g} Hz: {r}")
+                    over = over + 1 if r["p99_ms"] > 50 else 0
+                    if over >= 2:
+                        break
+                await worker.stop()
+
+            asyncio.run(go())
+
+        phases.append(("robots", robots_phase))
+    if "socket" not in skip:
+
+        def socket_phase() -> None:
+            with gateway(config, backend) as url:
+                RESULTS["socket"] = {"closed_loop_1": socket_round_trips(url, 1, None, 3.0)}
+                log(f"socket 1 robot closed loop: {RESULTS['socket']['closed_loop_1']}")
+                for n in (8, 16):
+                    r = socket_round_trips(url, n, args.robot_hz, 3.0 if not args.quick else 1.5)
+                    RESULTS["socket"][f"robots_{n}_at_{args.robot_hz:g}hz"] = r
+                    log(f"socket {n} robots at {args.robot_hz:g} Hz: {r}")
+                h = spec.action_horizon
+                RESULTS["socket"]["stream"] = socket_stream(url, 50.0, h // 2, 4.0 if not args.quick else 2.0)
+                log(f"socket stream: {RESULTS['socket']['stream']}")
+
+        phases.append(("socket", socket_phase))
+    for name, fn in phases:
+        try:
+            fn()
+        except Exception:
+            RESULTS.setdefault("errors", {})[name] = traceback.format_exc()
+            log(f"phase {name} FAILED:\n{traceback.format_exc()}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(RESULTS, indent=1, default=str))
+    log("\n" + summary())
+
+
+def summary() -> str:
+    lines = ["| batch | eager p50 ms | fast p50 ms | fast p99 ms | device ms (prefix + denoise) | fast+RTC p50 ms |", "|---|---|---|---|---|---|"]
+    for b, r in RESULTS.get("fast", {}).items():
+        e = RESULTS.get("eager", {}).get(b, {})
+        d = RESULTS.get("device", {}).get(b, {})
+        rt = RESULTS.get("fast_rtc", {}).get(b, {})
+        dev_s = f"{d.get('chunk_ms', float('nan')):.1f} ({d.get('prefix_ms', float('nan')):.1f} + {d.get('denoise_ms', float('nan')):.1f})" if d else "-"
+        lines.append(
+            f"| {b} | {e.get('p50_ms', float('nan')):.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {dev_s} | {rt.get('p50_ms', float('nan')):.1f} |"
+        )
+    for r in RESULTS.get("robots", []):
+        lines.append(f"robots {r['robots']}: p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} ms, {r['chunks_per_s']:.0f}/s, batch {r['mean_batch']:.1f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

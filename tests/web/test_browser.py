@@ -1,0 +1,126 @@
+"""The page at / in headless Chromium with a fake microphone (a WAV): it hears, answers, plays, barges in.
+
+Chromium and ChromeDriver come from Debian (`make browser-deps`); selenium drives them. Skipped, with the
+reason, where they are not installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from realtime_gw.client.audio import silence, write_wav
+from tests.audio_tools import synthesize, wer
+from tests.conftest import ARTIFACTS, LiveServer
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER), reason="chromium/chromedriver not installed (run `make browser-deps`)"
+)
+SPOKEN = "Please open the door for me."
+LONG_TEXT = "I would like a cup of coffee. " * 6
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    mic = tmp_path / "mic.wav"
+    write_wav(mic, silence(600, 24000) + synthesize(SPOKEN, 24000) + silence(1500, 24000), 24000)
+    opts = Options()
+    opts.binary_location = CHROMIUM or ""
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--use-fake-device-for-media-stream",
+        "--use-fake-ui-for-media-stream",
+        # %noloop: speak once, then silence, so the later barge-in is ours and not the looping WAV's
+        f"--use-file-for-fake-audio-capture={mic}%noloop",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--autoplay-policy=no-user-gesture-required",
+        "--disable-dev-shm-usage",
+        "--window-size=1200,820",
+    ):
+        opts.add_argument(flag)
+    # An explicit driver path: selenium never tries to download one.
+    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER or ""))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_page(
+    driver: Any, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = driver.execute_script("return window.rtgw")
+        if pred(state):
+            return state
+        if time.monotonic() > deadline:
+            pytest.fail(f"page never reached: {what}; state: {state}")
+        time.sleep(0.2)
+
+
+def test_page_hears_answers_plays_and_barges_in(voice_server: LiveServer, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    sessions_before = voice_server.metric("realtime_gw_sessions", 'kind="realtime"')
+    ttfa_before = voice_server.metric("realtime_gw_time_to_first_audio_seconds_count")
+
+    browser.get(voice_server.http + "/?key=test-key")
+    browser.find_element(By.ID, "start").click()
+    wait_page(browser, lambda s: s["status"] == "listening", 20, "session configured")
+    assert voice_server.metric("realtime_gw_sessions", 'kind="realtime"') == sessions_before + 1
+
+    # The fake microphone speaks; server VAD ends the turn; the echo reply is played to the end.
+    state = wait_page(
+        browser,
+        lambda s: (
+            s["userTranscripts"]
+            and s["assistantTranscripts"]
+            and s["playedMs"] >= 1000
+            and s["bufferedMs"] == 0
+        ),
+        60,
+        "a spoken turn answered and played",
+    )
+    assert wer(SPOKEN, state["userTranscripts"][0]) <= 0.25, state["userTranscripts"]
+    assert wer(SPOKEN, state["assistantTranscripts"][0]) <= 0.25, state["assistantTranscripts"]
+    assert state["framesReceived"] >= 10 and state["lostFrames"] == 0 and state["duplicateFrames"] == 0
+    assert state["playedMs"] >= 0.9 * state["framesReceived"] * 80 - 80, "what arrived was played"
+    assert state["ttfaMs"] and state["turnLatencyMs"] and state["heardLatencyMs"]
+    assert state["micMsSent"] > 2000
+    assert not state["errors"], state["errors"]
+    assert voice_server.metric("realtime_gw_time_to_first_audio_seconds_count") >= ttfa_before + 1
+
+    # A typed turn, interrupted while it plays: cancel + truncate at what was heard.
+    browser.find_element(By.ID, "text").send_keys(LONG_TEXT)
+    browser.find_element(By.ID, "send").click()
+    heard_before = state["playedMs"]
+    wait_page(browser, lambda s: s["playedMs"] >= heard_before + 800, 60, "the long reply playing")
+    browser.find_element(By.ID, "interrupt").click()
+    state = wait_page(browser, lambda s: s["truncated"] and s["cancelled"] >= 1, 15, "truncated + cancelled")
+    assert state["bargeIns"] == 1
+    assert 600 <= state["truncated"][0]["audioEndMs"] <= 8000
+    assert not state["errors"], state["errors"]
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "web-page.png"))
+    browser.find_element(By.ID, "stop").click()
+    deadline = time.monotonic() + 5
+    while voice_server.metric("realtime_gw_sessions", 'kind="realtime"') > sessions_before:
+        assert time.monotonic() < deadline, "the page's session was not closed on the server"
+        time.sleep(0.1)
