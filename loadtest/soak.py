@@ -59,24 +59,9 @@ def metric(base: str, name: str) -> dict[str, float]:
 def synthesize_wav(path: Path, text: str) -> None:
     """The utterance the voice users speak, made with the embedded Piper voice (no server needed)."""
     from realtime_gw.client.audio import write_wav
-    from realtime_gw.models.runtime import END_OF_INPUT
     from realtime_gw.models.tts_piper import PiperTtsBackend
-    from realtime_gw.models.types import TtsRequest
 
-    backend = PiperTtsBackend()
-    state = backend.open(TtsRequest())
-    inputs: list[object] = [text, END_OF_INPUT]
-    pcm = bytearray()
-    try:
-        while True:
-            (result,) = backend.step([(state, inputs)])
-            inputs = []
-            pcm += b"".join(f.pcm for f in result.outputs)
-            if result.done:
-                break
-    finally:
-        backend.release(state)
-    write_wav(path, bytes(pcm), 24000)
+    write_wav(path, PiperTtsBackend().synthesize(text), 24000)
 
 
 def start_server(

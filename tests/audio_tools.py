@@ -8,9 +8,8 @@ import re
 import jiwer
 
 from realtime_gw.models.asr_pocketsphinx import PocketsphinxAsrBackend
-from realtime_gw.models.runtime import END_OF_INPUT
 from realtime_gw.models.tts_piper import PiperTtsBackend
-from realtime_gw.models.types import AsrRequest, TtsRequest
+from realtime_gw.models.types import AsrRequest
 from realtime_gw.protocols.audio import resample
 
 
@@ -28,20 +27,8 @@ def _asr() -> PocketsphinxAsrBackend:
 
 def synthesize(text: str, rate: int = 24000) -> bytes:
     """PCM16 mono of ``text`` at ``rate``, through the same backend the server uses."""
-    backend = _tts()
-    state = backend.open(TtsRequest())
-    inputs: list[object] = [text, END_OF_INPUT]
-    pcm = bytearray()
-    try:
-        while True:
-            (result,) = backend.step([(state, inputs)])
-            inputs = []
-            pcm += b"".join(f.pcm for f in result.outputs)
-            if result.done:
-                break
-    finally:
-        backend.release(state)
-    return bytes(pcm) if rate == 24000 else resample(bytes(pcm), 24000, rate)
+    pcm = _tts().synthesize(text)
+    return pcm if rate == 24000 else resample(pcm, 24000, rate)
 
 
 def transcribe(pcm: bytes, rate: int) -> str:

@@ -216,6 +216,23 @@ class SentenceTtsBackend:
             return StepResult(outputs=frames, done=True)
         return StepResult(outputs=frames)
 
+    def synthesize(self, text: str, request: TtsRequest | None = None) -> bytes:
+        """A whole utterance at once (offline use: tests, tools), through the same streaming path the
+        worker drives: 24 kHz PCM16."""
+        state = self.open(request or TtsRequest())
+        inputs: list[Any] = [text, END_OF_INPUT]
+        pcm = bytearray()
+        try:
+            while True:
+                (result,) = self.step([(state, inputs)])
+                inputs = []
+                pcm += b"".join(f.pcm for f in result.outputs)
+                if result.done or result.error is not None:
+                    break
+        finally:
+            self.release(state)
+        return bytes(pcm)
+
     def warmup(self) -> None:
         state = self.open(TtsRequest())
         state.text.feed("Warming up.")
