@@ -258,7 +258,9 @@ def gateway(config: GatewayConfig, backend: PolicyBackend) -> Any:
     app.state.gateway = gw
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws_max_size=64 << 20, lifespan="on")
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", ws_max_size=64 << 20, lifespan="on"
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -321,7 +323,9 @@ def socket_stream(url: str, control_hz: float, execute_horizon: int, seconds: fl
     from realtime_gw.protocols.openpi import packb, unpackb
 
     conn = _client(url)
-    conn.send(packb({"endpoint": "stream_start", "control_hz": control_hz, "execute_horizon": execute_horizon}))
+    conn.send(
+        packb({"endpoint": "stream_start", "control_hz": control_hz, "execute_horizon": execute_horizon})
+    )
     started = unpackb(conn.recv(timeout=30))
     stop = threading.Event()
 
@@ -381,12 +385,15 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--robots", default="1,4,8,12,16,24,32")
+    ap.add_argument("--robots", default="1,2,3,4,6,8,12")
     ap.add_argument("--robot-hz", type=float, default=10.0)
-    ap.add_argument("--robot-seconds", type=float, default=4.0)
+    ap.add_argument("--robot-seconds", type=float, default=3.0)
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
+    ap.add_argument("--compile", action="store_true", help="the main fast runner compiles the expert's step")
     ap.add_argument("--quick", action="store_true", help="few reps, small robot counts (smoke run)")
-    ap.add_argument("--skip", default="", help="comma list of phases to skip: checks,eager,fast,robots,socket")
+    ap.add_argument(
+        "--skip", default="", help="comma list of phases to skip: checks,eager,fast,robots,socket"
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
@@ -415,15 +422,20 @@ def main() -> None:
     spec = policy_spec(
         config, model=desc, action_horizon=model.config.chunk_size, tokenizer=tok.name, max_prompt_tokens=48
     )
-    log(f"model {desc}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params, {RESULTS['load_s']:.1f} s")
+    log(
+        f"model {desc}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params, {RESULTS['load_s']:.1f} s"
+    )
     eager = Pi0Runner(model, tok, spec, dev)
-    fast = FastPi0Runner(model, tok, spec, dev, buckets=tuple(args.batches))
+    fast = FastPi0Runner(model, tok, spec, dev, buckets=tuple(args.batches), compile_expert=args.compile)
+    RESULTS["compile_expert"] = args.compile
     t0 = time.perf_counter()
     fast.warmup()
     RESULTS["capture_s"] = time.perf_counter() - t0
     RESULTS["graphs"] = sum(len(b.graphs) for b in fast._buckets.values())
     RESULTS["graph_failures"] = sorted(map(str, fast._graph_failed))
-    log(f"captured {RESULTS['graphs']} graphs in {RESULTS['capture_s']:.1f} s; failures {RESULTS['graph_failures']}")
+    log(
+        f"captured {RESULTS['graphs']} graphs in {RESULTS['capture_s']:.1f} s; failures {RESULTS['graph_failures']}"
+    )
 
     phases: list[tuple[str, Any]] = []
     if "checks" not in skip:
@@ -433,7 +445,7 @@ def main() -> None:
         def eager_phase() -> None:
             RESULTS["eager"] = {}
             for b in (1, 8):
-                RESULTS["eager"][b] = time_runner(eager, b, 5 if not args.quick else 2, dev)
+                RESULTS["eager"][b] = time_runner(eager, b, 4 if not args.quick else 2, dev)
                 log(f"eager batch {b}: {RESULTS['eager'][b]}")
 
         phases.append(("eager", eager_phase))
@@ -460,7 +472,11 @@ def main() -> None:
         def robots_phase() -> None:
             async def go() -> None:
                 worker = StageWorker(
-                    backend, device=dev, max_batch=max(args.batches), max_wait_ms=args.max_wait_ms, max_active=512
+                    backend,
+                    device=dev,
+                    max_batch=max(args.batches),
+                    max_wait_ms=args.max_wait_ms,
+                    max_active=512,
                 )
                 await worker.start(warmup=False)
                 RESULTS["robots"] = []
@@ -477,13 +493,60 @@ def main() -> None:
             asyncio.run(go())
 
         phases.append(("robots", robots_phase))
+    if "variant" not in skip:
+
+        def variant_phase() -> None:
+            # The expert's attention through SDPA's fused kernel instead of GEMMs (graphs bake the choice
+            # in at capture): the comparison behind UNFUSED_MAX_QUERIES.
+            import realtime_gw.models.policy_fast as pf
+
+            saved, pf.UNFUSED_MAX_QUERIES = pf.UNFUSED_MAX_QUERIES, 0
+            try:
+                sizes = tuple(b for b in (1, 8) if b in args.batches)
+                alt = FastPi0Runner(model, tok, spec, dev, buckets=sizes)
+                alt.warmup()
+                RESULTS["expert_attention_sdpa"] = {}
+                for b in sizes:
+                    r = time_runner(alt, b, args.reps, dev)
+                    if dev.startswith("cuda"):
+                        r["device"] = device_time(alt, b)
+                    RESULTS["expert_attention_sdpa"][b] = r
+                    log(f"expert attention via SDPA, batch {b}: {r}")
+            finally:
+                pf.UNFUSED_MAX_QUERIES = saved
+
+        phases.append(("variant", variant_phase))
+    if "compiled" not in skip:
+
+        def compiled_phase() -> None:
+            # Same sampler with the expert's step under torch.compile (one compile per bucket).
+            sizes = tuple(b for b in (1, 8) if b in args.batches)
+            comp = FastPi0Runner(model, tok, spec, dev, buckets=sizes, compile_expert=True)
+            RESULTS["compiled"] = {}
+            for b in sizes:
+                t0 = time.perf_counter()
+                bucket = comp._bucket(b)
+                comp._graph(bucket, "prefix", spec.num_inference_steps)
+                comp._graph(bucket, "plain", spec.num_inference_steps)
+                r = {"compile_capture_s": time.perf_counter() - t0}
+                prepared = [comp.prepare(request(7 * i)) for i in range(b)]
+                r["vs_uncompiled_max_abs"] = float(
+                    np.abs(np.stack(comp.run(prepared, None)) - np.stack(fast.run(prepared, None))).max()
+                )
+                r.update(time_runner(comp, b, args.reps, dev))
+                if dev.startswith("cuda"):
+                    r["device"] = device_time(comp, b)
+                RESULTS["compiled"][b] = r
+                log(f"compiled batch {b}: {r}")
+
+        phases.append(("compiled", compiled_phase))
     if "socket" not in skip:
 
         def socket_phase() -> None:
             with gateway(config, backend) as url:
                 RESULTS["socket"] = {"closed_loop_1": socket_round_trips(url, 1, None, 3.0)}
                 log(f"socket 1 robot closed loop: {RESULTS['socket']['closed_loop_1']}")
-                for n in (8, 16):
+                for n in (4, 8):
                     r = socket_round_trips(url, n, args.robot_hz, 3.0 if not args.quick else 1.5)
                     RESULTS["socket"][f"robots_{n}_at_{args.robot_hz:g}hz"] = r
                     log(f"socket {n} robots at {args.robot_hz:g} Hz: {r}")
@@ -492,6 +555,8 @@ def main() -> None:
                 log(f"socket stream: {RESULTS['socket']['stream']}")
 
         phases.append(("socket", socket_phase))
+    # The compiled variant is optional and the slowest to set up: measure it last.
+    phases.sort(key=lambda p: p[0] == "compiled")
     for name, fn in phases:
         try:
             fn()
@@ -504,17 +569,26 @@ def main() -> None:
 
 
 def summary() -> str:
-    lines = ["| batch | eager p50 ms | fast p50 ms | fast p99 ms | device ms (prefix + denoise) | fast+RTC p50 ms |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| batch | eager p50 ms | fast p50 ms | fast p99 ms | device ms (prefix + denoise) | fast+RTC p50 ms |",
+        "|---|---|---|---|---|---|",
+    ]
     for b, r in RESULTS.get("fast", {}).items():
         e = RESULTS.get("eager", {}).get(b, {})
         d = RESULTS.get("device", {}).get(b, {})
         rt = RESULTS.get("fast_rtc", {}).get(b, {})
-        dev_s = f"{d.get('chunk_ms', float('nan')):.1f} ({d.get('prefix_ms', float('nan')):.1f} + {d.get('denoise_ms', float('nan')):.1f})" if d else "-"
+        dev_s = (
+            f"{d.get('chunk_ms', float('nan')):.1f} ({d.get('prefix_ms', float('nan')):.1f} + {d.get('denoise_ms', float('nan')):.1f})"
+            if d
+            else "-"
+        )
         lines.append(
             f"| {b} | {e.get('p50_ms', float('nan')):.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {dev_s} | {rt.get('p50_ms', float('nan')):.1f} |"
         )
     for r in RESULTS.get("robots", []):
-        lines.append(f"robots {r['robots']}: p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} ms, {r['chunks_per_s']:.0f}/s, batch {r['mean_batch']:.1f}")
+        lines.append(
+            f"robots {r['robots']}: p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} ms, {r['chunks_per_s']:.0f}/s, batch {r['mean_batch']:.1f}"
+        )
     return "\n".join(lines)
 
 

@@ -8,14 +8,20 @@ restructured for serving.
 - The flow-matching loop has no host syncs (times are Python constants), so on CUDA the prefix and the
   whole loop are each captured in a **CUDA graph per batch bucket** (1, 2, 4, 8, 16 by default) and
   replayed; a batch is padded up to its bucket. The only sync is the final copy of the actions.
+- At batch 1 the expert's ten steps are hundreds of tiny kernels, so their count is what costs (H200
+  numbers in docs/benchmarks.md): QKV and gate|up run as one GEMM each, residual adds ride in the GEMM,
+  rotary is roll + addcmul over q and k together, the expert attends by two GEMMs (a fused attention
+  kernel gets only a few thread blocks for 51 tokens over the long cache) and, optionally, the step is
+  ``torch.compile``-d. Images travel as uint8 and are scaled on the device.
 - Real-time chunking (``policy_rtc``): guided denoising with pseudo-inverse guidance (a vector-Jacobian
   product through the action expert at every step) toward the previous chunk, plus hard inpainting of
   the frozen steps; captured in its own graph per bucket.
 
-Every module call goes to the model's own submodules (norms, MLPs, rotary tables, embeddings,
-projections); only attention and cache handling are written here, which keeps the numerics those of the
-installed transformers (checked against ``sample_actions`` in ``tests/models/test_policy_fast.py``).
-Sub-module names are the same in transformers 5.17 and 5.24.
+Norms, MLP activations, rotary tables, embeddings and projections come from the model's own modules
+and weights; only attention, fusion and cache handling are written here, which keeps the numerics those
+of the installed transformers (checked against ``sample_actions`` in ``tests/models/test_policy_fast.py``,
+and on the GPU with transformers 5.17 by ``loadtest/bench_policy_gpu.py``). The sub-module names used are
+the same in transformers 5.17 and 5.24.
 """
 
 from __future__ import annotations
@@ -36,16 +42,68 @@ from realtime_gw.models.policy_rtc import DEFAULT_BETA, guidance_scale
 log = logging.getLogger(__name__)
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16)
+UNFUSED_MAX_QUERIES = 128
+"""Token counts below this (the expert's 1 + H) attend through GEMMs rather than a fused kernel."""
 KV_ALIGN = 16
 """KV buffer length is rounded up to this (masked tail): aligned masks keep SDPA on its fused kernels."""
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """transformers' ``apply_rotary_pos_emb`` for one tensor (B, heads, L, hd); cos/sin (B, L, hd)."""
-    cos, sin = cos[:, None], sin[:, None]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def _rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L, hd) tables -> (B, L, 1, hd) cos and sign-folded sin, for tensors laid out (B, L, heads, hd).
+
+    transformers rotates with cat(-x2, x1) = roll(x, hd/2) * [-1..., +1...]; folding the sign into sin
+    makes the rotation roll + multiply + add (three kernels for q and k together)."""
+    half = sin.shape[-1] // 2
+    signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+    return cos[:, :, None], signed[:, :, None]
+
+
+def _rope(x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    cos, sin = table
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
+
+
+class _Block:
+    """One decoder layer's weights, fused for few kernels: QKV in one matrix, gate|up in one matrix,
+    Gemma's RMSNorm weight as (1 + w) in float32. Copies of the layer's weights (about 2.8 GB extra at
+    the full PI0 size), made once; the model's own modules stay as they are."""
+
+    def __init__(self, layer: Any, gemma: bool) -> None:
+        attn = layer.self_attn
+        projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+        self.qkv = torch.cat([p.weight for p in projs]).contiguous()
+        biases = [p.bias for p in projs]
+        self.qkv_bias = None if any(b is None for b in biases) else torch.cat(biases)
+        out = attn.o_proj if gemma else attn.out_proj
+        self.o, self.o_bias = out.weight, out.bias
+        self.scale = float(attn.scaling if gemma else attn.scale)
+        if gemma:
+            n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
+            self.norm1 = (1.0 + n1.weight.float(), float(n1.eps))
+            self.norm2 = (1.0 + n2.weight.float(), float(n2.eps))
+            mlp = layer.mlp
+            self.gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous()
+            self.inter = mlp.gate_proj.weight.shape[0]
+            self.down = mlp.down_proj.weight
+            self.act = mlp.act_fn
+        else:
+            self.ln1, self.ln2, self.mlp = layer.layer_norm1, layer.layer_norm2, layer.mlp
+
+
+def _rms(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+    """GemmaRMSNorm: float32 x * rsqrt(mean(x^2) + eps) * (1 + w), cast back."""
+    w, eps = norm
+    return F.rms_norm(x.float(), (x.shape[-1],), w, eps).to(x.dtype)
+
+
+def _linear_add(
+    residual: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+) -> torch.Tensor:
+    """residual + x @ w.T (+ b): one GEMM with the residual as its C operand when there is no bias."""
+    if b is not None:
+        return residual + F.linear(x, w, b)
+    d = residual.shape[-1]
+    return torch.addmm(residual.reshape(-1, d), x.reshape(-1, x.shape[-1]), w.t()).view(residual.shape)
 
 
 @dataclass
@@ -72,14 +130,16 @@ class Cache:
         shape = (batch, fn.kv_heads, self.total, fn.head_dim)
         self.k = [torch.zeros(shape, dtype=fn.dtype, device=device) for _ in range(fn.layers)]
         self.v = [torch.zeros(shape, dtype=fn.dtype, device=device) for _ in range(fn.layers)]
+        # Additive (0 / dtype min), rows in ``_attend``'s folded order: one mask build per observation.
         self.suffix_mask = torch.zeros(
-            (batch, 1, fn.groups * self.suffix_len, self.total), dtype=torch.bool, device=device
+            (batch, 1, self.suffix_len * fn.groups, self.total), dtype=fn.dtype, device=device
         )
         self.positions = torch.zeros((batch, self.suffix_len), dtype=torch.long, device=device)
 
 
 class Pi0Functional:
-    """PI0 inference over a loaded ``PI0ForConditionalGeneration``'s weights (no copies of them)."""
+    """PI0 inference over a loaded ``PI0ForConditionalGeneration``'s weights (fused copies of the decoder
+    layers' projections, see ``_Block``; everything else shared with the model)."""
 
     def __init__(self, model: Any) -> None:
         cfg = model.config
@@ -116,37 +176,107 @@ class Pi0Functional:
         self.dtype = next(model.parameters()).dtype
         # Inference only; RTC's vector-Jacobian product then differentiates w.r.t. the actions alone.
         model.requires_grad_(False)
+        self.vision_heads = int(cfg.vlm_config.vision_config.num_attention_heads)
+        self.vision_blocks = [_Block(layer, gemma=False) for layer in self.vision.encoder.layers]
+        self.lm_blocks = [_Block(layer, gemma=True) for layer in self.lm.layers]
+        self.dit_blocks = [_Block(layer, gemma=True) for layer in self.dit.layers]
+        self.dit_final_norm = (1.0 + self.dit.norm.weight.float(), float(self.dit.norm.eps))
+        self.plain_velocity: Callable[..., torch.Tensor] = self.velocity
+        """The unguided loop's velocity: ``velocity``, or a compiled version of it (``compile_expert``)."""
 
     # -- attention ------------------------------------------------------------------------------------
-    def _split(self, proj: torch.Tensor, heads: int) -> torch.Tensor:
-        b, n, _ = proj.shape
-        return proj.view(b, n, heads, -1).transpose(1, 2)
-
     def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        scale: float,
+        unfused: bool = False,
     ) -> torch.Tensor:
-        """q (B, heads, Q, hd) over k/v (B, kv_heads, K, hd) -> (B, Q, heads * hd).
+        """q (B, Q, heads, hd) over k/v (B, kv_heads, K, hd) -> (B, Q, heads * hd).
 
-        Query heads that share a KV head are folded into the query axis: one plain attention per KV head
-        (no repeated K/V, and the fused kernels take any mask)."""
-        b, h, n, hd = q.shape
+        Query heads sharing a KV head are folded into the query axis, query-major (row j * groups + g),
+        so with one KV head the fold is a view: one plain attention per KV head, no repeated K/V.
+        ``mask`` rows follow that order (see ``fill_prefix``) or broadcast over queries."""
+        b, n, h, hd = q.shape
         kvh = k.shape[1]
-        if h != kvh:
-            q = q.reshape(b, kvh, (h // kvh) * n, hd)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-        return out.reshape(b, h, n, hd).transpose(1, 2).reshape(b, n, h * hd)
+        g = h // kvh
+        qf = q.view(b, n, kvh, g, hd).transpose(1, 2).reshape(b, kvh, n * g, hd)
+        if unfused:
+            out = self._attend_gemm(qf, k, v, mask, scale)
+        else:
+            out = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask, scale=scale)
+        return out.view(b, kvh, n, g, hd).transpose(1, 2).reshape(b, n, h * hd)
+
+    @staticmethod
+    def _attend_gemm(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float
+    ) -> torch.Tensor:
+        """Attention as two batched GEMMs and a float32 softmax (transformers' eager arithmetic).
+
+        For the expert's few queries (51 tokens x heads) over the long cache a fused attention kernel
+        has only a handful of thread blocks, each walking every key; the GEMMs spread the same work
+        over the whole GPU."""
+        b, kvh, n, hd = q.shape
+        keys = k.shape[2]
+        q3, k3, v3 = q.reshape(b * kvh, n, hd), k.reshape(b * kvh, keys, hd), v.reshape(b * kvh, keys, hd)
+        if bias is None:
+            scores = torch.bmm(q3, k3.transpose(1, 2)) * scale
+        else:
+            c = bias.expand(b, kvh, n, keys).reshape(b * kvh, n, keys)
+            scores = torch.baddbmm(c, q3, k3.transpose(1, 2), alpha=scale)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.bmm(probs, v3).view(b, kvh, n, hd)
+
+    def _qkv(
+        self, blk: _Block, x: torch.Tensor, heads: int, kv_heads: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q and k heads, v heads), each laid out (B, L, heads, hd), from one fused projection."""
+        b, n, _ = x.shape
+        qkv = F.linear(x, blk.qkv, blk.qkv_bias).view(b, n, heads + 2 * kv_heads, -1)
+        return qkv[:, :, : heads + kv_heads], qkv[:, :, heads + kv_heads :]
+
+    def _gemma_layer(
+        self,
+        blk: _Block,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        at: slice,
+        keys: slice,
+        mask: torch.Tensor | None,
+        attend: bool = True,
+    ) -> torch.Tensor:
+        """One Gemma decoder layer: writes this layer's K/V of ``x`` into ``k_buf/v_buf[:, :, at]`` and
+        attends over ``[:, :, keys]`` of them."""
+        h = _rms(x, blk.norm1)
+        qk, v = self._qkv(blk, h, self.heads, self.kv_heads)
+        qk = _rope(qk, rope)  # q and k heads together
+        n_q = self.heads
+        k_buf[:, :, at] = qk[:, :, n_q:].transpose(1, 2)
+        v_buf[:, :, at] = v.transpose(1, 2)
+        if not attend:
+            return x
+        # The expert (few queries, long cache) attends by GEMMs; the long prefix by the fused kernel.
+        unfused = qk.shape[1] < UNFUSED_MAX_QUERIES
+        o = self._attend(qk[:, :, :n_q], k_buf[:, :, keys], v_buf[:, :, keys], mask, blk.scale, unfused)
+        x = _linear_add(x, o, blk.o, blk.o_bias)
+        gu = F.linear(_rms(x, blk.norm2), blk.gate_up)
+        return _linear_add(x, blk.act(gu[..., : blk.inter]) * gu[..., blk.inter :], blk.down, None)
 
     # -- prefix -----------------------------------------------------------------------------------------
     def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
         """SigLIP + projector: (N, 3, H, W) -> (N, tokens, lm hidden)."""
         vt = self.vision
         x = vt.embeddings(pixels)
-        for layer in vt.encoder.layers:
-            attn = layer.self_attn
-            h = layer.layer_norm1(x)
-            q, k, v = (self._split(p(h), attn.num_heads) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-            x = x + attn.out_proj(self._attend(q, k, v, None, attn.scale))
-            x = x + layer.mlp(layer.layer_norm2(x))
+        nh = self.vision_heads
+        for blk in self.vision_blocks:
+            qk, v = self._qkv(blk, blk.ln1(x), nh, nh)
+            o = self._attend(qk[:, :, :nh], qk[:, :, nh:].transpose(1, 2), v.transpose(1, 2), None, blk.scale)
+            x = _linear_add(x, o, blk.o, blk.o_bias)
+            x = x + blk.mlp(blk.ln2(x))
         return self.projector(vt.post_layernorm(x))
 
     def embed_prefix(self, pixel_values: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -165,29 +295,26 @@ class Pi0Functional:
         p = x.shape[1]
         # Bidirectional over the prefix with padding masked (token_type_ids all 0 in sample_actions).
         positions = mask.long().cumsum(-1) - 1
-        cos, sin = self.lm.rotary_emb(x, positions)
+        rope = _rope_tables(*self.lm.rotary_emb(x, positions))
         key_mask = mask[:, None, None, :]
-        last = len(self.lm.layers) - 1
-        for i, layer in enumerate(self.lm.layers):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            k = _rope(self._split(attn.k_proj(h), self.kv_heads), cos, sin)
-            v = self._split(attn.v_proj(h), self.kv_heads)
-            cache.k[i][:, :, :p].copy_(k)
-            cache.v[i][:, :, :p].copy_(v)
-            if i == last:
-                break  # nothing reads the last layer's output, only its K/V
-            q = _rope(self._split(attn.q_proj(h), self.heads), cos, sin)
-            x = x + attn.o_proj(self._attend(q, k, v, key_mask, attn.scaling))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        last = len(self.lm_blocks) - 1
+        prefix = slice(0, p)
+        for i, blk in enumerate(self.lm_blocks):
+            # Nothing reads the last layer's output, only its K/V.
+            x = self._gemma_layer(
+                blk, x, rope, cache.k[i], cache.v[i], prefix, prefix, key_mask, attend=i < last
+            )
         # Expert masks: the state token sees the valid prefix and itself; action tokens see the valid
-        # prefix, the state and every action (transformers' block mask in PI0Model.forward).
+        # prefix, the state and every action (transformers' block mask in PI0Model.forward). Additive,
+        # built once per observation, rows in the folded query order of ``_attend``.
         n = cache.suffix_len
         rows = torch.zeros(mask.shape[0], n, cache.total, dtype=torch.bool, device=mask.device)
         rows[:, :, :p] = mask[:, None, :]
         rows[:, 0, p] = True
         rows[:, 1:, p : p + n] = True
-        cache.suffix_mask.copy_(rows.repeat(1, self.groups, 1)[:, None])
+        bias = torch.zeros(rows.shape, dtype=self.dtype, device=mask.device)
+        bias.masked_fill_(~rows, torch.finfo(self.dtype).min)
+        cache.suffix_mask.copy_(bias.repeat_interleave(self.groups, dim=1)[:, None])
         # Positions continue after the valid prefix tokens (cumsum over [mask, ones] - 1).
         valid = mask.long().sum(-1, keepdim=True)
         cache.positions.copy_(valid + torch.arange(n, device=mask.device))
@@ -197,42 +324,35 @@ class Pi0Functional:
         self,
         cache: Cache,
         x: torch.Tensor,
-        t: float,
+        time: torch.Tensor,
         state: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        b = x.shape[0]
-        time = torch.full((b,), t, dtype=torch.float32, device=x.device)
+        """The expert's velocity at ``time`` ((B,) float32): a tensor, so a compiled version of this
+        method sees one graph for every step."""
         h = self.model.embed_action_time(state, x, time)
-        cos, sin = rope
-        p, n = cache.prefix_len, cache.suffix_len
-        for i, layer in enumerate(self.dit.layers):
-            attn = layer.self_attn
-            a = layer.input_layernorm(h)
-            q = _rope(self._split(attn.q_proj(a), self.heads), cos, sin)
-            k = _rope(self._split(attn.k_proj(a), self.kv_heads), cos, sin)
-            v = self._split(attn.v_proj(a), self.kv_heads)
+        at = slice(cache.prefix_len, cache.prefix_len + cache.suffix_len)
+        keys = slice(0, cache.total)
+        for i, blk in enumerate(self.dit_blocks):
             # detach(): an alias of the static buffer with no autograd history, so RTC's backward of
             # this step never reaches an earlier step's graph through the shared storage.
-            kk, vv = cache.k[i].detach(), cache.v[i].detach()
-            kk[:, :, p : p + n] = k
-            vv[:, :, p : p + n] = v
-            h = h + attn.o_proj(self._attend(q, kk, vv, cache.suffix_mask, attn.scaling))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        h = self.dit.norm(h)
+            h = self._gemma_layer(
+                blk, h, rope, cache.k[i].detach(), cache.v[i].detach(), at, keys, cache.suffix_mask
+            )
+        h = _rms(h, self.dit_final_norm)
         return self.model.action_out_proj(h[:, -self.chunk :])
 
     def denoise(self, cache: Cache, batch: Batch, num_steps: int, beta: float = DEFAULT_BETA) -> torch.Tensor:
         """Euler flow matching from ``batch.noise`` (t = 1) to actions (t = 0), RTC-guided when the batch
         carries targets. Returns (B, chunk, max_action_dim) in the model dtype."""
         x = batch.noise
-        rope = self.dit.rotary_emb(x.new_zeros(1, dtype=self.dtype), cache.positions)
+        rope = _rope_tables(*self.dit.rotary_emb(x.new_zeros(1, dtype=self.dtype), cache.positions))
         dt = -1.0 / num_steps
         rtc = batch.target is not None
         for step in range(num_steps):
             t = 1.0 + step * dt
             if not rtc:
-                x = x + dt * self.velocity(cache, x, t, batch.state, rope)
+                x = x + dt * self.plain_velocity(cache, x, self._time(x, t), batch.state, rope)
                 continue
             x = x + dt * self._guided_velocity(cache, batch, x, t, rope, beta)
             # Hard inpainting: frozen steps stay on the straight noise->target path (exact at t = 0).
@@ -241,6 +361,10 @@ class Pi0Functional:
             on_path = t_next * batch.noise.float() + (1.0 - t_next) * batch.target
             x = torch.where(batch.frozen, on_path.to(x.dtype), x)
         return x
+
+    @staticmethod
+    def _time(x: torch.Tensor, t: float) -> torch.Tensor:
+        return torch.full((x.shape[0],), t, dtype=torch.float32, device=x.device)
 
     def _guided_velocity(
         self,
@@ -256,7 +380,7 @@ class Pi0Functional:
         assert batch.target is not None and batch.weights is not None
         with torch.enable_grad():
             xg = x.detach().requires_grad_(True)
-            v = self.velocity(cache, xg, t, batch.state, rope)
+            v = self.velocity(cache, xg, self._time(x, t), batch.state, rope)
             a_hat = xg - t * v
             err = (batch.weights * (batch.target - a_hat.float())).to(a_hat.dtype)
             (g,) = torch.autograd.grad(a_hat, xg, grad_outputs=err)
@@ -354,11 +478,18 @@ class FastPi0Runner(Pi0Runner):
         rtc_beta: float = DEFAULT_BETA,
         buckets: tuple[int, ...] = DEFAULT_BUCKETS,
         cuda_graphs: bool | None = None,
+        compile_expert: bool = False,
     ) -> None:
         super().__init__(model, tokenizer, spec, device, norm, rtc_beta)
         self.fn = Pi0Functional(model)
+        if compile_expert:
+            # Fuses the expert's small per-layer kernels (norms, rotary, gating) in the unguided loop;
+            # one compile per bucket (RTC's guided loop, which differentiates, stays uncompiled).
+            self.fn.plain_velocity = torch.compile(self.fn.velocity, dynamic=False)
         self._functional = self.fn
         self.buckets = tuple(sorted(set(buckets)))
+        if not self.buckets or self.buckets[0] < 1:
+            raise ValueError(f"policy_graph_buckets must be positive batch sizes, got {list(buckets)}")
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self._buckets: dict[int, _Bucket] = {}
         self._graph_failed: set[tuple[str, int, int]] = set()

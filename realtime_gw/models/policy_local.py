@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from realtime_gw.models.policy_backend import PolicyRunner
-from realtime_gw.sessions.policy import Infer, PolicyConnection, Send, SendError
+from realtime_gw.sessions.policy import Infer, PolicyConnection, Send, SendError, StartStream
 
 
 class LocalPolicy:
@@ -34,6 +34,10 @@ class LocalPolicy:
             for effect in effects:
                 if isinstance(effect, SendError):
                     raise ValueError(effect.message)
+                if isinstance(effect, StartStream):
+                    raise ValueError(
+                        "streamed actions need the gateway's socket; this policy is request/reply"
+                    )
                 if isinstance(effect, Send):
                     return dict(effect.payload)
                 if isinstance(effect, Infer):

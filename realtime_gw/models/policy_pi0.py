@@ -284,6 +284,7 @@ def build_pi0_runner(config: GatewayConfig) -> Pi0Runner:
             norm,
             rtc_beta=config.policy_rtc_beta,
             buckets=tuple(config.policy_graph_buckets),
+            compile_expert=config.policy_compile,
         )
     return Pi0Runner(model, tok, spec, config.policy_device, norm, rtc_beta=config.policy_rtc_beta)
 
@@ -299,7 +300,9 @@ def build_policy_backend(config: GatewayConfig) -> PolicyBackend:
     """The backend ``policy`` names: ``pi0`` (tiny/full/local weights) or ``noop`` (zeros, no model)."""
     slots = max(1, config.openpi_max_sessions * 2)
     if config.policy == "noop":
-        spec = policy_spec(config, model="noop (zeros)", action_horizon=TINY_CHUNK, tokenizer="none")
+        spec = policy_spec(
+            config, model="noop (zeros)", action_horizon=TINY_CHUNK, tokenizer="none", sampler="none"
+        )
         return PolicyBackend(NoopRunner(spec), slots=slots)
     if config.policy != "pi0":
         raise ValueError(f"no policy backend for policy={config.policy!r}")

@@ -114,7 +114,9 @@ class _Loop:
         self.prev_total_ms: float | None = None
         # One frame of read-ahead: enough to notice frames while a chunk computes, no unbounded buffer.
         self.frames: asyncio.Queue[tuple[dict[str, Any], float] | None] = asyncio.Queue(maxsize=1)
-        self.held: tuple[dict[str, Any], float] | None = None
+        self.held: list[tuple[dict[str, Any], float] | None] = []
+        """A frame (or the end, None) taken from the queue by streamed mode but not handled there."""
+        self.busy = False
 
     async def run(self) -> None:
         reader = asyncio.create_task(self._read())
@@ -125,8 +127,12 @@ class _Loop:
                 if item is None:
                     return
                 message, started = item
-                if not await self._run_effects(await self._effects_for(message), started):
-                    return
+                self.busy = True  # the client is waiting for us: not idle
+                try:
+                    if not await self._run_effects(await self._effects_for(message), started):
+                        return
+                finally:
+                    self.busy = False
         except WebSocketDisconnect:
             return
         except Exception as e:  # an internal fault: the stock contract is a text frame, then 1011
@@ -144,6 +150,8 @@ class _Loop:
                 try:
                     message = await asyncio.wait_for(self.ws.receive(), self.idle_s)
                 except asyncio.TimeoutError:
+                    if self.busy:
+                        continue  # a reply is still being computed: the silence is ours
                     await self.frames.put(({"type": "idle"}, time.monotonic()))
                     return
                 if message["type"] == "websocket.disconnect":
@@ -154,10 +162,7 @@ class _Loop:
         await self.frames.put(None)
 
     async def _next_frame(self) -> tuple[dict[str, Any], float] | None:
-        if self.held is not None:
-            item, self.held = self.held, None
-        else:
-            item = await self.frames.get()
+        item = self.held.pop() if self.held else await self.frames.get()
         if item is not None and item[0]["type"] == "idle":
             await self.ws.close(code=1000, reason=f"idle for {self.idle_s:g} s")
             return None
@@ -219,6 +224,7 @@ class _Loop:
         """Run streamed mode until ``stream_stop`` (True) or the connection ends (False)."""
         await self.ws.send_bytes(packb(session.started().payload))
         scheduler = session.scheduler
+        self.busy = False  # streaming robots keep sending: silence for openpi_idle_timeout_s is idle
         get: asyncio.Task[Any] | None = None
         chunk: asyncio.Task[tuple[int, np.ndarray | None, str | None]] | None = None
         try:
@@ -257,9 +263,10 @@ class _Loop:
                     elif isinstance(effect, StopStream):
                         return True
         finally:
+            self.busy = True
             if get is not None:
                 if get.done() and not get.cancelled() and get.exception() is None:
-                    self.held = get.result()  # a frame that raced the stop: request/reply mode gets it
+                    self.held.append(get.result())  # raced the stop: request/reply mode gets it
                 else:
                     get.cancel()
             if chunk is not None:

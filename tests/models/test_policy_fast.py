@@ -1,0 +1,165 @@
+"""The fast PI0 sampler (static prefix KV, bucketed graphs) and real-time chunking, on the tiny config (CPU).
+
+The fast path must be the same function as transformers' ``sample_actions`` (float32, same noise), alone
+and in mixed batches; RTC must freeze the first ``d`` actions to the previous chunk and shrink the jump
+at the switch."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.policy_fast import FastPi0Runner
+from realtime_gw.models.policy_pi0 import Pi0Runner, build_pi0_runner, load_model, policy_spec, resolve_impl
+from realtime_gw.models.policy_preprocess import NormStats
+from realtime_gw.models.policy_rtc import guidance_scale, guidance_weights
+from realtime_gw.models.policy_types import PolicyRequest, RtcGuide
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """As in test_policy_pi0: the model runs on pytest's thread; one thread keeps a shared CPU quick."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> tuple[Any, Any]:
+    model, tok, _, _ = load_model(GatewayConfig())
+    return model, tok
+
+
+def runners(tiny: tuple[Any, Any], **fast_kw: Any) -> tuple[Pi0Runner, FastPi0Runner]:
+    model, tok = tiny
+    spec = policy_spec(
+        GatewayConfig(), model="tiny", action_horizon=model.config.chunk_size, tokenizer=tok.name
+    )
+    return Pi0Runner(model, tok, spec), FastPi0Runner(model, tok, spec, **fast_kw)
+
+
+def request(i: int, seed: int | None = None, rtc: RtcGuide | None = None, **kw: Any) -> PolicyRequest:
+    rng = np.random.default_rng(i)
+    wrist = rng.integers(0, 256, (120, 160, 3), dtype=np.uint8) if i % 3 else None
+    return PolicyRequest(
+        images=[rng.integers(0, 256, (224, 224, 3), dtype=np.uint8), wrist, None],
+        state=rng.standard_normal((1, 8)).astype(np.float32),
+        prompt="pick up the cup " * (i % 4),  # different prompt lengths: different padding masks
+        seed=1000 + i if seed is None else seed,
+        rtc=rtc,
+        **kw,
+    )
+
+
+def test_fast_equals_sample_actions_at_batch_one(tiny: tuple[Any, Any]) -> None:
+    eager, fast = runners(tiny)
+    for i in range(2):
+        (p,) = [eager.prepare(request(i))]
+        (ref,), (got,) = eager.run([p], None), fast.run([p], None)
+        assert np.abs(got - ref).max() <= TOL, np.abs(got - ref).max()
+    # Fewer denoising steps go through the same loop.
+    p = eager.prepare(request(5, num_steps=3))
+    assert np.abs(fast.run([p], 3)[0] - eager.run([p], 3)[0]).max() <= TOL
+
+
+def test_mixed_batch_has_no_crosstalk(tiny: tuple[Any, Any]) -> None:
+    eager, fast = runners(tiny)
+    prepared = [eager.prepare(request(i)) for i in range(6)]  # masked cameras, prompt lengths, seeds
+    together = fast.run(prepared, None)
+    for i, p in enumerate(prepared):
+        (ref,) = eager.run([p], None)
+        assert np.abs(together[i] - ref).max() <= TOL, f"robot {i}"
+        assert np.abs(fast.run([p], None)[0] - together[i]).max() <= TOL
+    assert not np.allclose(together[0], together[1])
+
+
+def test_bucket_buffers_pad_and_reuse(tiny: tuple[Any, Any], caplog: pytest.LogCaptureFixture) -> None:
+    """The graph path's static buffers, exercised on the CPU: capture fails there and the runner launches
+    the captured code itself, over the same padded bucket buffers."""
+    eager, fast = runners(tiny, cuda_graphs=True, buckets=(1, 4))
+    with caplog.at_level(logging.WARNING, logger="realtime_gw.models.policy_fast"):
+        three = [eager.prepare(request(10 + i)) for i in range(3)]
+        got = fast.run(three, None)  # bucket 4 with one padding row
+        one = fast.run([three[2]], None)  # bucket 1
+        again = fast.run(three[:2], None)  # bucket 4 again: rows 2-3 hold stale inputs
+    assert "capture" in caplog.text
+    for g, p in zip(got, three, strict=True):
+        assert np.abs(g - eager.run([p], None)[0]).max() <= TOL
+    assert np.abs(one[0] - got[2]).max() <= TOL
+    assert np.abs(again[0] - got[0]).max() <= TOL and np.abs(again[1] - got[1]).max() <= TOL
+    assert len(fast.run([eager.prepare(request(20 + i)) for i in range(6)], None)) == 6  # split over buckets
+
+
+def test_guidance_weights_and_scale() -> None:
+    w = guidance_weights(horizon=10, prev_len=8, delay=2, execute_horizon=3)
+    assert w[:2].tolist() == [1.0, 1.0] and (w[7:] == 0).all()
+    assert (np.diff(w[2:7]) < 0).all() and 0 < w[6] < w[2] < 1
+    assert guidance_weights(10, 4, 1, 2)[4:].max() == 0  # nothing past the previous chunk
+    assert guidance_scale(1.0) == 5.0 and guidance_scale(1.0, beta=2.0) == 2.0  # clipped at pure noise
+    assert guidance_scale(0.5) == pytest.approx(2.0) and guidance_scale(0.9, beta=100) > 2.0
+    with pytest.raises(ValueError, match="delay"):
+        guidance_weights(10, 3, 4, 2)
+
+
+def test_rtc_freezes_the_executed_steps_and_shrinks_the_jump(tiny: tuple[Any, Any]) -> None:
+    """20 random episodes: chunk A, then s steps later chunk B from a new observation with RTC against
+    what is left of A (delay d), and the same B without RTC. The jump is ||B[d] - A_left[d]||: how far
+    the robot's action moves off the previous plan at the first step the new chunk decides."""
+    _, fast = runners(tiny)
+    h, s, d, episodes = 10, 4, 2, 20
+    first = fast.run([fast.prepare(request(100 + e)) for e in range(episodes)], None)
+    left = [a[s:] for a in first]
+    guided = [fast.prepare(request(200 + e, rtc=RtcGuide(left[e], d, s))) for e in range(episodes)]
+    plain = [fast.prepare(request(200 + e)) for e in range(episodes)]
+    out = fast.run(guided + plain, None)  # RTC and plain rows share one batch
+    with_rtc, without = out[:episodes], out[episodes:]
+    # The denoiser itself lands on the frozen steps (before the runner writes them exactly).
+    raw = fast.fn.sample(guided, h, fast.device)[:, :, :8].numpy()
+    for e in range(episodes):
+        assert np.abs(raw[e, :d] - left[e][:d]).max() <= 1e-3
+        np.testing.assert_array_equal(with_rtc[e][:d], left[e][:d])
+        assert np.abs(without[e] - fast.run([plain[e]], None)[0]).max() <= TOL  # no crosstalk from RTC rows
+    jump = np.array([np.linalg.norm(with_rtc[e][d] - left[e][d]) for e in range(episodes)])
+    jump0 = np.array([np.linalg.norm(without[e][d] - left[e][d]) for e in range(episodes)])
+    assert jump.mean() < 0.5 * jump0.mean(), (jump.mean(), jump0.mean())
+    assert (jump < jump0).sum() >= 18, (jump, jump0)
+    # The guided overlap stays closer to the old plan than an unguided chunk does.
+    overlap = slice(d, h - s)
+    gap = np.mean([np.abs(with_rtc[e][overlap] - left[e][overlap]).mean() for e in range(episodes)])
+    gap0 = np.mean([np.abs(without[e][overlap] - left[e][overlap]).mean() for e in range(episodes)])
+    assert gap < gap0
+
+
+def test_eager_runner_serves_rtc_through_the_guided_sampler(tiny: tuple[Any, Any]) -> None:
+    eager, fast = runners(tiny)
+    norm = NormStats(
+        state_mean=np.zeros(8, np.float32),
+        state_std=np.ones(8, np.float32),
+        actions_mean=np.full(8, 0.5, np.float32),
+        actions_std=np.full(8, 2.0, np.float32),
+    )
+    eager.norm = fast.norm = norm
+    prev = np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32)
+    req = request(3, rtc=RtcGuide(prev, 3, 4))
+    (a,), (b,) = eager.run([eager.prepare(req)], None), fast.run([fast.prepare(req)], None)
+    assert np.abs(a - b).max() <= TOL
+    np.testing.assert_array_equal(a[:3], prev[:3])  # robot space, exact, through the normalization
+    with pytest.raises(ValueError, match="prev_actions has shape"):
+        eager.prepare(request(3, rtc=RtcGuide(np.zeros((11, 8), np.float32), 1, 1)))
+
+
+def test_build_selects_the_sampler() -> None:
+    assert resolve_impl(GatewayConfig()) == "eager"
+    assert resolve_impl(GatewayConfig(policy_device="cuda:0")) == "fast"
+    assert resolve_impl(GatewayConfig(policy_device="cuda", policy_impl="eager")) == "eager"
+    runner = build_pi0_runner(GatewayConfig(policy_impl="fast"))
+    assert isinstance(runner, FastPi0Runner) and runner.spec.sampler == "fast" and not runner.cuda_graphs
