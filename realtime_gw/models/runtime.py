@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -108,7 +107,6 @@ class Stream(Generic[S]):
         self.input_closed = False
         self.cancelled = False
         self.finished = False
-        self.submitted_at = time.perf_counter()
         self.steps = 0
         """Backend steps this request has had; 0 = still waiting for its first output."""
         self.last_step = 0
@@ -219,13 +217,11 @@ class StageWorker:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"worker-{self.name}")
         self._rr = 0  # iteration counter, for round-robin order
         self._last_batch = 0
-        self._ident: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self, warmup: bool = True) -> None:
         self._wake_event = asyncio.Event()
         loop = asyncio.get_running_loop()
-        self._ident = await loop.run_in_executor(self._thread, threading.get_ident)
         if warmup:
             await loop.run_in_executor(self._thread, self.backend.warmup)
         self.ready = True

@@ -202,7 +202,6 @@ class RealtimeConnection:
             elif isinstance(e, Transcribe):
                 self.spawn(self._transcribe(e), f"asr-{e.item_id}")
             elif isinstance(e, StartResponse):
-                self.response_started.setdefault(e.response_id, time.monotonic())
                 self.responses[e.response_id] = self.spawn(self._respond(e), f"resp-{e.response_id}")
             elif isinstance(e, CancelResponse):
                 task = self.responses.pop(e.response_id, None)

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from realtime_gw.models.types import FRAME_SAMPLES, OUTPUT_RATE, TtsFrame
+from realtime_gw.models.types import OUTPUT_RATE, TtsFrame
 from realtime_gw.protocols import audio
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.sessions.conversation import (
@@ -852,4 +852,3 @@ _HANDLERS: dict[type, Any] = {
     AudioDelivered: RealtimeSession._on_audio_delivered,
 }
 
-__all__ = ["RealtimeSession", "SessionSettings", "FRAME_SAMPLES"]
