@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from realtime_gw.config import GatewayConfig  # noqa: E402
 from realtime_gw.models.policy_backend import PolicyBackend  # noqa: E402
 from realtime_gw.models.policy_fast import FastPi0Runner  # noqa: E402
-from realtime_gw.models.policy_pi0 import Pi0Runner, load_model, policy_spec  # noqa: E402
+from realtime_gw.models.policy_pi0 import Pi0Runner, compile_enabled, load_model, policy_spec  # noqa: E402
 from realtime_gw.models.policy_types import PolicyRequest, RtcGuide  # noqa: E402
 from realtime_gw.models.runtime import StageWorker  # noqa: E402
 
@@ -173,6 +173,65 @@ def device_time(fast: FastPi0Runner, batch: int, rtc: bool = False, iters: int =
             times.append(a.elapsed_time(b))
         out[name] = float(np.median(times))
     return out
+
+
+def host_time(fast: FastPi0Runner, batch: int, iters: int = 20) -> dict[str, float]:
+    """Where the runner's time beyond the device goes, medians: staging + upload, graph launches (host
+    side, returning before the device is done), the wait for the device, read-back + un-normalising."""
+    steps = fast.spec.num_inference_steps
+    prepared = [fast.prepare(request(300 + i)) for i in range(batch)]
+    bucket = fast._bucket(next(b for b in fast.buckets if b >= batch))
+    parts: dict[str, list[float]] = {"load_ms": [], "launch_ms": [], "wait_ms": [], "finish_ms": []}
+    with torch.no_grad():
+        for _ in range(iters):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fast._load(bucket, prepared, False)
+            t1 = time.perf_counter()
+            fast._launch(bucket, "prefix", 0, batch)
+            fast._launch(bucket, "plain", steps, bucket.size)
+            out = bucket.out[:batch].clone()
+            t2 = time.perf_counter()
+            torch.cuda.synchronize()
+            t3 = time.perf_counter()
+            fast.finish(prepared, out)
+            t4 = time.perf_counter()
+            for k, a, b in (("load_ms", t0, t1), ("launch_ms", t1, t2), ("wait_ms", t2, t3), ("finish_ms", t3, t4)):
+                parts[k].append((b - a) * 1000)
+    return {k: float(np.median(v)) for k, v in parts.items()}
+
+
+def overlap_probe(fast: FastPi0Runner, iters: int = 20) -> dict[str, float]:
+    """Would pipelining pay? Bucket 1's prefix graph and loop graph replayed one after the other vs on two
+    streams at once (one robot's prefix beside another's denoising). A timing probe only: the two graphs
+    share one memory pool, so the values are garbage while they overlap."""
+    steps = fast.spec.num_inference_steps
+    bucket = fast._bucket(1)
+    prefix, loop = fast._graph(bucket, "prefix", 0, 1), fast._graph(bucket, "plain", steps)
+    if prefix is None or loop is None:
+        return {}
+    main, s1, s2 = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()
+    out: dict[str, list[float]] = {"serial_ms": [], "overlapped_ms": []}
+    for _ in range(iters):
+        for name in out:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            if name == "serial_ms":
+                prefix.replay()
+                loop.replay()
+            else:
+                s1.wait_stream(main)
+                s2.wait_stream(main)
+                with torch.cuda.stream(s1):
+                    prefix.replay()
+                with torch.cuda.stream(s2):
+                    loop.replay()
+                main.wait_stream(s1)
+                main.wait_stream(s2)
+            b.record()
+            b.synchronize()
+            out[name].append(a.elapsed_time(b))
+    return {k: float(np.median(v)) for k, v in out.items()}
 
 
 # -- 3. robots at a chunk rate through the worker -------------------------------------------------------------
@@ -389,10 +448,16 @@ def main() -> None:
     ap.add_argument("--robot-hz", type=float, default=10.0)
     ap.add_argument("--robot-seconds", type=float, default=3.0)
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
-    ap.add_argument("--compile", action="store_true", help="the main fast runner compiles the expert's step")
+    ap.add_argument(
+        "--compile",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="the main fast runner's policy_compile (auto: on for CUDA, as the server's default)",
+    )
+    ap.add_argument("--compile-budget-s", type=float, default=300.0)
     ap.add_argument("--quick", action="store_true", help="few reps, small robot counts (smoke run)")
     ap.add_argument(
-        "--skip", default="", help="comma list of phases to skip: checks,eager,fast,robots,socket"
+        "--skip", default="", help="comma list of phases to skip: checks,eager,fast,robots,variant,uncompiled,socket"
     )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -426,16 +491,21 @@ def main() -> None:
         f"model {desc}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params, {RESULTS['load_s']:.1f} s"
     )
     eager = Pi0Runner(model, tok, spec, dev)
-    fast = FastPi0Runner(model, tok, spec, dev, buckets=tuple(args.batches), compile_expert=args.compile)
-    RESULTS["compile_expert"] = args.compile
-    t0 = time.perf_counter()
-    fast.warmup()
-    RESULTS["capture_s"] = time.perf_counter() - t0
-    RESULTS["graphs"] = sum(len(b.graphs) for b in fast._buckets.values())
-    RESULTS["graph_failures"] = sorted(map(str, fast._graph_failed))
-    log(
-        f"captured {RESULTS['graphs']} graphs in {RESULTS['capture_s']:.1f} s; failures {RESULTS['graph_failures']}"
+    config.policy_compile = args.compile
+    compiled = compile_enabled(config)
+    fast = FastPi0Runner(
+        model,
+        tok,
+        spec,
+        dev,
+        buckets=tuple(args.batches),
+        compile_expert=compiled,
+        compile_budget_s=args.compile_budget_s,
     )
+    RESULTS["compile_expert"] = compiled
+    fast.warmup()
+    RESULTS["warmup"] = fast.warmup_report
+    log(f"warm-up (graph capture{' + compile' if compiled else ''}): {fast.warmup_report}")
 
     phases: list[tuple[str, Any]] = []
     if "checks" not in skip:
@@ -457,7 +527,11 @@ def main() -> None:
                 RESULTS["fast"][b] = time_runner(fast, b, args.reps, dev)
                 if dev.startswith("cuda"):
                     RESULTS["device"][b] = device_time(fast, b)
+                    RESULTS["device"][b]["host"] = host_time(fast, b)
                 log(f"fast batch {b}: {RESULTS['fast'][b]} device {RESULTS['device'].get(b)}")
+            if dev.startswith("cuda") and 1 in args.batches:
+                RESULTS["overlap_probe"] = overlap_probe(fast)
+                log(f"overlap probe (batch 1 prefix beside batch 1 loop): {RESULTS['overlap_probe']}")
             for b in (1, 8):
                 if b in args.batches:
                     RESULTS["fast_rtc"][b] = time_runner(fast, b, args.reps, dev, rtc=True)
@@ -516,30 +590,29 @@ def main() -> None:
                 pf.UNFUSED_MAX_QUERIES = saved
 
         phases.append(("variant", variant_phase))
-    if "compiled" not in skip:
+    if "uncompiled" not in skip and compiled:
 
-        def compiled_phase() -> None:
-            # Same sampler with the expert's step under torch.compile (one compile per bucket).
+        def uncompiled_phase() -> None:
+            # The same sampler without torch.compile: what the compile buys, and the start-up it costs.
             sizes = tuple(b for b in (1, 8) if b in args.batches)
-            comp = FastPi0Runner(model, tok, spec, dev, buckets=sizes, compile_expert=True)
-            RESULTS["compiled"] = {}
+            plain = FastPi0Runner(model, tok, spec, dev, buckets=sizes, compile_expert=False)
+            plain.warmup()
+            RESULTS["uncompiled"] = {"warmup": plain.warmup_report}
             for b in sizes:
-                t0 = time.perf_counter()
-                bucket = comp._bucket(b)
-                comp._graph(bucket, "prefix", spec.num_inference_steps)
-                comp._graph(bucket, "plain", spec.num_inference_steps)
-                r = {"compile_capture_s": time.perf_counter() - t0}
-                prepared = [comp.prepare(request(7 * i)) for i in range(b)]
-                r["vs_uncompiled_max_abs"] = float(
-                    np.abs(np.stack(comp.run(prepared, None)) - np.stack(fast.run(prepared, None))).max()
-                )
-                r.update(time_runner(comp, b, args.reps, dev))
+                prepared = [plain.prepare(request(7 * i)) for i in range(b)]
+                r: dict[str, Any] = {
+                    "vs_compiled_max_abs": float(
+                        np.abs(np.stack(plain.run(prepared, None)) - np.stack(fast.run(prepared, None))).max()
+                    )
+                }
+                r.update(time_runner(plain, b, args.reps, dev))
+                r["rtc"] = time_runner(plain, b, args.reps, dev, rtc=True)
                 if dev.startswith("cuda"):
-                    r["device"] = device_time(comp, b)
-                RESULTS["compiled"][b] = r
-                log(f"compiled batch {b}: {r}")
+                    r["device"] = device_time(plain, b)
+                RESULTS["uncompiled"][b] = r
+                log(f"uncompiled batch {b}: {r}")
 
-        phases.append(("compiled", compiled_phase))
+        phases.append(("uncompiled", uncompiled_phase))
     if "socket" not in skip:
 
         def socket_phase() -> None:
@@ -555,8 +628,8 @@ def main() -> None:
                 log(f"socket stream: {RESULTS['socket']['stream']}")
 
         phases.append(("socket", socket_phase))
-    # The compiled variant is optional and the slowest to set up: measure it last.
-    phases.sort(key=lambda p: p[0] == "compiled")
+    # The comparison runner is optional: measure it last.
+    phases.sort(key=lambda p: p[0] == "uncompiled")
     for name, fn in phases:
         try:
             fn()

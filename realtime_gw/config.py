@@ -83,9 +83,12 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     `sample_actions`); `auto` = `fast` on CUDA, `eager` on the CPU. Both give the same actions."""
     policy_graph_buckets: list[int] = msgspec.field(default_factory=lambda: [1, 2, 4, 8, 16])
     """`fast` on CUDA: batch sizes with captured graphs; a batch runs padded to the next bucket."""
-    policy_compile: bool = False
-    """`fast`: also torch.compile the action expert's step (fuses its small kernels; ~15 s per bucket
-    at start-up on an H200)."""
+    policy_compile: Literal["auto", "on", "off"] = "auto"
+    """`fast`: torch.compile the action expert's step (fuses its small kernels, plain and RTC loops);
+    `auto` = on with CUDA graphs (CUDA), off on the CPU. Costs start-up time (see the budget)."""
+    policy_compile_budget_s: float = 300.0
+    """Start-up seconds for compiling, bucket by bucket from the smallest; buckets begun after it run
+    the uncompiled step. Inductor's on-disk cache makes later start-ups much shorter."""
     policy_rtc_beta: float = 5.0
     """Real-time chunking: clip of the guidance weight (the RTC paper's beta)."""
     policy_norm_stats: str | None = None

@@ -7,12 +7,16 @@ restructured for serving.
   no cache is grown, cropped or copied.
 - The flow-matching loop has no host syncs (times are Python constants), so on CUDA the prefix and the
   whole loop are each captured in a **CUDA graph per batch bucket** (1, 2, 4, 8, 16 by default) and
-  replayed; a batch is padded up to its bucket. The only sync is the final copy of the actions.
+  replayed. The loop runs padded up to its bucket (it is latency-bound: padding rows cost little), the
+  compute-bound prefix has a graph per exact batch size (padding rows would cost a full robot each).
+  All graphs share one memory pool. Inputs go up through pinned staging buffers; the only sync is the
+  final copy of the actions.
 - At batch 1 the expert's ten steps are hundreds of tiny kernels, so their count is what costs (H200
   numbers in docs/benchmarks.md): QKV and gate|up run as one GEMM each, residual adds ride in the GEMM,
   rotary is roll + addcmul over q and k together, the expert attends by two GEMMs (a fused attention
-  kernel gets only a few thread blocks for 51 tokens over the long cache) and, optionally, the step is
-  ``torch.compile``-d. Images travel as uint8 and are scaled on the device.
+  kernel gets only a few thread blocks for 51 tokens over the long cache) and, by default on CUDA, the
+  step is ``torch.compile``-d (plain and guided loops; the guided one's backward too), bucket by bucket
+  within a start-up budget. Images travel as uint8 and are scaled on the device.
 - Real-time chunking (``policy_rtc``): guided denoising with pseudo-inverse guidance (a vector-Jacobian
   product through the action expert at every step) toward the previous chunk, plus hard inpainting of
   the frozen steps; captured in its own graph per bucket.
@@ -26,7 +30,10 @@ the same in transformers 5.17 and 5.24.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +49,9 @@ from realtime_gw.models.policy_rtc import DEFAULT_BETA, guidance_scale
 log = logging.getLogger(__name__)
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16)
+DEFAULT_COMPILE_BUDGET_S = 300.0
+Velocity = Callable[..., torch.Tensor]
+"""``Pi0Functional.velocity``'s signature: (cache, x, time, state, rope) -> velocity."""
 UNFUSED_MAX_QUERIES = 128
 """Token counts below this (the expert's 1 + H) attend through GEMMs rather than a fused kernel."""
 KV_ALIGN = 16
@@ -119,6 +129,14 @@ class Batch:
     weights: torch.Tensor | None = None  # (B, chunk, max_action_dim) float32: RTC W
     frozen: torch.Tensor | None = None  # (B, chunk, 1) bool: steps hard-inpainted to Y
 
+    def rows(self, n: int) -> Batch:
+        """The first ``n`` rows (views of the same storage)."""
+        return Batch(**{f.name: _head(getattr(self, f.name), n) for f in dataclasses.fields(self)})
+
+
+def _head(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    return None if t is None else t[:n]
+
 
 class Cache:
     """Static per-layer K/V for one batch size, plus the per-batch masks and positions the expert uses."""
@@ -135,6 +153,13 @@ class Cache:
             (batch, 1, self.suffix_len * fn.groups, self.total), dtype=fn.dtype, device=device
         )
         self.positions = torch.zeros((batch, self.suffix_len), dtype=torch.long, device=device)
+
+    def rows(self, n: int) -> Cache:
+        """The first ``n`` rows (views of the same buffers): the prefix of an exact-size batch."""
+        view = copy.copy(self)
+        view.k, view.v = [k[:n] for k in self.k], [v[:n] for v in self.v]
+        view.suffix_mask, view.positions = self.suffix_mask[:n], self.positions[:n]
+        return view
 
 
 class Pi0Functional:
@@ -181,8 +206,6 @@ class Pi0Functional:
         self.lm_blocks = [_Block(layer, gemma=True) for layer in self.lm.layers]
         self.dit_blocks = [_Block(layer, gemma=True) for layer in self.dit.layers]
         self.dit_final_norm = (1.0 + self.dit.norm.weight.float(), float(self.dit.norm.eps))
-        self.plain_velocity: Callable[..., torch.Tensor] = self.velocity
-        """The unguided loop's velocity: ``velocity``, or a compiled version of it (``compile_expert``)."""
 
     # -- attention ------------------------------------------------------------------------------------
     def _attend(
@@ -342,9 +365,18 @@ class Pi0Functional:
         h = _rms(h, self.dit_final_norm)
         return self.model.action_out_proj(h[:, -self.chunk :])
 
-    def denoise(self, cache: Cache, batch: Batch, num_steps: int, beta: float = DEFAULT_BETA) -> torch.Tensor:
+    def denoise(
+        self,
+        cache: Cache,
+        batch: Batch,
+        num_steps: int,
+        beta: float = DEFAULT_BETA,
+        velocity: Velocity | None = None,
+    ) -> torch.Tensor:
         """Euler flow matching from ``batch.noise`` (t = 1) to actions (t = 0), RTC-guided when the batch
-        carries targets. Returns (B, chunk, max_action_dim) in the model dtype."""
+        carries targets. Returns (B, chunk, max_action_dim) in the model dtype. ``velocity``: ``self.velocity``
+        or a compiled version of it."""
+        velocity = velocity or self.velocity
         x = batch.noise
         rope = _rope_tables(*self.dit.rotary_emb(x.new_zeros(1, dtype=self.dtype), cache.positions))
         dt = -1.0 / num_steps
@@ -352,9 +384,9 @@ class Pi0Functional:
         for step in range(num_steps):
             t = 1.0 + step * dt
             if not rtc:
-                x = x + dt * self.plain_velocity(cache, x, self._time(x, t), batch.state, rope)
+                x = x + dt * velocity(cache, x, self._time(x, t), batch.state, rope)
                 continue
-            x = x + dt * self._guided_velocity(cache, batch, x, t, rope, beta)
+            x = x + dt * self._guided_velocity(velocity, cache, batch, x, t, rope, beta)
             # Hard inpainting: frozen steps stay on the straight noise->target path (exact at t = 0).
             t_next = max(0.0, 1.0 + (step + 1) * dt) if step + 1 < num_steps else 0.0
             assert batch.frozen is not None and batch.target is not None
@@ -368,6 +400,7 @@ class Pi0Functional:
 
     def _guided_velocity(
         self,
+        velocity: Velocity,
         cache: Cache,
         batch: Batch,
         x: torch.Tensor,
@@ -376,11 +409,12 @@ class Pi0Functional:
         beta: float,
     ) -> torch.Tensor:
         """v - c(t) * J^T (W * (Y - A_hat)), A_hat = x - t v(x): PiGDM with the Jacobian of the
-        one-step action estimate (a vector-Jacobian product through the expert)."""
+        one-step action estimate (a vector-Jacobian product through the expert; a compiled ``velocity``
+        brings its compiled backward)."""
         assert batch.target is not None and batch.weights is not None
         with torch.enable_grad():
             xg = x.detach().requires_grad_(True)
-            v = self.velocity(cache, xg, self._time(x, t), batch.state, rope)
+            v = velocity(cache, xg, self._time(x, t), batch.state, rope)
             a_hat = xg - t * v
             err = (batch.weights * (batch.target - a_hat.float())).to(a_hat.dtype)
             (g,) = torch.autograd.grad(a_hat, xg, grad_outputs=err)
@@ -430,12 +464,14 @@ def rtc_stack(prepared: list[Prepared], chunk: int, max_action_dim: int) -> tupl
 
 # -- the serving runner -----------------------------------------------------------------------------------
 class _Bucket:
-    """Static inputs, cache and output of one batch size, and the graphs captured over them."""
+    """Static inputs, cache and output of one batch size, and the graphs captured over them: the loop's
+    (``plain``, ``rtc``) at this size, the prefix's at every exact size from ``smallest`` up to it."""
 
     def __init__(
         self,
         fn: Pi0Functional,
         size: int,
+        smallest: int,
         slots: int,
         image: tuple[int, int],
         prompt_len: int,
@@ -444,7 +480,7 @@ class _Bucket:
         dt = fn.dtype
         h, w = image
         tokens = prompt_len
-        self.size = size
+        self.size, self.smallest = size, smallest
         self.batch = Batch(
             pixel_values=torch.zeros((size, slots, 3, h, w), dtype=torch.uint8, device=device),
             input_ids=torch.zeros((size, tokens), dtype=torch.long, device=device),
@@ -456,9 +492,20 @@ class _Bucket:
             weights=torch.zeros((size, fn.chunk, fn.max_action_dim), dtype=torch.float32, device=device),
             frozen=torch.zeros((size, fn.chunk, 1), dtype=torch.bool, device=device),
         )
+        # Host staging, pinned on CUDA: the uploads are asynchronous and ordered before the replays.
+        pinned = device.type == "cuda"
+        self.host = Batch(
+            **{
+                f.name: torch.empty_like(getattr(self.batch, f.name), device="cpu", pin_memory=pinned)
+                for f in dataclasses.fields(Batch)
+            }
+        )
         self.cache = Cache(fn, size, tokens, device)
         self.out = torch.zeros((size, fn.chunk, fn.max_action_dim), dtype=dt, device=device)
         self.graphs: dict[tuple[str, int], Any] = {}
+        """(kind, steps) for the loops, ("prefix", rows) for the prefix -> CUDA graph."""
+        self.compiled: set[str] = set()
+        """Loop kinds whose graph runs the compiled expert step."""
 
     def plain(self) -> Batch:
         b = self.batch
@@ -466,7 +513,12 @@ class _Bucket:
 
 
 class FastPi0Runner(Pi0Runner):
-    """``Pi0Runner`` with the fast sampler: static KV, bucketed CUDA graphs on CUDA (eager elsewhere)."""
+    """``Pi0Runner`` with the fast sampler: static KV, bucketed CUDA graphs on CUDA (eager elsewhere).
+
+    ``compile_expert``: the expert's step goes through ``torch.compile`` (one compile per bucket and loop
+    kind, the guided loop's with its backward). ``warmup`` compiles bucket by bucket, smallest first,
+    while ``compile_budget_s`` lasts; buckets begun after that run the uncompiled step (same function,
+    slower), and so does any capture that fails compiled."""
 
     def __init__(
         self,
@@ -479,20 +531,30 @@ class FastPi0Runner(Pi0Runner):
         buckets: tuple[int, ...] = DEFAULT_BUCKETS,
         cuda_graphs: bool | None = None,
         compile_expert: bool = False,
+        compile_budget_s: float = DEFAULT_COMPILE_BUDGET_S,
     ) -> None:
         super().__init__(model, tokenizer, spec, device, norm, rtc_beta)
         self.fn = Pi0Functional(model)
-        if compile_expert:
-            # Fuses the expert's small per-layer kernels (norms, rotary, gating) in the unguided loop;
-            # one compile per bucket (RTC's guided loop, which differentiates, stays uncompiled).
-            self.fn.plain_velocity = torch.compile(self.fn.velocity, dynamic=False)
         self._functional = self.fn
         self.buckets = tuple(sorted(set(buckets)))
         if not self.buckets or self.buckets[0] < 1:
             raise ValueError(f"policy_graph_buckets must be positive batch sizes, got {list(buckets)}")
+        self.compile_expert, self.compile_budget_s = compile_expert, compile_budget_s
+        self._compiled_velocity: Velocity | None = None
+        if compile_expert:
+            import torch._dynamo
+
+            # One compiled entry per bucket and grad mode (plain / guided), plus slack for step counts.
+            need = 2 * len(self.buckets) + 4
+            cfg = torch._dynamo.config
+            cfg.recompile_limit = max(cfg.recompile_limit, need)
+            self._compiled_velocity = torch.compile(self.fn.velocity, dynamic=False)
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self._buckets: dict[int, _Bucket] = {}
         self._graph_failed: set[tuple[str, int, int]] = set()
+        self._pool: Any = None
+        self.warmup_report: dict[str, Any] = {}
+        """What ``warmup`` did: seconds, graphs, compiled loops per bucket, failures."""
 
     def run(self, prepared: list[Prepared], num_steps: int | None) -> list[np.ndarray]:
         steps = num_steps or self.spec.num_inference_steps
@@ -504,14 +566,34 @@ class FastPi0Runner(Pi0Runner):
         return out
 
     def warmup(self) -> None:
-        """Capture every bucket's graphs (plain and RTC) at the default step count."""
+        """Capture every bucket's graphs (exact-size prefixes, plain and RTC loops) at the default step
+        count, compiling while the budget lasts."""
         if not self.cuda_graphs:
             return
+        start = time.monotonic()
+        steps = self.spec.num_inference_steps
+        budget_left = self.compile_expert
         for size in self.buckets:
+            if budget_left and time.monotonic() - start > self.compile_budget_s:
+                budget_left = False
+                log.warning(
+                    "policy: compile budget (%.0f s) spent; buckets from %d on run the uncompiled step",
+                    self.compile_budget_s,
+                    size,
+                )
             bucket = self._bucket(size)
-            for kind in ("prefix", "plain", "rtc"):
-                self._graph(bucket, kind, self.spec.num_inference_steps)
+            for rows in range(bucket.smallest, size + 1):
+                self._graph(bucket, "prefix", 0, rows)
+            for kind in ("plain", "rtc"):
+                self._graph(bucket, kind, steps, compiled=budget_left)
         torch.cuda.synchronize(self.device)
+        self.warmup_report = {
+            "seconds": round(time.monotonic() - start, 1),
+            "graphs": sum(len(b.graphs) for b in self._buckets.values()),
+            "compiled": {b.size: sorted(b.compiled) for b in self._buckets.values()},
+            "failed": sorted(map(str, self._graph_failed)),
+        }
+        log.info("policy: graphs ready %s", self.warmup_report)
 
     # -- internals ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -522,79 +604,114 @@ class FastPi0Runner(Pi0Runner):
         n = len(group)
         bucket = self._bucket(next(b for b in self.buckets if b >= n))
         self._load(bucket, group, rtc)
-        self._launch(bucket, "prefix", steps)
-        self._launch(bucket, "rtc" if rtc else "plain", steps)
+        self._launch(bucket, "prefix", 0, n)
+        self._launch(bucket, "rtc" if rtc else "plain", steps, bucket.size)
         return bucket.out[:n].clone()  # the caller's .cpu() is the one host sync
 
     def _bucket(self, size: int) -> _Bucket:
         if size not in self._buckets:
             tokens = self.spec.image_slots * self.tokens_per_image + self.spec.max_prompt_tokens
+            smaller = [b for b in self.buckets if b < size]
             self._buckets[size] = _Bucket(
-                self.fn, size, self.spec.image_slots, self.spec.image_size, tokens, self.device
+                self.fn,
+                size,
+                smaller[-1] + 1 if smaller else 1,
+                self.spec.image_slots,
+                self.spec.image_size,
+                tokens,
+                self.device,
             )
         return self._buckets[size]
 
     def _load(self, bucket: _Bucket, group: list[Prepared], rtc: bool) -> None:
-        n, b = len(group), bucket.batch
-        b.pixel_values[:n].copy_(torch.stack([p.pixel_values for p in group]), non_blocking=False)
-        b.input_ids[:n].copy_(torch.stack([p.input_ids for p in group]))
-        b.mask[:n].copy_(torch.stack([p.attention_mask for p in group]))
-        b.state[:n].copy_(torch.stack([p.state for p in group]))
-        b.noise[:n].copy_(torch.stack([p.noise for p in group]))
+        """Stage the group in the bucket's host buffers, then upload them (asynchronously from pinned
+        memory; the previous group's results were read back first, so the staging is free)."""
+        n = len(group)
+        host, dev = bucket.host.rows(n), bucket.batch.rows(n)
+        fields = ["pixel_values", "input_ids", "mask", "state", "noise"]
+        host.pixel_values.copy_(torch.stack([p.pixel_values for p in group]))
+        host.input_ids.copy_(torch.stack([p.input_ids for p in group]))
+        host.mask.copy_(torch.stack([p.attention_mask for p in group]))
+        host.state.copy_(torch.stack([p.state for p in group]))
+        host.noise.copy_(torch.stack([p.noise for p in group]))
         if rtc:
+            fields += ["target", "weights", "frozen"]
             target, weights, frozen = rtc_stack(group, self.fn.chunk, self.fn.max_action_dim)
-            assert b.target is not None and b.weights is not None and b.frozen is not None
-            b.target[:n].copy_(target)
-            b.weights[:n].copy_(weights)
-            b.frozen[:n].copy_(frozen)
+            assert host.target is not None and host.weights is not None and host.frozen is not None
+            host.target.copy_(target)
+            host.weights.copy_(weights)
+            host.frozen.copy_(frozen)
+        for name in fields:
+            getattr(dev, name).copy_(getattr(host, name), non_blocking=True)
 
-    def _body(self, bucket: _Bucket, kind: str, steps: int) -> Callable[[], None]:
+    def _body(self, bucket: _Bucket, kind: str, steps: int, rows: int, velocity: Velocity) -> Callable[[], None]:
         fn, beta = self.fn, self.rtc_beta
         if kind == "prefix":
-            return lambda: fn.fill_prefix(bucket.cache, bucket.batch)
+            return lambda: fn.fill_prefix(bucket.cache.rows(rows), bucket.batch.rows(rows))
         batch = bucket.batch if kind == "rtc" else bucket.plain()
 
         def denoise() -> None:
-            bucket.out.copy_(fn.denoise(bucket.cache, batch, steps, beta))
+            bucket.out.copy_(fn.denoise(bucket.cache, batch, steps, beta, velocity))
 
         return denoise
 
-    def _launch(self, bucket: _Bucket, kind: str, steps: int) -> None:
-        graph = self._graph(bucket, kind, steps)
+    def _launch(self, bucket: _Bucket, kind: str, steps: int, rows: int) -> None:
+        graph = self._graph(bucket, kind, steps, rows)
         if graph is None:
-            self._body(bucket, kind, steps)()
+            velocity = self._compiled_velocity if kind in bucket.compiled else None
+            self._body(bucket, kind, steps, rows, velocity or self.fn.velocity)()
         else:
             graph.replay()
 
-    def _graph(self, bucket: _Bucket, kind: str, steps: int) -> Any:
-        key = (kind, 0 if kind == "prefix" else steps)
+    def _graph(
+        self, bucket: _Bucket, kind: str, steps: int, rows: int | None = None, compiled: bool = True
+    ) -> Any:
+        """The graph of ``kind`` (captured on first use); None where capture failed (launch eagerly)."""
+        rows = bucket.size if rows is None else rows
+        key = ("prefix", rows) if kind == "prefix" else (kind, steps)
         if key in bucket.graphs:
             return bucket.graphs[key]
         if (kind, key[1], bucket.size) in self._graph_failed:
             return None
-        body = self._body(bucket, kind, steps)
-        try:
-            with torch.cuda.device(self.device):
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(2):  # warm-up outside the capture (cuBLAS handles, autograd state)
-                        if kind != "prefix":
-                            self.fn.fill_prefix(bucket.cache, bucket.batch)
-                        body()
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
+        tries: list[Velocity] = [self.fn.velocity]
+        if kind != "prefix" and compiled and self._compiled_velocity is not None:
+            tries.insert(0, self._compiled_velocity)
+        for velocity in tries:
+            try:
+                graph = self._capture(bucket, kind, steps, rows, velocity)
+            except Exception as e:  # capture is an optimisation: fall back to less of it
+                log.warning(
+                    "policy: CUDA graph capture of %s (batch %d, %d rows, %d steps, %s) failed: %s",
+                    kind,
+                    bucket.size,
+                    rows,
+                    steps,
+                    "compiled" if velocity is not self.fn.velocity else "uncompiled",
+                    e,
+                )
+                continue
+            if velocity is not self.fn.velocity:
+                bucket.compiled.add(kind)
+            bucket.graphs[key] = graph
+            return graph
+        self._graph_failed.add((kind, key[1], bucket.size))
+        return None
+
+    def _capture(self, bucket: _Bucket, kind: str, steps: int, rows: int, velocity: Velocity) -> Any:
+        body = self._body(bucket, kind, steps, rows, velocity)
+        with torch.cuda.device(self.device):
+            if self._pool is None:
+                # One pool for every graph: they run one at a time and keep nothing between replays.
+                self._pool = torch.cuda.graph_pool_handle()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up outside the capture (compiles, cuBLAS handles, autograd)
+                    if kind != "prefix":
+                        self.fn.fill_prefix(bucket.cache, bucket.batch)
                     body()
-        except Exception as e:  # capture is an optimisation: fall back to launching the same code
-            log.warning(
-                "policy: CUDA graph capture of %s (batch %d, %d steps) failed: %s",
-                kind,
-                bucket.size,
-                steps,
-                e,
-            )
-            self._graph_failed.add((kind, key[1], bucket.size))
-            return None
-        bucket.graphs[key] = graph
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                body()
         return graph

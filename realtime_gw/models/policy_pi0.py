@@ -284,7 +284,8 @@ def build_pi0_runner(config: GatewayConfig) -> Pi0Runner:
             norm,
             rtc_beta=config.policy_rtc_beta,
             buckets=tuple(config.policy_graph_buckets),
-            compile_expert=config.policy_compile,
+            compile_expert=compile_enabled(config),
+            compile_budget_s=config.policy_compile_budget_s,
         )
     return Pi0Runner(model, tok, spec, config.policy_device, norm, rtc_beta=config.policy_rtc_beta)
 
@@ -294,6 +295,13 @@ def resolve_impl(config: GatewayConfig) -> str:
     if config.policy_impl != "auto":
         return config.policy_impl
     return "fast" if config.policy_device.startswith("cuda") else "eager"
+
+
+def compile_enabled(config: GatewayConfig) -> bool:
+    """``policy_compile`` with ``auto`` decided: on where the fast sampler captures CUDA graphs."""
+    if config.policy_compile != "auto":
+        return config.policy_compile == "on"
+    return resolve_impl(config) == "fast" and config.policy_device.startswith("cuda")
 
 
 def build_policy_backend(config: GatewayConfig) -> PolicyBackend:

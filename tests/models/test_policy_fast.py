@@ -15,8 +15,15 @@ import pytest
 import torch
 
 from realtime_gw.config import GatewayConfig
-from realtime_gw.models.policy_fast import FastPi0Runner
-from realtime_gw.models.policy_pi0 import Pi0Runner, build_pi0_runner, load_model, policy_spec, resolve_impl
+from realtime_gw.models.policy_fast import Cache, FastPi0Runner
+from realtime_gw.models.policy_pi0 import (
+    Pi0Runner,
+    build_pi0_runner,
+    compile_enabled,
+    load_model,
+    policy_spec,
+    resolve_impl,
+)
 from realtime_gw.models.policy_preprocess import NormStats
 from realtime_gw.models.policy_rtc import guidance_scale, guidance_weights
 from realtime_gw.models.policy_types import PolicyRequest, RtcGuide
@@ -86,9 +93,18 @@ def test_bucket_buffers_pad_and_reuse(tiny: tuple[Any, Any], caplog: pytest.LogC
     """The graph path's static buffers, exercised on the CPU: capture fails there and the runner launches
     the captured code itself, over the same padded bucket buffers."""
     eager, fast = runners(tiny, cuda_graphs=True, buckets=(1, 4))
+    prefix_rows: list[int] = []
+    fill = fast.fn.fill_prefix
+
+    def counted_fill(cache: Cache, batch: Any) -> None:
+        prefix_rows.append(cache.k[0].shape[0])
+        fill(cache, batch)
+
+    fast.fn.fill_prefix = counted_fill  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="realtime_gw.models.policy_fast"):
         three = [eager.prepare(request(10 + i)) for i in range(3)]
         got = fast.run(three, None)  # bucket 4 with one padding row
+        assert prefix_rows == [3]  # the prefix runs at the exact size: no padding row costs a robot
         one = fast.run([three[2]], None)  # bucket 1
         again = fast.run(three[:2], None)  # bucket 4 again: rows 2-3 hold stale inputs
     assert "capture" in caplog.text
@@ -97,6 +113,33 @@ def test_bucket_buffers_pad_and_reuse(tiny: tuple[Any, Any], caplog: pytest.LogC
     assert np.abs(one[0] - got[2]).max() <= TOL
     assert np.abs(again[0] - got[0]).max() <= TOL and np.abs(again[1] - got[1]).max() <= TOL
     assert len(fast.run([eager.prepare(request(20 + i)) for i in range(6)], None)) == 6  # split over buckets
+
+
+@pytest.mark.parametrize("rtc", [False, True])
+def test_compiled_expert_step_is_the_same_function(tiny: tuple[Any, Any], rtc: bool) -> None:
+    """The compiled step (here through AOTAutograd without inductor, so no C compiler is needed) writes
+    the same cache and, for RTC, differentiates to the same guidance as the plain step."""
+    _, fast = runners(tiny)
+    fn = fast.fn
+    prev = np.random.default_rng(1).standard_normal((6, 8)).astype(np.float32)
+    prepared = [fast.prepare(request(30 + i, rtc=RtcGuide(prev, 2, 4) if rtc else None)) for i in range(2)]
+    batch = fn.stack(prepared, fast.device, rtc=rtc)
+    compiled = torch.compile(fn.velocity, backend="aot_eager", dynamic=False)
+    outs = []
+    with torch.no_grad():
+        for velocity in (None, compiled):
+            cache = Cache(fn, len(prepared), batch.input_ids.shape[1], fast.device)
+            fn.fill_prefix(cache, batch)
+            outs.append(fn.denoise(cache, batch, 10, velocity=velocity))
+    assert (outs[0] - outs[1]).abs().max().item() <= TOL
+
+
+def test_compile_setting() -> None:
+    assert not compile_enabled(GatewayConfig())
+    assert compile_enabled(GatewayConfig(policy_device="cuda"))
+    assert not compile_enabled(GatewayConfig(policy_device="cuda", policy_compile="off"))
+    assert not compile_enabled(GatewayConfig(policy_device="cuda", policy_impl="eager"))
+    assert compile_enabled(GatewayConfig(policy_compile="on"))
 
 
 def test_guidance_weights_and_scale() -> None:
