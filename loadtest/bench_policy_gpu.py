@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import faulthandler
 import json
 import platform
 import random
@@ -457,9 +458,10 @@ def main() -> None:
     ap.add_argument("--compile-budget-s", type=float, default=300.0)
     ap.add_argument("--quick", action="store_true", help="few reps, small robot counts (smoke run)")
     ap.add_argument(
-        "--skip", default="", help="comma list of phases to skip: checks,eager,fast,robots,variant,uncompiled,socket"
+        "--skip", default="", help="comma list of phases to skip: checks,eager,fast,robots,variant,uncompiled,socket,probe"
     )
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dump-after-s", type=float, default=0, help="print every thread's stack after this long")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     robots = [int(r) for r in args.robots.split(",")]
@@ -529,11 +531,9 @@ def main() -> None:
                     RESULTS["device"][b] = device_time(fast, b)
                     RESULTS["device"][b]["host"] = host_time(fast, b)
                 log(f"fast batch {b}: {RESULTS['fast'][b]} device {RESULTS['device'].get(b)}")
-            if dev.startswith("cuda") and 1 in args.batches:
-                RESULTS["overlap_probe"] = overlap_probe(fast)
-                log(f"overlap probe (batch 1 prefix beside batch 1 loop): {RESULTS['overlap_probe']}")
             for b in (1, 8):
                 if b in args.batches:
+                    log(f"fast+rtc batch {b}: start")
                     RESULTS["fast_rtc"][b] = time_runner(fast, b, args.reps, dev, rtc=True)
                     if dev.startswith("cuda"):
                         RESULTS["fast_rtc"][b]["device"] = device_time(fast, b, rtc=True)
@@ -613,6 +613,14 @@ def main() -> None:
                 log(f"uncompiled batch {b}: {r}")
 
         phases.append(("uncompiled", uncompiled_phase))
+    if "probe" not in skip and dev.startswith("cuda") and 1 in args.batches:
+
+        def probe_phase() -> None:
+            log("overlap probe: start")
+            RESULTS["overlap_probe"] = overlap_probe(fast)
+            log(f"overlap probe (batch 1 prefix beside batch 1 loop): {RESULTS['overlap_probe']}")
+
+        phases.append(("probe", probe_phase))
     if "socket" not in skip:
 
         def socket_phase() -> None:
@@ -628,8 +636,10 @@ def main() -> None:
                 log(f"socket stream: {RESULTS['socket']['stream']}")
 
         phases.append(("socket", socket_phase))
-    # The comparison runner is optional: measure it last.
-    phases.sort(key=lambda p: p[0] == "uncompiled")
+    # The comparison runner and the probe (which leaves garbage in bucket 1) go last.
+    phases.sort(key=lambda p: (p[0] == "uncompiled", p[0] == "probe"))
+    if args.dump_after_s:
+        faulthandler.dump_traceback_later(args.dump_after_s, exit=False)
     for name, fn in phases:
         try:
             fn()

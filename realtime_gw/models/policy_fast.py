@@ -686,11 +686,11 @@ class FastPi0Runner(Pi0Runner):
                     bucket.size,
                     rows,
                     steps,
-                    "compiled" if velocity is not self.fn.velocity else "uncompiled",
+                    "compiled" if velocity is self._compiled_velocity else "uncompiled",
                     e,
                 )
                 continue
-            if velocity is not self.fn.velocity:
+            if velocity is self._compiled_velocity:
                 bucket.compiled.add(kind)
             bucket.graphs[key] = graph
             return graph
