@@ -9,12 +9,15 @@ Phases (each prints as it goes; everything also goes to ``--json``):
    so agreement is to bf16 rounding); graph replay vs the same code launched eagerly; RTC frozen steps.
 2. chunk latency, runner level (``runner.run`` on prepared requests: host->device copy, graph replays,
    device->host copy), p50/p99 at several batch sizes, eager baseline at 1 and 8; RTC chunks too.
-   Also the device time of the graph replays alone (CUDA events).
+   Also the device time of the graph replays alone (CUDA events) and where the host time goes.
+   The main fast runner is built as the server builds it: ``--compile auto`` compiles the expert's
+   step on CUDA within ``--compile-budget-s`` (the warm-up time is reported).
 3. robots at a fixed chunk rate (default 10 Hz each, random phases) through a real ``StageWorker``
    (preprocessing on the worker thread, batching window ``policy_max_wait_ms``): latency p50/p99 per N.
 4. the socket: a gateway (uvicorn, the OpenPI handler) on this machine and msgpack-numpy clients on
    this machine: round trip per ``infer`` for 1 robot closed-loop and N robots at 10 Hz, and streamed
    mode (chunk order, start steps, gaps).
+5. uncompiled: the same sampler without ``torch.compile`` at batch 1 and 8 (what the compile buys).
 
     python3 loadtest/bench_policy_gpu.py --json out.json          # on a CUDA machine
     python3 loadtest/bench_policy_gpu.py --config tiny --device cpu --quick   # smoke run anywhere
@@ -200,39 +203,6 @@ def host_time(fast: FastPi0Runner, batch: int, iters: int = 20) -> dict[str, flo
             for k, a, b in (("load_ms", t0, t1), ("launch_ms", t1, t2), ("wait_ms", t2, t3), ("finish_ms", t3, t4)):
                 parts[k].append((b - a) * 1000)
     return {k: float(np.median(v)) for k, v in parts.items()}
-
-
-def overlap_probe(fast: FastPi0Runner, iters: int = 20) -> dict[str, float]:
-    """Would pipelining pay? Bucket 1's prefix graph and loop graph replayed one after the other vs on two
-    streams at once (one robot's prefix beside another's denoising). A timing probe only: the two graphs
-    share one memory pool, so the values are garbage while they overlap."""
-    steps = fast.spec.num_inference_steps
-    bucket = fast._bucket(1)
-    prefix, loop = fast._graph(bucket, "prefix", 0, 1), fast._graph(bucket, "plain", steps)
-    if prefix is None or loop is None:
-        return {}
-    main, s1, s2 = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()
-    out: dict[str, list[float]] = {"serial_ms": [], "overlapped_ms": []}
-    for _ in range(iters):
-        for name in out:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            if name == "serial_ms":
-                prefix.replay()
-                loop.replay()
-            else:
-                s1.wait_stream(main)
-                s2.wait_stream(main)
-                with torch.cuda.stream(s1):
-                    prefix.replay()
-                with torch.cuda.stream(s2):
-                    loop.replay()
-                main.wait_stream(s1)
-                main.wait_stream(s2)
-            b.record()
-            b.synchronize()
-            out[name].append(a.elapsed_time(b))
-    return {k: float(np.median(v)) for k, v in out.items()}
 
 
 # -- 3. robots at a chunk rate through the worker -------------------------------------------------------------
@@ -458,7 +428,7 @@ def main() -> None:
     ap.add_argument("--compile-budget-s", type=float, default=300.0)
     ap.add_argument("--quick", action="store_true", help="few reps, small robot counts (smoke run)")
     ap.add_argument(
-        "--skip", default="", help="comma list of phases to skip: checks,eager,fast,robots,variant,uncompiled,socket,probe"
+        "--skip", default="", help="comma list of phases to skip: checks,eager,fast,robots,variant,uncompiled,socket"
     )
     ap.add_argument("--json", default=None)
     ap.add_argument("--dump-after-s", type=float, default=0, help="print every thread's stack after this long")
@@ -613,14 +583,6 @@ def main() -> None:
                 log(f"uncompiled batch {b}: {r}")
 
         phases.append(("uncompiled", uncompiled_phase))
-    if "probe" not in skip and dev.startswith("cuda") and 1 in args.batches:
-
-        def probe_phase() -> None:
-            log("overlap probe: start")
-            RESULTS["overlap_probe"] = overlap_probe(fast)
-            log(f"overlap probe (batch 1 prefix beside batch 1 loop): {RESULTS['overlap_probe']}")
-
-        phases.append(("probe", probe_phase))
     if "socket" not in skip:
 
         def socket_phase() -> None:
@@ -636,8 +598,8 @@ def main() -> None:
                 log(f"socket stream: {RESULTS['socket']['stream']}")
 
         phases.append(("socket", socket_phase))
-    # The comparison runner and the probe (which leaves garbage in bucket 1) go last.
-    phases.sort(key=lambda p: (p[0] == "uncompiled", p[0] == "probe"))
+    # The comparison runner is optional: measure it last.
+    phases.sort(key=lambda p: p[0] == "uncompiled")
     if args.dump_after_s:
         faulthandler.dump_traceback_later(args.dump_after_s, exit=False)
     for name, fn in phases:

@@ -664,9 +664,12 @@ class FastPi0Runner(Pi0Runner):
             graph.replay()
 
     def _graph(
-        self, bucket: _Bucket, kind: str, steps: int, rows: int | None = None, compiled: bool = True
+        self, bucket: _Bucket, kind: str, steps: int, rows: int | None = None, compiled: bool = False
     ) -> Any:
-        """The graph of ``kind`` (captured on first use); None where capture failed (launch eagerly)."""
+        """The graph of ``kind`` (captured on first use); None where capture failed (launch eagerly).
+
+        Only ``warmup`` asks for ``compiled``: a compile takes tens of seconds, which a serving step
+        must not (the supervisor would take it for a hang), so captures later run the plain step."""
         rows = bucket.size if rows is None else rows
         key = ("prefix", rows) if kind == "prefix" else (kind, steps)
         if key in bucket.graphs:

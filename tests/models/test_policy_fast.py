@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from realtime_gw.config import GatewayConfig
+from realtime_gw.models import policy_fast
 from realtime_gw.models.policy_fast import Cache, FastPi0Runner
 from realtime_gw.models.policy_pi0 import (
     Pi0Runner,
@@ -132,6 +133,34 @@ def test_compiled_expert_step_is_the_same_function(tiny: tuple[Any, Any], rtc: b
             fn.fill_prefix(cache, batch)
             outs.append(fn.denoise(cache, batch, 10, velocity=velocity))
     assert (outs[0] - outs[1]).abs().max().item() <= TOL
+
+
+def test_compiles_only_in_warmup_and_within_budget(
+    tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Buckets are compiled smallest first while the budget lasts; a capture after warm-up (a new step
+    count) never compiles, since a serving step must not stall for a compile."""
+    _, fast = runners(tiny, cuda_graphs=True, buckets=(1, 2, 4), compile_expert=True, compile_budget_s=10)
+    clock = [0.0]
+    captured: list[tuple[int, str, bool]] = []
+
+    def fake_capture(bucket: Any, kind: str, steps: int, rows: int, velocity: Any) -> object:
+        captured.append((bucket.size, kind, velocity is fast._compiled_velocity))
+        clock[0] += 3.0  # each capture "takes" 3 s: the budget runs out during bucket 2
+        return object()
+
+    monkeypatch.setattr(fast, "_capture", fake_capture)
+    monkeypatch.setattr(policy_fast.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    fast.warmup()
+    compiled = {(size, kind) for size, kind, c in captured if c}
+    assert compiled == {(1, "plain"), (1, "rtc"), (2, "plain"), (2, "rtc")}
+    prefixes = [size for size, kind, _ in captured if kind == "prefix"]
+    assert prefixes == [1, 2, 4, 4]  # bucket 4 holds exact sizes 3 and 4
+    assert fast.warmup_report["compiled"] == {1: ["plain", "rtc"], 2: ["plain", "rtc"], 4: []}
+    captured.clear()
+    fast._graph(fast._bucket(1), "plain", 5)
+    assert captured == [(1, "plain", False)]
 
 
 def test_compile_setting() -> None:
