@@ -415,6 +415,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--between", default="3,6", help="batch sizes between buckets, timed at runner level")
     ap.add_argument("--robots", default="1,2,3,4,6,8,12")
     ap.add_argument("--robot-hz", type=float, default=10.0)
     ap.add_argument("--robot-seconds", type=float, default=3.0)
@@ -434,6 +435,7 @@ def main() -> None:
     ap.add_argument("--dump-after-s", type=float, default=0, help="print every thread's stack after this long")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
+    args.between = [int(b) for b in args.between.split(",") if b and int(b) <= max(args.batches)]
     robots = [int(r) for r in args.robots.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     if args.quick:
@@ -501,6 +503,10 @@ def main() -> None:
                     RESULTS["device"][b] = device_time(fast, b)
                     RESULTS["device"][b]["host"] = host_time(fast, b)
                 log(f"fast batch {b}: {RESULTS['fast'][b]} device {RESULTS['device'].get(b)}")
+            for b in args.between:
+                # Sizes between buckets: the loop runs padded, the prefix at the exact size.
+                RESULTS["fast"][b] = time_runner(fast, b, args.reps, dev)
+                log(f"fast batch {b} (between buckets): {RESULTS['fast'][b]}")
             for b in (1, 8):
                 if b in args.batches:
                     log(f"fast+rtc batch {b}: start")
