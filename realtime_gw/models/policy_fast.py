@@ -6,8 +6,8 @@ restructured for serving.
   read). The action expert writes its 1 + H tokens into the tail of the same buffers at every step, so
   no cache is grown, cropped or copied.
 - The flow-matching loop has no host syncs (times are Python constants), so on CUDA the prefix and the
-  whole loop are each captured in a **CUDA graph per batch bucket** (1, 2, 4, 8, 16 by default) and
-  replayed. The loop runs padded up to its bucket (it is latency-bound: padding rows cost little), the
+  whole loop are captured as **CUDA graphs** and replayed, over static buffers per batch bucket (1, 2, 4,
+  8, 16 by default). The loop runs padded up to its bucket (it is latency-bound: padding rows cost little), the
   compute-bound prefix has a graph per exact batch size (padding rows would cost a full robot each).
   All graphs share one memory pool. Inputs go up through pinned staging buffers; the only sync is the
   final copy of the actions.
