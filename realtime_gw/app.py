@@ -13,6 +13,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.registry import Workers, build_workers
 from realtime_gw.models.responder import Responder, build_responder
+from realtime_gw.server import log_hygiene
 from realtime_gw.server.auth import Access
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        log_hygiene.install()  # here: after uvicorn has configured its loggers
         await gateway.workers.start(warmup=config.warmup)
         log.info("gateway ready on %s:%s", config.host, config.port)
         try:
