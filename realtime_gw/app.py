@@ -42,6 +42,7 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
             ([config.api_key] if config.api_key else []) + config.api_keys,
             config.max_sessions_per_key,
             config.allowed_origins,
+            config.session_starts_per_key_per_min,
         ),
     )
 

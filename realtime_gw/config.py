@@ -25,6 +25,9 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """More accepted keys (each with its own session slots), in addition to ``api_key``."""
     max_sessions_per_key: int = 0
     """Open sessions (all sockets together) one key may hold; 0 = only the global limits."""
+    session_starts_per_key_per_min: int = 0
+    """Sessions one key may start in any 60 s (all sockets together); 0 = no limit. Over it: an error
+    `rate_limit_exceeded` (realtime, speech stream) or HTTP 429 (OpenPI), with the wait in seconds."""
     allowed_origins: list[str] = msgspec.field(default_factory=list)
     """Browser origins allowed to open WebSockets besides the gateway's own; "*" = any."""
     log_level: str = "info"

@@ -1,11 +1,15 @@
-"""Who may connect: API keys (constant-time), browser origins, and per-key session slots."""
+"""Who may connect: API keys (constant-time), browser origins, per-key session slots and start rate."""
 
 from __future__ import annotations
 
 import hmac
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import Mapping
+from typing import NamedTuple
 from urllib.parse import urlsplit
+
+RATE_WINDOW_S = 60.0
 
 SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 """Browsers cannot set headers on WebSockets; OpenAI's clients pass the key as a subprotocol."""
@@ -44,14 +48,31 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return key
 
 
-class Access:
-    """Keys, origins and per-key session slots, shared by every endpoint of one gateway."""
+class Refusal(NamedTuple):
+    """Why a key may not open a session now: ``code`` for error events, ``message`` for people."""
 
-    def __init__(self, api_keys: list[str], max_sessions_per_key: int = 0, allowed_origins: list[str] | None = None):
+    code: str  # "session_limit_reached" | "rate_limit_exceeded"
+    message: str
+
+
+class Access:
+    """Keys, origins, per-key session slots and session-start rate, shared by every endpoint of one
+    gateway. Keys are the configured ones (or "" when the gateway is open), so the per-key state is
+    bounded by the configuration, not by clients."""
+
+    def __init__(
+        self,
+        api_keys: list[str],
+        max_sessions_per_key: int = 0,
+        allowed_origins: list[str] | None = None,
+        session_starts_per_key_per_min: int = 0,
+    ):
         self.api_keys = [k for k in api_keys if k]
         self.max_sessions_per_key = max_sessions_per_key
         self.allowed_origins = set(allowed_origins or [])
+        self.starts_per_min = session_starts_per_key_per_min
         self.sessions: Counter[str] = Counter()
+        self._starts: dict[str, deque[float]] = {}
 
     @property
     def required(self) -> bool:
@@ -75,12 +96,29 @@ class Access:
             return True
         return host is not None and urlsplit(origin).netloc == host
 
-    def acquire(self, key: str) -> bool:
-        """Take one of this key's session slots; False when the key is at its limit."""
+    def acquire(self, key: str, now: float | None = None) -> Refusal | None:
+        """Take one of this key's session slots: None, or why not. Refused starts do not count
+        against the rate (a client retrying a full key is not locked out longer)."""
         if self.max_sessions_per_key and self.sessions[key] >= self.max_sessions_per_key:
-            return False
+            return Refusal(
+                "session_limit_reached",
+                f"session limit for this API key reached ({self.max_sessions_per_key}); retry later",
+            )
+        if self.starts_per_min:
+            now = time.monotonic() if now is None else now
+            window = self._starts.setdefault(key, deque())
+            while window and window[0] <= now - RATE_WINDOW_S:
+                window.popleft()
+            if len(window) >= self.starts_per_min:
+                wait = RATE_WINDOW_S - (now - window[0])
+                return Refusal(
+                    "rate_limit_exceeded",
+                    f"session starts for this API key over {self.starts_per_min} per minute; "
+                    f"retry in {wait:.0f} s",
+                )
+            window.append(now)
         self.sessions[key] += 1
-        return True
+        return None
 
     def release(self, key: str) -> None:
         self.sessions[key] -= 1

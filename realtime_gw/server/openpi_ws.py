@@ -78,11 +78,9 @@ def _admit(ws: WebSocket, gateway: Gateway) -> tuple[str | None, tuple[int, str]
         return None, (503, f"OpenPI session limit reached ({config.openpi_max_sessions}); retry later")
     if sum(gateway.sessions.values()) >= config.max_sessions:
         return None, (503, f"server session limit reached ({config.max_sessions}); retry later")
-    if not access.acquire(key):
-        return None, (
-            503,
-            f"session limit for this API key reached ({config.max_sessions_per_key}); retry later",
-        )
+    refusal = access.acquire(key)
+    if refusal is not None:
+        return None, (429 if refusal.code == "rate_limit_exceeded" else 503, refusal.message)
     return key, None
 
 

@@ -432,15 +432,15 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         return
     subprotocol = "realtime" if "realtime" in auth.offered_subprotocols(ws.headers) else None
     await ws.accept(subprotocol=subprotocol)
-    limit = None
+    refusal = None
     if gateway.sessions["realtime"] >= config.max_sessions:
-        limit = f"Session limit reached ({config.max_sessions}); try again later"
-    elif not access.acquire(key):
-        limit = f"Session limit for this API key reached ({config.max_sessions_per_key}); try again later"
-    if limit is not None:
-        error = rt.error_event(limit, code="session_limit_reached", type="server_error")
+        refusal = auth.Refusal("session_limit_reached", f"Session limit reached ({config.max_sessions}); try again later")
+    else:
+        refusal = access.acquire(key)
+    if refusal is not None:
+        error = rt.error_event(refusal.message, code=refusal.code, type="server_error")
         await ws.send_text(rt.encode_server_event(error).decode())
-        await ws.close(code=1013, reason="session limit reached")
+        await ws.close(code=1013, reason=refusal.code.replace("_", " "))
         return
     model = ws.query_params.get("model") or "realtime-gw"
     duplex = ws.scope["path"].rstrip("/").endswith("/duplex") or ws.query_params.get("duplex") in ("1", "true")

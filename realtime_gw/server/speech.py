@@ -126,9 +126,10 @@ async def speech_stream_endpoint(ws: WebSocket) -> None:
         await ws.close(code=1008, reason="invalid or missing API key")
         return
     await ws.accept()
-    if not access.acquire(key):
-        await ws.send_text(msgspec.json.encode(sp.StreamError(message="session limit for this key", code="session_limit_reached")).decode())
-        await ws.close(code=1013, reason="session limit reached")
+    refusal = access.acquire(key)
+    if refusal is not None:
+        await ws.send_text(msgspec.json.encode(sp.StreamError(message=refusal.message, code=refusal.code)).decode())
+        await ws.close(code=1013, reason=refusal.code.replace("_", " "))
         return
     try:
         await SpeechStream(ws, gateway).run()

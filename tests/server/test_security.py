@@ -77,3 +77,32 @@ async def test_browser_subprotocol_key_and_origins(secured: LiveServer) -> None:
     with pytest.raises(websockets.InvalidStatus):
         async with websockets.connect(url, subprotocols=protocols, origin="https://evil.example"):  # type: ignore[arg-type]
             pass
+
+
+async def test_session_start_rate_per_key() -> None:
+    """Two starts per minute per key over every socket: the third gets `rate_limit_exceeded` (realtime)
+    or HTTP 429 (OpenPI), and another key is not affected."""
+    server = start_server(
+        "--policy", "noop", "--tts", "tone", "--api-keys", '["key-one", "key-two"]',
+        "--session-starts-per-key-per-min", "2", name="rate",
+    )  # fmt: skip
+    try:
+        url = server.ws + "/v1/realtime"
+        for _ in range(2):
+            async with websockets.connect(url, additional_headers=auth("key-one")) as ws:
+                assert json.loads(await ws.recv())["type"] == "session.created"
+        async with websockets.connect(url, additional_headers=auth("key-one")) as third:
+            err = json.loads(await third.recv())
+            assert err["type"] == "error" and err["error"]["code"] == "rate_limit_exceeded"
+            assert "per minute" in err["error"]["message"]
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await third.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(server.ws + "/", additional_headers={"Authorization": "Api-Key key-one"}):
+                pass
+        assert refused.value.response.status_code == 429
+        async with websockets.connect(url, additional_headers=auth("key-two")) as other:
+            assert json.loads(await other.recv())["type"] == "session.created"
+    finally:
+        stop_server(server)
