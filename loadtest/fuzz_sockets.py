@@ -45,6 +45,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -415,8 +416,12 @@ def _check(report: Report, name: str, exp: Expect, kind: str, data: Any) -> bool
 CLOSING = ("close", "any_close", "oversized")
 
 
+Maker = Callable[[], tuple[str, bytes | str, bool, Expect]]
+"""One mutated frame and what the server must answer to it."""
+
+
 async def exchange(
-    ws: Any, name: str, report: Report, budget: Budget, rng: random.Random, size: int, make: Any
+    ws: Any, name: str, report: Report, budget: Budget, rng: random.Random, size: int, make: Maker
 ) -> bool:
     """Send up to ``size`` frames back to back, then check their answers in order. A frame that ends the
     connection (oversized, invalid UTF-8, a known bug) goes alone, after the others are answered: a
@@ -475,47 +480,21 @@ async def hang_up(ws: Any, rng: random.Random) -> None:
     ws.transport.abort()  # no-op when closed; never leave a socket behind
 
 
-async def fuzz_realtime(url: str, report: Report, budget: Budget, rng: random.Random, limit: int | None) -> None:
-    name = "realtime"
+async def fuzz_socket(
+    name: str,
+    url: str,
+    paths: list[str],
+    report: Report,
+    budget: Budget,
+    rng: random.Random,
+    max_burst: int,
+    start: Callable[[Any], Awaitable[Maker]],
+) -> None:
+    """Connection after connection: ``start`` reads the greeting and returns the frame maker, then
+    bursts of mutated frames until the budget is spent or the server (rightly) closes."""
     while budget.left(name):
         report.connections[name] += 1
-        try:
-            ws = await websockets.connect(url + "/v1/realtime", max_size=None, open_timeout=20)
-        except Exception as e:
-            report.violation(name, Expect("connect", "connect", b""), f"connect failed: {e!r}")
-            await asyncio.sleep(0.5)
-            continue
-        alive = True
-        try:
-            first = json.loads(await asyncio.wait_for(ws.recv(), RECV_TIMEOUT_S))
-            assert first["type"] == "session.created", first
-            def make() -> tuple[str, bytes | str, bool, Expect]:
-                for _ in range(8):  # re-mutate frames that happen to be valid events
-                    mutation, frame, as_text = realtime_frame(rng, limit)
-                    exp = realtime_expect(mutation, frame, as_text, limit)
-                    if exp is not None:
-                        return mutation, frame, as_text, exp
-                    report.skipped_valid += 1
-                exp = realtime_expect("truncation", BAD_JSON_FRAME, True, limit)
-                assert exp is not None
-                return "truncation", BAD_JSON_FRAME, True, exp
-
-            for _ in range(rng.randint(5, 60)):
-                if not (alive and budget.left(name)):
-                    break
-                alive = await exchange(ws, name, report, budget, rng, rng.randint(1, 12), make)
-        except ConnectionClosed as e:
-            if alive:
-                report.violation(name, Expect("open", "session", b""), f"closed unexpectedly: {e!r}")
-        finally:
-            await hang_up(ws, rng)
-
-
-async def fuzz_openpi(url: str, report: Report, budget: Budget, rng: random.Random, limit: int | None) -> None:
-    name = "openpi"
-    while budget.left(name):
-        report.connections[name] += 1
-        path = rng.choice(["/", "/v1/realtime/robot/openpi"])
+        path = paths[0] if len(paths) == 1 else rng.choice(paths)
         try:
             ws = await websockets.connect(url + path, max_size=None, open_timeout=20)
         except Exception as e:
@@ -524,19 +503,11 @@ async def fuzz_openpi(url: str, report: Report, budget: Budget, rng: random.Rand
             continue
         alive = True
         try:
-            spec = spec_from_metadata(unpackb(await asyncio.wait_for(ws.recv(), RECV_TIMEOUT_S)))
-            mirror = PolicyConnection(spec, max_robots=64)
-            dec = Limits(max_frame_bytes=limit or 64 * 2**20, max_array_bytes=limit or 64 * 2**20)
-            def make(
-                spec: PolicySpec = spec, mirror: PolicyConnection = mirror, dec: Limits = dec
-            ) -> tuple[str, bytes | str, bool, Expect]:
-                mutation, frame, as_text = openpi_frame(spec, rng, limit)
-                return mutation, frame, as_text, openpi_expect(mirror, mutation, frame, as_text, limit, dec)
-
+            make = await start(ws)
             for _ in range(rng.randint(5, 60)):
                 if not (alive and budget.left(name)):
                     break
-                alive = await exchange(ws, name, report, budget, rng, rng.randint(1, 8), make)
+                alive = await exchange(ws, name, report, budget, rng, rng.randint(1, max_burst), make)
         except ConnectionClosed as e:
             if alive:
                 report.violation(name, Expect("open", "session", b""), f"closed unexpectedly: {e!r}")
@@ -544,7 +515,42 @@ async def fuzz_openpi(url: str, report: Report, budget: Budget, rng: random.Rand
             await hang_up(ws, rng)
 
 
-# -- well-behaved sessions ---------------------------------------------------------------------------------
+async def fuzz_realtime(url: str, report: Report, budget: Budget, rng: random.Random, limit: int | None) -> None:
+    async def start(ws: Any) -> Maker:
+        first = json.loads(await asyncio.wait_for(ws.recv(), RECV_TIMEOUT_S))
+        assert first["type"] == "session.created", first
+
+        def make() -> tuple[str, bytes | str, bool, Expect]:
+            for _ in range(8):  # re-mutate frames that happen to be valid events
+                mutation, frame, as_text = realtime_frame(rng, limit)
+                exp = realtime_expect(mutation, frame, as_text, limit)
+                if exp is not None:
+                    return mutation, frame, as_text, exp
+                report.skipped_valid += 1
+            exp = realtime_expect("truncation", BAD_JSON_FRAME, True, limit)
+            assert exp is not None
+            return "truncation", BAD_JSON_FRAME, True, exp
+
+        return make
+
+    await fuzz_socket("realtime", url, ["/v1/realtime"], report, budget, rng, 12, start)
+
+
+async def fuzz_openpi(url: str, report: Report, budget: Budget, rng: random.Random, limit: int | None) -> None:
+    async def start(ws: Any) -> Maker:
+        spec = spec_from_metadata(unpackb(await asyncio.wait_for(ws.recv(), RECV_TIMEOUT_S)))
+        mirror = PolicyConnection(spec, max_robots=64)
+        dec = Limits(max_frame_bytes=limit or 64 * 2**20, max_array_bytes=limit or 64 * 2**20)
+
+        def make() -> tuple[str, bytes | str, bool, Expect]:
+            mutation, frame, as_text = openpi_frame(spec, rng, limit)
+            return mutation, frame, as_text, openpi_expect(mirror, mutation, frame, as_text, limit, dec)
+
+        return make
+
+    await fuzz_socket("openpi", url, ["/", "/v1/realtime/robot/openpi"], report, budget, rng, 8, start)
+
+
 async def good_voice(url: str, report: Report, stop: asyncio.Event, audio: bool) -> None:
     label = "audio_turns" if audio else "text_turns"
     while not stop.is_set():
