@@ -7,7 +7,7 @@ p50/p99 and throughput are printed as a table and appended to ``docs/benchmarks.
 
 Both servers run as child processes of this script (``--serve ours|stock``) with the same policy
 object type: ours through ``create_app`` with only the policy worker, stock through
-``realtime_gw.models.policy_local.LocalPolicy``. The stock server runs one inference at a time on its
+``realtime_gw.server.openpi_local.LocalPolicy``. The stock server runs one inference at a time on its
 event loop; ours batches concurrent robots into one forward per step.
 
     .venv/bin/python loadtest/bench_openpi.py                      # full run (~2-3 min on 2 cores)
@@ -58,7 +58,7 @@ def serve_ours(policy: str, port: int, max_wait_ms: float | None) -> None:
     import uvicorn
 
     from realtime_gw.app import create_app
-    from realtime_gw.models.policy_pi0 import build_policy_backend
+    from realtime_gw.models.policy.pi0 import build_policy_backend
     from realtime_gw.models.registry import Workers
     from realtime_gw.models.runtime import StageWorker
 
@@ -81,9 +81,9 @@ def serve_ours(policy: str, port: int, max_wait_ms: float | None) -> None:
 def serve_stock(policy: str, port: int) -> None:
     from openpi_server import WebsocketPolicyServer
 
-    from realtime_gw.models.policy_local import LocalPolicy
-    from realtime_gw.models.policy_noop import NoopRunner
-    from realtime_gw.models.policy_pi0 import TINY_CHUNK, build_pi0_runner, policy_spec
+    from realtime_gw.models.policy.noop import NoopRunner
+    from realtime_gw.models.policy.pi0 import TINY_CHUNK, build_pi0_runner, policy_spec
+    from realtime_gw.server.openpi_local import LocalPolicy
 
     config = _config(policy, port)
     if policy == "noop":

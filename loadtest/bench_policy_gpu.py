@@ -48,11 +48,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from realtime_gw.config import GatewayConfig  # noqa: E402
-from realtime_gw.models.policy_backend import PolicyBackend  # noqa: E402
-from realtime_gw.models.policy_fast import FastPi0Runner  # noqa: E402
-from realtime_gw.models.policy_pi0 import Pi0Runner, compile_enabled, load_model, policy_spec  # noqa: E402
-from realtime_gw.models.policy_types import PolicyRequest, RtcGuide  # noqa: E402
+from realtime_gw.models.policy.backend import PolicyBackend  # noqa: E402
+from realtime_gw.models.policy.pi0 import Pi0Runner, compile_enabled, load_model, policy_spec  # noqa: E402
+from realtime_gw.models.policy.pi0_fast import FastPi0Runner  # noqa: E402
 from realtime_gw.models.runtime import StageWorker  # noqa: E402
+from realtime_gw.records.policy import PolicyRequest, RtcGuide  # noqa: E402
 
 CAMERAS = [
     "observation/exterior_image_1_left",
@@ -264,9 +264,9 @@ def gateway(config: GatewayConfig, backend: PolicyBackend) -> Any:
 
     from realtime_gw.app import Gateway
     from realtime_gw.models.registry import Workers
-    from realtime_gw.models.responder import build_responder
     from realtime_gw.server import openpi_ws
     from realtime_gw.server.auth import Access
+    from realtime_gw.server.responder import build_responder
 
     worker = StageWorker(
         backend,
@@ -548,7 +548,7 @@ def main() -> None:
         def variant_phase() -> None:
             # The expert's attention through SDPA's fused kernel instead of GEMMs (graphs bake the choice
             # in at capture): the comparison behind UNFUSED_MAX_QUERIES.
-            import realtime_gw.models.policy_fast as pf
+            import realtime_gw.models.policy.pi0_fast as pf
 
             saved, pf.UNFUSED_MAX_QUERIES = pf.UNFUSED_MAX_QUERIES, 0
             try:

@@ -42,13 +42,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from realtime_gw.models.codec.engine import LoadedModels, load_models  # noqa: E402
-from realtime_gw.models.codec.mimi_stream import StreamingMimiDecoder, strict_fp32  # noqa: E402
-from realtime_gw.models.codec.talker import TalkerRuntime  # noqa: E402
-from realtime_gw.models.codec.text import ByteTokenizer  # noqa: E402
 from realtime_gw.models.runtime import StageWorker  # noqa: E402
-from realtime_gw.models.tts_codec import CodecTtsBackend  # noqa: E402
-from realtime_gw.models.types import TtsRequest  # noqa: E402
+from realtime_gw.models.speech.codec.engine import LoadedModels, load_models  # noqa: E402
+from realtime_gw.models.speech.codec.mimi_stream import StreamingMimiDecoder, strict_fp32  # noqa: E402
+from realtime_gw.models.speech.codec.talker import TalkerRuntime  # noqa: E402
+from realtime_gw.models.speech.codec.text import ByteTokenizer  # noqa: E402
+from realtime_gw.models.speech.tts_codec import CodecTtsBackend  # noqa: E402
+from realtime_gw.records.voice import TtsRequest  # noqa: E402
 
 FRAME_S = 0.08
 DEV = "cuda"
@@ -144,7 +144,7 @@ def checks(models: LoadedModels) -> dict[str, Any]:
 
 @torch.no_grad()
 def graph_vs_eager(models: LoadedModels) -> dict[str, Any]:
-    from realtime_gw.models.codec.engine import CodecEngine
+    from realtime_gw.models.speech.codec.engine import CodecEngine
 
     out = {}
     runs = []

@@ -269,8 +269,8 @@ def openpi_target(allow_known: bool, stats: Stats) -> Any:
 
     import numpy as np
 
-    from realtime_gw.models.policy_types import PolicySpec
     from realtime_gw.protocols.openpi import DecodeError, unpackb
+    from realtime_gw.records.policy import PolicySpec
     from realtime_gw.sessions.policy import Infer, PolicyConnection, Send, SendError
 
     warnings.simplefilter("ignore")  # NumPy 1.x overflow/deprecation warnings on odd scalars

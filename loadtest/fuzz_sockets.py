@@ -62,9 +62,9 @@ sys.path.insert(0, str(ROOT / "loadtest"))
 
 from fuzz_decoders import POOL, REALTIME_SEEDS, mutate_tree  # noqa: E402
 
-from realtime_gw.models.policy_types import PolicySpec  # noqa: E402
 from realtime_gw.protocols import realtime as rt  # noqa: E402
 from realtime_gw.protocols.openpi import DecodeError, Limits, packb, unpackb  # noqa: E402
+from realtime_gw.records.policy import PolicySpec  # noqa: E402
 from realtime_gw.sessions.policy import Infer, PolicyConnection, Send, SendError  # noqa: E402
 
 RECV_TIMEOUT_S = 20.0

@@ -59,7 +59,7 @@ def metric(base: str, name: str) -> dict[str, float]:
 def synthesize_wav(path: Path, text: str) -> None:
     """The utterance the voice users speak, made with the embedded Piper voice (no server needed)."""
     from realtime_gw.client.audio import write_wav
-    from realtime_gw.models.tts_piper import PiperTtsBackend
+    from realtime_gw.models.speech.tts_piper import PiperTtsBackend
 
     write_wav(path, PiperTtsBackend().synthesize(text), 24000)
 

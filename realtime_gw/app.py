@@ -1,39 +1,26 @@
-"""The Starlette application: routes, lifespan (workers), shared gateway state."""
+"""The composition root: builds the ``Gateway`` from the config and mounts the routes; nothing else."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
+from realtime_gw import web
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.registry import Workers, build_workers
-from realtime_gw.models.responder import Responder, build_responder
-from realtime_gw.server import log_hygiene
+from realtime_gw.server import log_hygiene, openpi_ws, ops, realtime_ws, speech
 from realtime_gw.server.auth import Access
+from realtime_gw.server.gateway import Gateway
+from realtime_gw.server.responder import build_responder
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Gateway:
-    """What every handler shares: the config, the workers, and live session bookkeeping."""
-
-    config: GatewayConfig
-    workers: Workers
-    responder: Responder
-    access: Access
-    sessions: dict[str, int] = field(default_factory=lambda: {"realtime": 0, "openpi": 0})
-
-
 def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlette:
-    from realtime_gw import web
-    from realtime_gw.server import ops, realtime_ws, speech
-
     gateway = Gateway(
         config=config,
         workers=workers or build_workers(config),
@@ -68,8 +55,6 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         WebSocketRoute("/v1/audio/speech/stream", speech.speech_stream_endpoint),
     ]
     if gateway.workers.policy is not None:
-        from realtime_gw.server import openpi_ws
-
         routes += [
             WebSocketRoute("/v1/realtime/robot/openpi", openpi_ws.openpi_endpoint),
             # openpi-client's WebsocketClientPolicy connects to ws://host:port/ with no path.

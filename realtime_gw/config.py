@@ -52,7 +52,7 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Streams advanced per step by batching TTS backends (``codec``); Piper and tone step one.
     For ``codec`` also its slot count: the most streams synthesising at once (64 suits a GPU)."""
     tts_path: str | None = None
-    """`codec`: local weight directory (see realtime_gw/models/codec/spec.py); None = random init."""
+    """`codec`: local weight directory (see realtime_gw/models/speech/codec/spec.py); None = random init."""
     tts_config: Literal["tiny", "full"] = "tiny"
     """`codec` random-init shape: `tiny` (CPU tests) or `full` (Qwen3-TTS-0.6B-shaped, for a GPU)."""
     tts_device: str = "cpu"

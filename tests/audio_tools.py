@@ -7,10 +7,10 @@ import re
 
 import jiwer
 
-from realtime_gw.models.asr_pocketsphinx import PocketsphinxAsrBackend
-from realtime_gw.models.tts_piper import PiperTtsBackend
-from realtime_gw.models.types import AsrRequest
+from realtime_gw.models.speech.asr_pocketsphinx import PocketsphinxAsrBackend
+from realtime_gw.models.speech.tts_piper import PiperTtsBackend
 from realtime_gw.protocols.audio import resample
+from realtime_gw.records.voice import AsrRequest
 
 
 @functools.lru_cache(maxsize=1)

@@ -33,7 +33,7 @@ class Workers:
 
 def accepted_voices(backend: object) -> frozenset[str]:
     """Voice names a TTS backend answers to: its own, "default", and OpenAI's names (mapped)."""
-    from realtime_gw.models.tts_piper import OPENAI_VOICES
+    from realtime_gw.models.speech.tts_piper import OPENAI_VOICES
 
     return frozenset(getattr(backend, "voices", ())) | {"default"} | OPENAI_VOICES
 
@@ -46,7 +46,7 @@ def _worker(role: str, backend: Any, config: GatewayConfig, **options: Any) -> S
 
 def build_tts(config: GatewayConfig) -> StageWorker:
     if config.tts == "codec":
-        from realtime_gw.models.tts_codec import CodecTtsBackend
+        from realtime_gw.models.speech.tts_codec import CodecTtsBackend
 
         # Every stream holds a slot and all of them advance each step: slots = batch = admission limit,
         # so a full worker refuses at submit ("no free slot") instead of queueing.
@@ -54,11 +54,11 @@ def build_tts(config: GatewayConfig) -> StageWorker:
         codec = CodecTtsBackend(config=config.tts_config, path=config.tts_path, device=config.tts_device, slots=slots)
         return _worker("tts", codec, config, device=config.tts_device, max_batch=slots, max_active=slots)
     if config.tts == "tone":
-        from realtime_gw.models.tts_tone import ToneTtsBackend
+        from realtime_gw.models.speech.tts_tone import ToneTtsBackend
 
         backend: Any = ToneTtsBackend()
     else:
-        from realtime_gw.models.tts_piper import PiperTtsBackend
+        from realtime_gw.models.speech.tts_piper import PiperTtsBackend
 
         backend = PiperTtsBackend(voice=config.tts_voice)
     # Piper has no batched kernel: one sentence per step lets the scheduler put a new stream's first
@@ -67,8 +67,8 @@ def build_tts(config: GatewayConfig) -> StageWorker:
 
 
 def build_workers(config: GatewayConfig) -> Workers:
-    from realtime_gw.models.asr_pocketsphinx import PocketsphinxAsrBackend
-    from realtime_gw.models.vad_silero import SileroVadBackend
+    from realtime_gw.models.speech.asr_pocketsphinx import PocketsphinxAsrBackend
+    from realtime_gw.models.speech.vad_silero import SileroVadBackend
 
     tts = build_tts(config)
     asr = _worker(
@@ -81,7 +81,7 @@ def build_workers(config: GatewayConfig) -> Workers:
     vad = _worker("vad", SileroVadBackend(), config, max_batch=config.vad_max_batch, max_active=config.worker_max_active)
     workers = Workers(tts=tts, asr=asr, vad=vad)
     if config.policy != "none":
-        from realtime_gw.models.policy_pi0 import build_policy_backend
+        from realtime_gw.models.policy.pi0 import build_policy_backend
 
         workers.policy = _worker(
             "policy",

@@ -13,6 +13,9 @@ import soxr
 
 __all__ = [
     "FRAME_SAMPLES",
+    "MAX_SPEED",
+    "MIN_SPEED",
+    "SPEED_ERROR",
     "OUTPUT_RATE",
     "INPUT_FORMATS",
     "Reframer",
@@ -26,12 +29,23 @@ __all__ = [
     "pcm16_to_float32",
     "resample",
     "ulaw_decode",
+    "speed_in_range",
     "ulaw_encode",
 ]
 
 FRAME_SAMPLES = 1920
-"""80 ms at 24 kHz (same as ``realtime_gw.models.types.FRAME_SAMPLES``; protocols must not import models)."""
+"""80 ms at 24 kHz: the unit of every audio output (the one definition; records re-export it)."""
 OUTPUT_RATE = 24000
+
+MIN_SPEED = 0.25
+MAX_SPEED = 4.0
+SPEED_ERROR = f"speed must be between {MIN_SPEED} and {MAX_SPEED}"
+"""The speech-rate range of every TTS surface (OpenAI's): the one definition."""
+
+
+def speed_in_range(speed: float) -> bool:
+    """True for a speed inside [MIN_SPEED, MAX_SPEED] (NaN is outside)."""
+    return MIN_SPEED <= speed <= MAX_SPEED
 
 _PCM_RATES = (16000, 24000)
 _G711_RATE = 8000

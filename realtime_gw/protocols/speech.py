@@ -8,7 +8,7 @@ from typing import Literal
 
 import msgspec
 
-from realtime_gw.models.types import OUTPUT_RATE
+from realtime_gw.protocols.audio import FRAME_SAMPLES, OUTPUT_RATE, SPEED_ERROR, speed_in_range
 
 RESPONSE_FORMATS = ("wav", "pcm", "flac")
 
@@ -47,8 +47,8 @@ def check_speech_request(req: SpeechRequest, voices: frozenset[str], max_chars: 
         raise SpeechInputError("stream_format must be 'audio' or 'sse'", "stream_format")
     if req.stream_format == "sse" and req.response_format == "flac":
         raise SpeechInputError("stream_format 'sse' carries pcm or wav, not flac", "stream_format")
-    if not 0.25 <= req.speed <= 4.0:
-        raise SpeechInputError("speed must be between 0.25 and 4.0", "speed")
+    if not speed_in_range(req.speed):
+        raise SpeechInputError(SPEED_ERROR, "speed")
 
 
 def wav_header(sample_rate: int = OUTPUT_RATE, data_bytes: int = 0xFFFFFFFF - 36) -> bytes:
@@ -92,7 +92,7 @@ class AudioStart(StreamEvent, tag="audio.start"):
     utterance: int
     sample_rate: int = OUTPUT_RATE
     format: str = "pcm_s16le"
-    frame_samples: int = 1920
+    frame_samples: int = FRAME_SAMPLES
 
 
 class AudioDone(StreamEvent, tag="audio.done"):

@@ -24,11 +24,11 @@ import numpy as np
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from realtime_gw.app import Gateway
-from realtime_gw.models.policy_types import PolicyRequest
 from realtime_gw.models.runtime import NoFreeSlot, StageWorker
 from realtime_gw.protocols.openpi import DecodeError, Limits, packb, unpackb
+from realtime_gw.records.policy import PolicyRequest
 from realtime_gw.server import auth
+from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.metrics import SESSIONS
 from realtime_gw.sessions.policy import Effect, Infer, PolicyConnection, Send, SendError, StartStream
 from realtime_gw.sessions.policy_stream import RunChunk, StopStream, StreamSession

@@ -18,12 +18,12 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from realtime_gw.app import Gateway
 from realtime_gw.models.registry import accepted_voices
 from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFault
-from realtime_gw.models.types import AsrRequest, TtsRequest, VadRequest
 from realtime_gw.protocols import realtime as rt
+from realtime_gw.records.voice import AsrRequest, TtsRequest, VadRequest
 from realtime_gw.server import auth
+from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.metrics import FRAME_LATENESS, SESSIONS, TTFA
 from realtime_gw.sessions.events import (
     AudioDelivered,

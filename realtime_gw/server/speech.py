@@ -22,12 +22,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from realtime_gw.app import Gateway
 from realtime_gw.models.registry import accepted_voices
 from realtime_gw.models.runtime import NoFreeSlot, Stream, WorkerFault
-from realtime_gw.models.types import OUTPUT_RATE, TtsFrame, TtsRequest
 from realtime_gw.protocols import speech as sp
+from realtime_gw.protocols.audio import SPEED_ERROR, speed_in_range
+from realtime_gw.records.voice import OUTPUT_RATE, TtsFrame, TtsRequest
 from realtime_gw.server import auth
+from realtime_gw.server.gateway import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -186,8 +187,8 @@ class SpeechStream:
                 self.error("session.config cannot change during an utterance", "utterance_in_progress")
             elif ev.voice not in self.voices:
                 self.error(f"Unknown voice '{ev.voice}'; available: {', '.join(sorted(self.voices))}", param="voice")
-            elif not 0.25 <= ev.speed <= 4.0:
-                self.error("speed must be between 0.25 and 4.0", param="speed")
+            elif not speed_in_range(ev.speed):
+                self.error(SPEED_ERROR, param="speed")
             else:
                 self.config = ev
         elif isinstance(ev, sp.InputText):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from realtime_gw.models.types import TtsFrame, VadProbs
 from realtime_gw.protocols.realtime import ServerEvent
+from realtime_gw.records.voice import ChatMessage, TtsFrame, VadProbs
 
 # -- inputs ------------------------------------------------------------------------------------------
 
@@ -105,12 +105,6 @@ class Transcribe:
     item_id: str
     pcm: bytes
     sample_rate: int
-
-
-@dataclass(slots=True)
-class ChatMessage:
-    role: str
-    content: str
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from realtime_gw.models.policy_types import PolicyRequest, PolicySpec, RtcGuide
+from realtime_gw.records.policy import PolicyRequest, PolicySpec, RtcGuide
 
 MAX_SESSION_ID_CHARS = 128
 MAX_PROMPT_CHARS = 2000

@@ -29,7 +29,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from realtime_gw.models.policy_types import PolicyRequest, PolicySpec, RtcGuide
+from realtime_gw.records.policy import PolicyRequest, PolicySpec, RtcGuide
 from realtime_gw.sessions.policy import (
     ObservationError,
     PolicyConnection,

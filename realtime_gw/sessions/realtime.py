@@ -16,9 +16,9 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from realtime_gw.models.types import OUTPUT_RATE, TtsFrame
 from realtime_gw.protocols import audio
 from realtime_gw.protocols import realtime as rt
+from realtime_gw.records.voice import OUTPUT_RATE, TtsFrame
 from realtime_gw.sessions.conversation import (
     Conversation,
     ConversationError,
@@ -602,10 +602,8 @@ class RealtimeSession:
                 voice = self._check_voice(p.audio.output.voice, "response.audio.output.voice")
             if p.audio.output.speed is not UNSET:
                 speed = p.audio.output.speed
-                if not 0.25 <= speed <= 4.0:
-                    raise SessionError(
-                        "speed must be between 0.25 and 4.0", "invalid_value", "response.audio.output.speed"
-                    )
+                if not audio.speed_in_range(speed):
+                    raise SessionError(audio.SPEED_ERROR, "invalid_value", "response.audio.output.speed")
         if p.conversation not in (None, "auto", "none"):
             raise SessionError(
                 f"conversation must be 'auto' or 'none', got '{p.conversation}'", "invalid_value", "response.conversation"

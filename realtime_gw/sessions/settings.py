@@ -9,9 +9,9 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from realtime_gw.models.types import OUTPUT_RATE
 from realtime_gw.protocols import audio
 from realtime_gw.protocols import realtime as rt
+from realtime_gw.records.voice import OUTPUT_RATE
 from realtime_gw.sessions.duplex import DuplexSettings
 
 OUTPUT_RATES = {"audio/pcm": OUTPUT_RATE, "audio/pcmu": 8000, "audio/pcma": 8000}
@@ -176,7 +176,7 @@ def _apply_audio(new: SessionSettings, a: rt.AudioConfig, voices: frozenset[str]
         if o.voice is not UNSET:
             new.voice = check_voice(o.voice, voices, "session.audio.output.voice")
         if o.speed is not UNSET:
-            if not 0.25 <= o.speed <= 4.0:
-                raise SessionError("speed must be between 0.25 and 4.0", "invalid_value", "session.audio.output.speed")
+            if not audio.speed_in_range(o.speed):
+                raise SessionError(audio.SPEED_ERROR, "invalid_value", "session.audio.output.speed")
             new.speed = o.speed
 

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from realtime_gw.models.policy_types import PolicySpec
 from realtime_gw.protocols.openpi import DecodeError, packb, unpackb
+from realtime_gw.records.policy import PolicySpec
 from realtime_gw.sessions.policy import (
     Infer,
     ObservationError,

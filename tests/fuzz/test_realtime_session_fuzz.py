@@ -23,8 +23,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from realtime_gw.models.types import TtsFrame, VadProbs
 from realtime_gw.protocols import realtime as rt
+from realtime_gw.records.voice import TtsFrame, VadProbs
 from realtime_gw.sessions.events import (
     AudioDelivered,
     AwaitDelivery,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from realtime_gw.models.runtime import END_OF_INPUT, StageWorker
-from realtime_gw.models.types import TtsRequest
+from realtime_gw.records.voice import TtsRequest
 
 StartWorker = Callable[..., Awaitable[StageWorker]]
 
@@ -17,7 +17,7 @@ StartWorker = Callable[..., Awaitable[StageWorker]]
 def _piper_and_speech() -> tuple[Any, bytes]:
     import onnxruntime
 
-    from realtime_gw.models.tts_piper import PiperTtsBackend
+    from realtime_gw.models.speech.tts_piper import PiperTtsBackend
 
     # Piper samples noise (VITS noise_scale / noise_w), so every rendition differs. A fixed seed set
     # before the session is built makes the sequence of renditions reproducible run to run.
@@ -50,7 +50,7 @@ def synthesize(backend: Any, text: str, **request: Any) -> bytes:
 
 @pytest.fixture(scope="session")
 def asr() -> Any:
-    from realtime_gw.models.asr_pocketsphinx import PocketsphinxAsrBackend
+    from realtime_gw.models.speech.asr_pocketsphinx import PocketsphinxAsrBackend
 
     backend = PocketsphinxAsrBackend(slots=2)
     backend.warmup()
@@ -59,7 +59,7 @@ def asr() -> Any:
 
 @pytest.fixture(scope="session")
 def vad() -> Any:
-    from realtime_gw.models.vad_silero import SileroVadBackend
+    from realtime_gw.models.speech.vad_silero import SileroVadBackend
 
     backend = SileroVadBackend()
     backend.warmup()

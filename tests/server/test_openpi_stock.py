@@ -12,7 +12,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from openpi_server import WebsocketPolicyServer
 
 from realtime_gw.config import GatewayConfig
-from realtime_gw.models.policy_local import LocalPolicy
+from realtime_gw.server.openpi_local import LocalPolicy
 from tests.server.test_openpi_harness import droid_obs, free_port, serve, tiny_runner, wait_for
 
 

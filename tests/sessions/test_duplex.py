@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from realtime_gw.models.types import TtsFrame, VadProbs
 from realtime_gw.protocols import realtime as rt
+from realtime_gw.records.voice import TtsFrame, VadProbs
 from realtime_gw.sessions.duplex import Decision, DuplexSettings, Overlap, OverlapPolicy, Playback
 from realtime_gw.sessions.events import (
     AudioDelivered,

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime_gw.models.policy_types import PolicyRequest, PolicySpec
+from realtime_gw.records.policy import PolicyRequest, PolicySpec
 from realtime_gw.sessions.policy import (
     Infer,
     PolicyConnection,

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from realtime_gw.models.types import TtsFrame, VadProbs
 from realtime_gw.protocols import realtime as rt
+from realtime_gw.records.voice import TtsFrame, VadProbs
 from realtime_gw.sessions.events import (
     AudioDelivered,
     AwaitDelivery,

@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from realtime_gw.models.policy_types import PolicyRequest, PolicySpec
 from realtime_gw.models.runtime import NoFreeSlot, StepResult
+from realtime_gw.records.policy import PolicyRequest, PolicySpec
 
 
 class PolicyRunner(Protocol):

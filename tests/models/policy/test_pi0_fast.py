@@ -15,9 +15,8 @@ import pytest
 import torch
 
 from realtime_gw.config import GatewayConfig
-from realtime_gw.models import policy_fast
-from realtime_gw.models.policy_fast import Cache, FastPi0Runner
-from realtime_gw.models.policy_pi0 import (
+from realtime_gw.models.policy import pi0_fast as policy_fast
+from realtime_gw.models.policy.pi0 import (
     Pi0Runner,
     build_pi0_runner,
     compile_enabled,
@@ -25,9 +24,10 @@ from realtime_gw.models.policy_pi0 import (
     policy_spec,
     resolve_impl,
 )
-from realtime_gw.models.policy_preprocess import NormStats
-from realtime_gw.models.policy_rtc import guidance_scale, guidance_weights
-from realtime_gw.models.policy_types import PolicyRequest, RtcGuide
+from realtime_gw.models.policy.pi0_fast import Cache, FastPi0Runner
+from realtime_gw.models.policy.preprocess import NormStats
+from realtime_gw.models.policy.rtc import guidance_scale, guidance_weights
+from realtime_gw.records.policy import PolicyRequest, RtcGuide
 
 TOL = 1e-4
 
@@ -102,7 +102,7 @@ def test_bucket_buffers_pad_and_reuse(tiny: tuple[Any, Any], caplog: pytest.LogC
         fill(cache, batch)
 
     fast.fn.fill_prefix = counted_fill  # type: ignore[method-assign]
-    with caplog.at_level(logging.WARNING, logger="realtime_gw.models.policy_fast"):
+    with caplog.at_level(logging.WARNING, logger="realtime_gw.models.policy.pi0_fast"):
         three = [eager.prepare(request(10 + i)) for i in range(3)]
         got = fast.run(three, None)  # bucket 4 with one padding row
         assert prefix_rows == [3]  # the prefix runs at the exact size: no padding row costs a robot

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from realtime_gw.models.tts_piper import SentenceTtsBackend, TtsState
-from realtime_gw.models.types import FRAME_SAMPLES, OUTPUT_RATE
+from realtime_gw.models.speech.tts_piper import SentenceTtsBackend, TtsState
 from realtime_gw.protocols.audio import float32_to_pcm16
+from realtime_gw.records.voice import FRAME_SAMPLES, OUTPUT_RATE
 
 
 class ToneTtsBackend(SentenceTtsBackend):

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from realtime_gw.models.codec.talker import additive_mask, apply_rope, attend, cat_bias, rope_cos_sin
+from realtime_gw.models.speech.codec.talker import additive_mask, apply_rope, attend, cat_bias, rope_cos_sin
 
 
 def mimi_decoder_parts(mimi: Any) -> tuple[Any, Any, Any]:

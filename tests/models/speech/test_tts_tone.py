@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from realtime_gw.models.tts_tone import ToneTtsBackend
-from realtime_gw.models.types import FRAME_SAMPLES, TtsRequest
+from realtime_gw.models.speech.tts_tone import ToneTtsBackend
+from realtime_gw.records.voice import FRAME_SAMPLES, TtsRequest
 
 
 async def test_tone_frames(start_worker: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Protocol
 import httpx
 
 from realtime_gw.config import GatewayConfig
-from realtime_gw.sessions.events import ChatMessage
+from realtime_gw.records.voice import ChatMessage
 
 
 class ResponderError(RuntimeError):

@@ -10,8 +10,8 @@ import jiwer
 import pytest
 
 from realtime_gw.models.runtime import WorkerFault
-from realtime_gw.models.tts_piper import FrameAssembler, SentenceBuffer
-from realtime_gw.models.types import FRAME_SAMPLES, AsrRequest, AsrResult, TtsFrame, TtsRequest
+from realtime_gw.models.speech.tts_piper import FrameAssembler, SentenceBuffer
+from realtime_gw.records.voice import FRAME_SAMPLES, AsrRequest, AsrResult, TtsFrame, TtsRequest
 
 FRAME_BYTES = 2 * FRAME_SAMPLES
 

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from realtime_gw.config import GatewayConfig
-from realtime_gw.models.policy_backend import PolicyBackend
-from realtime_gw.models.policy_noop import NoopRunner
-from realtime_gw.models.policy_preprocess import (
+from realtime_gw.models.policy.backend import PolicyBackend
+from realtime_gw.models.policy.noop import NoopRunner
+from realtime_gw.models.policy.preprocess import (
     ByteTokenizer,
     HfTokenizer,
     NormStats,
@@ -33,8 +33,8 @@ from realtime_gw.models.policy_preprocess import (
     scale_pixels,
     tokenize_prompt,
 )
-from realtime_gw.models.policy_rtc import DEFAULT_BETA, RtcArrays, rtc_arrays
-from realtime_gw.models.policy_types import PolicyRequest, PolicySpec
+from realtime_gw.models.policy.rtc import DEFAULT_BETA, RtcArrays, rtc_arrays
+from realtime_gw.records.policy import PolicyRequest, PolicySpec
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ class Pi0Runner:
     def run(self, prepared: list[Prepared], num_steps: int | None) -> list[np.ndarray]:
         if any(p.rtc is not None for p in prepared):
             # transformers' sample_actions has no guidance hook: RTC batches take the guided sampler.
-            from realtime_gw.models.policy_fast import Pi0Functional
+            from realtime_gw.models.policy.pi0_fast import Pi0Functional
 
             if self._functional is None:
                 self._functional = Pi0Functional(self.model)
@@ -274,7 +274,7 @@ def build_pi0_runner(config: GatewayConfig) -> Pi0Runner:
     if len(spec.camera_keys) > 3:
         log.warning("PI0 was trained with at most 3 cameras; %d configured", len(spec.camera_keys))
     if resolve_impl(config) == "fast":
-        from realtime_gw.models.policy_fast import FastPi0Runner
+        from realtime_gw.models.policy.pi0_fast import FastPi0Runner
 
         return FastPi0Runner(
             model,

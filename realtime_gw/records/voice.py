@@ -4,9 +4,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FRAME_SAMPLES = 1920
-"""80 ms at 24 kHz: the unit of every audio output."""
-OUTPUT_RATE = 24000
+from realtime_gw.protocols.audio import FRAME_SAMPLES, OUTPUT_RATE
+
+__all__ = [
+    "FRAME_SAMPLES",
+    "OUTPUT_RATE",
+    "AsrRequest",
+    "AsrResult",
+    "ChatMessage",
+    "TtsFrame",
+    "TtsRequest",
+    "VadProbs",
+    "VadRequest",
+]
+
+
+@dataclass(slots=True)
+class ChatMessage:
+    """One message of the conversation as a responder sees it (OpenAI chat roles)."""
+
+    role: str
+    content: str
 
 
 @dataclass(slots=True)

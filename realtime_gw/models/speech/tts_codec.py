@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from realtime_gw.models.codec.engine import CodecEngine, LoadedModels, load_models
-from realtime_gw.models.codec.text import TextFeed
 from realtime_gw.models.runtime import END_OF_INPUT, StepResult
-from realtime_gw.models.tts_piper import MAX_SPEED, MIN_SPEED, OPENAI_VOICES
-from realtime_gw.models.types import OUTPUT_RATE, TtsFrame, TtsRequest
+from realtime_gw.models.speech.codec.engine import CodecEngine, LoadedModels, load_models
+from realtime_gw.models.speech.codec.text import TextFeed
+from realtime_gw.models.speech.tts_piper import MAX_SPEED, MIN_SPEED, OPENAI_VOICES
+from realtime_gw.records.voice import OUTPUT_RATE, TtsFrame, TtsRequest
 
 log = logging.getLogger(__name__)
 

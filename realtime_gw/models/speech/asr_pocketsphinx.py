@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from realtime_gw.models.runtime import NoFreeSlot, StepResult
-from realtime_gw.models.types import AsrRequest, AsrResult
 from realtime_gw.protocols.audio import resample
+from realtime_gw.records.voice import AsrRequest, AsrResult
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from realtime_gw.models.policy_backend import PolicyRunner
+from realtime_gw.models.policy.backend import PolicyRunner
 from realtime_gw.sessions.policy import Infer, PolicyConnection, Send, SendError, StartStream
 
 

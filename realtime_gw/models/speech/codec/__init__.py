@@ -1,4 +1,4 @@
-"""Codec-LM speech synthesis pieces used by ``realtime_gw.models.tts_codec``.
+"""Codec-LM speech synthesis pieces used by ``realtime_gw.models.speech.tts_codec``.
 
 - ``spec``: named model shapes (``tiny`` for CPU tests, ``full`` = Qwen3-TTS-0.6B-shaped) and the local
   weight-directory format.

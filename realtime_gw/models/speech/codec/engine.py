@@ -21,11 +21,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from realtime_gw.models.codec.mimi_stream import StreamingMimiDecoder
-from realtime_gw.models.codec.spec import CODEC_DIR, SPEC_FILE, TALKER_FILE, CodecSpec, named_spec
-from realtime_gw.models.codec.talker import CodecTalker, TalkerRuntime
-from realtime_gw.models.codec.text import ByteTokenizer, HfTokenizer, TextTokenizer, has_tokenizer_files
 from realtime_gw.models.runtime import NoFreeSlot
+from realtime_gw.models.speech.codec.mimi_stream import StreamingMimiDecoder
+from realtime_gw.models.speech.codec.spec import CODEC_DIR, SPEC_FILE, TALKER_FILE, CodecSpec, named_spec
+from realtime_gw.models.speech.codec.talker import CodecTalker, TalkerRuntime
+from realtime_gw.models.speech.codec.text import (
+    ByteTokenizer,
+    HfTokenizer,
+    TextTokenizer,
+    has_tokenizer_files,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +54,7 @@ def randomize_codebooks(mimi: Any) -> None:
     Its init leaves every codebook at zero (all codes would decode alike), so codebooks get unit-normal
     entries; and its output is loud, clipped noise, so the last conv is scaled down to speaking level.
     """
-    from realtime_gw.models.codec.mimi_stream import mimi_decoder_parts
+    from realtime_gw.models.speech.codec.mimi_stream import mimi_decoder_parts
 
     with torch.no_grad():
         for mod in mimi.modules():

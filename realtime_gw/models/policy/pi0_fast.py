@@ -42,9 +42,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from realtime_gw.models.policy_pi0 import Pi0Runner, Prepared
-from realtime_gw.models.policy_preprocess import scale_pixels
-from realtime_gw.models.policy_rtc import DEFAULT_BETA, guidance_scale
+from realtime_gw.models.policy.pi0 import Pi0Runner, Prepared
+from realtime_gw.models.policy.preprocess import scale_pixels
+from realtime_gw.models.policy.rtc import DEFAULT_BETA, guidance_scale
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from realtime_gw.models.runtime import END_OF_INPUT, StepResult
-from realtime_gw.models.types import VadProbs, VadRequest
 from realtime_gw.protocols.audio import StreamingResampler
+from realtime_gw.records.voice import VadProbs, VadRequest
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from realtime_gw.models.runtime import END_OF_INPUT, StepResult
-from realtime_gw.models.types import FRAME_SAMPLES, OUTPUT_RATE, TtsFrame, TtsRequest
-from realtime_gw.protocols.audio import Reframer, StreamingResampler, float32_to_pcm16
+from realtime_gw.protocols.audio import MAX_SPEED, MIN_SPEED, Reframer, StreamingResampler, float32_to_pcm16
+from realtime_gw.records.voice import FRAME_SAMPLES, OUTPUT_RATE, TtsFrame, TtsRequest
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,6 @@ OPENAI_VOICES = frozenset(
 )
 """OpenAI voice names; clients send them, so they map onto the backend's default voice."""
 
-MIN_SPEED = 0.25
-MAX_SPEED = 4.0
 
 # A sentence ends at .!? (optionally followed by closing quotes/brackets) plus whitespace, or a newline.
 # Requiring the whitespace keeps "3.14" and a half-streamed "Hello." (more may follow) together.

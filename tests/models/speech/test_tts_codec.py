@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from realtime_gw.models.codec.engine import CodecEngine, LoadedModels, load_models
-from realtime_gw.models.codec.mimi_stream import StreamingMimiDecoder
-from realtime_gw.models.codec.spec import save_codec_tts
-from realtime_gw.models.codec.talker import TalkerRuntime
 from realtime_gw.models.runtime import NoFreeSlot, WorkerFault
-from realtime_gw.models.tts_codec import CodecTtsBackend
-from realtime_gw.models.types import FRAME_SAMPLES, TtsFrame, TtsRequest
+from realtime_gw.models.speech.codec.engine import CodecEngine, LoadedModels, load_models
+from realtime_gw.models.speech.codec.mimi_stream import StreamingMimiDecoder
+from realtime_gw.models.speech.codec.spec import save_codec_tts
+from realtime_gw.models.speech.codec.talker import TalkerRuntime
+from realtime_gw.models.speech.tts_codec import CodecTtsBackend
+from realtime_gw.records.voice import FRAME_SAMPLES, TtsFrame, TtsRequest
 
 K = 16
 

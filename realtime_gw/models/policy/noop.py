@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from realtime_gw.models.policy_types import PolicyRequest, PolicySpec
+from realtime_gw.records.policy import PolicyRequest, PolicySpec
 
 
 class NoopRunner:

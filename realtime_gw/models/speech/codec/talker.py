@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from realtime_gw.models.codec.spec import CodecSpec
+from realtime_gw.models.speech.codec.spec import CodecSpec
 
 
 def rope_cos_sin(

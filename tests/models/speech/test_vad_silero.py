@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime_gw.models.types import VadProbs, VadRequest
-from realtime_gw.models.vad_silero import WINDOW_MS, silero_onnx_path
+from realtime_gw.models.speech.vad_silero import WINDOW_MS, silero_onnx_path
 from realtime_gw.protocols.audio import resample
+from realtime_gw.records.voice import VadProbs, VadRequest
 
 
 async def run_vad(worker: Any, pcm: bytes, rate: int, chunk_bytes: int = 1600) -> list[float]:

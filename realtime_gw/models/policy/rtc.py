@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from realtime_gw.models.policy_preprocess import NormStats
-from realtime_gw.models.policy_types import RtcGuide
+from realtime_gw.models.policy.preprocess import NormStats
+from realtime_gw.records.policy import RtcGuide
 
 DEFAULT_BETA = 5.0
 """Guidance clip (the paper's beta; 5 in its experiments)."""

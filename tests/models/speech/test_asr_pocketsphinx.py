@@ -9,8 +9,8 @@ import jiwer
 import pytest
 
 from realtime_gw.models.runtime import NoFreeSlot, WorkerFault
-from realtime_gw.models.types import AsrRequest
 from realtime_gw.protocols.audio import resample
+from realtime_gw.records.voice import AsrRequest
 
 
 def normalize(text: str) -> str:
