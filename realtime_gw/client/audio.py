@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from realtime_gw.protocols.audio import resample
+from realtime_gw.protocols.audio import OUTPUT_RATE, resample
 
 SESSION_RATES = (16000, 24000)
 
@@ -20,11 +20,11 @@ def read_wav(path: str | Path, rate: int | None = None) -> tuple[bytes, int]:
     data, file_rate = sf.read(str(path), dtype="int16", always_2d=True)
     mono = data[:, 0] if data.shape[1] == 1 else data.mean(axis=1).astype(np.int16)
     pcm = np.ascontiguousarray(mono, dtype="<i2").tobytes()
-    target = rate or (file_rate if file_rate in SESSION_RATES else 24000)
+    target = rate or (file_rate if file_rate in SESSION_RATES else OUTPUT_RATE)
     return resample(pcm, file_rate, target), target
 
 
-def write_wav(path: str | Path, pcm: bytes, rate: int = 24000) -> None:
+def write_wav(path: str | Path, pcm: bytes, rate: int = OUTPUT_RATE) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     sf.write(str(path), np.frombuffer(pcm, dtype="<i2"), rate, subtype="PCM_16")
 
