@@ -34,8 +34,9 @@ from locust import User, between, constant_pacing, events, task
 from locust.exception import StopUser
 
 from realtime_gw.client.audio import read_wav, silence
+from realtime_gw.client.openpi import OpenPIClient, PolicyServerError, sample_observation
 from realtime_gw.client.protocol import input_session
-from realtime_gw.client.sync import OpenPIClient, PolicyServerError, SyncRealtimeClient, sample_observation
+from realtime_gw.client.sync import SyncRealtimeClient
 from realtime_gw.protocols import realtime as rt
 
 API_KEY = os.environ.get("REALTIME_GW_API_KEY") or None

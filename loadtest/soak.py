@@ -96,7 +96,7 @@ def start_server(
 
 
 def robot_socket_answers(base: str, api_key: str | None) -> bool:
-    from realtime_gw.client.sync import OpenPIClient
+    from realtime_gw.client.openpi import OpenPIClient
 
     try:
         with OpenPIClient(base, api_key, open_timeout=5):

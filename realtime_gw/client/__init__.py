@@ -2,9 +2,17 @@
 (blocking, for locust and threads); the pure pieces (``ClientState``, ``JitterBuffer``) they share."""
 
 from realtime_gw.client.jitter import JitterBuffer
-from realtime_gw.client.protocol import ClientState, PlaybackAckEvent, Reply, input_session
-from realtime_gw.client.realtime import RealtimeClient, ServerError, ws_url
-from realtime_gw.client.sync import OpenPIClient, PolicyServerError, SyncRealtimeClient, sample_observation
+from realtime_gw.client.openpi import OpenPIClient, PolicyServerError, sample_observation
+from realtime_gw.client.protocol import (
+    ClientState,
+    PlaybackAckEvent,
+    Reply,
+    ServerError,
+    input_session,
+    ws_url,
+)
+from realtime_gw.client.realtime import RealtimeClient
+from realtime_gw.client.sync import SyncRealtimeClient
 
 __all__ = [
     "ClientState",

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_URL = "http://127.0.0.1:8000"  # client.protocol.DEFAULT_URL, not imported: the parser stays light
 
 
 def add_client_commands(sub: Any) -> None:
@@ -67,7 +67,7 @@ def _run(coro: Any) -> int:
     """Run a command; connection and server errors become one line and exit status 2, not a traceback."""
     import websockets
 
-    from realtime_gw.client.realtime import ServerError
+    from realtime_gw.client.protocol import ServerError
 
     try:
         return asyncio.run(coro)
@@ -183,7 +183,7 @@ async def _await_turns(c: Any, timeout: float) -> list[Any]:
 def cmd_robot(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from realtime_gw.client.sync import OpenPIClient, PolicyServerError, sample_observation
+    from realtime_gw.client.openpi import OpenPIClient, PolicyServerError, sample_observation
 
     t0 = time.perf_counter()
     client = OpenPIClient(args.url, args.api_key)

@@ -3,22 +3,88 @@
 Both transports (``realtime.RealtimeClient`` on asyncio, ``sync.SyncRealtimeClient`` for gevent/locust
 and threads) are thin loops around ``ClientState.feed(event, now)``, the way the server's transport is a
 thin loop around its session. Everything a client wants to measure lives here: time to first audio,
-frame lateness against the real-time schedule, lost and duplicated ``seq`` numbers.
+frame lateness against the real-time schedule, lost and duplicated ``seq`` numbers. So does what every
+transport (the OpenPI one too) would otherwise write again: the WebSocket URL, the auth header, the
+connect options and the real-time pacing of audio sends.
 """
 
 from __future__ import annotations
 
 import base64
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import msgspec
 
 from realtime_gw.protocols import realtime as rt
+from realtime_gw.protocols.audio import FRAME_SAMPLES, OUTPUT_RATE
 
-FRAME_MS = 80.0
-OUTPUT_RATE = 24000
+FRAME_MS = FRAME_SAMPLES * 1000.0 / OUTPUT_RATE  # 80 ms
+DEFAULT_URL = "http://127.0.0.1:8000"
+REALTIME_PATH = "/v1/realtime"
+REALTIME_SUBPROTOCOL = "realtime"
+
+
+class ServerError(RuntimeError):
+    """The server answered with an ``error`` event while we waited for something else."""
+
+    def __init__(self, detail: rt.ErrorDetail) -> None:
+        super().__init__(f"{detail.code or detail.type}: {detail.message}")
+        self.detail = detail
+
+
+# -- connecting --------------------------------------------------------------------------------------
+def ws_url(base: str, path: str, **query: str) -> str:
+    """``http://h:p`` / ``ws://h:p`` / a full URL -> the WebSocket URL of ``path`` (kept if one is given)."""
+    parts = urlsplit(base if "://" in base else "ws://" + base)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    use_path = parts.path if parts.path not in ("", "/") else path
+    q = "&".join(p for p in (parts.query, urlencode({k: v for k, v in query.items() if v})) if p)
+    return urlunsplit((scheme, parts.netloc, use_path, q, ""))
+
+
+def realtime_url(base: str, model: str | None = None, duplex: bool = False) -> str:
+    """The ``/v1/realtime`` URL for a base URL; ``model`` and ``duplex`` ride in the query when set."""
+    return ws_url(base, REALTIME_PATH, model=model or "", duplex="1" if duplex else "")
+
+
+def auth_headers(api_key: str | None, scheme: str = "Bearer") -> dict[str, str] | None:
+    """The ``Authorization`` header for a key, or None without one.
+
+    ``Bearer`` is OpenAI's; the robot socket takes ``Api-Key`` because that is what openpi-client sends.
+    """
+    return {"Authorization": f"{scheme} {api_key}"} if api_key else None
+
+
+def realtime_connect_options(api_key: str | None, open_timeout: float) -> dict[str, Any]:
+    """Keyword arguments for ``websockets`` ``connect`` on /v1/realtime (asyncio and sync take the same)."""
+    return {
+        "additional_headers": auth_headers(api_key),
+        "subprotocols": [REALTIME_SUBPROTOCOL],
+        "max_size": None,
+        "open_timeout": open_timeout,
+    }
+
+
+# -- pacing ------------------------------------------------------------------------------------------
+def pcm_chunks(pcm: bytes, rate: int, chunk_ms: int = 20) -> Iterator[bytes]:
+    """PCM16 mono in ``chunk_ms`` pieces, the way a microphone delivers it (the last may be shorter)."""
+    step = rate * chunk_ms // 1000 * 2
+    return (pcm[pos : pos + step] for pos in range(0, len(pcm), step))
+
+
+def pace_delay(start: float, sent: int, chunk_ms: int, speed: float, now: float) -> float:
+    """Seconds to wait after the ``sent``-th chunk so that chunk n leaves at ``start + n x chunk_ms / speed``.
+
+    The schedule is absolute (not a sleep per chunk), so sleep overshoot does not accumulate into drift;
+    ``speed`` 0 (or below) means as fast as possible. Pure: each transport owns its clock and its sleep.
+    """
+    if speed <= 0:
+        return 0.0
+    return max(0.0, start + sent * chunk_ms / 1000.0 / speed - now)
 
 
 class PlaybackAckEvent(msgspec.Struct, tag="playback.ack", tag_field="type", kw_only=True):
@@ -37,6 +103,10 @@ class UnknownEvent(msgspec.Struct, kw_only=True):
 
     type: str
     raw: dict[str, Any]
+
+
+Event = rt.ServerEvent | UnknownEvent
+"""What a client receives: a known server event, or one kept raw."""
 
 
 # -- codec -----------------------------------------------------------------------------------------
@@ -99,8 +169,13 @@ def user_text(text: str) -> rt.ConversationItemCreateEvent:
     )
 
 
+def text_turn(text: str) -> list[rt.ClientEvent]:
+    """A text turn: the user's message, then the request for a response, in the order to send them."""
+    return [user_text(text), rt.ResponseCreateEvent()]
+
+
 def input_session(
-    rate: int = 24000,
+    rate: int = OUTPUT_RATE,
     vad: bool = True,
     transcription: bool = True,
     silence_duration_ms: int = 500,

@@ -18,7 +18,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import msgspec
 import websockets
@@ -26,45 +25,33 @@ from websockets.asyncio.client import ClientConnection
 
 from realtime_gw.client.jitter import JitterBuffer
 from realtime_gw.client.protocol import (
+    DEFAULT_URL,
     OUTPUT_RATE,
     ClientState,
+    Event,
     PlaybackAckEvent,
     Reply,
-    UnknownEvent,
+    ServerError,
     append_audio,
     decode_server_event,
     encode_client_event,
+    pace_delay,
+    pcm_chunks,
+    realtime_connect_options,
+    realtime_url,
     session_update,
-    user_text,
+    text_turn,
 )
 from realtime_gw.protocols import realtime as rt
 
 log = logging.getLogger(__name__)
-Event = rt.ServerEvent | UnknownEvent
 PLAYER_TICK_S = 0.02
-
-
-class ServerError(RuntimeError):
-    """The server answered with an ``error`` event while we waited for something else."""
-
-    def __init__(self, detail: rt.ErrorDetail) -> None:
-        super().__init__(f"{detail.code or detail.type}: {detail.message}")
-        self.detail = detail
-
-
-def ws_url(base: str, path: str, **query: str) -> str:
-    """``http://h:p`` / ``ws://h:p`` / a full URL -> the WebSocket URL of ``path`` (kept if one is given)."""
-    parts = urlsplit(base if "://" in base else "ws://" + base)
-    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
-    use_path = parts.path if parts.path not in ("", "/") else path
-    q = "&".join(p for p in (parts.query, urlencode({k: v for k, v in query.items() if v})) if p)
-    return urlunsplit((scheme, parts.netloc, use_path, q, ""))
 
 
 class RealtimeClient:
     def __init__(
         self,
-        url: str = "http://127.0.0.1:8000",
+        url: str = DEFAULT_URL,
         api_key: str | None = None,
         *,
         model: str | None = None,
@@ -78,7 +65,7 @@ class RealtimeClient:
         on_audio: Callable[[bytes], None | Awaitable[None]] | None = None,
         open_timeout: float = 10.0,
     ) -> None:
-        self.url = ws_url(url, "/v1/realtime", model=model or "", duplex="1" if duplex else "")
+        self.url = realtime_url(url, model, duplex)
         self.api_key = api_key
         self.play = play
         self.auto_barge_in = auto_barge_in
@@ -107,13 +94,8 @@ class RealtimeClient:
 
     async def connect(self) -> rt.SessionOut:
         t0 = time.perf_counter()
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         self.ws = await websockets.connect(
-            self.url,
-            additional_headers=headers,
-            subprotocols=["realtime"],  # type: ignore[list-item]
-            max_size=None,
-            open_timeout=self.open_timeout,
+            self.url, **realtime_connect_options(self.api_key, self.open_timeout)
         )
         created = self.expect(lambda ev: isinstance(ev, rt.SessionCreatedEvent))
         self._tasks.append(asyncio.create_task(self._reader(), name="realtime-reader"))
@@ -161,14 +143,11 @@ class RealtimeClient:
 
         The schedule is absolute (start + n x chunk), so sleep overshoot does not accumulate into drift.
         """
-        step = rate * chunk_ms // 1000 * 2
         t0 = time.monotonic()
-        for n, pos in enumerate(range(0, len(pcm), step), start=1):
-            await self.append(pcm[pos : pos + step])
-            if speed > 0:
-                delay = t0 + n * chunk_ms / 1000.0 / speed - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+        for n, chunk in enumerate(pcm_chunks(pcm, rate, chunk_ms), start=1):
+            await self.append(chunk)
+            if (delay := pace_delay(t0, n, chunk_ms, speed, time.monotonic())) > 0:
+                await asyncio.sleep(delay)
 
     async def commit(self) -> None:
         await self.send(rt.InputAudioBufferCommitEvent())
@@ -184,8 +163,8 @@ class RealtimeClient:
     async def say(self, text: str, timeout: float = 120.0) -> Reply:
         """A text turn: the user says ``text`` and the server answers; returns the finished reply."""
         done = self.expect(lambda ev: isinstance(ev, rt.ResponseDoneEvent), fail_on_error=True)
-        await self.send(user_text(text))
-        await self.send(rt.ResponseCreateEvent())
+        for event in text_turn(text):
+            await self.send(event)
         ev = await asyncio.wait_for(done, timeout)
         assert isinstance(ev, rt.ResponseDoneEvent)
         return self.state.replies[ev.response.id]

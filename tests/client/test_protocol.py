@@ -8,10 +8,17 @@ from realtime_gw.client.protocol import (
     ClientState,
     PlaybackAckEvent,
     UnknownEvent,
+    auth_headers,
     decode_server_event,
     encode_client_event,
     input_session,
+    pace_delay,
+    pcm_chunks,
+    realtime_connect_options,
+    realtime_url,
     session_update,
+    text_turn,
+    ws_url,
 )
 from realtime_gw.protocols import realtime as rt
 
@@ -74,3 +81,36 @@ def test_tracks_replies_seq_gaps_and_lateness() -> None:
     assert abs((reply.turn_latency or 0) - 0.5) < 1e-9
     assert reply.audio is not None and len(reply.audio) == 3 * 3840
     assert st.current is None and st.last is reply and st.responses_done == 1
+
+
+def test_urls_auth_and_connect_options_shared_by_every_transport() -> None:
+    assert ws_url("http://h:8000", "/v1/realtime") == "ws://h:8000/v1/realtime"
+    assert ws_url("https://h", "/x", a="1", b="") == "wss://h/x?a=1", "empty query values are left out"
+    assert ws_url("h:9", "/x") == "ws://h:9/x", "a bare host:port is a ws URL"
+    assert ws_url("ws://h/custom?k=v", "/x", a="1") == "ws://h/custom?k=v&a=1", "a given path and query stay"
+    assert realtime_url("http://h", "m", duplex=True) == "ws://h/v1/realtime?model=m&duplex=1"
+    assert realtime_url("http://h") == "ws://h/v1/realtime"
+    assert auth_headers(None) is None and auth_headers("") is None
+    assert auth_headers("k") == {"Authorization": "Bearer k"}
+    assert auth_headers("k", "Api-Key") == {"Authorization": "Api-Key k"}
+    opts = realtime_connect_options("k", 3.0)
+    assert opts["subprotocols"] == ["realtime"] and opts["max_size"] is None and opts["open_timeout"] == 3.0
+    assert opts["additional_headers"] == {"Authorization": "Bearer k"}
+
+
+def test_pacing_is_an_absolute_real_time_schedule() -> None:
+    pcm = b"\x01\x00" * 1000  # 1000 samples at 16 kHz: 20 ms chunks of 320 samples, the last shorter
+    assert [len(c) for c in pcm_chunks(pcm, 16000, 20)] == [640, 640, 640, 80]
+    assert b"".join(pcm_chunks(pcm, 16000, 20)) == pcm
+    # chunk n leaves at start + n x 20 ms: a late wake-up shortens the next wait instead of drifting
+    assert abs(pace_delay(10.0, 1, 20, 1.0, now=10.0) - 0.02) < 1e-9
+    assert abs(pace_delay(10.0, 2, 20, 1.0, now=10.025) - 0.015) < 1e-9
+    assert pace_delay(10.0, 2, 20, 1.0, now=10.05) == 0.0, "behind schedule: no wait, never negative"
+    assert abs(pace_delay(10.0, 2, 20, 2.0, now=10.0) - 0.02) < 1e-9, "speed 2 halves the schedule"
+    assert pace_delay(10.0, 5, 20, 0.0, now=10.0) == 0.0, "speed 0 is unpaced"
+
+
+def test_text_turn_is_the_message_then_the_response_request() -> None:
+    item, create = text_turn("hello")
+    assert isinstance(item, rt.ConversationItemCreateEvent) and isinstance(create, rt.ResponseCreateEvent)
+    assert item.item.content is not None and item.item.content[0].text == "hello"
