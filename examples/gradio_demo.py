@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from realtime_gw.client import RealtimeClient, input_session
-from realtime_gw.client.protocol import user_text
+from realtime_gw.client.protocol import text_turn
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.protocols.audio import resample
 
@@ -109,8 +109,8 @@ def build(url: str, api_key: str | None, streaming: bool | None = None) -> Any:
 
     async def from_text(text: str) -> AsyncIterator[Update]:
         async def start(c: RealtimeClient) -> None:
-            await c.send(user_text(text))
-            await c.send(rt.ResponseCreateEvent())
+            for event in text_turn(text):
+                await c.send(event)
 
         turn = _turn(url, api_key, {"audio": {"input": {"turn_detection": None}}}, start)
         async for update in turn if stream else _whole(turn):
