@@ -33,7 +33,7 @@ class Workers:
 
 def accepted_voices(backend: object) -> frozenset[str]:
     """Voice names a TTS backend answers to: its own, "default", and OpenAI's names (mapped)."""
-    from realtime_gw.models.speech.tts_piper import OPENAI_VOICES
+    from realtime_gw.models.speech.tts_base import OPENAI_VOICES
 
     return frozenset(getattr(backend, "voices", ())) | {"default"} | OPENAI_VOICES
 

@@ -15,24 +15,24 @@ first token. Stopping rule, once the text has ended and every token is spoken:
   ``max_frames_per_token * tokens + tail_frames`` frames (and the slot length) in all.
 A stream whose text has not ended and whose tokens are all spoken waits (no frame) for more text.
 
-``speed`` is validated like Piper's but not applied: a codec LM has no length scale.
+Voice names, the speed check and text input are ``tts_base.TtsBackendBase``'s, as for Piper; ``speed``
+is validated but not applied (a codec LM has no length scale).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from realtime_gw.models.runtime import END_OF_INPUT, StepResult
+from realtime_gw.models.runtime import StepResult
 from realtime_gw.models.speech.codec.engine import CodecEngine, LoadedModels, load_models
 from realtime_gw.models.speech.codec.text import TextFeed
-from realtime_gw.models.speech.tts_piper import MAX_SPEED, MIN_SPEED, OPENAI_VOICES
-from realtime_gw.records.voice import OUTPUT_RATE, TtsFrame, TtsRequest
+from realtime_gw.models.speech.tts_base import TtsBackendBase, feed_inputs
+from realtime_gw.records.voice import TtsFrame, TtsRequest
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,9 @@ class CodecTtsState:
     released: bool = False
 
 
-class CodecTtsBackend:
+class CodecTtsBackend(TtsBackendBase[CodecTtsState]):
+    # voices, native_rate and default_voice are the base's: one "default" voice at 24 kHz
     name = "tts-codec"
-    native_rate = OUTPUT_RATE
-    voices: tuple[str, ...] = ("default",)
 
     def __init__(
         self,
@@ -115,17 +114,8 @@ class CodecTtsBackend:
         log.info("%s: %s", self.name, self.info)
 
     # -- Backend protocol ------------------------------------------------------------------------------
-    def resolve_voice(self, voice: str) -> str:
-        if voice in self.voices or voice == "default" or voice in OPENAI_VOICES:
-            return "default"
-        available = sorted({*self.voices, *OPENAI_VOICES})
-        raise ValueError(f"unknown voice {voice!r}; available voices: {', '.join(available)}")
-
     def open(self, request: TtsRequest) -> CodecTtsState:
-        speed = float(request.speed)
-        if not (MIN_SPEED <= speed <= MAX_SPEED) or math.isnan(speed):
-            raise ValueError(f"speed must be between {MIN_SPEED} and {MAX_SPEED}, got {request.speed}")
-        self.resolve_voice(request.voice)
+        self.check_request(request)  # voice and speed are checked, not used: one voice, no length scale
         slot = self.engine.alloc()  # NoFreeSlot when full
         return CodecTtsState(request=request, slot=slot, text=TextFeed(self.tokenizer))
 
@@ -142,10 +132,9 @@ class CodecTtsBackend:
         go: list[int] = []
         for i, (state, inputs) in enumerate(work):
             try:
-                self._absorb(state, inputs)
+                feed_inputs(state.text, inputs)
             except Exception as e:  # bad input fails this stream only
-                log.warning("%s: stream failed: %s", self.name, e)
-                results[i] = StepResult(done=True, error=f"{self.name}: {e}")
+                results[i] = self._failed(e)
                 continue
             text = state.text
             if state.done:
@@ -178,31 +167,11 @@ class CodecTtsBackend:
         seconds = self.engine.capture_all()
         if seconds:
             log.info("%s: captured %d CUDA graphs in %.1f s", self.name, self.engine.graph_count, seconds)
-        state = self.open(TtsRequest())
-        try:
-            inputs: list[Any] = ["Warming up.", END_OF_INPUT]
-            pcm = b""
-            for _ in range(self.spec.max_positions + 1):
-                result = self.step([(state, inputs)])[0]
-                inputs = []
-                pcm += b"".join(f.pcm for f in result.outputs)
-                if result.done:
-                    break
-            if not pcm:
-                raise RuntimeError(f"{self.name}: warm-up produced no audio")
-        finally:
-            self.release(state)
+        # ends within the slot length: ``_limit`` caps every utterance at ``max_positions`` frames
+        if not self.synthesize("Warming up."):
+            raise RuntimeError(f"{self.name}: warm-up produced no audio")
 
     # -- internals -------------------------------------------------------------------------------------
-    def _absorb(self, state: CodecTtsState, inputs: list[Any]) -> None:
-        for item in inputs:
-            if item is END_OF_INPUT:
-                state.text.end()
-            elif isinstance(item, str):
-                state.text.feed(item)
-            else:
-                raise TypeError(f"TTS input must be str, got {type(item).__name__}")
-
     def _limit(self, state: CodecTtsState) -> int:
         """Most frames this utterance may take (known once the text has ended)."""
         cap = self.spec.max_positions

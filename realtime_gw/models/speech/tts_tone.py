@@ -1,14 +1,15 @@
 """Tone "TTS": a sine beep per sentence instead of speech.
 
 For measuring gateway overhead only (framing, scheduling, transport) with no model cost; it says
-nothing. Same contract as ``PiperTtsBackend``: sentences in, 1920-sample 24 kHz frames out.
+nothing. Same contract as ``PiperTtsBackend`` (both are ``tts_base.SentenceTtsBackend``): sentences in,
+1920-sample 24 kHz frames out.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from realtime_gw.models.speech.tts_piper import SentenceTtsBackend, TtsState
+from realtime_gw.models.speech.tts_base import SentenceTtsBackend, TtsState
 from realtime_gw.protocols.audio import float32_to_pcm16
 from realtime_gw.records.voice import FRAME_SAMPLES, OUTPUT_RATE
 

@@ -10,7 +10,7 @@ import jiwer
 import pytest
 
 from realtime_gw.models.runtime import WorkerFault
-from realtime_gw.models.speech.tts_piper import FrameAssembler, SentenceBuffer
+from realtime_gw.models.speech.tts_base import FrameAssembler, SentenceBuffer
 from realtime_gw.records.voice import FRAME_SAMPLES, AsrRequest, AsrResult, TtsFrame, TtsRequest
 
 FRAME_BYTES = 2 * FRAME_SAMPLES

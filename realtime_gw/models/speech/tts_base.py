@@ -1,0 +1,291 @@
+"""What every TTS backend here shares: voice names, the speed check, text input, sentence streaming.
+
+A TTS stream receives text pieces over time (``Stream.push(str)``) and ``END_OF_INPUT`` at the end;
+audio leaves as 24 kHz PCM16 ``TtsFrame`` deltas of exactly ``FRAME_SAMPLES`` samples, and only the
+final frame (``final=True``) may be shorter, or empty.
+
+- ``TtsBackendBase``: the checks every backend makes the same way (voice, speed, input items) and the
+  offline ``synthesize`` loop; the codec LM (``tts_codec``) builds on it directly.
+- ``SentenceTtsBackend``: one sentence per stream per step (iteration-level batching: a long answer
+  cannot starve a short one); Piper and the tone backend implement only ``_synthesize``.
+
+No model library is imported here, so a backend can reuse this without loading another's weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from realtime_gw.models.runtime import END_OF_INPUT, StepResult
+from realtime_gw.protocols.audio import SPEED_ERROR, Reframer, StreamingResampler, speed_in_range
+from realtime_gw.records.voice import FRAME_SAMPLES, OUTPUT_RATE, TtsFrame, TtsRequest
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+
+OPENAI_VOICES = frozenset(
+    {
+        "alloy",
+        "ash",
+        "ballad",
+        "cedar",
+        "coral",
+        "echo",
+        "fable",
+        "marin",
+        "nova",
+        "onyx",
+        "sage",
+        "shimmer",
+        "verse",
+    }
+)
+"""OpenAI voice names; clients send them, so they map onto the backend's default voice."""
+
+
+# A sentence ends at .!? (optionally followed by closing quotes/brackets) plus whitespace, or a newline.
+# Requiring the whitespace keeps "3.14" and a half-streamed "Hello." (more may follow) together.
+_SENTENCE_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*\s+|\n+")
+MAX_SENTENCE_CHARS = 400
+"""Text without any sentence end is cut at a space beyond this, so a run-on stream still speaks."""
+
+
+class TextSink(Protocol):
+    """Where a stream's text goes: ``SentenceBuffer`` here, the codec's word-level ``TextFeed``."""
+
+    def feed(self, text: str) -> None: ...
+
+    def end(self) -> None: ...
+
+
+def check_speed(speed: float) -> float:
+    """The request's speed as a float; ValueError outside the OpenAI range (NaN included)."""
+    value = float(speed)
+    if not speed_in_range(value):
+        raise ValueError(f"{SPEED_ERROR}, got {speed}")
+    return value
+
+
+def feed_inputs(text: TextSink, inputs: list[Any]) -> None:
+    """Hand a step's input items to the stream's text: strings, then ``END_OF_INPUT``; nothing else."""
+    for item in inputs:
+        if item is END_OF_INPUT:
+            text.end()
+        elif isinstance(item, str):
+            text.feed(item)
+        else:
+            raise TypeError(f"TTS input must be str, got {type(item).__name__}")
+
+
+class SentenceBuffer:
+    """Accumulates streamed text and hands out complete sentences."""
+
+    def __init__(self, max_chars: int = MAX_SENTENCE_CHARS) -> None:
+        self.max_chars = max_chars
+        self.ended = False
+        self.sentences: deque[str] = deque()
+        self._buf = ""
+
+    def feed(self, text: str) -> None:
+        if self.ended:
+            raise ValueError("text pushed after END_OF_INPUT")
+        self._buf += text
+        while (m := _SENTENCE_END.search(self._buf)) is not None:
+            self._add(self._buf[: m.end()])
+            self._buf = self._buf[m.end() :]
+        while len(self._buf) > self.max_chars:
+            cut = self._buf.rfind(" ", 0, self.max_chars)
+            cut = cut if cut > 0 else self.max_chars
+            self._add(self._buf[:cut])
+            self._buf = self._buf[cut:]
+
+    def end(self) -> None:
+        """No more text: whatever is buffered becomes the last sentence."""
+        if not self.ended:
+            self.ended = True
+            self._add(self._buf)
+            self._buf = ""
+
+    def _add(self, sentence: str) -> None:
+        sentence = sentence.strip()
+        if sentence:
+            self.sentences.append(sentence)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.sentences) or self.ended
+
+
+class FrameAssembler:
+    """One utterance's audio path: native-rate PCM16 -> 24 kHz -> exact frames, with sentence marks.
+
+    One streaming resampler per utterance (not per sentence) keeps the waveform continuous across
+    sentence boundaries, so there is no click where two sentences meet. Sentence texts are attached
+    by output sample position, so a sentence's text rides on the frame where its audio really starts,
+    even when that audio first leaves the reframer in a later step.
+    """
+
+    def __init__(self, native_rate: int) -> None:
+        self.native_rate = native_rate
+        self._resampler = StreamingResampler(native_rate, OUTPUT_RATE)
+        self._reframer = Reframer(FRAME_SAMPLES)
+        self._in_samples = 0
+        self._frames_out = 0
+        self._marks: deque[tuple[int, str]] = deque()
+
+    def add(self, text: str, pcm16: bytes) -> list[TtsFrame]:
+        """Queue one sentence's audio (may be empty) and return the frames now complete."""
+        self._marks.append((self._in_samples * OUTPUT_RATE // self.native_rate, text))
+        self._in_samples += len(pcm16) // 2
+        return self._frames(self._reframer.push(self._resampler.push(pcm16)))
+
+    def finish(self) -> list[TtsFrame]:
+        """Drain resampler and reframer; the last frame is ``final`` (short, maybe empty)."""
+        frames = self._frames(self._reframer.push(self._resampler.flush()))
+        tail = self._reframer.flush()
+        texts = [t for _, t in self._marks]
+        self._marks.clear()
+        frames.append(TtsFrame(pcm=tail, text=" ".join(texts), final=True))
+        return frames
+
+    def _frames(self, pcms: list[bytes]) -> list[TtsFrame]:
+        out = []
+        for pcm in pcms:
+            self._frames_out += 1
+            end = self._frames_out * FRAME_SAMPLES
+            texts = []
+            while self._marks and self._marks[0][0] < end:
+                texts.append(self._marks.popleft()[1])
+            out.append(TtsFrame(pcm=pcm, text=" ".join(texts)))
+        return out
+
+
+@dataclass(eq=False)
+class TtsState:
+    request: TtsRequest
+    voice: str
+    length_scale: float
+    text: SentenceBuffer = field(default_factory=SentenceBuffer)
+    audio: FrameAssembler | None = None
+    extra: Any = None
+    """Backend-specific per-stream data (e.g. the tone backend's oscillator phase)."""
+
+
+class TtsBackendBase(Generic[S]):
+    """The checks and loops every TTS backend shares; subclasses implement the Backend protocol."""
+
+    name = "tts"
+    native_rate = OUTPUT_RATE
+    voices: tuple[str, ...] = ("default",)
+    default_voice = "default"
+    """What "default" and OpenAI's voice names map to."""
+
+    # -- Backend protocol (subclasses) -----------------------------------------------------------------
+    def open(self, request: TtsRequest) -> S:
+        raise NotImplementedError
+
+    def step(self, work: list[tuple[S, list[Any]]]) -> list[StepResult]:
+        raise NotImplementedError
+
+    def release(self, state: S) -> None:
+        raise NotImplementedError
+
+    # -- shared checks ---------------------------------------------------------------------------------
+    def resolve_voice(self, voice: str) -> str:
+        if voice in self.voices:
+            return voice
+        if voice == "default" or voice in OPENAI_VOICES:
+            return self.default_voice
+        available = sorted({*self.voices, "default", *OPENAI_VOICES})
+        raise ValueError(f"unknown voice {voice!r}; available voices: {', '.join(available)}")
+
+    def check_request(self, request: TtsRequest) -> tuple[str, float]:
+        """``(voice, speed)`` of a request, or ValueError; speed first, as clients see it today."""
+        speed = check_speed(request.speed)
+        return self.resolve_voice(request.voice), speed
+
+    def _failed(self, e: Exception) -> StepResult:
+        """One stream's failure, as that stream's result (its batch mates go on)."""
+        log.warning("%s: stream failed: %s", self.name, e)
+        return StepResult(done=True, error=f"{self.name}: {e}")
+
+    # -- offline use -----------------------------------------------------------------------------------
+    def synthesize(self, text: str, request: TtsRequest | None = None) -> bytes:
+        """A whole utterance at once (offline use: tests, tools, warm-up), through the same streaming
+        path the worker drives: 24 kHz PCM16."""
+        state = self.open(request or TtsRequest())
+        inputs: list[Any] = [text, END_OF_INPUT]
+        pcm = bytearray()
+        try:
+            while True:
+                (result,) = self.step([(state, inputs)])
+                inputs = []
+                pcm += b"".join(f.pcm for f in result.outputs)
+                if result.done or result.error is not None:
+                    break
+        finally:
+            self.release(state)
+        return bytes(pcm)
+
+
+class SentenceTtsBackend(TtsBackendBase[TtsState]):
+    """Sentence-at-a-time backends (Piper, tone); subclasses implement ``_synthesize``."""
+
+    def __init__(self, voice: str) -> None:
+        if voice not in self.voices:
+            raise ValueError(f"unknown voice {voice!r}; available voices: {', '.join(self.voices)}")
+        self.default_voice = voice
+
+    # -- subclass hook ---------------------------------------------------------------------------------
+    def _synthesize(self, state: TtsState, sentence: str) -> bytes:
+        """One sentence -> PCM16 at ``native_rate`` (may be empty)."""
+        raise NotImplementedError
+
+    # -- Backend protocol ------------------------------------------------------------------------------
+    def open(self, request: TtsRequest) -> TtsState:
+        voice, speed = self.check_request(request)
+        state = TtsState(request=request, voice=voice, length_scale=1.0 / speed)
+        state.audio = FrameAssembler(self.native_rate)
+        return state
+
+    def has_work(self, state: TtsState) -> bool:
+        return state.text.ready
+
+    def release(self, state: TtsState) -> None:
+        state.audio = None  # drop filter state and buffered audio; nothing device-side to free
+
+    def step(self, work: list[tuple[TtsState, list[Any]]]) -> list[StepResult]:
+        # Per-stream isolation: bad input or a synthesis error fails that stream, not its batch mates.
+        results = []
+        for state, inputs in work:
+            try:
+                results.append(self._advance(state, inputs))
+            except Exception as e:
+                results.append(self._failed(e))
+        return results
+
+    def _advance(self, state: TtsState, inputs: list[Any]) -> StepResult:
+        assert state.audio is not None, "step on a released state"
+        feed_inputs(state.text, inputs)
+        frames: list[TtsFrame] = []
+        if state.text.sentences:  # one sentence per stream per step
+            sentence = state.text.sentences.popleft()
+            frames += state.audio.add(sentence, self._synthesize(state, sentence))
+        if state.text.ended and not state.text.sentences:
+            frames += state.audio.finish()
+            return StepResult(outputs=frames, done=True)
+        return StepResult(outputs=frames)
+
+    def warmup(self) -> None:
+        state = self.open(TtsRequest())
+        state.text.feed("Warming up.")
+        state.text.end()
+        result = self._advance(state, [])
+        if not result.done or not any(f.pcm for f in result.outputs):
+            raise RuntimeError(f"{self.name}: warm-up produced no audio")
+        self.release(state)
