@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import io
 import struct
 from typing import Literal
 
 import msgspec
+import numpy as np
+import soundfile
 
 from realtime_gw.protocols.audio import FRAME_SAMPLES, OUTPUT_RATE, SPEED_ERROR, speed_in_range
 
@@ -62,6 +65,14 @@ def wav_header(sample_rate: int = OUTPUT_RATE, data_bytes: int = 0xFFFFFFFF - 36
         + b"data"
         + struct.pack("<I", min(0xFFFFFFFF, data_bytes))
     )
+
+
+def flac_bytes(pcm16: bytes, sample_rate: int = OUTPUT_RATE) -> bytes:
+    """A whole FLAC file of PCM16 mono (FLAC frames need the whole signal's framing). CPU-bound for
+    long clips: callers on an event loop run it in a thread."""
+    buf = io.BytesIO()
+    soundfile.write(buf, np.frombuffer(pcm16, dtype="<i2"), sample_rate, format="FLAC", subtype="PCM_16")
+    return buf.getvalue()
 
 
 # -- the WebSocket stream ---------------------------------------------------------------------------

@@ -49,10 +49,12 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
 
 
 class Refusal(NamedTuple):
-    """Why a key may not open a session now: ``code`` for error events, ``message`` for people."""
+    """Why a socket may not open a session now: ``code`` for error events, ``message`` for people,
+    ``status`` for sockets refused with an HTTP answer before the handshake (OpenPI)."""
 
-    code: str  # "session_limit_reached" | "rate_limit_exceeded"
+    code: str  # "origin_not_allowed" | "invalid_api_key" | "session_limit_reached" | "rate_limit_exceeded"
     message: str
+    status: int = 503
 
 
 class Access:
@@ -115,6 +117,7 @@ class Access:
                     "rate_limit_exceeded",
                     f"session starts for this API key over {self.starts_per_min} per minute; "
                     f"retry in {wait:.0f} s",
+                    429,
                 )
             window.append(now)
         self.sessions[key] += 1

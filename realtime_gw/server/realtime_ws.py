@@ -1,8 +1,9 @@
 """``/v1/realtime``: the thin loop around ``RealtimeSession``.
 
 One mailbox per connection, consumed by one task that owns the session (no locks). Other tasks only
-move bytes (reader, writer) or pump worker results into the mailbox. The writer paces audio to
-``audio_lead_ms`` ahead of real-time playback and drops audio of cancelled responses.
+move bytes (reader, writer) or pump worker results into the mailbox. What leaves when (lanes, pacing,
+purge, backpressure, seq, delivery) is decided by the pure ``Outbox``; the writer only sleeps until
+its next due event (or a wake-up) and writes it.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import contextlib
 import logging
 import secrets
 import time
-from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -23,17 +22,17 @@ from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFa
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.records.voice import AsrRequest, TtsRequest, VadRequest
 from realtime_gw.server import auth
+from realtime_gw.server.admission import Admission
 from realtime_gw.server.gateway import Gateway
-from realtime_gw.server.metrics import FRAME_LATENESS, SESSIONS, TTFA
+from realtime_gw.server.metrics import FRAME_LATENESS, TTFA
+from realtime_gw.server.outbox import Notice, Outbox, OutboxFull, Outgoing
 from realtime_gw.sessions.events import (
-    AudioDelivered,
     AwaitDelivery,
     CancelResponse,
     Close,
     Effect,
     FeedVad,
     Limits,
-    PlaybackStarted,
     PurgeAudio,
     ResponseAudio,
     ResponseFinished,
@@ -53,20 +52,12 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.25
 ASR_PATIENCE_S = 5.0  # how long a commit may wait for a free ASR decoder
-AUDIO_HIGH_WATER = 25  # queued audio frames (2 s) above which TTS output is not pulled (backpressure)
+OFFLOAD_DECODE_BYTES = 256 * 1024
+"""Client frames above this (~0.25 ms of JSON/base64 here) are decoded on a thread, off the loop."""
 
 
 class _Closed(Exception):
     """The connection must end (client gone or a limit hit)."""
-
-
-@dataclass(slots=True)
-class _Out:
-    event: rt.ServerEvent
-    response_id: str | None
-    audio_ms: float
-    purgeable: bool = False
-    """Audio and its transcript: unheard, so dropped when the response is cancelled."""
 
 
 class RealtimeConnection:
@@ -76,20 +67,17 @@ class RealtimeConnection:
         self.config = gateway.config
         self.session = session
         self.mailbox: asyncio.Queue[Any] = asyncio.Queue(maxsize=1024)
-        self.control: deque[_Out] = deque()
-        """Events sent as soon as possible (not tied to a response's audio)."""
-        self.media: deque[_Out] = deque()
-        """Events of responses, in order; audio deltas paced to real time."""
-        self.out_ready = asyncio.Event()
+        self.outbox = Outbox(self.config.outbound_queue_frames, self.config.audio_lead_ms)
+        self.wake = asyncio.Event()
+        """Set when the outbox changed (push, purge): the writer asks it again."""
+        self.idle = asyncio.Event()
+        """Set by the writer while nothing is queued or being written."""
         self.audio_room = asyncio.Event()
+        """Cleared while the outbox is over its audio high-water mark (the TTS pump waits)."""
         self.audio_room.set()
-        self.queued_audio = 0
-        self.seq = 0
         self.tasks: set[asyncio.Task[Any]] = set()
         self.vad_streams: dict[int, Stream[Any]] = {}
         self.responses: dict[str, asyncio.Task[None]] = {}
-        self.response_started: dict[str, float] = {}
-        self.playback: dict[str, tuple[float, float]] = {}  # response_id -> (t0, audio ms sent)
         self.close_reason: tuple[int, str] | None = None
 
     # -- task plumbing -------------------------------------------------------------------------------
@@ -130,7 +118,7 @@ class RealtimeConnection:
                 if code == 1000:
                     # A requested close: let the writer deliver what is queued (session.closed) first.
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._drained(), 2.0)
+                        await asyncio.wait_for(self.idle.wait(), 2.0)
                 writer.cancel()
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self.ws.close(code=code, reason=reason), 2.0)
@@ -160,6 +148,9 @@ class RealtimeConnection:
                         f"Message of {len(data)} bytes exceeds the limit of {self.config.max_frame_bytes}",
                         code="message_too_large",
                     )
+                elif len(data) > OFFLOAD_DECODE_BYTES:
+                    # Awaited before the next receive, so events keep their order.
+                    event = await asyncio.to_thread(rt.decode_client_event, data)
                 else:
                     event = rt.decode_client_event(data)
                 await self.mailbox.put(event)
@@ -208,109 +199,75 @@ class RealtimeConnection:
                 if task is not None:
                     task.cancel()
             elif isinstance(e, PurgeAudio):
-                self._purge(e.response_id)
+                self._post(self.outbox.purge(e.response_id))
+                self._outbox_changed()
             elif isinstance(e, AwaitDelivery):
-                self.spawn(self._await_delivery(e), f"deliver-{e.response_id}")
+                self._post(self.outbox.await_delivery(e.response_id, e.epoch))
             elif isinstance(e, Close):
-                self._purge_all_audio()
+                self._post(self.outbox.purge_all_audio())
+                self._outbox_changed()
                 self.close_reason = (e.code, e.reason)
 
     def _enqueue(self, e: Send) -> None:
-        ev = e.event
-        if isinstance(ev, rt.ResponseCreatedEvent):
-            self.response_started[ev.response.id] = time.monotonic()
-        elif isinstance(ev, rt.ResponseDoneEvent):
-            self.response_started.pop(ev.response.id, None)
-        if len(self.control) + len(self.media) >= self.config.outbound_queue_frames:
+        try:
+            self.outbox.push(e.event, e.response_id, e.audio_ms, now=time.monotonic())
+        except OutboxFull:
             self.close_reason = (1008, "outbound queue full: the client is not reading")
-            raise _Closed
-        purgeable = isinstance(ev, (rt.ResponseAudioDeltaEvent, rt.ResponseAudioTranscriptDeltaEvent))
-        item = _Out(ev, e.response_id, e.audio_ms, purgeable)
-        if e.response_id is None:
-            self.control.append(item)
-        else:
-            self.media.append(item)
-            if e.audio_ms:
-                self.queued_audio += 1
-                if self.queued_audio >= AUDIO_HIGH_WATER:
-                    self.audio_room.clear()
-        self.out_ready.set()
+            raise _Closed from None
+        self._outbox_changed()
 
-    def _audio_queued(self, response_id: str) -> bool:
-        return any(o.audio_ms and o.response_id == response_id for o in self.media)
+    def _outbox_changed(self) -> None:
+        if len(self.outbox):
+            self.idle.clear()
+        self.wake.set()
+        self._sync_audio_room()
 
-    def _purge_all_audio(self) -> None:
-        for response_id in {o.response_id for o in self.media if o.audio_ms}:
-            self._purge(response_id)
-
-    def _purge(self, response_id: str) -> None:
-        """Drop the unsent audio (and the transcript that goes with it) of a cancelled response."""
-        kept = deque(o for o in self.media if not (o.response_id == response_id and o.purgeable))
-        self.queued_audio -= sum(1 for o in self.media if o.audio_ms and o.response_id == response_id)
-        self.media = kept
-        if self.queued_audio < AUDIO_HIGH_WATER:
+    def _sync_audio_room(self) -> None:
+        if self.outbox.has_room:
             self.audio_room.set()
+        else:
+            self.audio_room.clear()
 
-    async def _await_delivery(self, e: AwaitDelivery) -> None:
-        # Frames of this response were all queued before this effect ran; wait until none is left.
-        while self._audio_queued(e.response_id):
-            await asyncio.sleep(0.02)
-        await self.mailbox.put(AudioDelivered(e.response_id, e.epoch))
-
-    async def _drained(self) -> None:
-        while self.control or self.media:
-            await asyncio.sleep(0.01)
+    def _post(self, notices: list[Notice]) -> None:
+        """Hand the outbox's notices to the session. Never blocks: the session task itself may be
+        the caller, so a full mailbox gets a task that waits for room."""
+        for notice in notices:
+            try:
+                self.mailbox.put_nowait(notice)
+            except asyncio.QueueFull:
+                self.spawn(self.mailbox.put(notice), f"notice-{notice.response_id}")
 
     async def _writer(self) -> None:
-        lead = self.config.audio_lead_ms / 1000.0
         try:
             while True:
-                if self.control:
-                    await self._write(self.control.popleft())
+                due = self.outbox.next_due(time.monotonic())
+                if isinstance(due, Outgoing):
+                    self._sync_audio_room()
+                    await self._write(due.event)
+                    if due.ttfa_s is not None:
+                        TTFA.observe(due.ttfa_s)
+                    if due.lateness_s is not None:
+                        FRAME_LATENESS.observe(due.lateness_s)
+                    self._post(due.notices)
                     continue
-                if not self.media:
-                    self.out_ready.clear()
-                    await self.out_ready.wait()
-                    continue
-                item = self.media[0]
-                if item.audio_ms:
-                    assert item.response_id is not None
-                    t0, sent_ms = self.playback.get(item.response_id, (0.0, 0.0))
-                    now = time.monotonic()
-                    due = (t0 or now) + sent_ms / 1000.0  # when this frame starts playing at the client
-                    if t0 and self.config.audio_lead_ms and now < due - lead:
-                        # Sleep until the frame is due, but wake for control events or a purge.
-                        self.out_ready.clear()
-                        with contextlib.suppress(asyncio.TimeoutError):
-                            await asyncio.wait_for(self.out_ready.wait(), due - lead - now)
-                        continue
-                    if not t0:
-                        t0 = now
-                        started = self.response_started.get(item.response_id)
-                        if started is not None:
-                            TTFA.observe(now - started)
-                        with contextlib.suppress(asyncio.QueueFull):
-                            self.mailbox.put_nowait(PlaybackStarted(item.response_id, now))
-                    FRAME_LATENESS.observe(max(0.0, now - due))
-                    self.playback[item.response_id] = (t0, sent_ms + item.audio_ms)
-                    self.queued_audio -= 1
-                    if self.queued_audio < AUDIO_HIGH_WATER:
-                        self.audio_room.set()
-                self.media.popleft()
-                await self._write(item)
+                if due is None:
+                    self.idle.set()
+                # Sleep until the next event is due, or until a push or purge changes the answer.
+                # (asyncio.timeout, not wait_for: before 3.12 wait_for can swallow a cancel that lands
+                # as the wake-up does, and the writer would outlive its connection.)
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(due):
+                        await self.wake.wait()
         except (WebSocketDisconnect, RuntimeError, OSError):
             self._signal_disconnect()
 
-    async def _write(self, item: _Out) -> None:
-        # Numbered as sent, so the sequence is monotonic on the wire across both lanes.
-        self.seq += 1
-        item.event.server_event_seq = self.seq
-        if isinstance(item.event, rt.ResponseDoneEvent):
-            self.playback.pop(item.event.response.id, None)  # its audio is all out
-        data = rt.encode_server_event(item.event).decode()
+    async def _write(self, event: rt.ServerEvent) -> None:
+        data = rt.encode_server_event(event).decode()
         try:
-            await asyncio.wait_for(self.ws.send_text(data), self.config.send_timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.config.send_timeout_s):
+                await self.ws.send_text(data)
+        except TimeoutError:
             # The client stopped reading and the socket buffers are full: bound what we hold.
             self.close_reason = (1008, "client is not reading")
             raise RuntimeError("send timed out") from None
@@ -421,22 +378,14 @@ def _limits(gateway: Gateway, model: str) -> Limits:
 
 async def realtime_endpoint(ws: WebSocket) -> None:
     gateway: Gateway = ws.app.state.gateway
-    config = gateway.config
-    access = gateway.access
-    if not access.origin_allowed(ws.headers.get("origin"), ws.headers.get("host")):
-        await ws.close(code=1008, reason="origin not allowed")
-        return
-    key = access.identify(auth.presented_key(ws.headers))
-    if key is None:
-        await ws.close(code=1008, reason="invalid or missing API key")
+    admission = Admission(gateway, "realtime")
+    refusal = admission.check(ws.headers)
+    if refusal is not None:
+        await ws.close(code=1008, reason=refusal.message)
         return
     subprotocol = "realtime" if "realtime" in auth.offered_subprotocols(ws.headers) else None
     await ws.accept(subprotocol=subprotocol)
-    refusal = None
-    if gateway.sessions["realtime"] >= config.max_sessions:
-        refusal = auth.Refusal("session_limit_reached", f"Session limit reached ({config.max_sessions}); try again later")
-    else:
-        refusal = access.acquire(key)
+    refusal = admission.enter()
     if refusal is not None:
         error = rt.error_event(refusal.message, code=refusal.code, type="server_error")
         await ws.send_text(rt.encode_server_event(error).decode())
@@ -447,14 +396,10 @@ async def realtime_endpoint(ws: WebSocket) -> None:
     session = RealtimeSession(
         "sess_" + secrets.token_hex(8), _limits(gateway, model), time.monotonic(), duplex=duplex
     )
-    gateway.sessions["realtime"] += 1
-    SESSIONS.labels("realtime").inc()
     try:
         await RealtimeConnection(ws, gateway, session).run()
     finally:
-        gateway.sessions["realtime"] -= 1
-        access.release(key)
-        SESSIONS.labels("realtime").dec()
+        admission.leave()
         if ws.client_state == WebSocketState.CONNECTED:
             with contextlib.suppress(Exception):
                 await ws.close()

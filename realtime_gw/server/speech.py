@@ -1,7 +1,9 @@
 """Streaming TTS: ``POST /v1/audio/speech`` and ``WS /v1/audio/speech/stream``.
 
 Both feed the same TTS stage worker as realtime sessions, so speech requests batch with them. Audio
-is streamed as it is produced (80 ms frames); a client that goes away cancels its TTS stream.
+is streamed as it is produced (80 ms frames); a client that goes away cancels its TTS stream. The
+socket's outbox is bounded: audio waits for room (so the TTS stream pauses), and a client that does not
+read is closed (1008) after ``send_timeout_s`` or once ``outbound_queue_frames`` events wait.
 """
 
 from __future__ import annotations
@@ -9,15 +11,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import io
 import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-import numpy as np
-import soundfile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -28,11 +27,18 @@ from realtime_gw.protocols import speech as sp
 from realtime_gw.protocols.audio import SPEED_ERROR, speed_in_range
 from realtime_gw.records.voice import OUTPUT_RATE, TtsFrame, TtsRequest
 from realtime_gw.server import auth
+from realtime_gw.server.admission import Admission
 from realtime_gw.server.gateway import Gateway
 
 log = logging.getLogger(__name__)
 
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}
+OFFLOAD_DECODE_BYTES = 256 * 1024
+"""Client frames above this are decoded on a thread, off the event loop."""
+
+
+class _Closed(Exception):
+    """The stream must end: the client is not reading."""
 
 
 def openai_error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -84,9 +90,7 @@ async def _raw(stream: Stream[Any], fmt: str) -> AsyncIterator[bytes]:
     if fmt == "flac":
         # FLAC frames need the whole signal's framing; encode once synthesis is done.
         pcm = b"".join([chunk async for chunk in _frames(stream)])
-        buf = io.BytesIO()
-        soundfile.write(buf, np.frombuffer(pcm, dtype="<i2"), OUTPUT_RATE, format="FLAC", subtype="PCM_16")
-        yield buf.getvalue()
+        yield await asyncio.to_thread(sp.flac_bytes, pcm)  # tens of ms for a long clip: not on the loop
         return
     if fmt == "wav":
         yield sp.wav_header()
@@ -118,24 +122,19 @@ async def _sse(stream: Stream[Any], fmt: str) -> AsyncIterator[str]:
 
 async def speech_stream_endpoint(ws: WebSocket) -> None:
     gateway: Gateway = ws.app.state.gateway
-    access = gateway.access
-    if not access.origin_allowed(ws.headers.get("origin"), ws.headers.get("host")):
-        await ws.close(code=1008, reason="origin not allowed")
-        return
-    key = access.identify(auth.presented_key(ws.headers))
-    if key is None:
-        await ws.close(code=1008, reason="invalid or missing API key")
+    admission = Admission(gateway, "speech")
+    refusal = admission.check(ws.headers)
+    if refusal is not None:
+        await ws.close(code=1008, reason=refusal.message)
         return
     await ws.accept()
-    refusal = access.acquire(key)
+    refusal = admission.enter()
     if refusal is not None:
         await ws.send_text(msgspec.json.encode(sp.StreamError(message=refusal.message, code=refusal.code)).decode())
         await ws.close(code=1013, reason=refusal.code.replace("_", " "))
         return
-    try:
+    with admission:
         await SpeechStream(ws, gateway).run()
-    finally:
-        access.release(key)
 
 
 class SpeechStream:
@@ -146,38 +145,64 @@ class SpeechStream:
         self.gateway = gateway
         self.voices = accepted_voices(gateway.workers.tts.backend)
         self.config = sp.SessionConfig()
-        self.outbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
+        self.outbox: asyncio.Queue[str | bytes] = asyncio.Queue(maxsize=gateway.config.outbound_queue_frames)
+        self.send_timeout_s = gateway.config.send_timeout_s
+        self.close_reason: tuple[int, str] | None = None
         self.stream: Stream[Any] | None = None
         self.text = ""
         self.utterance = 0
         self.pump: asyncio.Task[None] | None = None
 
+    @staticmethod
+    def _wire(item: sp.StreamEvent | bytes) -> str | bytes:
+        return item if isinstance(item, bytes) else msgspec.json.encode(item).decode()
+
     def send(self, item: sp.StreamEvent | bytes) -> None:
-        self.outbox.put_nowait(item if isinstance(item, bytes) else msgspec.json.encode(item).decode())
+        """Queue a reply to the client's own event; a full outbox means it is not reading: close."""
+        try:
+            self.outbox.put_nowait(self._wire(item))
+        except asyncio.QueueFull:
+            self.close_reason = (1008, "outbound queue full: the client is not reading")
+            raise _Closed from None
+
+    async def send_audio(self, item: sp.StreamEvent | bytes) -> None:
+        """Queue synthesis output, waiting for room (the TTS stream pauses meanwhile)."""
+        await self.outbox.put(self._wire(item))
 
     def error(self, message: str, code: str = "invalid_value", param: str | None = None) -> None:
         self.send(sp.StreamError(message=message, code=code, param=param))
 
     async def run(self) -> None:
         writer = asyncio.create_task(self._writer())
+        reader = asyncio.create_task(self._reader())
         try:
-            while True:
-                msg = await self.ws.receive()
-                if msg["type"] == "websocket.disconnect":
-                    break
-                if msg.get("text") is None:
-                    self.error("Binary frames are not accepted; send JSON events", "invalid_frame")
-                    continue
-                self.handle(sp.decode_stream_event(msg["text"]))
-        except WebSocketDisconnect:
-            pass
+            # Either ends the stream: the client left (reader) or stopped reading (writer).
+            await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if self.stream is not None:
                 self.stream.cancel()
-            if self.pump is not None:
-                self.pump.cancel()
-            writer.cancel()
-            await asyncio.gather(writer, *(t for t in [self.pump] if t), return_exceptions=True)
+            tasks = [t for t in (reader, writer, self.pump) if t is not None]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.close_reason is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.ws.close(code=self.close_reason[0], reason=self.close_reason[1]), 2.0)
+
+    async def _reader(self) -> None:
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, _Closed):
+            while True:
+                msg = await self.ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    return
+                text = msg.get("text")
+                if text is None:
+                    self.error("Binary frames are not accepted; send JSON events", "invalid_frame")
+                    continue
+                if len(text) > OFFLOAD_DECODE_BYTES:
+                    self.handle(await asyncio.to_thread(sp.decode_stream_event, text))
+                else:
+                    self.handle(sp.decode_stream_event(text))
 
     def handle(self, ev: sp.StreamClientEvent | sp.StreamError) -> None:
         if isinstance(ev, sp.StreamError):
@@ -224,10 +249,10 @@ class SpeechStream:
             async for chunk in _frames(stream):
                 frames += 1
                 samples += len(chunk) // 2
-                self.send(chunk)
+                await self.send_audio(chunk)
         except WorkerFault as e:
-            self.error(f"synthesis failed: {e}", "server_error")
-        self.send(
+            await self.send_audio(sp.StreamError(message=f"synthesis failed: {e}", code="server_error"))
+        await self.send_audio(
             sp.AudioDone(utterance=utterance, frames=frames, audio_ms=samples / OUTPUT_RATE * 1000, text=self.text)
         )
         if self.stream is stream:
@@ -237,7 +262,13 @@ class SpeechStream:
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):
             while True:
                 item = await self.outbox.get()
-                if isinstance(item, bytes):
-                    await self.ws.send_bytes(item)
-                elif item is not None:
-                    await self.ws.send_text(item)
+                try:
+                    async with asyncio.timeout(self.send_timeout_s):  # not wait_for: it can swallow a cancel
+                        if isinstance(item, bytes):
+                            await self.ws.send_bytes(item)
+                        else:
+                            await self.ws.send_text(item)
+                except TimeoutError:
+                    # The socket buffers are full and the client does not drain them: bound what we hold.
+                    self.close_reason = (1008, "client is not reading")
+                    return
