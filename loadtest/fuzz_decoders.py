@@ -271,7 +271,7 @@ def openpi_target(allow_known: bool, stats: Stats) -> Any:
 
     from realtime_gw.protocols.openpi import DecodeError, unpackb
     from realtime_gw.records.policy import PolicySpec
-    from realtime_gw.sessions.policy import Infer, PolicyConnection, Send, SendError
+    from realtime_gw.sessions.policy import Infer, PolicyConnection, SendError, SendReply
 
     warnings.simplefilter("ignore")  # NumPy 1.x overflow/deprecation warnings on odd scalars
     spec = PolicySpec(model="fuzz", action_horizon=4, action_dim=8, state_dim=8, image_history=(-1, 0))
@@ -293,7 +293,7 @@ def openpi_target(allow_known: bool, stats: Stats) -> Any:
                 raise
             stats.known_bug(known)
             return
-        assert len(effects) == 1 and isinstance(effects[0], (Infer, Send, SendError)), effects
+        assert len(effects) == 1 and isinstance(effects[0], (Infer, SendReply, SendError)), effects
         if isinstance(effects[0], Infer):
             conn.on_actions(np.zeros((4, 8), np.float32))
             stats.ok += 1
@@ -310,13 +310,14 @@ def run_one(target: str, args: argparse.Namespace, extra: list[str]) -> None:
     instrumented = (
         ["realtime_gw.protocols.realtime"]
         if target == "realtime"
-        else ["realtime_gw.protocols.openpi", "realtime_gw.sessions.policy"]
+        else ["realtime_gw.protocols.openpi", "realtime_gw.sessions.observation", "realtime_gw.sessions.policy"]
     )
     with atheris.instrument_imports(include=instrumented):
         if target == "realtime":
             import realtime_gw.protocols.realtime  # noqa: F401
         else:
             import realtime_gw.protocols.openpi  # noqa: F401
+            import realtime_gw.sessions.observation  # noqa: F401
             import realtime_gw.sessions.policy  # noqa: F401
     stats = Stats()
     test_one = (realtime_target if target == "realtime" else openpi_target)(args.allow_known_bugs, stats)

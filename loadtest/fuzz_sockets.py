@@ -63,9 +63,9 @@ sys.path.insert(0, str(ROOT / "loadtest"))
 from fuzz_decoders import POOL, REALTIME_SEEDS, mutate_tree  # noqa: E402
 
 from realtime_gw.protocols import realtime as rt  # noqa: E402
-from realtime_gw.protocols.openpi import DecodeError, Limits, packb, unpackb  # noqa: E402
+from realtime_gw.protocols.openpi import DecodeError, FrameLimits, packb, unpackb  # noqa: E402
 from realtime_gw.records.policy import PolicySpec  # noqa: E402
-from realtime_gw.sessions.policy import Infer, PolicyConnection, Send, SendError  # noqa: E402
+from realtime_gw.sessions.policy import Infer, PolicyConnection, SendError, SendReply  # noqa: E402
 
 RECV_TIMEOUT_S = 20.0
 BAD_JSON_FRAME = '{"type": "response.create",'  # always invalid_json
@@ -275,7 +275,7 @@ def _np_default(obj: Any) -> Any:
 
 
 def openpi_expect(
-    mirror: PolicyConnection, mutation: str, frame: bytes | str, as_text: bool, limit: int | None, dec: Limits
+    mirror: PolicyConnection, mutation: str, frame: bytes | str, as_text: bool, limit: int | None, dec: FrameLimits
 ) -> Expect:
     size = len(frame.encode()) if isinstance(frame, str) else len(frame)
     if limit is not None and size > limit:
@@ -301,7 +301,7 @@ def openpi_expect(
     (effect,) = effects
     if isinstance(effect, SendError):
         return Expect("text", mutation, frame, effect.message)
-    if isinstance(effect, Send):
+    if isinstance(effect, SendReply):
         return Expect("reset", mutation, frame, effect.payload)
     assert isinstance(effect, Infer)
     mirror.on_actions(np.zeros((mirror.spec.action_horizon, mirror.spec.action_dim), np.float32))
@@ -540,7 +540,7 @@ async def fuzz_openpi(url: str, report: Report, budget: Budget, rng: random.Rand
     async def start(ws: Any) -> Maker:
         spec = spec_from_metadata(unpackb(await asyncio.wait_for(ws.recv(), RECV_TIMEOUT_S)))
         mirror = PolicyConnection(spec, max_robots=64)
-        dec = Limits(max_frame_bytes=limit or 64 * 2**20, max_array_bytes=limit or 64 * 2**20)
+        dec = FrameLimits(max_frame_bytes=limit or 64 * 2**20, max_array_bytes=limit or 64 * 2**20)
 
         def make() -> tuple[str, bytes | str, bool, Expect]:
             mutation, frame, as_text = openpi_frame(spec, rng, limit)

@@ -40,7 +40,9 @@ class DecodeError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class FrameLimits:
+    """What one frame may hold; anything beyond is a ``DecodeError``, never an allocation."""
+
     max_frame_bytes: int = 64 * MiB
     max_depth: int = 32
     """Containers (maps/lists) nested inside the top-level map; an array counts as a leaf."""
@@ -48,7 +50,7 @@ class Limits:
     max_array_ndim: int = 16
 
 
-DEFAULT_LIMITS = Limits()
+DEFAULT_LIMITS = FrameLimits()
 
 
 # -- encoding (identical bytes to openpi_client.msgpack_numpy.packb) --------------------------------------
@@ -67,7 +69,7 @@ def packb(obj: Any) -> bytes:
 
 
 # -- decoding ---------------------------------------------------------------------------------------------
-def unpackb(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> Any:
+def unpackb(data: bytes | bytearray | memoryview, limits: FrameLimits = DEFAULT_LIMITS) -> Any:
     """Decode one frame; raises ``DecodeError`` with a precise reason on anything unacceptable."""
     size = len(data)
     if size > limits.max_frame_bytes:
@@ -85,7 +87,7 @@ def unpackb(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMIT
     return _convert(raw, "", 0, limits)
 
 
-def _convert(obj: Any, path: str, depth: int, limits: Limits) -> Any:
+def _convert(obj: Any, path: str, depth: int, limits: FrameLimits) -> Any:
     if isinstance(obj, dict):
         if b"__ndarray__" in obj:
             return _to_array(obj, path, limits)
@@ -103,7 +105,7 @@ def _convert(obj: Any, path: str, depth: int, limits: Limits) -> Any:
     return obj
 
 
-def _to_array(obj: dict[Any, Any], path: str, limits: Limits) -> np.ndarray:
+def _to_array(obj: dict[Any, Any], path: str, limits: FrameLimits) -> np.ndarray:
     data, dtype_s, shape = obj.get(b"data"), obj.get(b"dtype"), obj.get(b"shape")
     if not isinstance(data, bytes):
         raise DecodeError(f"{_where(path)}__ndarray__ needs bin 'data', got {type(data).__name__}")

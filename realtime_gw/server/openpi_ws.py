@@ -1,4 +1,4 @@
-"""The OpenPI policy socket (``/v1/realtime/robot/openpi`` and ``/``): a thin loop around ``PolicyConnection``.
+"""The OpenPI policy socket (``/v1/realtime/robot/openpi`` and ``/``): a thin loop around ``OpenPISession``.
 
 Wire contract of openpi's ``WebsocketPolicyServer``, so ``WebsocketClientPolicy(host, port)`` works as is:
 metadata frame first, then one msgpack-numpy reply per observation with ``server_timing``; an internal
@@ -25,12 +25,28 @@ from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from realtime_gw.models.runtime import NoFreeSlot, StageWorker
-from realtime_gw.protocols.openpi import DecodeError, Limits, packb, unpackb
+from realtime_gw.protocols.openpi import DecodeError, FrameLimits, packb, unpackb
 from realtime_gw.records.policy import PolicyRequest
-from realtime_gw.server.admission import Admission
+from realtime_gw.server import auth
 from realtime_gw.server.gateway import Gateway
-from realtime_gw.sessions.policy import Effect, Infer, PolicyConnection, Send, SendError, StartStream
-from realtime_gw.sessions.policy_stream import RunChunk, StopStream, StreamSession
+from realtime_gw.server.metrics import SESSIONS
+from realtime_gw.sessions.openpi import (
+    CancelPolicy,
+    CloseSocket,
+    Disconnected,
+    FrameReceived,
+    FrameUndecodable,
+    IdleTimeout,
+    Opened,
+    OpenPIEffect,
+    OpenPIEvent,
+    OpenPISession,
+    PolicyDone,
+    PolicyRefused,
+    RunPolicy,
+    Wakeup,
+)
+from realtime_gw.sessions.policy import SendError, SendReply
 
 log = logging.getLogger(__name__)
 
@@ -40,37 +56,47 @@ OFFLOAD_DECODE_BYTES = 1 << 20
 
 async def openpi_endpoint(ws: WebSocket) -> None:
     gateway: Gateway = ws.app.state.gateway
-    admission = _admit(ws, gateway)
-    if isinstance(admission, tuple):
-        await _deny(ws, *admission)
+    key, refusal = _admit(ws, gateway)
+    if refusal is not None:
+        await _deny(ws, *refusal)
         return
-    assert gateway.workers.policy is not None
+    assert key is not None and gateway.workers.policy is not None
+    gateway.sessions["openpi"] += 1
+    SESSIONS.labels("openpi").inc()
     try:
         await ws.accept()
         await _Loop(ws, gateway, gateway.workers.policy).run()
     finally:
-        admission.leave()
+        gateway.sessions["openpi"] -= 1
+        gateway.access.release(key)
+        SESSIONS.labels("openpi").dec()
         if ws.client_state == WebSocketState.CONNECTED:
             with contextlib.suppress(Exception):
                 await ws.close()
 
 
-def _admit(ws: WebSocket, gateway: Gateway) -> Admission | tuple[int, str]:
-    """The admission with its session taken, or (HTTP status, reason): all before the handshake."""
-    admission = Admission(gateway, "openpi")
-    refusal = admission.check(ws.headers)
-    if refusal is not None:
-        hint = " (send 'Authorization: Api-Key <key>')" if refusal.code == "invalid_api_key" else ""
-        return refusal.status, refusal.message + hint  # openpi-client sends 'Authorization: Api-Key <key>'
+def _admit(ws: WebSocket, gateway: Gateway) -> tuple[str | None, tuple[int, str] | None]:
+    """(the caller's key, None) with one of its session slots taken, or (None, (HTTP status, reason))."""
+    config, access = gateway.config, gateway.access
+    if not access.origin_allowed(ws.headers.get("origin"), ws.headers.get("host")):
+        return None, (403, "origin not allowed")
+    # Keys are compared in constant time; openpi-client sends 'Authorization: Api-Key <key>'.
+    key = access.identify(auth.presented_key(ws.headers))
+    if key is None:
+        return None, (401, "invalid or missing API key (send 'Authorization: Api-Key <key>')")
     worker = gateway.workers.policy
     if worker is None:
-        return 503, "the robot policy is disabled on this server (policy=none)"
+        return None, (503, "the robot policy is disabled on this server (policy=none)")
     if not worker.ready:
-        return 503, "the robot policy is still warming up; retry shortly"
-    refusal = admission.enter()
+        return None, (503, "the robot policy is still warming up; retry shortly")
+    if gateway.sessions["openpi"] >= config.openpi_max_sessions:
+        return None, (503, f"OpenPI session limit reached ({config.openpi_max_sessions}); retry later")
+    if sum(gateway.sessions.values()) >= config.max_sessions:
+        return None, (503, f"server session limit reached ({config.max_sessions}); retry later")
+    refusal = access.acquire(key)
     if refusal is not None:
-        return refusal.status, refusal.message
-    return admission
+        return None, (429 if refusal.code == "rate_limit_exceeded" else 503, refusal.message)
+    return key, None
 
 
 async def _deny(ws: WebSocket, status: int, reason: str) -> None:
@@ -82,188 +108,127 @@ async def _deny(ws: WebSocket, status: int, reason: str) -> None:
 
 
 class _Loop:
-    """One connection: a reader task feeds frames into a one-slot queue; this task owns the session.
-
-    Request/reply mode handles one frame at a time (the stock contract). Streamed mode
-    (``stream_start``) waits on the next frame, the chunk being computed and the scheduler's next
-    wake-up at once, and runs whatever the pure ``StreamSession`` decides."""
+    """One connection. This task owns the session and is the one runner of its effects: it waits on
+    whatever the session can use next (the next frame, only while the session takes frames; the
+    policy jobs it started; its wake-up time; the idle deadline), hands in what happened as one event
+    and executes the effects that come back. Modes and rules live in ``OpenPISession``, not here."""
 
     def __init__(self, ws: WebSocket, gateway: Gateway, worker: StageWorker) -> None:
         config = gateway.config
         self.ws = ws
         self.worker = worker
         self.tracebacks = config.openpi_tracebacks
-        self.idle_s = config.openpi_idle_timeout_s or None
-        self.limits = Limits(
+        self.idle_s: float | None = config.openpi_idle_timeout_s or None
+        self.limits = FrameLimits(
             max_frame_bytes=config.openpi_max_frame_bytes, max_array_bytes=config.openpi_max_frame_bytes
         )
-        self.conn = PolicyConnection(worker.backend.spec, max_robots=config.openpi_max_robots)  # type: ignore[attr-defined]
-        self.prev_total_ms: float | None = None
-        # One frame of read-ahead: enough to notice frames while a chunk computes, no unbounded buffer.
-        self.frames: asyncio.Queue[tuple[dict[str, Any], float] | None] = asyncio.Queue(maxsize=1)
-        self.held: list[tuple[dict[str, Any], float] | None] = []
-        """A frame (or the end, None) taken from the queue by streamed mode but not handled there."""
-        self.busy = False
+        spec = worker.backend.spec  # type: ignore[attr-defined]
+        self.session = OpenPISession(spec, max_robots=config.openpi_max_robots)
+        self.frame: asyncio.Task[tuple[OpenPIEvent, float]] | None = None
+        """The next frame being read and decoded: one frame of read-ahead, never an unbounded buffer."""
+        self.jobs: dict[int, asyncio.Task[OpenPIEvent]] = {}
+        self.idle_at: float | None = None
 
     async def run(self) -> None:
-        reader = asyncio.create_task(self._read())
         try:
-            await self.ws.send_bytes(packb(self.conn.metadata))
-            while True:
-                item = await self._next_frame()
-                if item is None:
-                    return
-                message, started = item
-                self.busy = True  # the client is waiting for us: not idle
-                try:
-                    if not await self._run_effects(await self._effects_for(message), started):
-                        return
-                finally:
-                    self.busy = False
+            now = time.monotonic()
+            self._arm_idle(now)
+            await self._execute(self.session.handle(Opened(), now))
+            while not self.session.closed:
+                await self._step()
         except WebSocketDisconnect:
             return
         except Exception as e:  # an internal fault: the stock contract is a text frame, then 1011
             log.exception("openpi connection failed")
             await self._fail(e)
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            pending = [t for t in (self.frame, *self.jobs.values()) if t is not None]
+            for task in pending:
+                task.cancel()  # a job's cancel frees its worker slot (see _run_policy)
+            await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _read(self) -> None:
-        """Frames -> queue; None once the client is gone or idle (the owner then returns)."""
+    async def _step(self) -> None:
+        """Wait for the first thing the session can use, hand it in, run what it decides."""
+        session = self.session
+        waiting: set[asyncio.Task[Any]] = set(self.jobs.values())
+        if session.takes_frames:
+            if self.frame is None:
+                self.frame = asyncio.create_task(self._receive())
+            waiting.add(self.frame)
+        if not waiting:
+            raise RuntimeError(f"the OpenPI session waits for nothing in state {session.state.name}")
+        wake = session.wakeup_at()
+        deadlines = [t for t in (wake, self.idle_at) if t is not None]
+        timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+        done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        # Results first, oldest job first, then the frame: a chunk that is ready is not held up.
+        for job, task in sorted(self.jobs.items()):
+            if task in done and self.jobs.get(job) is task and not session.closed:
+                del self.jobs[job]
+                await self._handle(task.result())  # a worker fault raises here: text frame + 1011
+        if self.frame is not None and self.frame in done and session.takes_frames:
+            event, received_at = self.frame.result()
+            self.frame = None
+            self._arm_idle(received_at)
+            await self._handle(event)
+        if not done:
+            if wake is not None and (self.idle_at is None or wake <= self.idle_at):
+                await self._handle(Wakeup())
+            elif self.idle_s is not None:
+                await self._handle(IdleTimeout(self.idle_s))
+                self._arm_idle(time.monotonic())  # still open: the client was waiting for our reply
+
+    async def _handle(self, event: OpenPIEvent) -> None:
+        await self._execute(self.session.handle(event, time.monotonic()))
+
+    async def _execute(self, effects: list[OpenPIEffect]) -> None:
+        """The one interpreter of the session's effects."""
+        for effect in effects:
+            if isinstance(effect, SendReply):
+                await self.ws.send_bytes(packb(effect.payload))
+            elif isinstance(effect, SendError):
+                await self.ws.send_text(effect.message)
+            elif isinstance(effect, RunPolicy):
+                self.jobs[effect.job] = asyncio.create_task(self._run(effect))
+            elif isinstance(effect, CancelPolicy):
+                task = self.jobs.pop(effect.job, None)
+                if task is not None:
+                    _drop(task)
+            elif isinstance(effect, CloseSocket):
+                await self.ws.close(code=effect.code, reason=effect.reason)
+            else:
+                raise TypeError(f"not an OpenPI effect: {effect!r}")
+
+    def _arm_idle(self, now: float) -> None:
+        self.idle_at = None if self.idle_s is None else now + self.idle_s
+
+    async def _receive(self) -> tuple[OpenPIEvent, float]:
+        """The next frame, decoded, and when it arrived; ``Disconnected`` once the client is gone."""
         try:
-            while True:
-                try:
-                    message = await asyncio.wait_for(self.ws.receive(), self.idle_s)
-                except asyncio.TimeoutError:
-                    if self.busy:
-                        continue  # a reply is still being computed: the silence is ours
-                    await self.frames.put(({"type": "idle"}, time.monotonic()))
-                    return
-                if message["type"] == "websocket.disconnect":
-                    break
-                await self.frames.put((message, time.monotonic()))
+            message = await self.ws.receive()
         except (WebSocketDisconnect, RuntimeError):
-            pass
-        await self.frames.put(None)
+            return Disconnected(), time.monotonic()
+        received_at = time.monotonic()
+        if message["type"] == "websocket.disconnect":
+            return Disconnected(), received_at
+        return await self._decode(message, received_at), received_at
 
-    async def _next_frame(self) -> tuple[dict[str, Any], float] | None:
-        item = self.held.pop() if self.held else await self.frames.get()
-        if item is not None and item[0]["type"] == "idle":
-            await self.ws.close(code=1000, reason=f"idle for {self.idle_s:g} s")
-            return None
-        return item
-
-    async def _decode(self, message: dict[str, Any]) -> tuple[Any, str | None]:
-        """(decoded frame, None) or (None, why it could not be decoded)."""
+    async def _decode(self, message: dict[str, Any], received_at: float) -> FrameReceived | FrameUndecodable:
         data = message.get("bytes")
         if data is None:
-            return None, "expected a binary msgpack-numpy frame, got a text frame"
+            return FrameUndecodable("expected a binary msgpack-numpy frame, got a text frame")
         try:
             if len(data) > OFFLOAD_DECODE_BYTES:
-                return await asyncio.to_thread(unpackb, data, self.limits), None
-            return unpackb(data, self.limits), None
+                return FrameReceived(await asyncio.to_thread(unpackb, data, self.limits), received_at)
+            return FrameReceived(unpackb(data, self.limits), received_at)
         except DecodeError as e:
-            return None, str(e)
+            return FrameUndecodable(str(e))
 
-    async def _effects_for(self, message: dict[str, Any]) -> list[Effect]:
-        obs, error = await self._decode(message)
-        if error is not None:
-            return self.conn.reject(error)
-        return self.conn.handle(obs)
-
-    async def _run_effects(self, effects: list[Effect], started: float) -> bool:
-        """Execute effects; False once the connection is gone."""
-        for effect in effects:
-            if isinstance(effect, SendError):
-                await self.ws.send_text(effect.message)
-            elif isinstance(effect, Send):
-                await self.ws.send_bytes(packb(effect.payload))
-            elif isinstance(effect, Infer):
-                await self._infer(effect.request, started)
-            elif isinstance(effect, StartStream) and not await self._stream(
-                StreamSession(self.conn, effect.settings, started)
-            ):
-                return False
-        return True
-
-    async def _infer(self, request: PolicyRequest, started: float) -> None:
-        t0 = time.monotonic()
+    async def _run(self, run: RunPolicy) -> OpenPIEvent:
         try:
-            actions = await _run_policy(self.worker, request)
+            return PolicyDone(run.job, await _run_policy(self.worker, run.request))
         except NoFreeSlot as e:
-            await self._run_effects(self.conn.on_error(f"policy busy: {e}; retry"), started)
-            return
-        timing = {"infer_ms": (time.monotonic() - t0) * 1000}
-        if self.prev_total_ms is not None:
-            timing["prev_total_ms"] = self.prev_total_ms
-        for effect in self.conn.on_actions(actions):
-            if isinstance(effect, Send):
-                await self.ws.send_bytes(packb({**effect.payload, "server_timing": timing}))
-            else:
-                await self._run_effects([effect], started)
-        # Server-side total of the previous request: frame received -> reply written.
-        self.prev_total_ms = (time.monotonic() - started) * 1000
-
-    # -- streamed mode ------------------------------------------------------------------------------------
-    async def _stream(self, session: StreamSession) -> bool:
-        """Run streamed mode until ``stream_stop`` (True) or the connection ends (False)."""
-        await self.ws.send_bytes(packb(session.started().payload))
-        scheduler = session.scheduler
-        self.busy = False  # streaming robots keep sending: silence for openpi_idle_timeout_s is idle
-        get: asyncio.Task[Any] | None = None
-        chunk: asyncio.Task[tuple[int, np.ndarray | None, str | None]] | None = None
-        try:
-            while True:
-                wake = scheduler.wakeup_at()
-                timeout = None if wake is None else max(0.0, wake - time.monotonic())
-                if get is None:
-                    get = asyncio.create_task(self._next_frame())
-                waiting: set[asyncio.Task[Any]] = {get} if chunk is None else {get, chunk}
-                done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                now = time.monotonic()
-                effects: list[Any] = []
-                if chunk is not None and chunk in done:
-                    index, actions, error = chunk.result()  # a worker fault raises: text frame + 1011
-                    chunk = None
-                    if actions is not None:
-                        effects += scheduler.on_chunk(index, actions, now)
-                    else:
-                        effects += scheduler.on_failure(index, error or "failed", now)
-                if get in done:
-                    item = get.result()
-                    get = None
-                    if item is None:
-                        return False
-                    obs, error = await self._decode(item[0])
-                    effects += session.reject(error) if error is not None else session.handle(obs, now)
-                if not done:
-                    effects += scheduler.on_tick(now)
-                for effect in effects:
-                    if isinstance(effect, RunChunk):
-                        chunk = asyncio.create_task(self._chunk(effect))
-                    elif isinstance(effect, SendError):
-                        await self.ws.send_text(effect.message)
-                    elif isinstance(effect, Send):
-                        await self.ws.send_bytes(packb(effect.payload))
-                    elif isinstance(effect, StopStream):
-                        return True
-        finally:
-            self.busy = True
-            if get is not None:
-                if get.done() and not get.cancelled() and get.exception() is None:
-                    self.held.append(get.result())  # raced the stop: request/reply mode gets it
-                else:
-                    get.cancel()
-            if chunk is not None:
-                chunk.cancel()  # frees the worker slot (see _run_policy)
-
-    async def _chunk(self, run: RunChunk) -> tuple[int, np.ndarray | None, str | None]:
-        try:
-            return run.chunk_index, await _run_policy(self.worker, run.request), None
-        except NoFreeSlot as e:
-            return run.chunk_index, None, f"policy busy: {e}"
+            return PolicyRefused(run.job, str(e))
 
     async def _fail(self, error: Exception) -> None:
         if self.tracebacks:
@@ -275,6 +240,14 @@ class _Loop:
         with contextlib.suppress(Exception):
             await self.ws.send_text(text)
             await self.ws.close(code=1011, reason=reason)
+
+
+def _drop(task: asyncio.Task[Any]) -> None:
+    """A job nobody waits for: cancel it (frees its worker slot), or discard its outcome if it is in."""
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled():
+        task.exception()  # retrieved: asyncio must not report it as never retrieved
 
 
 async def _run_policy(worker: StageWorker, request: PolicyRequest) -> np.ndarray:

@@ -18,6 +18,9 @@ The decisions, all here:
   the new chunk repeats those ``d`` actions exactly, switching at any step up to ``start_step + d`` is
   seamless, and later switches land in the guided overlap.
 - a chunk that arrives after the previous one ran out (step >= its start + H) counts as a ``gap``.
+
+``StreamSession`` is the streamed half of ``sessions/openpi.py``'s ``OpenPISession``, which runs the
+chunks as policy jobs, feeds their results back here and adds ``server_timing`` to each chunk.
 """
 
 from __future__ import annotations
@@ -30,21 +33,15 @@ from typing import Any, Union
 import numpy as np
 
 from realtime_gw.records.policy import PolicyRequest, PolicySpec, RtcGuide
-from realtime_gw.sessions.policy import (
-    ObservationError,
-    PolicyConnection,
-    Send,
-    SendError,
-    StreamSettings,
-    endpoint_name,
-)
+from realtime_gw.sessions.observation import ObservationError, StreamSettings, endpoint_name
+from realtime_gw.sessions.policy import PolicyConnection, SendError, SendReply
 
 LATENCY_WINDOW = 8
 
 
 @dataclass(frozen=True, slots=True)
 class RunChunk:
-    """Compute this chunk; the transport answers with ``on_chunk`` (or ``on_failure``)."""
+    """Compute this chunk; the answer comes back through ``on_chunk`` (or ``on_failure``)."""
 
     chunk_index: int
     start_step: int
@@ -56,7 +53,7 @@ class StopStream:
     """Leave streamed mode (after sending the status that precedes this effect)."""
 
 
-StreamEffect = Union[Send, SendError, RunChunk, StopStream]  # noqa: UP007 -- a runtime alias
+StreamEffect = Union[SendReply, SendError, RunChunk, StopStream]  # noqa: UP007 -- a runtime alias
 
 
 @dataclass(slots=True)
@@ -134,9 +131,8 @@ class StreamScheduler:
             "actions": actions,
             "inference_delay": chunk.delay,
             "step": step,
-            "server_timing": {"infer_ms": (now - chunk.started_at) * 1000},
         }
-        return [Send(payload), *self._maybe_start(now)]
+        return [SendReply(payload), *self._maybe_start(now)]
 
     def on_failure(self, chunk_index: int, message: str, now: float) -> list[StreamEffect]:
         """The chunk was refused (e.g. the worker was full); the next observation tries again."""
@@ -193,9 +189,9 @@ class StreamSession:
         self.spec: PolicySpec = conn.spec
         self.scheduler = StreamScheduler(settings, conn.spec.action_horizon, now)
 
-    def started(self) -> Send:
+    def started(self) -> SendReply:
         s = self.scheduler.settings
-        return Send(
+        return SendReply(
             {
                 "status": "stream started",
                 "control_hz": s.control_hz,
@@ -213,10 +209,10 @@ class StreamSession:
                 endpoint = endpoint_name(msg)
                 if endpoint == "stream_stop":
                     stats = self.scheduler.stats(now)
-                    return [Send({"status": "stream stopped", **stats}), StopStream()]
+                    return [SendReply({"status": "stream stopped", **stats}), StopStream()]
                 if endpoint == "reset":
                     self.scheduler.reset()
-                    return list(self.conn.reset(msg))  # type: ignore[arg-type]
+                    return [*self.conn.reset(msg)]
                 raise ObservationError("a stream is already running; send {'endpoint': 'stream_stop'} first")
             request = self.conn.observe(msg)
         except ObservationError as e:

@@ -13,7 +13,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from realtime_gw.protocols import openpi
-from realtime_gw.protocols.openpi import DecodeError, Limits, packb, unpackb
+from realtime_gw.protocols.openpi import DecodeError, FrameLimits, packb, unpackb
 from tests.fuzz.strategies import (
     arrays,
     frame_mutations,
@@ -28,7 +28,7 @@ from tests.fuzz.strategies import (
 # A float too large for "<f2" becomes inf with this warning: accepted, as NumPy does.
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 
-SMALL = Limits(max_frame_bytes=1 << 16, max_depth=8, max_array_bytes=1 << 12, max_array_ndim=6)
+SMALL = FrameLimits(max_frame_bytes=1 << 16, max_depth=8, max_array_bytes=1 << 12, max_array_ndim=6)
 
 
 def walk(obj: Any) -> list[Any]:
@@ -42,7 +42,7 @@ def walk(obj: Any) -> list[Any]:
     return out
 
 
-def check_outcome(frame: bytes, limits: Limits = openpi.DEFAULT_LIMITS) -> Any:
+def check_outcome(frame: bytes, limits: FrameLimits = openpi.DEFAULT_LIMITS) -> Any:
     """The decoder's contract for any frame: a value within ``limits`` or a ``DecodeError`` that says why."""
     t0 = time.perf_counter()
     try:
@@ -139,7 +139,7 @@ def test_deep_nesting(depth: int, kind: str, max_depth: int) -> None:
     obj: Any = np.zeros(2, np.float32)
     for i in range(depth):
         obj = [obj] if kind == "list" or (kind == "mixed" and i % 2) else {"k": obj}
-    limits = Limits(max_depth=max_depth)
+    limits = FrameLimits(max_depth=max_depth)
     out = check_outcome(packb({"root": obj}), limits)
     containers = depth + 1  # the top-level map counts too
     if containers > max_depth:
@@ -164,7 +164,7 @@ def test_nesting_past_msgpacks_stack(depth: int, opener: bytes) -> None:
 )
 def test_limits_are_honoured(max_frame: int, max_array: int, max_ndim: int, data: st.DataObject) -> None:
     obs = observation(data.draw)
-    limits = Limits(max_frame_bytes=max_frame, max_depth=32, max_array_bytes=max_array, max_array_ndim=max_ndim)
+    limits = FrameLimits(max_frame_bytes=max_frame, max_depth=32, max_array_bytes=max_array, max_array_ndim=max_ndim)
     out = check_outcome(packb(obs), limits)
     if len(packb(obs)) > max_frame:
         assert isinstance(out, DecodeError) and "over the limit" in str(out)
@@ -201,4 +201,4 @@ def test_regression_npgeneric_bytes_cannot_amplify_memory() -> None:
     zero bytes (a 38-byte frame, 1 GiB and ~2 s of event loop with N=2**30)."""
     frame = packb_raw({"a": {b"__npgeneric__": True, b"data": 2**20, b"dtype": "S0"}})
     with pytest.raises(DecodeError, match="needs bytes 'data'"):
-        unpackb(frame, Limits(max_array_bytes=1024))
+        unpackb(frame, FrameLimits(max_array_bytes=1024))

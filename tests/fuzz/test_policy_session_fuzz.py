@@ -2,7 +2,8 @@
 valid, defective and fuzzed observations, resets and bogus endpoints, for several robots on one
 connection. Checked against a model of the history rings: every frame gets exactly one answer, never
 an exception; requests carry exactly the frames the offsets name; resets and prompt changes start a
-ring over; errors leave every ring untouched; the robot limit holds."""
+ring over; errors leave every ring untouched; the robot limit holds. The whole ``OpenPISession`` (both
+modes) is driven with random events the way the transport drives it."""
 
 from __future__ import annotations
 
@@ -16,13 +17,28 @@ from hypothesis import strategies as st
 
 from realtime_gw.protocols.openpi import DecodeError, packb, unpackb
 from realtime_gw.records.policy import PolicySpec
+from realtime_gw.sessions.observation import ObservationError, parse_observation
+from realtime_gw.sessions.openpi import (
+    CancelPolicy,
+    CloseSocket,
+    Disconnected,
+    FrameReceived,
+    FrameUndecodable,
+    IdleTimeout,
+    Opened,
+    OpenPIEvent,
+    OpenPISession,
+    OpenPIState,
+    PolicyDone,
+    PolicyRefused,
+    RunPolicy,
+    Wakeup,
+)
 from realtime_gw.sessions.policy import (
     Infer,
-    ObservationError,
     PolicyConnection,
-    Send,
     SendError,
-    parse_observation,
+    SendReply,
 )
 from tests.fuzz.strategies import frame_mutations, fuzz, msgpack_values
 
@@ -156,7 +172,7 @@ def answer(conn: PolicyConnection, effects: list[Any], busy: bool) -> None:
             assert conn.on_error("policy busy") == [SendError("policy busy")]
         else:
             (reply,) = conn.on_actions(np.zeros((HORIZON, ACTION_DIM), np.float32))
-            assert isinstance(reply, Send) and reply.payload["actions"].shape == (HORIZON, ACTION_DIM)
+            assert isinstance(reply, SendReply) and reply.payload["actions"].shape == (HORIZON, ACTION_DIM)
 
 
 def feed_fuzzed(conn: PolicyConnection, model: Model, value: Any) -> list[Any]:
@@ -218,7 +234,7 @@ def test_random_sequences_keep_history_and_reset_invariants(
         elif step == "reset":
             sid = data.draw(st.sampled_from(SIDS))
             effects = conn.handle({"endpoint": "reset"} | ({} if sid is None else {"session_id": sid}))
-            assert effects == [Send({"status": "reset successful"})]
+            assert effects == [SendReply({"status": "reset successful"})]
             model.robots.pop(sid or "default", None)
         elif step == "endpoint":
             value = data.draw(st.sampled_from(["infer", "RESET", "", 0, None, [1], {"a": 1}, b"reset"]))
@@ -261,7 +277,7 @@ def test_any_decoded_frame_gets_exactly_one_answer(value: Any) -> None:
         except DecodeError:
             continue
         effects = conn.handle(decoded)
-        assert len(effects) == 1 and isinstance(effects[0], (Infer, SendError, Send)), effects
+        assert len(effects) == 1 and isinstance(effects[0], (Infer, SendError, SendReply)), effects
         answer(conn, effects, busy=False)
 
 
@@ -273,3 +289,81 @@ def test_regression_array_endpoint_is_a_send_error(endpoint: np.ndarray) -> None
     conn = PolicyConnection(PolicySpec(model="fuzz", action_horizon=HORIZON, action_dim=ACTION_DIM, state_dim=STATE_DIM))
     effects = conn.handle(unpackb(packb({"endpoint": endpoint})))
     assert len(effects) == 1 and isinstance(effects[0], SendError) and "unknown endpoint" in effects[0].message
+
+
+# -- the whole session, both modes ------------------------------------------------------------------------
+FRAME_STEPS = ("obs", "bad", "undecodable", "reset", "start", "stop")
+SESSION_STEPS = ["obs"] * 6 + ["done"] * 6 + ["wake"] * 3 + ["start"] * 3 + ["bad", "undecodable", "reset", "stop"]
+SESSION_STEPS += ["refused", "idle", "gone"]
+
+
+def session_frame(draw: st.DrawFn, spec: PolicySpec, step: str, now: float) -> OpenPIEvent:
+    if step == "undecodable":
+        return FrameUndecodable("not valid msgpack")
+    messages: dict[str, Any] = {
+        "obs": lambda: valid_obs(draw, spec),
+        "bad": lambda: defective(valid_obs(draw, spec), draw(st.sampled_from(DEFECTS))),
+        "reset": lambda: {"endpoint": "reset"},
+        "start": lambda: {
+            "endpoint": "stream_start", "control_hz": draw(st.floats(1, 100)), "rtc": draw(st.booleans())
+        },
+        "stop": lambda: {"endpoint": "stream_stop"},
+    }
+    return FrameReceived(messages[step](), now)
+
+
+@fuzz(150)
+@given(st.lists(st.sampled_from(SESSION_STEPS), min_size=1, max_size=80), st.data())
+def test_openpi_session_keeps_modes_and_jobs_consistent(steps: list[str], data: st.DataObject) -> None:
+    """Only events the transport can send in each state (frames while the session takes them, results of
+    running jobs, wake-ups once due): the session never raises, runs at most one policy job, answers
+    each request/reply frame once, times every action reply, and ends on silence unless a reply is due."""
+    spec = PolicySpec(model="fuzz", action_horizon=HORIZON, action_dim=ACTION_DIM, state_dim=STATE_DIM)
+    session = OpenPISession(spec, max_robots=len(SIDS))
+    running: set[int] = set()
+    now = 0.0
+    session.handle(Opened(), now)
+    for step in steps:
+        now += data.draw(st.floats(0, 0.3))
+        before = session.state
+        event: OpenPIEvent
+        if step in FRAME_STEPS:
+            if not session.takes_frames:
+                continue
+            event = session_frame(data.draw, spec, step, now)
+        elif step in ("done", "refused"):
+            if not running:
+                continue
+            job = data.draw(st.sampled_from(sorted(running)))
+            running.remove(job)
+            zeros = np.zeros((HORIZON, ACTION_DIM), np.float32)
+            event = PolicyDone(job, zeros) if step == "done" else PolicyRefused(job, "no free slot")
+        elif step == "wake":
+            wake = session.wakeup_at()
+            if wake is None:
+                continue
+            now = max(now, wake)
+            event = Wakeup()
+        else:
+            event = IdleTimeout(1.0) if step == "idle" else Disconnected()
+        effects = session.handle(event, now)
+        for effect in effects:
+            if isinstance(effect, RunPolicy):
+                assert effect.job not in running
+                running.add(effect.job)
+            elif isinstance(effect, CancelPolicy):
+                running.remove(effect.job)
+            elif isinstance(effect, SendReply) and "actions" in effect.payload:
+                assert effect.payload["server_timing"]["infer_ms"] >= 0
+        if before is OpenPIState.REQUEST_REPLY and isinstance(event, (FrameReceived, FrameUndecodable)):
+            assert len(effects) == 1, effects
+        if isinstance(event, IdleTimeout):
+            assert (effects == []) == (before is OpenPIState.INFERRING)
+            assert session.closed or before is OpenPIState.INFERRING
+            assert session.closed == (bool(effects) and effects[-1] == CloseSocket(1000, "idle for 1 s"))
+        assert len(running) <= 1
+        request_reply_job = session.state is not OpenPIState.STREAMING and bool(running)
+        assert (session.state is OpenPIState.INFERRING) == request_reply_job
+        if session.closed:
+            assert not running
+            break

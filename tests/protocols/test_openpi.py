@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openpi_client import msgpack_numpy as stock
 
-from realtime_gw.protocols.openpi import DecodeError, Limits, packb, unpackb
+from realtime_gw.protocols.openpi import DecodeError, FrameLimits, packb, unpackb
 
 SAMPLE = {
     "observation/exterior_image_1_left": np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3),
@@ -89,42 +89,42 @@ def test_rejected_generic_dtype_and_packing() -> None:
 @pytest.mark.parametrize(
     ("frame", "limits", "message"),
     [
-        (b"\0" * 101, Limits(max_frame_bytes=100), "frame is 101 bytes, over the limit of 100 bytes"),
+        (b"\0" * 101, FrameLimits(max_frame_bytes=100), "frame is 101 bytes, over the limit of 100 bytes"),
         (
             b"\0" * (3 * 2**20),
-            Limits(max_frame_bytes=2**21),
+            FrameLimits(max_frame_bytes=2**21),
             "frame is 3145728 bytes (3.0 MiB), over the limit of 2097152 bytes (2.0 MiB)",
         ),
-        (msgpack.packb({"a": {"b": {"c": [1]}}}), Limits(max_depth=3), "at 'a.b.c': nesting deeper than 3"),
+        (msgpack.packb({"a": {"b": {"c": [1]}}}), FrameLimits(max_depth=3), "at 'a.b.c': nesting deeper than 3"),
         (
             _raw_array("<f4", b"\0" * 400, [10, 10]),
-            Limits(max_array_bytes=399),
+            FrameLimits(max_array_bytes=399),
             "at 'obs': array of shape (10, 10) is 400 bytes, over the limit of 399 bytes",
         ),
         (
             _raw_array("<f4", b"\0", [1] * 17),
-            Limits(),
+            FrameLimits(),
             "at 'obs': array has 17 dimensions, over the limit of 16",
         ),
         (
             _raw_array("<f4", b"\0" * 12, [4]),
-            Limits(),
+            FrameLimits(),
             "at 'obs': array of shape (4,) and dtype <f4 needs 16 bytes of data, got 12",
         ),
-        (_raw_array("<f4", b"\0" * 20, [4]), Limits(), "needs 16 bytes of data, got 20"),
-        (_raw_array("<f4", b"", [-1]), Limits(), "'shape' must be a list of non-negative integers, got [-1]"),
-        (_raw_array("float128x", b"", [0]), Limits(), "at 'obs': unknown dtype 'float128x'"),
+        (_raw_array("<f4", b"\0" * 20, [4]), FrameLimits(), "needs 16 bytes of data, got 20"),
+        (_raw_array("<f4", b"", [-1]), FrameLimits(), "'shape' must be a list of non-negative integers, got [-1]"),
+        (_raw_array("float128x", b"", [0]), FrameLimits(), "at 'obs': unknown dtype 'float128x'"),
         (
             msgpack.packb({"obs": {b"__ndarray__": True, b"data": "text", b"dtype": "<f4", b"shape": [1]}}),
-            Limits(),
+            FrameLimits(),
             "__ndarray__ needs bin 'data', got str",
         ),
-        (b"\xc1", Limits(), "not valid msgpack"),
-        (b"\x92\x01", Limits(), "not valid msgpack: Unpack failed: incomplete input"),
-        (b"\x91" * 5000 + b"\xc0", Limits(), "nesting deeper than 32"),
+        (b"\xc1", FrameLimits(), "not valid msgpack"),
+        (b"\x92\x01", FrameLimits(), "not valid msgpack: Unpack failed: incomplete input"),
+        (b"\x91" * 5000 + b"\xc0", FrameLimits(), "nesting deeper than 32"),
     ],
 )
-def test_limits_and_malformed_frames(frame: bytes, limits: Limits, message: str) -> None:
+def test_limits_and_malformed_frames(frame: bytes, limits: FrameLimits, message: str) -> None:
     with pytest.raises(DecodeError) as err:
         unpackb(frame, limits)
     assert message in str(err.value)
@@ -132,9 +132,9 @@ def test_limits_and_malformed_frames(frame: bytes, limits: Limits, message: str)
 
 def test_depth_counts_containers_not_arrays() -> None:
     frame = packb({"a": {"b": np.zeros((2, 2))}})
-    assert unpackb(frame, Limits(max_depth=2))["a"]["b"].shape == (2, 2)
+    assert unpackb(frame, FrameLimits(max_depth=2))["a"]["b"].shape == (2, 2)
     with pytest.raises(DecodeError, match="at 'a': nesting deeper than 1"):
-        unpackb(frame, Limits(max_depth=1))
+        unpackb(frame, FrameLimits(max_depth=1))
 
 
 @settings(max_examples=300, deadline=None)

@@ -11,8 +11,8 @@ from realtime_gw.records.policy import PolicyRequest, PolicySpec
 from realtime_gw.sessions.policy import (
     Infer,
     PolicyConnection,
-    Send,
     SendError,
+    SendReply,
     server_metadata,
 )
 
@@ -86,7 +86,7 @@ def test_history_ring_offsets_reset_and_prompt_change() -> None:
     assert frames(infer(conn, obs(50, session_id="b")))[0] == [50, 50, 50]
     assert frames(infer(conn, obs(5)))[0] == [3, 4, 5]
     # Reset (of this robot only) and a prompt change both start over.
-    assert conn.handle({"endpoint": "reset"}) == [Send({"status": "reset successful"})]
+    assert conn.handle({"endpoint": "reset"}) == [SendReply({"status": "reset successful"})]
     assert frames(infer(conn, obs(6)))[0] == [6, 6, 6]
     assert frames(infer(conn, obs(51, session_id="b")))[0] == [50, 50, 51]
     assert frames(infer(conn, obs(7, prompt="new task")))[0] == [7, 7, 7]
@@ -198,7 +198,7 @@ def test_undecodable_frame_and_action_checks() -> None:
     assert conn.on_error("policy busy") == [SendError("policy busy")]
     conn.handle(obs())
     (reply,) = conn.on_actions(np.ones((4, 2), np.float32))
-    assert isinstance(reply, Send) and reply.payload["actions"].shape == (4, 2)
+    assert isinstance(reply, SendReply) and reply.payload["actions"].shape == (4, 2)
 
 
 def test_metadata_advertises_the_scheme() -> None:

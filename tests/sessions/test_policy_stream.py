@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from realtime_gw.records.policy import PolicyRequest, PolicySpec
+from realtime_gw.sessions.observation import StreamSettings
 from realtime_gw.sessions.policy import (
     Infer,
     PolicyConnection,
-    Send,
     SendError,
+    SendReply,
     StartStream,
-    StreamSettings,
 )
 from realtime_gw.sessions.policy_stream import RunChunk, StopStream, StreamScheduler, StreamSession
 
@@ -130,7 +130,7 @@ def test_first_chunk_then_one_every_execute_horizon() -> None:
     assert s.on_observation(req(1), now=100.3) == []  # one chunk at a time; this one waits
     assert s.on_observation(req(2), now=100.32) == [] and s.dropped == 1  # ...and replaces the older one
     (sent,) = s.on_chunk(0, chunk(0), now=100.38)  # 130 ms latency
-    assert isinstance(sent, Send) and sent.payload["type"] == "action_chunk"
+    assert isinstance(sent, SendReply) and sent.payload["type"] == "action_chunk"
     assert sent.payload["start_step"] == 2 and sent.payload["chunk_index"] == 0 and sent.payload["step"] == 3
     assert s.wakeup_at() == pytest.approx(100.6)  # step 2 + 4
     assert s.on_tick(100.59) == []
@@ -201,7 +201,7 @@ def test_simulated_stream_has_contiguous_chunks(latency_steps: float) -> None:
         for e in effects:
             if isinstance(e, RunChunk):
                 events.append((t + latency_steps / hz, "done", (e.chunk_index, chunk(float(e.chunk_index)))))
-            elif isinstance(e, Send):
+            elif isinstance(e, SendReply):
                 delivered.append(e.payload)
     starts = [p["start_step"] for p in delivered]
     assert [p["chunk_index"] for p in delivered] == list(range(len(delivered))) and len(delivered) > 20
@@ -226,10 +226,10 @@ def test_stream_session_routes_frames() -> None:
     (err,) = session.handle({"endpoint": "launch"}, now=0.02)
     assert isinstance(err, SendError) and "unknown endpoint 'launch'" in err.message
     (ok,) = session.handle({"endpoint": "reset"}, now=0.03)
-    assert ok == Send({"status": "reset successful"}) and session.scheduler.in_flight is None
+    assert ok == SendReply({"status": "reset successful"}) and session.scheduler.in_flight is None
     assert session.reject("bad") == [SendError("could not decode observation: bad")]
     status, stop = session.handle({"endpoint": "stream_stop"}, now=0.5)
-    assert isinstance(stop, StopStream) and isinstance(status, Send)
+    assert isinstance(stop, StopStream) and isinstance(status, SendReply)
     assert status.payload == {
         "status": "stream stopped",
         "chunks": 0,
