@@ -42,12 +42,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+from realtime_gw.models.kernels import GraphCapture  # noqa: E402
 from realtime_gw.models.runtime import StageWorker  # noqa: E402
 from realtime_gw.models.speech.codec.engine import LoadedModels, load_models  # noqa: E402
 from realtime_gw.models.speech.codec.mimi_stream import StreamingMimiDecoder, strict_fp32  # noqa: E402
 from realtime_gw.models.speech.codec.talker import TalkerRuntime  # noqa: E402
-from realtime_gw.models.speech.codec.text import ByteTokenizer  # noqa: E402
 from realtime_gw.models.speech.tts_codec import CodecTtsBackend  # noqa: E402
+from realtime_gw.models.tokenizers import ByteTokenizer  # noqa: E402
 from realtime_gw.records.voice import TtsRequest  # noqa: E402
 
 FRAME_S = 0.08
@@ -76,15 +77,8 @@ def pct(xs: list[float], q: float) -> float:
 
 # -- graph timing -----------------------------------------------------------------------------------------
 def capture(fn: Any) -> Any:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
+    """One graph in a pool of its own (timed graphs stay alive side by side)."""
+    return GraphCapture(DEV).capture(fn)
 
 
 def time_graph(g: Any, iters: int = 100) -> float:

@@ -5,5 +5,5 @@
 - ``talker``: the Qwen3 talker + code predictor with static, slot-indexed KV caches.
 - ``mimi_stream``: a Mimi decoder that decodes one codec frame per step for many streams at once.
 - ``engine``: slots, one batched frame step (talker -> decoder), CUDA graphs per batch bucket.
-- ``text``: tokenizers and the word-level text feed.
+- ``text``: the word-level text feed (tokenizers: ``realtime_gw.models.tokenizers``).
 """

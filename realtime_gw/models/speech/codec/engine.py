@@ -21,16 +21,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from realtime_gw.models.kernels import GraphCapture, bucket_for, pow2_buckets
 from realtime_gw.models.runtime import NoFreeSlot
 from realtime_gw.models.speech.codec.mimi_stream import StreamingMimiDecoder
 from realtime_gw.models.speech.codec.spec import CODEC_DIR, SPEC_FILE, TALKER_FILE, CodecSpec, named_spec
 from realtime_gw.models.speech.codec.talker import CodecTalker, TalkerRuntime
-from realtime_gw.models.speech.codec.text import (
-    ByteTokenizer,
-    HfTokenizer,
-    TextTokenizer,
-    has_tokenizer_files,
-)
+from realtime_gw.models.speech.codec.text import TextTokenizer
+from realtime_gw.models.tokenizers import ByteTokenizer, HfTokenizer, has_tokenizer_files
 
 log = logging.getLogger(__name__)
 
@@ -114,14 +111,6 @@ def load_models(
     return LoadedModels(spec, talker, mimi, tok, f"codec-{spec.name} from {root}", False)
 
 
-def _buckets(limit: int, start: int) -> list[int]:
-    out, b = [], start
-    while b < limit:
-        out.append(b)
-        b *= 2
-    return [*out, limit]
-
-
 class CodecEngine:
     """Fixed slots on one device; ``step`` = one frame for the given slots, batched."""
 
@@ -148,8 +137,8 @@ class CodecEngine:
             )
         self.hop = self.decoder.hop
         self.use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
-        self.batch_buckets = _buckets(slots, 1)
-        self.len_buckets = _buckets(self.spec.max_positions, min(64, self.spec.max_positions))
+        self.batch_buckets = pow2_buckets(slots, 1)
+        self.len_buckets = pow2_buckets(self.spec.max_positions, min(64, self.spec.max_positions))
         self._free = list(range(slots))
         heapq.heapify(self._free)
         self._fresh: list[int] = []
@@ -168,7 +157,7 @@ class CodecEngine:
         self.d_pcm = torch.zeros(slots, self.hop, dtype=torch.int16, device=dev)
         self.d_codes = torch.zeros(slots, k, dtype=torch.long, device=dev)
         self._graphs: dict[tuple[int, int], Any] = {}
-        self._pool: Any = None
+        self._capturer = GraphCapture(self.device)
 
     @property
     def graph_count(self) -> int:
@@ -212,17 +201,7 @@ class CodecEngine:
     def _capture(self, b: int, length: int) -> Any:
         """Record one frame for bucket (b, length). Warm-up runs use all-inactive rows: no state changes."""
         self.d_active[:b] = False
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            self._frame(b, length)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: other workers' threads may use the GPU while this one captures
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            self._frame(b, length)
+        graph = self._capturer.capture(lambda: self._frame(b, length))
         self._graphs[(b, length)] = graph
         return graph
 
@@ -239,12 +218,6 @@ class CodecEngine:
         torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0
 
-    def _bucket(self, buckets: list[int], n: int) -> int:
-        for b in buckets:
-            if b >= n:
-                return b
-        raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
-
     @torch.no_grad()
     def step(
         self, slots: Sequence[int], tokens: Sequence[int], eos_ok: Sequence[bool] | None = None
@@ -255,8 +228,8 @@ class CodecEngine:
         for s in slots:
             if self.frames[s] >= self.spec.max_positions:
                 raise ValueError(f"slot {s} is full ({self.spec.max_positions} frames)")
-        b = self._bucket(self.batch_buckets, max(slots) + 1)
-        length = self._bucket(self.len_buckets, max(self.frames[s] for s in slots) + 1)
+        b = bucket_for(self.batch_buckets, max(slots) + 1)
+        length = bucket_for(self.len_buckets, max(self.frames[s] for s in slots) + 1)
         graph = None
         if self.use_graphs:  # capture (if new) before this step's inputs land: capture clears d_active
             graph = self._graphs.get((b, length)) or self._capture(b, length)

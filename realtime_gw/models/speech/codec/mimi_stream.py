@@ -24,7 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from realtime_gw.models.speech.codec.talker import additive_mask, apply_rope, attend, cat_bias, rope_cos_sin
+from realtime_gw.models.kernels import (
+    additive_mask,
+    apply_rope,
+    attend,
+    fuse_linears,
+    qkv_heads,
+    rope_cos_sin,
+)
 
 
 def mimi_decoder_parts(mimi: Any) -> tuple[Any, Any, Any]:
@@ -106,12 +113,13 @@ class FusedMimiLayer:
     @classmethod
     def of(cls, layer: Any) -> FusedMimiLayer:
         att = layer.self_attn
+        w_qkv, b_qkv = fuse_linears(att.q_proj, att.k_proj, att.v_proj)
         with torch.no_grad():
             return cls(
                 ln1=layer.input_layernorm,
                 ln2=layer.post_attention_layernorm,
-                w_qkv=torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).contiguous(),
-                b_qkv=cat_bias(att.q_proj, att.k_proj, att.v_proj),
+                w_qkv=w_qkv,
+                b_qkv=b_qkv,
                 o_proj=att.o_proj,
                 ls1=layer.self_attn_layer_scale.scale,
                 ls2=layer.mlp_layer_scale.scale,
@@ -132,13 +140,10 @@ class FusedMimiLayer:
         values: torch.Tensor,
         mask_add: torch.Tensor,
     ) -> torch.Tensor:
-        b, s, hidden = x.shape
-        d, nq = self.head_dim, self.heads + self.kv_heads
-        qkv = F.linear(self.ln1(x), self.w_qkv, self.b_qkv)
-        qk = apply_rope(qkv[..., : nq * d].view(b, s, nq, d), cos, sin)
-        v = qkv[..., nq * d :].view(b, s, self.kv_heads, d)
+        qk, v = qkv_heads(self.ln1(x), self.w_qkv, self.b_qkv, self.heads, self.kv_heads)
+        qk = apply_rope(qk, cos, sin)
         write(qk[:, :, self.heads :].transpose(1, 2), v.transpose(1, 2))
-        o = attend(qk[:, :, : self.heads], keys, values, mask_add, self.scale).view(b, s, -1)
+        o = attend(qk[:, :, : self.heads], keys, values, mask_add, self.scale)
         x = torch.addcmul(x, self.o_proj(o), self.ls1)
         return torch.addcmul(x, self.mlp(self.ln2(x)), self.ls2)
 

@@ -26,58 +26,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from realtime_gw.models.kernels import (
+    additive_mask,
+    apply_rope,
+    attend,
+    fuse_linears,
+    linear_add,
+    qkv_heads,
+    rope_cos_sin,
+)
 from realtime_gw.models.speech.codec.spec import CodecSpec
-
-
-def rope_cos_sin(
-    positions: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and *signed* sin, shape ``positions.shape + (head_dim,)``, computed in float32 like transformers.
-
-    ``rotate_half(x) * sin == x.roll(D/2) * sin_signed`` with ``sin_signed = [-sin_half, sin_half]``, so
-    RoPE is one roll and one addcmul (``apply_rope``) instead of transformers' slice/neg/cat chain.
-    """
-    freqs = positions.float()[..., None] * inv_freq.float()
-    emb = torch.cat((freqs, freqs), dim=-1)
-    signed = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
-    return (emb.cos() * scale).to(dtype), (signed * scale).to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
-
-
-def additive_mask(mask: torch.Tensor, kv_heads: int, groups: int, dtype: torch.dtype) -> torch.Tensor:
-    """Bool ``(B, S, L)`` -> additive ``(B*kv_heads, groups*S, L)`` for ``attend`` (built once per step)."""
-    b, s, length = mask.shape
-    add = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
-    add = add[:, None, None].expand(b, kv_heads, groups, s, length)
-    return add.reshape(b * kv_heads, groups * s, length)
-
-
-def attend(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask_add: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Grouped-query attention without repeating K/V (decode is bandwidth-bound: read K/V once).
-
-    q ``(B, S, H, D)``; keys/values ``(B, KV, L, D)`` (may be column slices of a cache); ``mask_add``
-    broadcastable to ``(B*KV, G*S, L)``. Query heads of one KV group become extra query rows (row
-    ``g*S + s``, head ``kv*G + g``). Returns ``(B*S, H*D)``.
-    """
-    b, s, h, d = q.shape
-    kv, length = keys.shape[1], keys.shape[2]
-    g = h // kv
-    qg = q.transpose(1, 2).reshape(b * kv, g * s, d)
-    scores = torch.baddbmm(mask_add, qg, keys.reshape(b * kv, length, d).transpose(1, 2), alpha=scale)
-    probs = torch.softmax(scores, dim=-1)  # bf16 in/out, float32 inside: one kernel, not three
-    out = torch.bmm(probs, values.reshape(b * kv, length, d))
-    return out.view(b, kv, g, s, d).permute(0, 3, 1, 2, 4).reshape(b * s, h * d)
-
-
-def cat_bias(*linears: nn.Linear) -> torch.Tensor | None:
-    if all(m.bias is None for m in linears):
-        return None
-    return torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
 
 
 @dataclass
@@ -92,10 +50,12 @@ class FusedQwen3Layer:
     b_qkv: torch.Tensor | None
     qk_norm: torch.Tensor  # (H + KV, D): q_norm weight for query heads, k_norm weight for key heads
     qk_eps: float
-    w_o_t: torch.Tensor
+    w_o: torch.Tensor
     b_o: torch.Tensor | None
     w_gate_up: torch.Tensor
-    w_down_t: torch.Tensor
+    b_gate_up: torch.Tensor | None
+    w_down: torch.Tensor
+    b_down: torch.Tensor | None
     heads: int
     kv_heads: int
     head_dim: int
@@ -108,21 +68,25 @@ class FusedQwen3Layer:
             raise NotImplementedError("the fused talker layer assumes SwiGLU (hidden_act='silu')")
         d = att.head_dim
         heads, kv = att.q_proj.out_features // d, att.k_proj.out_features // d
+        w_qkv, b_qkv = fuse_linears(att.q_proj, att.k_proj, att.v_proj)
+        w_gate_up, b_gate_up = fuse_linears(mlp.gate_proj, mlp.up_proj)
         with torch.no_grad():
             return cls(
                 ln1=layer.input_layernorm.weight,
                 ln2=layer.post_attention_layernorm.weight,
                 eps=float(layer.input_layernorm.variance_epsilon),
-                w_qkv=torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).contiguous(),
-                b_qkv=cat_bias(att.q_proj, att.k_proj, att.v_proj),
+                w_qkv=w_qkv,
+                b_qkv=b_qkv,
                 qk_norm=torch.cat(
                     [att.q_norm.weight.expand(heads, d), att.k_norm.weight.expand(kv, d)]
                 ).contiguous(),
                 qk_eps=float(att.q_norm.variance_epsilon),
-                w_o_t=att.o_proj.weight.t(),
+                w_o=att.o_proj.weight,
                 b_o=att.o_proj.bias,
-                w_gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous(),
-                w_down_t=mlp.down_proj.weight.t(),
+                w_gate_up=w_gate_up,
+                b_gate_up=b_gate_up,
+                w_down=mlp.down_proj.weight,
+                b_down=mlp.down_proj.bias,
                 heads=heads,
                 kv_heads=kv,
                 head_dim=d,
@@ -141,23 +105,17 @@ class FusedQwen3Layer:
     ) -> torch.Tensor:
         """``x (B, S, hidden)``; ``cos``/``sin`` broadcast to ``(B, S, 1, D)``; ``write(k, v)`` stores the new
         K/V ``(B, KV, S, D)`` before attention reads ``keys``/``values``."""
-        b, s, hidden = x.shape
-        d, nq = self.head_dim, self.heads + self.kv_heads
+        hidden = x.shape[-1]
         h = F.rms_norm(x, (hidden,), self.ln1, self.eps)
-        qkv = F.linear(h, self.w_qkv, self.b_qkv)
-        qk = F.rms_norm(qkv[..., : nq * d].view(b, s, nq, d), (d,), None, self.qk_eps) * self.qk_norm
+        qk, v = qkv_heads(h, self.w_qkv, self.b_qkv, self.heads, self.kv_heads)
+        qk = F.rms_norm(qk, (self.head_dim,), None, self.qk_eps) * self.qk_norm
         qk = apply_rope(qk, cos, sin)
-        v = qkv[..., nq * d :].view(b, s, self.kv_heads, d)
         write(qk[:, :, self.heads :].transpose(1, 2), v.transpose(1, 2))
         o = attend(qk[:, :, : self.heads], keys, values, mask_add, self.scale)
-        x2 = x.reshape(b * s, hidden)
-        x2 = (
-            torch.addmm(x2, o, self.w_o_t) if self.b_o is None else x2 + F.linear(o, self.w_o_t.t(), self.b_o)
-        )
-        gu = F.linear(F.rms_norm(x2, (hidden,), self.ln2, self.eps), self.w_gate_up)
+        x = linear_add(x, o, self.w_o, self.b_o)
+        gu = F.linear(F.rms_norm(x, (hidden,), self.ln2, self.eps), self.w_gate_up, self.b_gate_up)
         gate, up = gu.chunk(2, dim=-1)
-        x2 = torch.addmm(x2, F.silu(gate) * up, self.w_down_t)
-        return x2.view(b, s, hidden)
+        return linear_add(x, F.silu(gate) * up, self.w_down, self.b_down)
 
 
 class CodecTalker(nn.Module):

@@ -1,4 +1,5 @@
-"""Text side of the codec TTS: tokenizers and the word-level feed that turns streamed text into tokens.
+"""Text side of the codec TTS: the word-level feed that turns streamed text into tokens (the tokenizers
+themselves are ``realtime_gw.models.tokenizers``).
 
 The talker consumes one text token per frame (text leads, audio follows), so text only has to arrive a
 word ahead of the audio. Words are released once whitespace follows them (a half-streamed word could
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from pathlib import Path
 from typing import Protocol
 
 _WORD = re.compile(r"\S+(?=\s)")
@@ -21,40 +21,6 @@ class TextTokenizer(Protocol):
     vocab_size: int
 
     def encode(self, text: str) -> list[int]: ...
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as tokens for random-init models (0 pad, 1 eos, 2 bos, byte b -> b + 3)."""
-
-    name = "byte-level (random-init model)"
-    pad_id = 0
-    vocab_size = 259
-
-    def encode(self, text: str) -> list[int]:
-        return [b + 3 for b in text.encode("utf-8")]
-
-
-class HfTokenizer:
-    """A tokenizer saved in the weight directory (``AutoTokenizer``, local files only)."""
-
-    def __init__(self, path: str | Path) -> None:
-        from transformers import AutoTokenizer
-
-        self._tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        self.name = f"{type(self._tok).__name__} from {path}"
-        pad = self._tok.pad_token_id
-        self.pad_id = int(pad if pad is not None else 0)
-        self.vocab_size = len(self._tok)
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False))
-
-
-def has_tokenizer_files(path: str | Path) -> bool:
-    p = Path(path)
-    return any(
-        (p / f).exists() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
-    )
 
 
 class TextFeed:
