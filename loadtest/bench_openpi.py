@@ -58,7 +58,7 @@ def serve_ours(policy: str, port: int, max_wait_ms: float | None) -> None:
     import uvicorn
 
     from realtime_gw.app import create_app
-    from realtime_gw.models.policy.pi0 import build_policy_backend
+    from realtime_gw.models.policy.factory import build_policy_backend
     from realtime_gw.models.registry import Workers
     from realtime_gw.models.runtime import StageWorker
 
@@ -81,8 +81,8 @@ def serve_ours(policy: str, port: int, max_wait_ms: float | None) -> None:
 def serve_stock(policy: str, port: int) -> None:
     from openpi_server import WebsocketPolicyServer
 
+    from realtime_gw.models.policy.factory import TINY_CHUNK, build_pi0_runner, policy_spec
     from realtime_gw.models.policy.noop import NoopRunner
-    from realtime_gw.models.policy.pi0 import TINY_CHUNK, build_pi0_runner, policy_spec
     from realtime_gw.server.openpi_local import LocalPolicy
 
     config = _config(policy, port)

@@ -49,7 +49,8 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from realtime_gw.config import GatewayConfig  # noqa: E402
 from realtime_gw.models.policy.backend import PolicyBackend  # noqa: E402
-from realtime_gw.models.policy.pi0 import Pi0Runner, compile_enabled, load_model, policy_spec  # noqa: E402
+from realtime_gw.models.policy.factory import compile_enabled, load_model, policy_spec  # noqa: E402
+from realtime_gw.models.policy.pi0 import Pi0Runner  # noqa: E402
 from realtime_gw.models.policy.pi0_fast import FastPi0Runner  # noqa: E402
 from realtime_gw.models.runtime import StageWorker  # noqa: E402
 from realtime_gw.records.policy import PolicyRequest, RtcGuide  # noqa: E402
@@ -548,7 +549,7 @@ def main() -> None:
         def variant_phase() -> None:
             # The expert's attention through SDPA's fused kernel instead of GEMMs (graphs bake the choice
             # in at capture): the comparison behind UNFUSED_MAX_QUERIES.
-            import realtime_gw.models.policy.pi0_fast as pf
+            import realtime_gw.models.policy.pi0_functional as pf
 
             saved, pf.UNFUSED_MAX_QUERIES = pf.UNFUSED_MAX_QUERIES, 0
             try:

@@ -81,7 +81,7 @@ def build_workers(config: GatewayConfig) -> Workers:
     vad = _worker("vad", SileroVadBackend(), config, max_batch=config.vad_max_batch, max_active=config.worker_max_active)
     workers = Workers(tts=tts, asr=asr, vad=vad)
     if config.policy != "none":
-        from realtime_gw.models.policy.pi0 import build_policy_backend
+        from realtime_gw.models.policy.factory import build_policy_backend
 
         workers.policy = _worker(
             "policy",

@@ -12,8 +12,8 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from realtime_gw.config import GatewayConfig
+from realtime_gw.models.policy.factory import policy_spec
 from realtime_gw.models.policy.noop import NoopRunner
-from realtime_gw.models.policy.pi0 import policy_spec
 from realtime_gw.records.policy import PolicyRequest
 from tests.server.test_openpi_harness import droid_obs, serve, wait_for
 

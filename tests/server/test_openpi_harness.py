@@ -118,7 +118,7 @@ def serve(config: GatewayConfig, runner: PolicyRunner) -> Iterator[Served]:
 @functools.lru_cache(maxsize=1)
 def tiny_model() -> tuple[Any, Any]:
     """The tiny random-init PI0 and its tokenizer, built once per test process."""
-    from realtime_gw.models.policy.pi0 import load_model
+    from realtime_gw.models.policy.factory import load_model
 
     model, tok, _, _ = load_model(GatewayConfig())
     return model, tok
@@ -126,7 +126,8 @@ def tiny_model() -> tuple[Any, Any]:
 
 def tiny_runner(config: GatewayConfig) -> Any:
     """A PI0 runner over the shared tiny model, with ``config``'s observation scheme and history."""
-    from realtime_gw.models.policy.pi0 import Pi0Runner, policy_spec
+    from realtime_gw.models.policy.factory import policy_spec
+    from realtime_gw.models.policy.pi0 import Pi0Runner
 
     model, tok = tiny_model()
     spec = policy_spec(

@@ -66,34 +66,6 @@ class PromptTokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
 
-class ByteTokenizer:
-    """UTF-8 bytes as tokens, for random-init models that come without a tokenizer.
-
-    Ids follow Gemma's specials (0 pad, 1 eos, 2 bos); byte ``b`` is id ``b + 3``.
-    """
-
-    name = "byte-level (random-init model; not the PaliGemma tokenizer)"
-    bos_id = 2
-    vocab_size = 259
-
-    def encode(self, text: str) -> list[int]:
-        return [b + 3 for b in text.encode("utf-8")]
-
-
-class HfTokenizer:
-    """A tokenizer saved next to the model (the PaliGemma SentencePiece tokenizer for real PI0 weights)."""
-
-    def __init__(self, path: str) -> None:
-        from transformers import AutoTokenizer
-
-        self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        self.name = f"{type(self._tok).__name__} from {path}"
-        self.bos_id = int(self._tok.bos_token_id if self._tok.bos_token_id is not None else 2)
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False))
-
-
 def tokenize_prompt(tok: PromptTokenizer, prompt: str, max_len: int) -> tuple[np.ndarray, np.ndarray]:
     """openpi's PaligemmaTokenizer layout: BOS + cleaned prompt + "\\n", right-padded to max_len."""
     cleaned = prompt.strip().replace("_", " ").replace("\n", " ")

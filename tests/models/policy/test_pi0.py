@@ -14,15 +14,16 @@ import torch
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.policy.backend import PolicyBackend, dummy_request
-from realtime_gw.models.policy.pi0 import Pi0Runner, build_policy_backend, load_model, policy_spec
+from realtime_gw.models.policy.factory import build_policy_backend, load_model, policy_spec
+from realtime_gw.models.policy.pi0 import Pi0Runner
 from realtime_gw.models.policy.preprocess import (
-    ByteTokenizer,
     image_to_model,
     load_norm_stats,
     resize_with_pad,
     tokenize_prompt,
 )
 from realtime_gw.models.runtime import NoFreeSlot
+from realtime_gw.models.tokenizers import ByteTokenizer
 from realtime_gw.records.policy import PolicyRequest
 
 

@@ -16,15 +16,16 @@ import torch
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.policy import pi0_fast as policy_fast
-from realtime_gw.models.policy.pi0 import (
-    Pi0Runner,
+from realtime_gw.models.policy.factory import (
     build_pi0_runner,
     compile_enabled,
     load_model,
     policy_spec,
     resolve_impl,
 )
-from realtime_gw.models.policy.pi0_fast import Cache, FastPi0Runner
+from realtime_gw.models.policy.pi0 import Pi0Runner
+from realtime_gw.models.policy.pi0_fast import FastPi0Runner
+from realtime_gw.models.policy.pi0_functional import Cache
 from realtime_gw.models.policy.preprocess import NormStats
 from realtime_gw.models.policy.rtc import guidance_scale, guidance_weights
 from realtime_gw.records.policy import PolicyRequest, RtcGuide

@@ -1,0 +1,397 @@
+"""PI0's inference maths over a loaded ``PI0ForConditionalGeneration``: the same function as transformers'
+``sample_actions``, restructured for serving, plus real-time chunking's guided denoising.
+
+- The vision-language prefix runs once per observation into a **static KV cache** (one buffer per layer,
+  ``[prefix | state + action tokens | pad]``); the last VLM layer stops after its K/V (its output is never
+  read). The action expert writes its 1 + H tokens into the tail of the same buffers at every step, so
+  no cache is grown, cropped or copied.
+- The flow-matching loop has no host syncs (times are Python constants), so the prefix and the whole
+  loop can be captured as CUDA graphs (``pi0_fast``).
+- At batch 1 the expert's ten steps are hundreds of tiny kernels, so their count is what costs (H200
+  numbers in docs/benchmarks.md): QKV and gate|up run as one GEMM each, residual adds ride in the GEMM,
+  rotary is roll + addcmul over q and k together, the expert attends by two GEMMs (a fused attention
+  kernel gets only a few thread blocks for 51 tokens over the long cache). Images travel as uint8 and
+  are scaled on the device. The shared pieces are ``realtime_gw.models.kernels``.
+- Real-time chunking (``policy_rtc``): guided denoising with pseudo-inverse guidance (a vector-Jacobian
+  product through the action expert at every step) toward the previous chunk, plus hard inpainting of
+  the frozen steps.
+
+Norms, MLP activations, rotary tables, embeddings and projections come from the model's own modules
+and weights; only attention, fusion and cache handling are written here, which keeps the numerics those
+of the installed transformers (checked against ``sample_actions`` in ``tests/models/policy/test_pi0_fast.py``,
+and on the GPU with transformers 5.17 by ``loadtest/bench_policy_gpu.py``). The sub-module names used are
+the same in transformers 5.17 and 5.24.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from realtime_gw.models.kernels import (
+    additive_mask,
+    apply_rope,
+    attend,
+    fuse_linears,
+    linear_add,
+    qkv_heads,
+    signed_rope,
+)
+from realtime_gw.models.policy.preprocess import scale_pixels
+from realtime_gw.models.policy.rtc import DEFAULT_BETA, RtcArrays, guidance_scale
+
+Velocity = Callable[..., torch.Tensor]
+"""``Pi0Functional.velocity``'s signature: (cache, x, time, state, rope) -> velocity."""
+UNFUSED_MAX_QUERIES = 128
+"""Token counts below this (the expert's 1 + H) attend through GEMMs rather than a fused kernel."""
+KV_ALIGN = 16
+"""KV buffer length is rounded up to this (masked tail): aligned masks keep SDPA on its fused kernels."""
+
+
+@dataclass(slots=True)
+class Prepared:
+    """One robot's model inputs, on the CPU; stacked with others in ``Pi0Runner.run``."""
+
+    pixel_values: torch.Tensor  # (slots, 3, H, W) uint8; scaled to [-1, 1] on the device
+    input_ids: torch.Tensor  # (L,)
+    attention_mask: torch.Tensor  # (L,) bool
+    state: torch.Tensor  # (max_state_dim,)
+    noise: torch.Tensor  # (chunk_size, max_action_dim), from the request's seed
+    rtc: RtcArrays | None = None  # real-time chunking guidance, model space
+    frozen: np.ndarray | None = None  # (d, action_dim): the previous chunk's frozen actions, exact
+
+
+def _rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary module's (B, L, hd) tables -> (B, L, 1, hd) cos and signed sin, for (B, L, heads, hd)."""
+    cos, sin = signed_rope(cos, sin)
+    return cos[:, :, None], sin[:, :, None]
+
+
+class _Block:
+    """One decoder layer's weights, fused for few kernels: QKV in one matrix, gate|up in one matrix,
+    Gemma's RMSNorm weight as (1 + w) in float32. Copies of the layer's weights (about 2.8 GB extra at
+    the full PI0 size), made once; the model's own modules stay as they are."""
+
+    def __init__(self, layer: Any, gemma: bool) -> None:
+        attn = layer.self_attn
+        self.qkv, self.qkv_bias = fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj)
+        out = attn.o_proj if gemma else attn.out_proj
+        self.o, self.o_bias = out.weight, out.bias
+        self.scale = float(attn.scaling if gemma else attn.scale)
+        if gemma:
+            n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
+            self.norm1 = (1.0 + n1.weight.float(), float(n1.eps))
+            self.norm2 = (1.0 + n2.weight.float(), float(n2.eps))
+            mlp = layer.mlp
+            self.gate_up, self.gate_up_bias = fuse_linears(mlp.gate_proj, mlp.up_proj)
+            self.inter = mlp.gate_proj.weight.shape[0]
+            self.down, self.down_bias = mlp.down_proj.weight, mlp.down_proj.bias
+            self.act = mlp.act_fn
+        else:
+            self.ln1, self.ln2, self.mlp = layer.layer_norm1, layer.layer_norm2, layer.mlp
+
+
+def _rms(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+    """GemmaRMSNorm: float32 x * rsqrt(mean(x^2) + eps) * (1 + w), cast back."""
+    w, eps = norm
+    return F.rms_norm(x.float(), (x.shape[-1],), w, eps).to(x.dtype)
+
+
+@dataclass
+class Batch:
+    """Stacked model inputs on the device (the tensors a graph reads when captured)."""
+
+    pixel_values: torch.Tensor  # (B, slots, 3, H, W) uint8 levels (scaled inside the prefix)
+    input_ids: torch.Tensor  # (B, L) int64
+    mask: torch.Tensor  # (B, L) bool
+    state: torch.Tensor  # (B, max_state_dim) model dtype
+    noise: torch.Tensor  # (B, chunk, max_action_dim) model dtype
+    target: torch.Tensor | None = None  # (B, chunk, max_action_dim) float32: RTC Y
+    weights: torch.Tensor | None = None  # (B, chunk, max_action_dim) float32: RTC W
+    frozen: torch.Tensor | None = None  # (B, chunk, 1) bool: steps hard-inpainted to Y
+
+    def rows(self, n: int) -> Batch:
+        """The first ``n`` rows (views of the same storage)."""
+        return Batch(**{f.name: _head(getattr(self, f.name), n) for f in dataclasses.fields(self)})
+
+
+def _head(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    return None if t is None else t[:n]
+
+
+class Cache:
+    """Static per-layer K/V for one batch size, plus the per-batch masks and positions the expert uses."""
+
+    def __init__(self, fn: Pi0Functional, batch: int, prefix_len: int, device: torch.device) -> None:
+        self.prefix_len = prefix_len
+        self.suffix_len = fn.chunk + 1
+        self.total = -(-(prefix_len + self.suffix_len) // KV_ALIGN) * KV_ALIGN
+        shape = (batch, fn.kv_heads, self.total, fn.head_dim)
+        self.k = [torch.zeros(shape, dtype=fn.dtype, device=device) for _ in range(fn.layers)]
+        self.v = [torch.zeros(shape, dtype=fn.dtype, device=device) for _ in range(fn.layers)]
+        # Additive (0 / dtype min), rows in ``attend``'s folded order: one mask build per observation.
+        self.suffix_mask = torch.zeros(
+            (batch, 1, self.suffix_len * fn.groups, self.total), dtype=fn.dtype, device=device
+        )
+        self.positions = torch.zeros((batch, self.suffix_len), dtype=torch.long, device=device)
+
+    def rows(self, n: int) -> Cache:
+        """The first ``n`` rows (views of the same buffers): the prefix of an exact-size batch."""
+        view = copy.copy(self)
+        view.k, view.v = [k[:n] for k in self.k], [v[:n] for v in self.v]
+        view.suffix_mask, view.positions = self.suffix_mask[:n], self.positions[:n]
+        return view
+
+
+class Pi0Functional:
+    """PI0 inference over a loaded ``PI0ForConditionalGeneration``'s weights (fused copies of the decoder
+    layers' projections, see ``_Block``; everything else shared with the model)."""
+
+    def __init__(self, model: Any) -> None:
+        cfg = model.config
+        self.model = model
+        vlm = model.model.vlm
+        self.lm = vlm.language_model
+        tower = vlm.vision_tower
+        self.vision = getattr(tower, "vision_model", tower)
+        self.projector = vlm.multi_modal_projector
+        self.embed_tokens = vlm.get_input_embeddings()
+        self.dit = model.model.dit
+        self.chunk = int(cfg.chunk_size)
+        self.max_action_dim = int(cfg.max_action_dim)
+        self.image_token_id = int(cfg.vlm_config.image_token_id)
+        lm_attn, dit_attn = self.lm.layers[0].self_attn, self.dit.layers[0].self_attn
+        self.layers = len(self.dit.layers)
+        self.head_dim = int(dit_attn.head_dim)
+        tc, dc = cfg.vlm_config.text_config, cfg.dit_config
+        self.heads, self.kv_heads = int(tc.num_attention_heads), int(tc.num_key_value_heads)
+        # The expert attends into the VLM's cache layer by layer: both towers must agree on its shape.
+        if (
+            len(self.lm.layers),
+            int(lm_attn.head_dim),
+            int(dc.num_key_value_heads),
+            int(dc.num_attention_heads),
+        ) != (
+            self.layers,
+            self.head_dim,
+            self.kv_heads,
+            self.heads,
+        ):
+            raise ValueError("PI0's VLM and action expert differ in layers/heads/head_dim; unsupported")
+        self.groups = self.heads // self.kv_heads
+        self.dtype = next(model.parameters()).dtype
+        # Inference only; RTC's vector-Jacobian product then differentiates w.r.t. the actions alone.
+        model.requires_grad_(False)
+        self.vision_heads = int(cfg.vlm_config.vision_config.num_attention_heads)
+        self.vision_blocks = [_Block(layer, gemma=False) for layer in self.vision.encoder.layers]
+        self.lm_blocks = [_Block(layer, gemma=True) for layer in self.lm.layers]
+        self.dit_blocks = [_Block(layer, gemma=True) for layer in self.dit.layers]
+        self.dit_final_norm = (1.0 + self.dit.norm.weight.float(), float(self.dit.norm.eps))
+
+    # -- layers -----------------------------------------------------------------------------------------
+    def _gemma_layer(
+        self,
+        blk: _Block,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        at: slice,
+        keys: slice,
+        mask: torch.Tensor | None,
+        output: bool = True,
+    ) -> torch.Tensor:
+        """One Gemma decoder layer: writes this layer's K/V of ``x`` into ``k_buf/v_buf[:, :, at]`` and
+        attends over ``[:, :, keys]`` of them."""
+        h = _rms(x, blk.norm1)
+        qk, v = qkv_heads(h, blk.qkv, blk.qkv_bias, self.heads, self.kv_heads)
+        qk = apply_rope(qk, *rope)  # q and k heads together
+        n_q = self.heads
+        k_buf[:, :, at] = qk[:, :, n_q:].transpose(1, 2)
+        v_buf[:, :, at] = v.transpose(1, 2)
+        if not output:  # only the K/V are needed
+            return x
+        # The expert (few queries, long cache) attends by GEMMs; the long prefix by the fused kernel.
+        fused = qk.shape[1] >= UNFUSED_MAX_QUERIES
+        o = attend(qk[:, :, :n_q], k_buf[:, :, keys], v_buf[:, :, keys], mask, blk.scale, fused)
+        x = linear_add(x, o, blk.o, blk.o_bias)
+        gu = F.linear(_rms(x, blk.norm2), blk.gate_up, blk.gate_up_bias)
+        return linear_add(x, blk.act(gu[..., : blk.inter]) * gu[..., blk.inter :], blk.down, blk.down_bias)
+
+    # -- prefix -----------------------------------------------------------------------------------------
+    def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """SigLIP + projector: (N, 3, H, W) -> (N, tokens, lm hidden)."""
+        vt = self.vision
+        x = vt.embeddings(pixels)
+        nh = self.vision_heads
+        for blk in self.vision_blocks:
+            qk, v = qkv_heads(blk.ln1(x), blk.qkv, blk.qkv_bias, nh, nh)
+            k, v = qk[:, :, nh:].transpose(1, 2), v.transpose(1, 2)
+            o = attend(qk[:, :, :nh], k, v, None, blk.scale, fused=True)
+            x = linear_add(x, o, blk.o, blk.o_bias)
+            x = x + blk.mlp(blk.ln2(x))
+        return self.projector(vt.post_layernorm(x))
+
+    def embed_prefix(self, pixel_values: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """Our prefix layout puts every image token first: [slot 0 tokens][slot 1 tokens]...[text]."""
+        b, slots = pixel_values.shape[:2]
+        pixels = scale_pixels(pixel_values.flatten(0, 1)).to(self.dtype)
+        feats = self.image_features(pixels)
+        n_img = slots * feats.shape[1]
+        text = self.embed_tokens(input_ids[:, n_img:])
+        return torch.cat([feats.reshape(b, n_img, -1).to(text.dtype), text], dim=1)
+
+    def fill_prefix(self, cache: Cache, batch: Batch) -> None:
+        """Run the VLM over the prefix, writing each layer's K/V into the cache; set the expert's masks."""
+        mask = batch.mask
+        x = self.embed_prefix(batch.pixel_values, batch.input_ids)
+        p = x.shape[1]
+        # Bidirectional over the prefix with padding masked (token_type_ids all 0 in sample_actions).
+        positions = mask.long().cumsum(-1) - 1
+        rope = _rope_tables(*self.lm.rotary_emb(x, positions))
+        key_mask = mask[:, None, None, :]
+        last = len(self.lm_blocks) - 1
+        prefix = slice(0, p)
+        for i, blk in enumerate(self.lm_blocks):
+            # Nothing reads the last layer's output, only its K/V.
+            x = self._gemma_layer(
+                blk, x, rope, cache.k[i], cache.v[i], prefix, prefix, key_mask, output=i < last
+            )
+        # Expert masks: the state token sees the valid prefix and itself; action tokens see the valid
+        # prefix, the state and every action (transformers' block mask in PI0Model.forward). Additive,
+        # built once per observation, rows in the folded query order of ``attend``.
+        n = cache.suffix_len
+        rows = torch.zeros(mask.shape[0], n, cache.total, dtype=torch.bool, device=mask.device)
+        rows[:, :, :p] = mask[:, None, :]
+        rows[:, 0, p] = True
+        rows[:, 1:, p : p + n] = True
+        cache.suffix_mask.copy_(additive_mask(rows, 1, self.groups, self.dtype))
+        # Positions continue after the valid prefix tokens (cumsum over [mask, ones] - 1).
+        valid = mask.long().sum(-1, keepdim=True)
+        cache.positions.copy_(valid + torch.arange(n, device=mask.device))
+
+    # -- action expert ----------------------------------------------------------------------------------
+    def velocity(
+        self,
+        cache: Cache,
+        x: torch.Tensor,
+        time: torch.Tensor,
+        state: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """The expert's velocity at ``time`` ((B,) float32): a tensor, so a compiled version of this
+        method sees one graph for every step."""
+        h = self.model.embed_action_time(state, x, time)
+        at = slice(cache.prefix_len, cache.prefix_len + cache.suffix_len)
+        keys = slice(0, cache.total)
+        for i, blk in enumerate(self.dit_blocks):
+            # detach(): an alias of the static buffer with no autograd history, so RTC's backward of
+            # this step never reaches an earlier step's graph through the shared storage.
+            h = self._gemma_layer(
+                blk, h, rope, cache.k[i].detach(), cache.v[i].detach(), at, keys, cache.suffix_mask
+            )
+        h = _rms(h, self.dit_final_norm)
+        return self.model.action_out_proj(h[:, -self.chunk :])
+
+    def denoise(
+        self,
+        cache: Cache,
+        batch: Batch,
+        num_steps: int,
+        beta: float = DEFAULT_BETA,
+        velocity: Velocity | None = None,
+    ) -> torch.Tensor:
+        """Euler flow matching from ``batch.noise`` (t = 1) to actions (t = 0), RTC-guided when the batch
+        carries targets. Returns (B, chunk, max_action_dim) in the model dtype. ``velocity``: ``self.velocity``
+        or a compiled version of it."""
+        velocity = velocity or self.velocity
+        x = batch.noise
+        rope = _rope_tables(*self.dit.rotary_emb(x.new_zeros(1, dtype=self.dtype), cache.positions))
+        dt = -1.0 / num_steps
+        rtc = batch.target is not None
+        for step in range(num_steps):
+            t = 1.0 + step * dt
+            if not rtc:
+                x = x + dt * velocity(cache, x, self._time(x, t), batch.state, rope)
+                continue
+            x = x + dt * self._guided_velocity(velocity, cache, batch, x, t, rope, beta)
+            # Hard inpainting: frozen steps stay on the straight noise->target path (exact at t = 0).
+            t_next = max(0.0, 1.0 + (step + 1) * dt) if step + 1 < num_steps else 0.0
+            assert batch.frozen is not None and batch.target is not None
+            on_path = t_next * batch.noise.float() + (1.0 - t_next) * batch.target
+            x = torch.where(batch.frozen, on_path.to(x.dtype), x)
+        return x
+
+    @staticmethod
+    def _time(x: torch.Tensor, t: float) -> torch.Tensor:
+        return torch.full((x.shape[0],), t, dtype=torch.float32, device=x.device)
+
+    def _guided_velocity(
+        self,
+        velocity: Velocity,
+        cache: Cache,
+        batch: Batch,
+        x: torch.Tensor,
+        t: float,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        beta: float,
+    ) -> torch.Tensor:
+        """v - c(t) * J^T (W * (Y - A_hat)), A_hat = x - t v(x): PiGDM with the Jacobian of the
+        one-step action estimate (a vector-Jacobian product through the expert; a compiled ``velocity``
+        brings its compiled backward)."""
+        assert batch.target is not None and batch.weights is not None
+        with torch.enable_grad():
+            xg = x.detach().requires_grad_(True)
+            v = velocity(cache, xg, self._time(x, t), batch.state, rope)
+            a_hat = xg - t * v
+            err = (batch.weights * (batch.target - a_hat.float())).to(a_hat.dtype)
+            (g,) = torch.autograd.grad(a_hat, xg, grad_outputs=err)
+        return v.detach() - guidance_scale(t, beta) * g
+
+    # -- one-call convenience (no graphs) -----------------------------------------------------------------
+    def stack(self, prepared: list[Prepared], device: torch.device, rtc: bool) -> Batch:
+        dt = self.dtype
+        batch = Batch(
+            pixel_values=torch.stack([p.pixel_values for p in prepared]).to(device),
+            input_ids=torch.stack([p.input_ids for p in prepared]).to(device),
+            mask=torch.stack([p.attention_mask for p in prepared]).to(device),
+            state=torch.stack([p.state for p in prepared]).to(device, dt),
+            noise=torch.stack([p.noise for p in prepared]).to(device, dt),
+        )
+        if rtc:
+            target, weights, frozen = rtc_stack(prepared, self.chunk, self.max_action_dim)
+            batch.target, batch.weights, batch.frozen = (
+                target.to(device),
+                weights.to(device),
+                frozen.to(device),
+            )
+        return batch
+
+    @torch.no_grad()
+    def sample(
+        self, prepared: list[Prepared], num_steps: int, device: torch.device, beta: float = DEFAULT_BETA
+    ) -> torch.Tensor:
+        batch = self.stack(prepared, device, rtc=any(p.rtc is not None for p in prepared))
+        cache = Cache(self, len(prepared), batch.input_ids.shape[1], device)
+        self.fill_prefix(cache, batch)
+        return self.denoise(cache, batch, num_steps, beta)
+
+
+def rtc_stack(prepared: list[Prepared], chunk: int, max_action_dim: int) -> tuple[torch.Tensor, ...]:
+    """(target, weights, frozen) CPU tensors; requests without RTC get zero weights (unguided rows)."""
+    b = len(prepared)
+    target = np.zeros((b, chunk, max_action_dim), np.float32)
+    weights = np.zeros((b, chunk, max_action_dim), np.float32)
+    frozen = np.zeros((b, chunk, 1), bool)
+    for i, p in enumerate(prepared):
+        if p.rtc is not None:
+            target[i], weights[i] = p.rtc.target, p.rtc.weights
+            frozen[i, : p.rtc.delay] = True
+    return torch.from_numpy(target), torch.from_numpy(weights), torch.from_numpy(frozen)
