@@ -14,24 +14,25 @@ Like the talker, a step covers slots ``[0, B)`` with an ``active`` mask: inactiv
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from realtime_gw.models.kernels import (
-    additive_mask,
-    apply_rope,
-    attend,
-    fuse_linears,
-    qkv_heads,
-    rope_cos_sin,
+from realtime_gw.models.speech.codec.streaming import (
+    FusedScaledLayer,
+    RingTransformer,
+    SlotStates,
+    causal_conv_step,
+    strict_fp32,
+    transposed_conv_step,
 )
+
+FusedMimiLayer = FusedScaledLayer
+"""A ``MimiTransformerLayer`` regrouped for decode (the shared ``FusedScaledLayer``)."""
+__all__ = ["FusedMimiLayer", "StreamingMimiDecoder", "codebook_tables", "mimi_decoder_parts", "strict_fp32"]
 
 
 def mimi_decoder_parts(mimi: Any) -> tuple[Any, Any, Any]:
@@ -67,21 +68,6 @@ def codebook_tables(quantizer: Any, num_codebooks: int) -> torch.Tensor:
     return torch.stack(tables)
 
 
-@contextlib.contextmanager
-def strict_fp32(device: torch.device) -> Iterator[None]:
-    """No TF32 in cuDNN convs or cuBLAS matmuls while the decoder runs (or is captured into a graph):
-    the decoder is meant to be float32, and TF32 would move samples by ~1e-3."""
-    if device.type != "cuda":
-        yield
-        return
-    conv, mm = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = conv, mm
-
-
 @dataclass
 class _Op:
     kind: str  # "conv" | "convt" | "res" | "fn"
@@ -90,62 +76,6 @@ class _Op:
     replicate: bool = False
     sub: list[_Op] | None = None
     shortcut: _Op | None = None
-
-
-@dataclass
-class FusedMimiLayer:
-    """A ``MimiTransformerLayer`` regrouped for decode: one QKV GEMM, layer scales fused into the residual
-    adds (``addcmul``)."""
-
-    ln1: Any
-    ln2: Any
-    w_qkv: torch.Tensor
-    b_qkv: torch.Tensor | None
-    o_proj: nn.Linear
-    ls1: torch.Tensor
-    ls2: torch.Tensor
-    mlp: Any
-    heads: int
-    kv_heads: int
-    head_dim: int
-    scale: float
-
-    @classmethod
-    def of(cls, layer: Any) -> FusedMimiLayer:
-        att = layer.self_attn
-        w_qkv, b_qkv = fuse_linears(att.q_proj, att.k_proj, att.v_proj)
-        with torch.no_grad():
-            return cls(
-                ln1=layer.input_layernorm,
-                ln2=layer.post_attention_layernorm,
-                w_qkv=w_qkv,
-                b_qkv=b_qkv,
-                o_proj=att.o_proj,
-                ls1=layer.self_attn_layer_scale.scale,
-                ls2=layer.mlp_layer_scale.scale,
-                mlp=layer.mlp,
-                heads=att.num_heads,
-                kv_heads=att.num_key_value_heads,
-                head_dim=att.head_dim,
-                scale=float(att.scaling),
-            )
-
-    def __call__(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        write: Any,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        mask_add: torch.Tensor,
-    ) -> torch.Tensor:
-        qk, v = qkv_heads(self.ln1(x), self.w_qkv, self.b_qkv, self.heads, self.kv_heads)
-        qk = apply_rope(qk, cos, sin)
-        write(qk[:, :, self.heads :].transpose(1, 2), v.transpose(1, 2))
-        o = attend(qk[:, :, : self.heads], keys, values, mask_add, self.scale)
-        x = torch.addcmul(x, self.o_proj(o), self.ls1)
-        return torch.addcmul(x, self.mlp(self.ln2(x)), self.ls2)
 
 
 class StreamingMimiDecoder:
@@ -169,37 +99,31 @@ class StreamingMimiDecoder:
             tables = codebook_tables(mimi.quantizer, num_codebooks)
         self.table = tables.reshape(-1, tables.shape[-1]).contiguous()  # (K*N, hidden)
         self.offsets = torch.arange(num_codebooks, device=dev) * self.codebook_size
-        self.states: list[torch.Tensor] = []
+        self.states = SlotStates(slots, dev)
         self.up_op = self._compile(self.upsample) if self.upsample is not None else None
         self.ops = [self._compile(layer) for layer in seanet.layers]
         self.positions_per_frame = self.upsample.conv.stride[0] if self.upsample is not None else 1
         self.hop = self.positions_per_frame * math.prod(cfg.upsampling_ratios)
         # decoder transformer: ring K/V with absolute positions per column
         tcfg = self.transformer.config
-        self.window = int(tcfg.sliding_window) if tcfg.sliding_window else 1 << 30
-        if self.window >= 1 << 30:
+        window = int(tcfg.sliding_window) if tcfg.sliding_window else 0
+        if not window:
             raise ValueError("streaming decode needs a sliding-window decoder transformer")
-        self.ring = self.window + self.positions_per_frame
-        self.layers = [FusedMimiLayer.of(layer) for layer in self.transformer.layers]
-        self.k_ring: list[torch.Tensor] = []
-        self.v_ring: list[torch.Tensor] = []
-        for layer in self.transformer.layers:
-            att = layer.self_attn
-            shape = (slots, att.num_key_value_heads, self.ring + 1, att.head_dim)  # +1 scratch column
-            self.k_ring.append(torch.zeros(shape, device=dev))
-            self.v_ring.append(torch.zeros(shape, device=dev))
-        self.kpos = torch.full((slots, self.ring + 1), -1, dtype=torch.long, device=dev)
-        self.pos = torch.zeros(slots, dtype=torch.long, device=dev)
         rot = self.transformer.rotary_emb
-        self.inv_freq = rot.inv_freq.detach().float().clone()
-        self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
-        self.frame_offsets = torch.arange(self.positions_per_frame, device=dev)
+        self.ring = RingTransformer(
+            [FusedScaledLayer.of(layer) for layer in self.transformer.layers],
+            slots,
+            window,
+            self.positions_per_frame,
+            rot.inv_freq,
+            float(getattr(rot, "attention_scaling", 1.0)),
+            dev,
+        )
         self.audio_out = torch.zeros(slots, self.hop, device=dev)
 
     # -- plan ----------------------------------------------------------------------------------------------
     def _new_state(self, channels: int, length: int) -> int:
-        self.states.append(torch.zeros(self.slots, channels, length, device=self.device))
-        return len(self.states) - 1
+        return self.states.new(channels, length)
 
     def _compile(self, layer: nn.Module) -> _Op:
         conv1d, convt, resblock = self._types
@@ -229,10 +153,8 @@ class StreamingMimiDecoder:
     @torch.no_grad()
     def reset(self, slots: torch.Tensor) -> None:
         """Fresh streams in ``slots`` (a device index tensor): one kernel per state tensor, any count."""
-        for st in self.states:
-            st.index_fill_(0, slots, 0.0)
-        self.kpos.index_fill_(0, slots, -1)
-        self.pos.index_fill_(0, slots, 0)
+        self.states.reset(slots)
+        self.ring.reset(slots)
 
     # -- the step ------------------------------------------------------------------------------------------
     def _run(self, op: _Op, x: torch.Tensor, b: int, act: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
@@ -247,58 +169,9 @@ class StreamingMimiDecoder:
             return res + y
         conv = op.module.conv
         if op.kind == "conv":
-            if op.state < 0:
-                return conv(x)
-            st = self.states[op.state][:b]
-            ctx = torch.where(fresh, x[..., :1].expand_as(st), st) if op.replicate else st
-            full = torch.cat([ctx, x], dim=-1)
-            st.copy_(torch.where(act, full[..., -st.shape[-1] :], st))
-            return conv(full)
-        # transposed conv: add the previous frames' overlap, emit n*stride samples, keep the new tail
-        s = conv.stride[0]
-        n = x.shape[-1]
-        y = F.conv_transpose1d(x, conv.weight, None, s, 0, 0, conv.groups)
-        if op.state >= 0:
-            ov = self.states[op.state][:b]
-            keep = ov.shape[-1]
-            y = torch.cat([y[..., :keep] + ov, y[..., keep:]], dim=-1)
-            ov.copy_(torch.where(act, y[..., n * s :], ov))
-        out = y[..., : n * s]
-        if conv.bias is not None:
-            out = out + conv.bias[None, :, None]
-        return out
-
-    def _transformer(self, x: torch.Tensor, b: int, active: torch.Tensor) -> torch.Tensor:
-        """Decoder transformer over this frame's positions ``x (b, S, hidden)`` with the ring K/V."""
-        s = x.shape[1]
-        qpos = self.pos[:b, None] + self.frame_offsets[None, :s]  # (b, S)
-        cols = torch.where(active[:, None], qpos % self.ring, self.ring)
-        kpos = self.kpos[:b]
-        kpos.scatter_(1, cols, qpos)
-        kp = kpos[:, None, : self.ring]  # (b, 1, R)
-        q = qpos[:, :, None]
-        mask = (kp >= 0) & (kp <= q) & (kp > q - self.window)
-        mask = mask | ~active[:, None, None]  # inactive rows attend to anything: finite, ignored
-        l0 = self.layers[0]
-        mask_add = additive_mask(mask, l0.kv_heads, l0.heads // l0.kv_heads, x.dtype)
-        cos, sin = rope_cos_sin(qpos, self.inv_freq, self.rope_scale, x.dtype)
-        cos, sin = cos[:, :, None], sin[:, :, None]  # (b, S, 1, D): broadcast over heads
-        for i, layer in enumerate(self.layers):
-            kr, vr = self.k_ring[i][:b], self.v_ring[i][:b]
-            idx = cols[:, None, :, None].expand(b, kr.shape[1], s, kr.shape[3])
-
-            def write(
-                k: torch.Tensor,
-                v: torch.Tensor,
-                kr: torch.Tensor = kr,
-                vr: torch.Tensor = vr,
-                idx: torch.Tensor = idx,
-            ) -> None:
-                kr.scatter_(2, idx, k)
-                vr.scatter_(2, idx, v)
-
-            x = layer(x, cos, sin, write, kr[:, :, : self.ring], vr[:, :, : self.ring], mask_add)
-        return x
+            st = self.states[op.state][:b] if op.state >= 0 else None
+            return causal_conv_step(conv, x, st, act, fresh if op.replicate else None)
+        return transposed_conv_step(conv, x, self.states[op.state][:b] if op.state >= 0 else None, act)
 
     def step(self, b: int, codes: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """Decode one frame for slots ``[0, b)``: codes ``(b, K)`` -> audio ``(b, hop)`` float32.
@@ -311,15 +184,14 @@ class StreamingMimiDecoder:
 
     def _step(self, b: int, codes: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         act = active[:, None, None]
-        fresh = (self.pos[:b] == 0)[:, None, None]
+        fresh = (self.ring.pos[:b] == 0)[:, None, None]
         idx = codes[:, : self.num_codebooks].clamp(0, self.codebook_size - 1) + self.offsets
         x = self.table[idx].sum(dim=1)[:, :, None]  # (b, hidden, 1)
         if self.up_op is not None:
             x = self._run(self.up_op, x, b, act, fresh)
-        x = self._transformer(x.transpose(1, 2), b, active).transpose(1, 2)
+        x = self.ring(x.transpose(1, 2), b, active).transpose(1, 2)
         for op in self.ops:
             x = self._run(op, x, b, act, fresh)
-        self.pos[:b].add_(active.long() * self.positions_per_frame)
         audio = x[:, 0]
         self.audio_out[:b] = audio
         return audio

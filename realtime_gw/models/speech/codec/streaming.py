@@ -1,0 +1,226 @@
+"""Streaming building blocks shared by the codec decoders (Mimi, Qwen3-TTS 12 Hz): per-slot causal-conv
+contexts, transposed-conv overlaps, and a sliding-window transformer with ring K/V.
+
+Every function works on slots ``[0, B)`` with an ``active`` mask: inactive rows keep their state
+(``torch.where``) and write ring K/V into a scratch column, so shapes are static for CUDA graphs.
+Decoding frames one at a time this way equals the models' full-utterance forward (causal convs,
+right-trimmed transposed convs, a causal sliding-window mask), which each decoder's tests check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from realtime_gw.models.kernels import (
+    additive_mask,
+    apply_rope,
+    attend,
+    fuse_linears,
+    qkv_heads,
+    rope_cos_sin,
+)
+
+
+@contextlib.contextmanager
+def strict_fp32(device: torch.device) -> Iterator[None]:
+    """No TF32 in cuDNN convs or cuBLAS matmuls while a decoder runs (or is captured into a graph):
+    the decoders are meant to be float32, and TF32 would move samples by ~1e-3."""
+    if device.type != "cuda":
+        yield
+        return
+    conv, mm = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = conv, mm
+
+
+class SlotStates:
+    """Per-slot float32 state tensors ``(slots, channels, length)``, zeroed together on reset."""
+
+    def __init__(self, slots: int, device: torch.device) -> None:
+        self.slots = slots
+        self.device = device
+        self.tensors: list[torch.Tensor] = []
+
+    def new(self, channels: int, length: int) -> int:
+        self.tensors.append(torch.zeros(self.slots, channels, length, device=self.device))
+        return len(self.tensors) - 1
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.tensors[i]
+
+    @torch.no_grad()
+    def reset(self, slots: torch.Tensor) -> None:
+        for st in self.tensors:
+            st.index_fill_(0, slots, 0.0)
+
+
+def causal_conv_step(
+    conv: nn.Conv1d,
+    x: torch.Tensor,
+    state: torch.Tensor | None,
+    act: torch.Tensor,
+    fresh: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A stride-1 causal conv over this frame's samples ``x (b, C, n)``; ``state`` holds the last
+    ``(k-1)*dilation`` inputs (zeros at start = the left zero padding). With ``fresh`` the context of a
+    fresh row is the first sample repeated (replicate padding)."""
+    if state is None:
+        return conv(x)
+    ctx = torch.where(fresh, x[..., :1].expand_as(state), state) if fresh is not None else state
+    full = torch.cat([ctx, x], dim=-1)
+    state.copy_(torch.where(act, full[..., -state.shape[-1] :], state))
+    return conv(full)
+
+
+def transposed_conv_step(
+    conv: nn.ConvTranspose1d, x: torch.Tensor, overlap: torch.Tensor | None, act: torch.Tensor
+) -> torch.Tensor:
+    """A transposed conv whose ``k - stride`` right samples are trimmed in the full forward: add the
+    previous frames' overlap, emit ``n * stride`` samples, keep the new tail in ``overlap``."""
+    s = conv.stride[0]
+    n = x.shape[-1]
+    y = F.conv_transpose1d(x, conv.weight, None, s, 0, 0, conv.groups)
+    if overlap is not None:
+        keep = overlap.shape[-1]
+        y = torch.cat([y[..., :keep] + overlap, y[..., keep:]], dim=-1)
+        overlap.copy_(torch.where(act, y[..., n * s :], overlap))
+    out = y[..., : n * s]
+    if conv.bias is not None:
+        out = out + conv.bias[None, :, None]
+    return out
+
+
+@dataclass
+class FusedScaledLayer:
+    """A pre-norm transformer layer with layer scales (Mimi's, the Qwen3-TTS codec's) regrouped for decode:
+    one QKV GEMM, the layer scales fused into the residual adds (``addcmul``)."""
+
+    ln1: Any
+    ln2: Any
+    w_qkv: torch.Tensor
+    b_qkv: torch.Tensor | None
+    o_proj: nn.Linear
+    ls1: torch.Tensor
+    ls2: torch.Tensor
+    mlp: Any
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scale: float
+
+    @classmethod
+    def of(cls, layer: Any) -> FusedScaledLayer:
+        att = layer.self_attn
+        d = att.head_dim
+        w_qkv, b_qkv = fuse_linears(att.q_proj, att.k_proj, att.v_proj)
+        with torch.no_grad():
+            return cls(
+                ln1=layer.input_layernorm,
+                ln2=layer.post_attention_layernorm,
+                w_qkv=w_qkv,
+                b_qkv=b_qkv,
+                o_proj=att.o_proj,
+                ls1=layer.self_attn_layer_scale.scale,
+                ls2=layer.mlp_layer_scale.scale,
+                mlp=layer.mlp,
+                heads=att.q_proj.out_features // d,
+                kv_heads=att.k_proj.out_features // d,
+                head_dim=d,
+                scale=float(att.scaling),
+            )
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        write: Any,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        mask_add: torch.Tensor,
+    ) -> torch.Tensor:
+        qk, v = qkv_heads(self.ln1(x), self.w_qkv, self.b_qkv, self.heads, self.kv_heads)
+        qk = apply_rope(qk, cos, sin)
+        write(qk[:, :, self.heads :].transpose(1, 2), v.transpose(1, 2))
+        o = attend(qk[:, :, : self.heads], keys, values, mask_add, self.scale)
+        x = torch.addcmul(x, self.o_proj(o), self.ls1)
+        return torch.addcmul(x, self.mlp(self.ln2(x)), self.ls2)
+
+
+class RingTransformer:
+    """A causal sliding-window transformer decoded a few positions per step for many slots: a ring K/V of
+    ``window + positions_per_frame`` columns per layer, with each column's absolute position stored so the
+    window mask stays exact after wrap-around. ``pos`` counts each slot's positions so far."""
+
+    def __init__(
+        self,
+        layers: Sequence[FusedScaledLayer],
+        slots: int,
+        window: int,
+        positions_per_frame: int,
+        inv_freq: torch.Tensor,
+        rope_scale: float,
+        device: torch.device,
+    ) -> None:
+        self.layers = list(layers)
+        self.window = window
+        self.ring = window + positions_per_frame
+        self.k_ring: list[torch.Tensor] = []
+        self.v_ring: list[torch.Tensor] = []
+        for layer in self.layers:
+            shape = (slots, layer.kv_heads, self.ring + 1, layer.head_dim)  # +1 scratch column
+            self.k_ring.append(torch.zeros(shape, device=device))
+            self.v_ring.append(torch.zeros(shape, device=device))
+        self.kpos = torch.full((slots, self.ring + 1), -1, dtype=torch.long, device=device)
+        self.pos = torch.zeros(slots, dtype=torch.long, device=device)
+        self.inv_freq = inv_freq.detach().float().clone().to(device)
+        self.rope_scale = rope_scale
+        self.frame_offsets = torch.arange(positions_per_frame, device=device)
+
+    @torch.no_grad()
+    def reset(self, slots: torch.Tensor) -> None:
+        self.kpos.index_fill_(0, slots, -1)
+        self.pos.index_fill_(0, slots, 0)
+
+    def __call__(self, x: torch.Tensor, b: int, active: torch.Tensor) -> torch.Tensor:
+        """This frame's positions ``x (b, S, hidden)`` through every layer; advances active slots by S."""
+        s = x.shape[1]
+        qpos = self.pos[:b, None] + self.frame_offsets[None, :s]  # (b, S)
+        cols = torch.where(active[:, None], qpos % self.ring, self.ring)
+        kpos = self.kpos[:b]
+        kpos.scatter_(1, cols, qpos)
+        kp = kpos[:, None, : self.ring]  # (b, 1, R)
+        q = qpos[:, :, None]
+        mask = (kp >= 0) & (kp <= q) & (kp > q - self.window)
+        mask = mask | ~active[:, None, None]  # inactive rows attend to anything: finite, ignored
+        l0 = self.layers[0]
+        mask_add = additive_mask(mask, l0.kv_heads, l0.heads // l0.kv_heads, x.dtype)
+        cos, sin = rope_cos_sin(qpos, self.inv_freq, self.rope_scale, x.dtype)
+        cos, sin = cos[:, :, None], sin[:, :, None]  # (b, S, 1, D): broadcast over heads
+        for i, layer in enumerate(self.layers):
+            kr, vr = self.k_ring[i][:b], self.v_ring[i][:b]
+            idx = cols[:, None, :, None].expand(b, kr.shape[1], s, kr.shape[3])
+
+            def write(
+                k: torch.Tensor,
+                v: torch.Tensor,
+                kr: torch.Tensor = kr,
+                vr: torch.Tensor = vr,
+                idx: torch.Tensor = idx,
+            ) -> None:
+                kr.scatter_(2, idx, k)
+                vr.scatter_(2, idx, v)
+
+            x = layer(x, cos, sin, write, kr[:, :, : self.ring], vr[:, :, : self.ring], mask_add)
+        self.pos[:b].add_(active.long() * s)
+        return x
