@@ -1,0 +1,262 @@
+"""The Qwen3-TTS 12 Hz codec decoder, streaming: one 80 ms frame (1920 samples) per step for many slots.
+
+Architecture (``decoder.*`` of ``speech_tokenizer/model.safetensors``): split RVQ (1 semantic + 15
+acoustic codebooks, each through its RVQ's 1x1 output projection) -> causal pre-conv (k=3) -> input
+projection -> 8-layer causal transformer with a 72-frame sliding window (RoPE, layer scales) -> output
+projection -> two x2 causal transposed convs, each followed by a ConvNeXt block (causal depthwise k=7) ->
+causal conv (k=7) -> four BigVGAN/DAC-style blocks (SnakeBeta, causal transposed conv 2r/r for rates
+8,5,4,3, three residual units with dilations 1,3,9) -> SnakeBeta -> causal conv (k=7) -> clamp [-1, 1].
+
+Streaming state per slot (``codec/streaming.py``, shared with the Mimi decoder): the left context of every
+causal conv, the ``k - stride`` overlap of every transposed conv, and the transformer's ring K/V over the
+last 72 frames. Each frame is decoded once; the result equals the reference decoder's full-utterance
+forward, which the tests check against the ``qwen-tts`` package's output. Always float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from realtime_gw.models.speech.codec.streaming import (
+    FusedScaledLayer,
+    RingTransformer,
+    SlotStates,
+    causal_conv_step,
+    strict_fp32,
+    transposed_conv_step,
+)
+from realtime_gw.models.speech.qwen3.checkpoint import Stack
+
+
+# -- weight holders (published names) -------------------------------------------------------------------------
+class CausalConv(nn.Module):
+    def __init__(self, c_in: int, c_out: int, k: int, dilation: int = 1, groups: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(c_in, c_out, k, dilation=dilation, groups=groups)
+
+
+class CausalConvT(nn.Module):
+    def __init__(self, c_in: int, c_out: int, k: int, stride: int) -> None:
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(c_in, c_out, k, stride=stride)
+
+
+class SnakeBeta(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(dim))
+        self.beta = nn.Parameter(torch.zeros(dim))
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int) -> None:
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv(dim, dim, 7, dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv(dim, dim, 1)
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, d_in: int, d_out: int, rate: int) -> None:
+        super().__init__()
+        self.block = nn.ModuleList(
+            [SnakeBeta(d_in), CausalConvT(d_in, d_out, 2 * rate, rate), *(ResidualUnit(d_out, d) for d in (1, 3, 9))]
+        )
+
+
+class ConvNeXt(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = CausalConv(dim, dim, 7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+
+class _Codebook(nn.Module):
+    def __init__(self, size: int, dim: int) -> None:
+        super().__init__()
+        self.cluster_usage = nn.Parameter(torch.ones(size))
+        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
+
+
+class _VQ(nn.Module):
+    def __init__(self, size: int, dim: int) -> None:
+        super().__init__()
+        self._codebook = _Codebook(size, dim)
+
+
+class _RVQ(nn.Module):
+    def __init__(self, n: int, size: int, dim: int, io_dim: int) -> None:
+        super().__init__()
+        self.input_proj = nn.Conv1d(io_dim, dim, 1, bias=False)
+        self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
+        self.vq = nn.Module()
+        self.vq.layers = nn.ModuleList(_VQ(size, dim) for _ in range(n))
+
+
+class _Quantizer(nn.Module):
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        dim, size, n = c["codebook_dim"], c["codebook_size"], c["num_quantizers"]
+        self.rvq_first = _RVQ(1, size, dim // 2, dim)
+        self.rvq_rest = _RVQ(n - 1, size, dim // 2, dim)
+
+
+class CodecDecoder(nn.Module):
+    """``decoder.*`` of the 12 Hz speech tokenizer (weights only; ``StreamingQwen3Decoder`` runs it)."""
+
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        self.config = c
+        latent, dec = c["latent_dim"], c["decoder_dim"]
+        self.quantizer = _Quantizer(c)
+        self.pre_conv = CausalConv(c["codebook_dim"], latent, 3)
+        self.pre_transformer = Stack({**c, "rms_norm_eps": c.get("rms_norm_eps", 1e-5)}, codec=True)
+        self.pre_transformer.input_proj = nn.Linear(latent, c["hidden_size"])
+        self.pre_transformer.output_proj = nn.Linear(c["hidden_size"], latent)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([CausalConvT(latent, latent, f, f), ConvNeXt(latent)]) for f in c["upsampling_ratios"]
+        )
+        rates = c["upsample_rates"]
+        blocks: list[nn.Module] = [CausalConv(latent, dec, 7)]
+        blocks += [DecoderBlock(dec // 2**i, dec // 2 ** (i + 1), r) for i, r in enumerate(rates)]
+        out = dec // 2 ** len(rates)
+        blocks += [SnakeBeta(out), CausalConv(out, 1, 7)]
+        self.decoder = nn.ModuleList(blocks)
+
+
+def randomize_decoder(decoder: CodecDecoder) -> None:
+    """Random init that decodes to varied, speaking-level noise (codebooks spread, unit-gain convs)."""
+    with torch.no_grad():
+        for name, p in decoder.named_parameters():
+            if name.endswith("embedding_sum"):
+                p.normal_()
+            elif p.dim() >= 2:
+                p.normal_(std=1.0 / p[0].numel() ** 0.5)
+            elif name.endswith(("alpha", "beta", "scale", "gamma")):
+                p.normal_(std=0.3)
+        decoder.decoder[-1].conv.weight.mul_(0.01)
+
+
+# -- streaming ------------------------------------------------------------------------------------------------
+def _inv_freq(theta: float, dim: int, device: torch.device) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
+
+
+class StreamingQwen3Decoder:
+    """Decodes one frame per step for slots ``[0, B)`` (``step``), with per-slot state (``reset``)."""
+
+    def __init__(self, decoder: CodecDecoder, slots: int) -> None:
+        c = decoder.config
+        dev = next(decoder.parameters()).device
+        self.device = dev
+        self.slots = slots
+        self.num_codebooks = c["num_quantizers"]
+        self.codebook_size = c["codebook_size"]
+        self.hop = math.prod(c["upsample_rates"]) * math.prod(c["upsampling_ratios"])
+        self.d = decoder
+        with torch.no_grad():
+            self.table = self._tables(decoder.quantizer).reshape(-1, c["codebook_dim"]).contiguous()
+        self.offsets = torch.arange(self.num_codebooks, device=dev) * self.codebook_size
+        self.states = SlotStates(slots, dev)
+        tr = decoder.pre_transformer
+        head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        self.ring = RingTransformer(
+            [FusedScaledLayer.of(layer) for layer in tr.layers], slots, int(c["sliding_window"]), 1,
+            _inv_freq(float(c.get("rope_theta", 10000)), head_dim, dev), 1.0, dev,
+        )
+        self.audio_out = torch.zeros(slots, self.hop, device=dev)
+        # plan: (kind, module, state index) in order; "snake" entries carry (exp(alpha), 1/(exp(beta)+eps))
+        self.ctx: dict[int, int] = {}
+        for m in decoder.modules():
+            if isinstance(m, CausalConv):
+                c1 = m.conv
+                ctx = (c1.kernel_size[0] - 1) * c1.dilation[0]
+                if ctx:
+                    self.ctx[id(m)] = self.states.new(c1.in_channels, ctx)
+            elif isinstance(m, CausalConvT):
+                c2 = m.conv
+                k, s = c2.kernel_size[0], c2.stride[0]
+                if k > s:
+                    self.ctx[id(m)] = self.states.new(c2.out_channels, k - s)
+        self.snakes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        with torch.no_grad():
+            for m in decoder.modules():
+                if isinstance(m, SnakeBeta):
+                    self.snakes[id(m)] = (m.alpha.exp()[None, :, None], 1.0 / (m.beta.exp()[None, :, None] + 1e-9))
+
+    @staticmethod
+    def _tables(q: _Quantizer) -> torch.Tensor:
+        """``(K, codebook_size, codebook_dim)``: codebook entries through their RVQ's output projection
+        (linear, bias-free: summing projected entries = projecting the sum, as the reference does)."""
+        out = []
+        for rvq in (q.rvq_first, q.rvq_rest):
+            w = rvq.output_proj.weight[:, :, 0].float()
+            for layer in rvq.vq.layers:
+                cb = layer._codebook
+                emb = cb.embedding_sum.float() / cb.cluster_usage.float().clamp(min=1e-5)[:, None]
+                out.append(emb @ w.T)
+        return torch.stack(out)
+
+    @torch.no_grad()
+    def reset(self, slots: torch.Tensor) -> None:
+        self.states.reset(slots)
+        self.ring.reset(slots)
+
+    # -- pieces ----------------------------------------------------------------------------------------------
+    def _snake(self, m: SnakeBeta, x: torch.Tensor) -> torch.Tensor:
+        a, inv_b = self.snakes[id(m)]
+        return torch.addcmul(x, inv_b, torch.sin(x * a).pow(2))
+
+    def _conv(self, m: CausalConv, x: torch.Tensor, b: int, act: torch.Tensor) -> torch.Tensor:
+        i = self.ctx.get(id(m))
+        return causal_conv_step(m.conv, x, self.states[i][:b] if i is not None else None, act)
+
+    def _convt(self, m: CausalConvT, x: torch.Tensor, b: int, act: torch.Tensor) -> torch.Tensor:
+        i = self.ctx.get(id(m))
+        return transposed_conv_step(m.conv, x, self.states[i][:b] if i is not None else None, act)
+
+    def _convnext(self, m: ConvNeXt, x: torch.Tensor, b: int, act: torch.Tensor) -> torch.Tensor:
+        h = self._conv(m.dwconv, x, b, act).transpose(1, 2)
+        h = m.pwconv2(F.gelu(m.pwconv1(m.norm(h))))
+        return x + (m.gamma * h).transpose(1, 2)
+
+    # -- the step ----------------------------------------------------------------------------------------------
+    def step(self, b: int, codes: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """Codes ``(b, K)`` -> audio ``(b, hop)`` float32 for slots ``[0, b)``; inactive rows keep their
+        state (their output is garbage); ids outside the codebook are clamped so the gather stays in range."""
+        with strict_fp32(self.device):
+            return self._step(b, codes, active)
+
+    def _step(self, b: int, codes: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        d = self.d
+        act = active[:, None, None]
+        idx = codes[:, : self.num_codebooks].clamp(0, self.codebook_size - 1) + self.offsets
+        x = self.table[idx].sum(dim=1)[:, :, None]  # (b, codebook_dim, 1)
+        x = self._conv(d.pre_conv, x, b, act)
+        tr = d.pre_transformer
+        h = tr.input_proj(x.transpose(1, 2))
+        h = self.ring(h, b, active)
+        x = tr.output_proj(tr.norm(h)).transpose(1, 2)
+        for up, block in d.upsample:
+            x = self._convnext(block, self._convt(up, x, b, act), b, act)
+        blocks = list(d.decoder)
+        x = self._conv(blocks[0], x, b, act)
+        for blk in blocks[1:-2]:
+            snake, convt, *units = blk.block
+            x = self._convt(convt, self._snake(snake, x), b, act)
+            for u in units:
+                y = self._conv(u.conv1, self._snake(u.act1, x), b, act)
+                x = x + self._conv(u.conv2, self._snake(u.act2, y), b, act)
+        x = self._conv(blocks[-1], self._snake(blocks[-2], x), b, act)
+        audio = x[:, 0].clamp(-1.0, 1.0)
+        self.audio_out[:b] = audio
+        return audio
