@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from realtime_gw.protocols.robots import GENERIC, MODEL_CAMERAS, MODEL_STATE_KEY, RobotFormat
 
 DROID_CAMERAS = (
     "observation/exterior_image_1_left",
@@ -42,6 +45,11 @@ class PolicySpec:
     sampler: str = "eager"
     """How chunks are sampled: ``eager`` (transformers' sample_actions) or ``fast`` (static KV, graphs)."""
     max_image_side: int = 4096
+    robot: RobotFormat = GENERIC
+    """openpi's robot preset (``protocols/robots.py``): the session maps the robot's own observation onto
+    the model-side fields above and the actions back. ``generic``: the fields above are the wire format."""
+    state_in_prompt: bool = False
+    """The normalized state is also written into the prompt as openpi's discrete state tokens."""
 
     def __post_init__(self) -> None:
         for name, offsets in (("image_history", self.image_history), ("state_history", self.state_history)):
@@ -54,6 +62,31 @@ class PolicySpec:
             raise ValueError(
                 f"optional cameras {sorted(unknown)} are not among camera_keys {self.camera_keys}"
             )
+        robot = self.robot
+        if not robot.generic:
+            model_side = (self.camera_keys, self.optional_cameras, self.state_key, self.state_dim)
+            preset = (MODEL_CAMERAS, robot.optional_slots, MODEL_STATE_KEY, robot.state_dim)
+            if model_side != preset or self.action_dim != robot.action_dim:
+                raise ValueError(
+                    f"robot {robot.name!r} needs cameras {MODEL_CAMERAS} (optional {robot.optional_slots}), "
+                    f"state {MODEL_STATE_KEY!r} ({robot.state_dim},) and {robot.action_dim} action dims; "
+                    f"got {model_side} and {self.action_dim} action dims"
+                )
+
+    @classmethod
+    def for_robot(cls, robot: RobotFormat, **fields: Any) -> PolicySpec:
+        """A spec whose model-side cameras, state and action size are the ones ``robot`` fixes."""
+        if robot.generic:
+            return cls(robot=robot, **fields)
+        return cls(
+            camera_keys=MODEL_CAMERAS,
+            optional_cameras=robot.optional_slots,
+            state_key=MODEL_STATE_KEY,
+            state_dim=robot.state_dim,
+            action_dim=robot.action_dim,
+            robot=robot,
+            **fields,
+        )
 
     @property
     def required_cameras(self) -> tuple[str, ...]:

@@ -17,12 +17,17 @@ session takes no frame (the transport leaves them unread). Streamed mode takes f
 and wake-ups in any order. The modes' rules are parts: ``PolicyConnection`` (``sessions/policy.py``)
 and ``StreamSession`` (``sessions/policy_stream.py``); this object routes between them and numbers
 the policy jobs, so a result always finds the request it answers.
+
+With an openpi robot preset (``spec.robot``) every job's actions go through the robot's output
+transform here, once for both modes, before a reply or the stream scheduler sees them; an RTC target
+(the client's, or the scheduler's rest of the previous chunk) goes the other way, into the space the
+model denoises in, and the frozen steps of the answer are the robot's own values, bit for bit.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Union
 
 import numpy as np
@@ -138,6 +143,10 @@ class _Job:
     """Request/reply: when its observation arrived (for the next reply's ``prev_total_ms``)."""
     chunk_index: int | None = None
     """Streamed: the scheduler's chunk it computes."""
+    state: np.ndarray | None = None
+    """A robot preset's model-space state of the observation (its output transform needs it)."""
+    frozen: np.ndarray | None = None
+    """RTC: the robot-space actions the reply must repeat exactly (its first ``inference_delay`` steps)."""
 
 
 class OpenPISession:
@@ -258,6 +267,8 @@ class OpenPISession:
 
     # -- policy jobs, both modes ------------------------------------------------------------------------
     def _start(self, request: PolicyRequest, job: _Job) -> RunPolicy:
+        if not self.spec.robot.generic:
+            request, job = self._to_model(request, job)
         number = self._next_job
         self._next_job += 1
         self._jobs[number] = job
@@ -272,7 +283,7 @@ class OpenPISession:
             self.state = OpenPIState.REQUEST_REPLY
             if isinstance(event, PolicyRefused):
                 return [*self.conn.on_error(f"policy busy: {event.reason}; retry")]
-            (reply,) = self.conn.on_actions(event.actions)
+            (reply,) = self.conn.on_actions(self._to_robot(event.actions, job))
             return [self._timed(reply, job, now)]
         self._expect(event, OpenPIState.STREAMING)
         assert self.stream is not None
@@ -280,10 +291,35 @@ class OpenPISession:
         if isinstance(event, PolicyRefused):
             failed = scheduler.on_failure(job.chunk_index, f"policy busy: {event.reason}", now)
             return self._from_stream(failed, now)
-        sent = scheduler.on_chunk(job.chunk_index, event.actions, now)
+        sent = scheduler.on_chunk(job.chunk_index, self._to_robot(event.actions, job), now)
         return self._from_stream(
             [self._timed(e, job, now) if isinstance(e, SendReply) else e for e in sent], now
         )
+
+    # -- a robot preset's action space ------------------------------------------------------------------
+    def _to_model(self, request: PolicyRequest, job: _Job) -> tuple[PolicyRequest, _Job]:
+        """Keep what the output transform needs; an RTC target goes to the space the model denoises in."""
+        robot, state = self.spec.robot, request.state[-1]
+        frozen = None
+        if request.rtc is not None:
+            prev = request.rtc.prev_actions
+            frozen = prev[: request.rtc.inference_delay].copy()
+            request = replace(request, rtc=replace(request.rtc, prev_actions=robot.actions_to_model(prev, state)))
+        return request, replace(job, state=state, frozen=frozen)
+
+    def _to_robot(self, actions: np.ndarray, job: _Job) -> np.ndarray:
+        """Model-space actions (un-normalized by the worker) -> the robot's, with RTC's frozen steps exact."""
+        if job.state is None:
+            return actions  # generic: the model's action space is the robot's
+        expected = (self.spec.action_horizon, self.spec.action_dim)
+        if actions.shape != expected:
+            raise RuntimeError(f"policy returned {actions.dtype} {actions.shape}, expected float32 {expected}")
+        out = self.spec.robot.outputs(actions, job.state)
+        if job.frozen is not None and len(job.frozen):
+            # The round trip through the robot's conversions is exact only to rounding; the executed
+            # steps must be bit-identical to what the robot is executing.
+            out[: len(job.frozen)] = job.frozen
+        return out
 
     def _timed(self, reply: SendReply, job: _Job, now: float) -> SendReply:
         """The one place ``server_timing`` is added, to replies and to streamed chunks alike."""

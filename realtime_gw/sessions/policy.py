@@ -10,6 +10,11 @@
 It is a part: the transport talks to ``sessions/openpi.py``'s ``OpenPISession``, which owns both modes,
 numbers the policy jobs and adds ``server_timing``. The streamed half reuses ``observe`` and ``reset``.
 
+With an openpi robot preset (``spec.robot``: DROID, LIBERO, ALOHA; ``protocols/robots.py``) ``observe``
+first maps the robot's own observation onto the model's fields with openpi's input transform; the
+metadata frame then describes the robot's keys and shapes. The output transform runs where results
+come back (``sessions/openpi.py``), for both modes.
+
 Several robots may share one connection, told apart by ``session_id`` (default ``"default"``). Each keeps
 its own observation-history ring, which starts fresh on its first observation, on ``{"endpoint":
 "reset"}`` and whenever its prompt changes. Missing history at the start repeats the oldest frame.
@@ -23,6 +28,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from realtime_gw.protocols.robots import RobotFormatError
 from realtime_gw.records.policy import PolicyRequest, PolicySpec
 from realtime_gw.sessions.observation import (
     Frame,
@@ -64,37 +70,38 @@ PolicyEffect = Union[SendReply, SendError, Infer, StartStream]  # noqa: UP007 --
 
 
 def server_metadata(spec: PolicySpec) -> dict[str, Any]:
-    """The metadata frame sent first on every connection."""
-    return {
-        "policy_server_config": {
-            "server": "realtime_gw",
-            "model": spec.model,
-            "random_init": spec.random_init,
-            "action_key": spec.action_key,
-            "action_keys": [spec.action_key],
-            "action_horizon": spec.action_horizon,
-            "action_dim": spec.action_dim,
-            "action_dtype": "float32",
-            "camera_keys": list(spec.camera_keys),
-            "required_camera_keys": list(spec.required_cameras),
-            "image_size": list(spec.image_size),
-            "image_format": "uint8 (H, W, 3) RGB; other sizes are resized with padding",
-            "state_key": spec.state_key,
-            "state_dim": spec.state_dim,
-            "prompt_key": spec.prompt_key,
-            "max_prompt_tokens": spec.max_prompt_tokens,
-            "tokenizer": spec.tokenizer,
-            "image_history": list(spec.image_history),
-            "state_history": list(spec.state_history),
-            # With history, robots sharing one connection must say who they are.
-            "needs_session_id": spec.history_depth > 1,
-            "num_inference_steps": spec.num_inference_steps,
-            "max_inference_steps": spec.max_inference_steps,
-            "normalization": spec.normalization,
-            "sampler": spec.sampler,
-            "extensions": ["reset", "session_id", "seed", "num_inference_steps", "rtc", "stream"],
-        }
+    """The metadata frame sent first on every connection: the model-side fields, with a robot preset's
+    own observation keys and shapes in place of the model's (``RobotFormat.describe``)."""
+    config = {
+        "server": "realtime_gw",
+        "model": spec.model,
+        "random_init": spec.random_init,
+        "action_key": spec.action_key,
+        "action_keys": [spec.action_key],
+        "action_horizon": spec.action_horizon,
+        "action_dim": spec.action_dim,
+        "action_dtype": "float32",
+        "camera_keys": list(spec.camera_keys),
+        "required_camera_keys": list(spec.required_cameras),
+        "image_size": list(spec.image_size),
+        "image_format": "uint8 (H, W, 3) RGB; other sizes are resized with padding",
+        "state_key": spec.state_key,
+        "state_dim": spec.state_dim,
+        "prompt_key": spec.prompt_key,
+        "max_prompt_tokens": spec.max_prompt_tokens,
+        "tokenizer": spec.tokenizer,
+        "image_history": list(spec.image_history),
+        "state_history": list(spec.state_history),
+        # With history, robots sharing one connection must say who they are.
+        "needs_session_id": spec.history_depth > 1,
+        "num_inference_steps": spec.num_inference_steps,
+        "max_inference_steps": spec.max_inference_steps,
+        "normalization": spec.normalization,
+        "sampler": spec.sampler,
+        "state_in_prompt": spec.state_in_prompt,
+        "extensions": ["reset", "session_id", "seed", "num_inference_steps", "rtc", "stream"],
     }
+    return {"policy_server_config": {**config, **spec.robot.describe()}}
 
 
 class RobotHistory:
@@ -146,6 +153,10 @@ class PolicyConnection:
     def observe(self, msg: Any) -> PolicyRequest:
         """Validate an observation, push it into its robot's history and build the request (no in-flight
         bookkeeping: streamed mode takes observations while a chunk is computing)."""
+        try:
+            msg = self.spec.robot.inputs(msg, self.spec.max_image_side)
+        except RobotFormatError as e:
+            raise ObservationError(str(e)) from None
         obs = parse_observation(self.spec, msg)
         robot = self._robot(obs.session_id, obs.prompt)
         robot.push(obs.frame)
