@@ -66,13 +66,15 @@ class Pi0Runner:
     def prepare(self, request: PolicyRequest) -> Prepared:
         spec = self.spec
         pixels, present = zip(*(image_to_uint8(img, spec.image_size) for img in request.images), strict=True)
-        tokens, text_mask = tokenize_prompt(self.tokenizer, request.prompt, spec.max_prompt_tokens)
+        states = np.asarray(request.state if self.norm is None else self.norm.state(request.state), np.float32)
+        # Checkpoints that read the state as text get the current frame's, normalized (openpi's order).
+        in_prompt = states[-1] if spec.state_in_prompt else None
+        tokens, text_mask = tokenize_prompt(self.tokenizer, request.prompt, spec.max_prompt_tokens, in_prompt)
         image_mask = np.repeat(np.asarray(present, dtype=bool), self.tokens_per_image)
         n_image = image_mask.shape[0]
         input_ids = np.concatenate([np.full(n_image, self.image_token_id, np.int64), tokens])
-        states = request.state if self.norm is None else self.norm.state(request.state)
         state = np.zeros(self.max_state_dim, np.float32)
-        flat = np.asarray(states, np.float32).reshape(-1)
+        flat = states.reshape(-1)
         state[: flat.shape[0]] = flat
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         # Noise from the request's own generator (on the CPU): the same seed gives the same chunk

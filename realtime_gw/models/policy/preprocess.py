@@ -1,18 +1,19 @@
-"""PI0 input preparation as openpi / LeRobot do it: images, prompt tokens, normalization statistics.
+"""PI0 input preparation as openpi does it: images, prompt tokens (normalization statistics: ``norm_stats``).
 
 Runs on the policy worker's thread (never on the event loop).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+
+from realtime_gw.models.policy.norm_stats import NormStats, load_norm_stats
+from realtime_gw.protocols import images
+
+__all__ = ["NormStats", "load_norm_stats"]  # their home is norm_stats; imported from here too
 
 
 # -- images -----------------------------------------------------------------------------------------------
@@ -31,11 +32,9 @@ def image_to_uint8(img: np.ndarray | None, size: tuple[int, int]) -> tuple[torch
     if img is None:
         # openpi feeds black (-1 after scaling) for an absent camera and masks its tokens out.
         return torch.zeros((3, h, w), dtype=torch.uint8), False
-    # Frames arrive as read-only views on the message; torch wants writable memory, so copy once.
-    x = torch.tensor(img).permute(2, 0, 1)
-    if x.shape[1:] != (h, w):
-        x = resize_with_pad(x.float(), h, w).to(torch.uint8)
-    return x, True
+    # openpi's resize (PIL bilinear, black bars), byte for byte. Frames arrive as read-only views on the
+    # message; torch wants writable memory, so copy once.
+    return torch.tensor(images.resize_with_pad(img, h, w)).permute(2, 0, 1), True
 
 
 def scale_pixels(x: torch.Tensor) -> torch.Tensor:
@@ -44,18 +43,9 @@ def scale_pixels(x: torch.Tensor) -> torch.Tensor:
 
 
 def resize_with_pad(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """Keep the aspect ratio, fit inside (h, w), pad the rest with black (openpi's resize_with_pad)."""
-    cur_h, cur_w = x.shape[1:]
-    ratio = max(cur_w / w, cur_h / h)
-    new_h, new_w = max(1, int(cur_h / ratio)), max(1, int(cur_w / ratio))
-    resized = F.interpolate(
-        x[None], size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True
-    )[0]
-    resized = resized.round().clamp(0, 255)  # match a uint8 round-trip like PIL's
-    top, left = (h - new_h) // 2, (w - new_w) // 2
-    out = torch.zeros((3, h, w), dtype=x.dtype)
-    out[:, top : top + new_h, left : left + new_w] = resized
-    return out
+    """(3, H, W) levels 0..255 -> (3, h, w): ``protocols.images.resize_with_pad`` (openpi's) on a tensor."""
+    levels = x.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
+    return torch.from_numpy(images.resize_with_pad(levels, h, w)).permute(2, 0, 1).to(x.dtype)
 
 
 # -- prompt -----------------------------------------------------------------------------------------------
@@ -66,54 +56,23 @@ class PromptTokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
 
-def tokenize_prompt(tok: PromptTokenizer, prompt: str, max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """openpi's PaligemmaTokenizer layout: BOS + cleaned prompt + "\\n", right-padded to max_len."""
+def tokenize_prompt(
+    tok: PromptTokenizer, prompt: str, max_len: int, state: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """openpi's ``PaligemmaTokenizer.tokenize``, right-padded (0) to ``max_len`` and cut there.
+
+    PI0: BOS + cleaned prompt + "\\n". With ``state`` (the normalized state, for checkpoints that read
+    it as text, openpi's ``discrete_state_input``): BOS + "Task: <prompt>, State: <bins>;\\nAction: ", each
+    dim one of 256 bins over [-1, 1]."""
     cleaned = prompt.strip().replace("_", " ").replace("\n", " ")
-    ids = ([tok.bos_id] + tok.encode(cleaned) + tok.encode("\n"))[:max_len]
+    if state is not None:
+        bins = np.digitize(state, bins=np.linspace(-1, 1, 256 + 1)[:-1]) - 1
+        text = f"Task: {cleaned}, State: {' '.join(map(str, bins))};\nAction: "
+        ids = ([tok.bos_id] + tok.encode(text))[:max_len]
+    else:
+        ids = ([tok.bos_id] + tok.encode(cleaned) + tok.encode("\n"))[:max_len]
     tokens = np.zeros(max_len, dtype=np.int64)
     mask = np.zeros(max_len, dtype=bool)
     tokens[: len(ids)] = ids
     mask[: len(ids)] = True
     return tokens, mask
-
-
-# -- normalization ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class NormStats:
-    """Mean/std (z-score) statistics, the normalization PI0 was trained with."""
-
-    state_mean: np.ndarray
-    state_std: np.ndarray
-    actions_mean: np.ndarray
-    actions_std: np.ndarray
-
-    def state(self, x: np.ndarray) -> np.ndarray:
-        return (x - self.state_mean) / (self.state_std + 1e-6)
-
-    def actions(self, x: np.ndarray) -> np.ndarray:
-        return x * (self.actions_std + 1e-6) + self.actions_mean
-
-
-def load_norm_stats(path: str | Path, state_dim: int, action_dim: int) -> NormStats:
-    """openpi's ``norm_stats.json`` (``{"norm_stats": {"state": {"mean", "std"}, "actions": {...}}}``).
-
-    The outer ``norm_stats`` wrapper is optional; vectors longer than the robot's dims are cut.
-    """
-    doc: Any = json.loads(Path(path).read_text())
-    stats = doc.get("norm_stats", doc)
-
-    def vec(feature: str, field: str, dim: int) -> np.ndarray:
-        try:
-            v = np.asarray(stats[feature][field], dtype=np.float32)
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"{path}: missing {feature}.{field} ({e})") from None
-        if v.ndim != 1 or v.shape[0] < dim:
-            raise ValueError(f"{path}: {feature}.{field} has shape {v.shape}, need at least ({dim},)")
-        return v[:dim]
-
-    return NormStats(
-        state_mean=vec("state", "mean", state_dim),
-        state_std=vec("state", "std", state_dim),
-        actions_mean=vec("actions", "mean", action_dim),
-        actions_std=vec("actions", "std", action_dim),
-    )

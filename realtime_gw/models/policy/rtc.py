@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from realtime_gw.models.policy.preprocess import NormStats
+from realtime_gw.models.policy.norm_stats import NormStats
 from realtime_gw.records.policy import RtcGuide
 
 DEFAULT_BETA = 5.0
@@ -72,8 +72,7 @@ def rtc_arrays(
     if prev.shape != (k, action_dim) or not 1 <= k <= chunk_size:
         raise ValueError(f"rtc prev_actions has shape {prev.shape}, expected (1..{chunk_size}, {action_dim})")
     if norm is not None:
-        # The model denoises normalized actions; un-normalization is x * (std + 1e-6) + mean.
-        prev = (prev - norm.actions_mean) / (norm.actions_std + 1e-6)
+        prev = norm.normalize_actions(prev)  # the model denoises normalized actions
     target = np.zeros((chunk_size, max_action_dim), np.float32)
     target[:k, :action_dim] = prev
     weights = np.zeros((chunk_size, max_action_dim), np.float32)
