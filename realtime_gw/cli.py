@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from realtime_gw.config import FIELDS, GatewayConfig, load_config
+from realtime_gw.config import FIELDS, ConfigError, GatewayConfig, load_config
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +18,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     for name in FIELDS:
         flag = "--" + name.replace("_", "-")
         hint = hints[name]
-        if hint is bool:
+        if hint is bool or set(typing.get_args(hint)) == {bool, type(None)}:
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None)
         elif typing.get_origin(hint) is list:
             parser.add_argument(flag, dest=name, default=None, type=msgspec.json.decode, help="JSON list")
@@ -50,7 +50,10 @@ def serve(args: argparse.Namespace) -> None:
     except (msgspec.ValidationError, msgspec.DecodeError, OSError) as e:
         sys.exit(f"realtime-gw: bad configuration: {e}")
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(config)
+    try:
+        app = create_app(config)
+    except ConfigError as e:  # e.g. a policy checkpoint that does not match its tokenizer or statistics
+        sys.exit(f"realtime-gw: {e}")
     uvicorn.run(
         app,
         host=config.host,

@@ -46,15 +46,19 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_input_buffer_bytes: int = 15 * 1024 * 1024
     """Bound on the decoded input audio buffer of one session (PCM16)."""
     max_conversation_items: int = 512
-    tts: Literal["piper", "tone", "codec"] = "piper"
+    tts: Literal["piper", "tone", "codec", "qwen3"] = "piper"
     tts_voice: str = "joe"
     tts_max_batch: int = 8
     """Streams advanced per step by batching TTS backends (``codec``); Piper and tone step one.
     For ``codec`` also its slot count: the most streams synthesising at once (64 suits a GPU)."""
     tts_path: str | None = None
-    """`codec`: local weight directory (see realtime_gw/models/speech/codec/spec.py); None = random init."""
-    tts_config: Literal["tiny", "full"] = "tiny"
-    """`codec` random-init shape: `tiny` (CPU tests) or `full` (Qwen3-TTS-0.6B-shaped, for a GPU)."""
+    """`codec`: local weight directory (see realtime_gw/models/speech/codec/spec.py); `qwen3`: a published
+    Qwen3-TTS-12Hz CustomVoice checkpoint directory (see models/speech/qwen3/checkpoint.py); None = random init."""
+    tts_config: Literal["tiny", "full", "0.6b", "1.7b"] = "tiny"
+    """Random-init shape. `codec`: `tiny` (CPU tests) or `full` (Qwen3-TTS-0.6B-shaped). `qwen3`: `0.6b`
+    (also `full`/`tiny`) or `1.7b`, the published shapes."""
+    tts_language: str = "auto"
+    """`qwen3`: the language of speech ("auto" or one of the checkpoint's, e.g. "english")."""
     tts_device: str = "cpu"
     asr: Literal["pocketsphinx"] = "pocketsphinx"
     asr_slots: int = 4
@@ -95,6 +99,24 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     policy_rtc_beta: float = 5.0
     """Real-time chunking: clip of the guidance weight (the RTC paper's beta)."""
     policy_norm_stats: str | None = None
+    """Statistics file: openpi's norm_stats.json, LeRobot's stats.json / normalizer safetensors, or
+    transformers' processor_config.json; None = the one inside `policy_path`, if any."""
+    policy_norm_mode: Literal["auto", "zscore", "quantile"] = "auto"
+    """`zscore` (PI0) or `quantile` (PI0-FAST, PI0.5) normalization; `auto` = what the checkpoint's
+    config.json names (`use_quantile_norm`, LeRobot's `normalization_mapping`), else `zscore`."""
+    policy_state_in_prompt: Literal["auto", "on", "off"] = "auto"
+    """Write the normalized state into the prompt as openpi's discrete state tokens; `auto` = the
+    checkpoint's config.json `discrete_state_input`."""
+    robot: Literal["generic", "droid", "libero", "aloha"] = "generic"
+    """openpi robot preset: the observation keys, image conventions, state layout and action space of
+    openpi's DROID / LIBERO / ALOHA policies; `generic` = the configurable `policy_*` keys below."""
+    robot_delta_actions: bool | None = None
+    """`libero` / `aloha`: joint actions relative to the state (openpi's DeltaActions); None = as openpi's
+    PI0 checkpoint for the robot was trained (pi0_libero, pi0_aloha: on)."""
+    robot_adapt_to_pi: bool = True
+    """`aloha`: convert joints and grippers between standard ALOHA and the PI runtime (openpi's adapt_to_pi)."""
+    robot_default_prompt: str | None = None
+    """The prompt of observations that carry none (openpi's default_prompt)."""
     openpi_tracebacks: bool = False
     openpi_idle_timeout_s: float = 30.0
     openpi_max_sessions: int = 64
@@ -122,6 +144,11 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 FIELDS = {f.name: f for f in msgspec.structs.fields(GatewayConfig)}
+
+
+class ConfigError(ValueError):
+    """The configuration cannot serve (a file missing, or not matching another); the message names the
+    file and what to change. ``realtime-gw serve`` prints it and exits."""
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:

@@ -36,3 +36,22 @@ def test_every_field_is_a_cli_flag() -> None:
     args = build_parser().parse_args(["serve", "--port", "1234", "--tts", "tone", "--no-warmup", "--api-key", "k"])
     cfg = load_config(env={}, overrides={k: getattr(args, k) for k in FIELDS})
     assert (cfg.port, cfg.tts, cfg.warmup, cfg.api_key) == (1234, "tone", False, "k")
+
+
+def test_robot_flags_and_start_up_errors_exit_with_the_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    import realtime_gw.app
+    from realtime_gw.cli import serve
+    from realtime_gw.config import ConfigError
+
+    argv = ["serve", "--robot", "aloha", "--no-robot-delta-actions", "--policy-norm-mode", "quantile"]
+    args = build_parser().parse_args(argv)
+    cfg = load_config(env={}, overrides={k: getattr(args, k) for k in FIELDS})
+    assert (cfg.robot, cfg.robot_delta_actions, cfg.policy_norm_mode) == ("aloha", False, "quantile")
+    assert load_config(env={}).robot_delta_actions is None  # unset: the robot's openpi default
+
+    def refuse(config: object) -> None:
+        raise ConfigError("/ckpt/norm_stats.json: state.mean has shape (7,), need at least (14,)")
+
+    monkeypatch.setattr(realtime_gw.app, "create_app", refuse)
+    with pytest.raises(SystemExit, match=r"realtime-gw: /ckpt/norm_stats.json: state.mean has shape"):
+        serve(args)

@@ -28,9 +28,12 @@ class ByteTokenizer:
 
 
 class HfTokenizer:
-    """A tokenizer saved in the weight directory (``AutoTokenizer``, local files only)."""
+    """A tokenizer saved in the weight directory (``AutoTokenizer``, local files only).
 
-    def __init__(self, path: str | Path) -> None:
+    ``literal``: special-token text in the input (``"<bos>"``, ``"<image>"``) is encoded as plain text, as
+    sentencepiece does (openpi's tokenizer), never as the special token itself."""
+
+    def __init__(self, path: str | Path, literal: bool = False) -> None:
         from transformers import AutoTokenizer
 
         self._tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
@@ -39,8 +42,13 @@ class HfTokenizer:
         self.bos_id = int(bos if bos is not None else 2)
         self.pad_id = int(pad if pad is not None else 0)
         self.vocab_size = len(self._tok)
+        self.base_vocab_size = int(self._tok.vocab_size)
+        """Without tokens added after training (e.g. PaliGemma's ``<image>``, which prompts never produce)."""
+        self.literal = literal
 
     def encode(self, text: str) -> list[int]:
+        if self.literal:
+            return list(self._tok.encode(text, add_special_tokens=False, split_special_tokens=True))
         return list(self._tok.encode(text, add_special_tokens=False))
 
 

@@ -5,19 +5,23 @@ config) and hands the runners plain arguments, so ``pi0`` and ``pi0_fast`` know 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from realtime_gw.config import GatewayConfig
+from realtime_gw.config import ConfigError, GatewayConfig
 from realtime_gw.models.policy.backend import PolicyBackend
 from realtime_gw.models.policy.noop import NoopRunner
+from realtime_gw.models.policy.norm_stats import NormStats, find_norm_stats, load_norm_stats, mode_hint
 from realtime_gw.models.policy.pi0 import Pi0Runner
 from realtime_gw.models.policy.pi0_fast import FastPi0Runner
-from realtime_gw.models.policy.preprocess import PromptTokenizer, load_norm_stats
-from realtime_gw.models.tokenizers import ByteTokenizer, HfTokenizer, has_tokenizer_files
+from realtime_gw.models.policy.preprocess import PromptTokenizer
+from realtime_gw.models.tokenizers import ByteTokenizer, HfTokenizer
+from realtime_gw.protocols.robots import RobotFormat, robot_format
 from realtime_gw.records.policy import PolicySpec
 
 log = logging.getLogger(__name__)
@@ -29,6 +33,10 @@ TINY_CHUNK = 10
 """Action horizon of the tiny and no-op policies (openpi's DROID horizon)."""
 INIT_SEED = 0
 """Random-init weights are seeded, so every process builds the same tiny model."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+"""A checkpoint's own tokenizer (PaliGemma's, saved by ``save_pretrained`` beside the weights)."""
+PROMPT_TOKENS, STATE_PROMPT_TOKENS = 48, 200
+"""openpi's ``max_token_len``: 48 for PI0's prompt, 200 where the state is written into it (PI0.5)."""
 
 
 def pi0_config(name: str) -> Any:
@@ -81,18 +89,14 @@ def _dtype(name: str, device: str) -> torch.dtype:
 
 def load_model(config: GatewayConfig) -> tuple[Any, PromptTokenizer, str, bool]:
     """(model, tokenizer, model description, random_init) on ``policy_device``, in eval mode."""
-    from transformers import PI0ForConditionalGeneration
-
     device, dtype = config.policy_device, _dtype(config.policy_dtype, config.policy_device)
     if config.policy_path:
         path = Path(config.policy_path)
-        model = PI0ForConditionalGeneration.from_pretrained(path, local_files_only=True, dtype=dtype)
-        has_tokenizer = has_tokenizer_files(
-            path, ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-        )
-        tok: PromptTokenizer = HfTokenizer(path) if has_tokenizer else ByteTokenizer(BYTE_TOKENIZER_NAME)
+        model, tok = load_checkpoint(path, dtype)
         desc, random_init = f"pi0 from {path}", False
     else:
+        from transformers import PI0ForConditionalGeneration
+
         cfg = pi0_config(config.policy_config)
         # Build straight on the device (a full PI0 is ~3.5B parameters) with seeded, reproducible weights.
         with torch.random.fork_rng(devices=[]), torch.device(device):
@@ -100,43 +104,133 @@ def load_model(config: GatewayConfig) -> tuple[Any, PromptTokenizer, str, bool]:
             model = PI0ForConditionalGeneration(cfg)
         tok = ByteTokenizer(BYTE_TOKENIZER_NAME)
         desc, random_init = f"pi0-{config.policy_config} (random init)", True
-    if isinstance(tok, ByteTokenizer) and model.config.vlm_config.text_config.vocab_size < tok.vocab_size:
-        raise ValueError(
-            f"{desc}: vocabulary too small for the byte-level tokenizer and no tokenizer files found"
-        )
     return model.to(device=device, dtype=dtype).eval(), tok, desc, random_init
 
 
+def load_checkpoint(path: Path, dtype: torch.dtype) -> tuple[Any, PromptTokenizer]:
+    """A directory written by ``PI0ForConditionalGeneration.save_pretrained`` (local files only) and the
+    tokenizer saved beside it. Whatever does not fit is a ``ConfigError`` naming the file."""
+    from transformers import PI0ForConditionalGeneration
+
+    config_file = path / "config.json"
+    if not path.is_dir():
+        raise ConfigError(f"policy_path {path} is not a directory")
+    if not config_file.is_file():
+        raise ConfigError(
+            f"{config_file} is missing: policy_path must be a directory written by "
+            "PI0ForConditionalGeneration.save_pretrained"
+        )
+    raw = _json(config_file)
+    if raw.get("model_type") != "pi0":
+        raise ConfigError(f"{config_file}: model_type is {raw.get('model_type')!r}, not 'pi0'")
+    try:
+        model, info = PI0ForConditionalGeneration.from_pretrained(
+            path, local_files_only=True, dtype=dtype, output_loading_info=True
+        )
+    except Exception as e:  # transformers raises OSError, ValueError, RuntimeError... with its own text
+        weights = ", ".join(sorted(p.name for p in path.glob("*.safetensors"))) or "no *.safetensors file"
+        raise ConfigError(
+            f"{path}: cannot load the PI0 weights ({weights}) as {config_file.name} describes them: {e}"
+        ) from e
+    bad = {k: sorted(info.get(k) or ())[:5] for k in ("missing_keys", "mismatched_keys") if info.get(k)}
+    if bad:
+        raise ConfigError(f"{path}: the weights do not match {config_file.name}: {bad}")
+    return model, _tokenizer(path, config_file, model.config.vlm_config.text_config.vocab_size)
+
+
+def _tokenizer(path: Path, config_file: Path, vocab: int) -> PromptTokenizer:
+    files = [path / f for f in TOKENIZER_FILES if (path / f).is_file()]
+    if not files:
+        if vocab == ByteTokenizer.vocab_size:
+            # Saved from this gateway's random-init configs, whose vocabulary is the byte-level one.
+            return ByteTokenizer(BYTE_TOKENIZER_NAME)
+        raise ConfigError(
+            f"{path}: no tokenizer ({' or '.join(TOKENIZER_FILES)}): save the checkpoint's PaliGemma tokenizer "
+            f"beside the weights (tokenizer.save_pretrained); {config_file.name} has a {vocab}-token vocabulary"
+        )
+    try:
+        tok = HfTokenizer(path, literal=True)
+    except Exception as e:
+        raise ConfigError(f"{files[0]}: cannot load the tokenizer: {e}") from e
+    probe = max([tok.bos_id, *tok.encode("pick up the cup, State: 128;\nAction: ")])
+    if tok.base_vocab_size > vocab or probe >= vocab:
+        raise ConfigError(
+            f"{files[0]} has {tok.base_vocab_size} tokens but {config_file.name} says the text vocabulary "
+            f"(vlm_config.text_config.vocab_size) is {vocab}: they are not from the same checkpoint"
+        )
+    return tok
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return doc
+
+
+def robot_of(config: GatewayConfig) -> RobotFormat:
+    """The ``robot`` preset with its options."""
+    try:
+        return robot_format(
+            config.robot,
+            delta_actions=config.robot_delta_actions,
+            adapt_to_pi=config.robot_adapt_to_pi,
+            default_prompt=config.robot_default_prompt,
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def policy_spec(config: GatewayConfig, **fields: Any) -> PolicySpec:
+    """The spec of ``config``'s robot: a preset fixes cameras, state and actions; ``generic`` reads them
+    from the ``policy_*`` fields."""
+    robot = robot_of(config)
+    common = {
+        "image_history": tuple(config.openpi_image_history),
+        "state_history": tuple(config.openpi_state_history),
+        **fields,
+    }
+    if not robot.generic:
+        return PolicySpec.for_robot(robot, **common)
     return PolicySpec(
         state_dim=config.policy_state_dim,
         action_dim=config.policy_action_dim,
         camera_keys=tuple(config.policy_cameras),
         optional_cameras=tuple(config.policy_optional_cameras),
-        image_history=tuple(config.openpi_image_history),
-        state_history=tuple(config.openpi_state_history),
-        **fields,
+        robot=robot,
+        **common,
     )
 
 
 def build_pi0_runner(config: GatewayConfig) -> Pi0Runner:
     model, tok, desc, random_init = load_model(config)
-    norm_path = config.policy_norm_stats
-    if norm_path is None and config.policy_path and (Path(config.policy_path) / "norm_stats.json").exists():
-        norm_path = str(Path(config.policy_path) / "norm_stats.json")
-    norm = (
-        load_norm_stats(norm_path, config.policy_state_dim, config.policy_action_dim) if norm_path else None
+    cfg = model.config
+    checkpoint = dict(cfg.to_dict()) if config.policy_path else {}
+    state_in_prompt = (
+        bool(checkpoint.get("discrete_state_input", False))
+        if config.policy_state_in_prompt == "auto"
+        else config.policy_state_in_prompt == "on"
     )
+    vision = cfg.vlm_config.vision_config
     spec = policy_spec(
         config,
         model=desc,
-        action_horizon=model.config.chunk_size,
+        action_horizon=cfg.chunk_size,
         random_init=random_init,
         tokenizer=tok.name,
-        num_inference_steps=model.config.num_inference_steps,
+        num_inference_steps=cfg.num_inference_steps,
         sampler=resolve_impl(config),
-        normalization=f"mean/std from {norm_path}" if norm_path else "none",
+        image_size=(vision.image_size, vision.image_size),
+        state_in_prompt=state_in_prompt,
+        max_prompt_tokens=STATE_PROMPT_TOKENS if state_in_prompt else PROMPT_TOKENS,
     )
+    _check_fits(config, spec, cfg)
+    norm = _norm_stats(config, spec, checkpoint)
+    if norm is not None:
+        spec = dataclasses.replace(spec, normalization=norm.describe())
     if len(spec.camera_keys) > 3:
         log.warning("PI0 was trained with at most 3 cameras; %d configured", len(spec.camera_keys))
     if resolve_impl(config) == "fast":
@@ -152,6 +246,47 @@ def build_pi0_runner(config: GatewayConfig) -> Pi0Runner:
             compile_budget_s=config.policy_compile_budget_s,
         )
     return Pi0Runner(model, tok, spec, config.policy_device, norm, rtc_beta=config.policy_rtc_beta)
+
+
+def _check_fits(config: GatewayConfig, spec: PolicySpec, cfg: Any) -> None:
+    """The robot's state and actions must fit the model's padded vectors."""
+    where = (
+        f"{Path(config.policy_path) / 'config.json'}"
+        if config.policy_path
+        else f"policy_config {config.policy_config!r}"
+    )
+    robot = (
+        f"the {spec.robot.name} robot" if not spec.robot.generic else "policy_state_dim / policy_action_dim"
+    )
+    state = len(spec.state_history) * spec.state_dim
+    if state > cfg.max_state_dim:
+        raise ConfigError(
+            f"{where}: max_state_dim is {cfg.max_state_dim}, but {robot} needs {state} state dims "
+            f"({len(spec.state_history)} frame(s) x {spec.state_dim})"
+        )
+    if spec.action_dim > cfg.max_action_dim:
+        raise ConfigError(
+            f"{where}: max_action_dim is {cfg.max_action_dim}, but {robot} needs {spec.action_dim} action dims"
+        )
+
+
+def _norm_stats(config: GatewayConfig, spec: PolicySpec, checkpoint: dict[str, Any]) -> NormStats | None:
+    """The statistics file named, or the one inside ``policy_path``; checked against the robot at start-up."""
+    try:
+        path: Path | None = Path(config.policy_norm_stats) if config.policy_norm_stats else None
+        if path is None and config.policy_path:
+            path = find_norm_stats(config.policy_path)
+        if path is None:
+            return None
+        if not path.is_file():
+            raise ValueError(f"policy_norm_stats {path} does not exist")
+        mode = config.policy_norm_mode
+        if mode == "auto":
+            mode = mode_hint(checkpoint) or "zscore"
+        return load_norm_stats(path, spec.state_dim, spec.action_dim, mode)
+    except ValueError as e:
+        robot = "" if spec.robot.generic else f" (robot {spec.robot.name})"
+        raise ConfigError(f"{e}{robot}") from None
 
 
 def resolve_impl(config: GatewayConfig) -> str:
