@@ -87,10 +87,13 @@ def sample_observation(
 ) -> dict[str, Any]:
     """An observation the server will accept, built from its metadata frame (zeros, or noise with ``seed``).
 
-    Uses ``policy_server_config`` (camera keys, image size, state key and size); a server that sends
-    no such config gets the DROID layout openpi's examples use.
+    Uses ``policy_server_config``: a robot preset's ``observation`` schema (DROID, LIBERO, ALOHA: every
+    key's path, shape and dtype), else the camera keys, image size, state key and size; a server that
+    sends no such config gets the DROID layout openpi's examples use.
     """
     cfg = metadata.get("policy_server_config") or {}
+    if cfg.get("observation"):
+        return _from_schema(cfg["observation"], prompt, seed)
     cameras = cfg.get("camera_keys") or ["observation/exterior_image_1_left", "observation/wrist_image_left"]
     h, w = (cfg.get("image_size") or [224, 224])[:2]
     state_key = cfg.get("state_key") or "observation/joint_position"
@@ -109,4 +112,23 @@ def sample_observation(
         else np.zeros(state_dim, np.float32)
     )
     obs[cfg.get("prompt_key") or "prompt"] = prompt
+    return obs
+
+
+def _from_schema(fields: list[dict[str, Any]], prompt: str, seed: int | None) -> dict[str, Any]:
+    """One value per field of the metadata's ``observation`` schema (nested paths become nested maps)."""
+    rng = np.random.default_rng(seed) if seed is not None else None
+    obs: dict[str, Any] = {}
+    for field in fields:
+        *parents, key = field["path"]
+        target = obs
+        for name in parents:
+            target = target.setdefault(name, {})
+        shape = tuple(field["shape"])
+        if field["dtype"] == "str":
+            target[key] = prompt
+        elif field["dtype"] == "uint8":
+            target[key] = rng.integers(0, 256, shape, dtype=np.uint8) if rng else np.zeros(shape, np.uint8)
+        else:
+            target[key] = rng.uniform(-1, 1, shape).astype(np.float32) if rng else np.zeros(shape, np.float32)
     return obs

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
@@ -16,14 +16,19 @@ from realtime_gw.server.openpi_local import LocalPolicy
 from tests.server.test_openpi_harness import droid_obs, free_port, serve, tiny_runner, wait_for
 
 
-@contextmanager
+@contextlib.contextmanager
 def stock_server(policy: LocalPolicy) -> Iterator[int]:
     """openpi's own server, on its own event loop in a thread."""
     port = free_port()
     server = WebsocketPolicyServer(policy, host="127.0.0.1", port=port, metadata=policy.metadata)
     loop = asyncio.new_event_loop()
     task = loop.create_task(server.run())
-    thread = threading.Thread(target=loop.run_until_complete, args=(task,), daemon=True)
+
+    def run() -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # how the server stops at the end
+            loop.run_until_complete(task)
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
         yield port
