@@ -53,6 +53,19 @@ def build_tts(config: GatewayConfig) -> StageWorker:
         slots = config.tts_max_batch
         codec = CodecTtsBackend(config=config.tts_config, path=config.tts_path, device=config.tts_device, slots=slots)
         return _worker("tts", codec, config, device=config.tts_device, max_batch=slots, max_active=slots)
+    if config.tts == "qwen3":
+        from realtime_gw.models.speech.tts_qwen3 import Qwen3TtsBackend
+
+        slots = config.tts_max_batch
+        qwen = Qwen3TtsBackend(
+            path=config.tts_path,
+            size="1.7b" if config.tts_config == "1.7b" else "0.6b",
+            device=config.tts_device,
+            slots=slots,
+            voice=config.tts_voice,
+            language=config.tts_language,
+        )
+        return _worker("tts", qwen, config, device=config.tts_device, max_batch=slots, max_active=slots)
     if config.tts == "tone":
         from realtime_gw.models.speech.tts_tone import ToneTtsBackend
 

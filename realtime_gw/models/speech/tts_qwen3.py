@@ -1,0 +1,223 @@
+"""Qwen3-TTS backend (``--tts qwen3``): a published Qwen3-TTS-12Hz CustomVoice checkpoint, streaming.
+
+Same contract as the other TTS backends (``tts_base``): text in pieces, then ``END_OF_INPUT``; 24 kHz
+PCM16 ``TtsFrame`` deltas of 1920 samples, the last ``final=True`` (it may be empty). Every step advances
+every stream that has text by one 80 ms frame, all streams in one batched talker + code predictor +
+codec-decoder step (``qwen3/engine.py``); a new stream's prompt is prefilled in its first step, so its
+first audio leaves after one step.
+
+Text leads audio by one token per frame (the model's streaming mode); words are released to the talker
+once whitespace follows them (``codec/text.TextFeed``). A stream whose text has not ended and whose
+tokens are all spoken waits. Once the text has ended: ``tts_eos`` once, then ``tts_pad``, until the model
+emits codec EOS (allowed from the third frame on and only after the text ended), or at most
+``max_frames_per_token * tokens + tail_frames`` frames (random-init weights never learned EOS: they stop
+after ``tail_frames``), capped by the slot length.
+
+Voices are the checkpoint's CustomVoice speakers (``voice`` selects one, case-insensitive); "default"
+and OpenAI's voice names map onto speakers by ``OPENAI_SPEAKERS`` (else the default speaker). ``language``
+("auto" or one of the checkpoint's) is a backend setting. ``speed`` is validated, not applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from realtime_gw.models.runtime import StepResult
+from realtime_gw.models.speech.codec.text import TextFeed, TextTokenizer
+from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint, load_checkpoint, random_checkpoint
+from realtime_gw.models.speech.qwen3.engine import Qwen3Engine, build_prompt
+from realtime_gw.models.speech.qwen3.talker import Sampling
+from realtime_gw.models.speech.tts_base import OPENAI_VOICES, TtsBackendBase, feed_inputs
+from realtime_gw.models.tokenizers import ByteTokenizer, HfTokenizer, has_tokenizer_files
+from realtime_gw.records.voice import TtsFrame, TtsRequest
+
+log = logging.getLogger(__name__)
+
+OPENAI_SPEAKERS = {
+    "alloy": "vivian", "ash": "ryan", "ballad": "aiden", "cedar": "eric", "coral": "serena", "echo": "dylan",
+    "fable": "uncle_fu", "marin": "ono_anna", "nova": "sohee", "onyx": "eric", "sage": "serena",
+    "shimmer": "vivian", "verse": "aiden",
+}
+"""OpenAI voice -> CustomVoice speaker (used when the checkpoint has that speaker)."""
+QWEN_ROLE_IDS = [151644, 77091, 198]
+"""``<|im_start|>assistant\\n`` in Qwen's vocabulary (random init has no tokenizer files)."""
+
+
+@dataclass(eq=False)
+class Qwen3TtsState:
+    request: TtsRequest
+    slot: int
+    text: TextFeed
+    frames: int = 0
+    spoken: int = 0
+    tail: int = 0
+    done: bool = False
+    released: bool = False
+
+
+class Qwen3TtsBackend(TtsBackendBase[Qwen3TtsState]):
+    name = "tts-qwen3"
+
+    def __init__(
+        self,
+        path: str | None = None,
+        size: str = "0.6b",
+        device: str = "cpu",
+        slots: int = 8,
+        *,
+        voice: str | None = None,
+        language: str = "auto",
+        dtype: torch.dtype | None = None,
+        max_positions: int = 2048,
+        tail_frames: int = 3,
+        max_frames_per_token: int = 8,
+        sampling: Sampling | None = None,
+        cuda_graphs: bool | None = None,
+        checkpoint: Qwen3TtsCheckpoint | None = None,
+    ) -> None:
+        dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+        if checkpoint is None:
+            checkpoint = load_checkpoint(path, device, dtype) if path else random_checkpoint(size, device, dtype)
+        ck = checkpoint
+        self.random_init = ck.path is None
+        root = ck.path
+        self.tokenizer: TextTokenizer = (
+            HfTokenizer(root) if root is not None and has_tokenizer_files(root) else ByteTokenizer()
+        )
+        self.role_ids = (
+            QWEN_ROLE_IDS
+            if isinstance(self.tokenizer, ByteTokenizer)
+            else self.tokenizer.encode("<|im_start|>assistant\n")
+        )
+        self.ck = ck
+        self.voices = tuple(sorted(ck.speakers()))
+        if not self.voices:
+            raise ValueError("tts-qwen3: the checkpoint has no CustomVoice speakers (Base/VoiceDesign unsupported)")
+        self.default_voice = (voice or "").lower() if (voice or "").lower() in self.voices else (
+            "vivian" if "vivian" in self.voices else self.voices[0]
+        )
+        self.language = language
+        build_prompt(ck, self.role_ids, self.default_voice, language)  # unknown language fails here
+        self.tts_eos = int(ck.config["tts_eos_token_id"])
+        self.tts_pad = int(ck.config["tts_pad_token_id"])
+        self.codec_eos = int(ck.talker_config["codec_eos_token_id"])
+        self.tail_frames = tail_frames
+        self.max_frames_per_token = max_frames_per_token
+        self.engine = Qwen3Engine(ck, slots, max_positions=max_positions, sampling=sampling, cuda_graphs=cuda_graphs)
+        self.info: dict[str, Any] = {
+            "model": f"qwen3-tts-{ck.config.get('tts_model_size', size)} "
+            + (f"from {root}" if root else "(random init: audio is noise)"),
+            "random_init": self.random_init,
+            "device": device,
+            "talker_dtype": str(dtype).removeprefix("torch."),
+            "decoder_dtype": "float32",
+            "slots": slots,
+            "tokenizer": self.tokenizer.name,
+            "speakers": list(self.voices),
+            "language": language,
+            "frame_rate_hz": 12.5,
+            "max_frames": max_positions,
+            "cuda_graphs": self.engine.use_graphs,
+            "speed": "accepted, not applied",
+        }
+        log.info("%s: %s", self.name, self.info)
+
+    def resolve_voice(self, voice: str) -> str:
+        v = voice.lower()
+        if v in self.voices:
+            return v
+        if v == "default":
+            return self.default_voice
+        if v in OPENAI_VOICES:
+            mapped = OPENAI_SPEAKERS.get(v, "")
+            return mapped if mapped in self.voices else self.default_voice
+        return super().resolve_voice(voice)
+
+    # -- Backend protocol ------------------------------------------------------------------------------
+    def open(self, request: TtsRequest) -> Qwen3TtsState:
+        voice, _ = self.check_request(request)
+        prompt = build_prompt(self.ck, self.role_ids, voice, self.language)
+        slot = self.engine.alloc_prompt(prompt)  # NoFreeSlot when full
+        return Qwen3TtsState(request=request, slot=slot, text=TextFeed(self.tokenizer))
+
+    def has_work(self, state: Qwen3TtsState) -> bool:
+        return not state.done and (bool(state.text.tokens) or state.text.ended)
+
+    def release(self, state: Qwen3TtsState) -> None:
+        if not state.released:
+            state.released = True
+            self.engine.free(state.slot)
+
+    def step(self, work: list[tuple[Qwen3TtsState, list[Any]]]) -> list[StepResult]:
+        results: list[StepResult | None] = [None] * len(work)
+        go: list[int] = []
+        for i, (state, inputs) in enumerate(work):
+            try:
+                feed_inputs(state.text, inputs)
+            except Exception as e:  # bad input fails this stream only
+                results[i] = self._failed(e)
+                continue
+            text = state.text
+            if state.done:
+                results[i] = StepResult(done=True)
+            elif text.ended and text.queued == 0:
+                state.done = True
+                results[i] = StepResult(outputs=[TtsFrame(pcm=b"", final=True)], done=True)
+            elif text.tokens or text.ended:
+                go.append(i)
+            else:
+                results[i] = StepResult()
+        if go:
+            states = [work[i][0] for i in go]
+            tokens, eos_ok = [], []
+            for st in states:
+                if st.text.tokens:
+                    tokens.append(st.text.tokens.popleft())
+                    st.spoken += 1
+                else:
+                    tokens.append(self.tts_eos if st.tail == 0 else self.tts_pad)
+                    st.tail += 1
+                # the reference's min_new_tokens=2; and no EOS while more text may still come
+                eos_ok.append(st.frames >= 2 and st.text.ended and not self.random_init)
+            codes, pcm = self.engine.step([st.slot for st in states], tokens, eos_ok)
+            for j, i in enumerate(go):
+                results[i] = self._emit(states[j], codes[j], pcm[j])
+        return [r if r is not None else StepResult() for r in results]
+
+    def warmup(self) -> None:
+        seconds = self.engine.capture_all()
+        if seconds:
+            log.info("%s: captured %d CUDA graphs in %.1f s", self.name, self.engine.graph_count, seconds)
+        if not self.synthesize("Warming up."):
+            raise RuntimeError(f"{self.name}: warm-up produced no audio")
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _limit(self, state: Qwen3TtsState) -> int:
+        cap = self.engine.max_positions
+        if state.text.ended:
+            per_token = 1 if self.random_init else self.max_frames_per_token
+            cap = min(cap, per_token * state.text.queued + self.tail_frames)
+        return cap
+
+    def _finish(self, state: Qwen3TtsState, words: list[str], pcm: bytes) -> StepResult:
+        words += [w for _, w in state.text.marks]
+        state.text.marks.clear()
+        state.done = True
+        return StepResult(outputs=[TtsFrame(pcm=pcm, text=" ".join(words), final=True)], done=True)
+
+    def _emit(self, state: Qwen3TtsState, codes: np.ndarray, pcm: np.ndarray) -> StepResult:
+        state.frames += 1
+        words = state.text.take_marks(state.spoken)
+        if int(codes[0]) == self.codec_eos:  # EOS is not audio: an empty final frame
+            return self._finish(state, words, b"")
+        data = pcm.astype("<i2", copy=False).tobytes()
+        if state.frames >= self._limit(state) or self.engine.frames[state.slot] >= self.engine.max_positions:
+            if not state.text.ended or state.text.tokens:
+                log.warning("%s: utterance cut at %d frames", self.name, state.frames)
+            return self._finish(state, words, data)
+        return StepResult(outputs=[TtsFrame(pcm=data, text=" ".join(words))])
