@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -50,13 +51,17 @@ def request(i: int, prompt: str = "pick up the red cup") -> PolicyRequest:
     )
 
 
-def test_a_saved_checkpoint_loads_into_both_samplers_with_the_same_actions(checkpoint: Path) -> None:
-    eager = build_pi0_runner(GatewayConfig(policy_path=str(checkpoint), robot="aloha", policy_impl="eager"))
-    fast = build_pi0_runner(GatewayConfig(policy_path=str(checkpoint), robot="aloha", policy_impl="fast"))
+@pytest.mark.parametrize("state_in_prompt", ["off", "on"])
+def test_a_saved_checkpoint_loads_into_both_samplers_with_the_same_actions(
+    checkpoint: Path, state_in_prompt: str
+) -> None:
+    config = GatewayConfig(policy_path=str(checkpoint), robot="aloha", policy_state_in_prompt=state_in_prompt)
+    eager = build_pi0_runner(msgspec.structs.replace(config, policy_impl="eager"))
+    fast = build_pi0_runner(msgspec.structs.replace(config, policy_impl="fast"))
     assert isinstance(fast, FastPi0Runner) and not isinstance(eager, FastPi0Runner)
     spec = eager.spec
     assert not spec.random_init and spec.model == f"pi0 from {checkpoint}"
-    assert spec.tokenizer.endswith(f"from {checkpoint}") and not spec.state_in_prompt
+    assert spec.tokenizer.endswith(f"from {checkpoint}") and spec.state_in_prompt == (state_in_prompt == "on")
     prepared = [eager.prepare(request(i, "fold the towel " * i)) for i in range(3)]
     ref, got = eager.run(prepared, None), fast.run(prepared, None)
     for a, b in zip(ref, got, strict=True):
