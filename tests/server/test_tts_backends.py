@@ -1,12 +1,15 @@
-"""/v1/realtime and /v1/audio/speech behave the same with every TTS backend: Piper (embedded) and the
-codec LM (`--tts codec`, tiny config, random weights: its audio is noise, so no transcription here)."""
+"""/v1/realtime and /v1/audio/speech behave the same with every TTS backend: Piper (embedded), the
+codec LM (`--tts codec`, tiny config, random weights: its audio is noise, so no transcription here) and
+Qwen3-TTS (`--tts qwen3`, the tiny checkpoint in the published layout from tests/fixtures, greedy)."""
 
 from __future__ import annotations
 
 import base64
 import io
 import json
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -27,9 +30,24 @@ def codec_server() -> Iterator[LiveServer]:
     stop_server(server)
 
 
-@pytest.fixture(params=["piper", "codec"])
+@pytest.fixture(scope="module")
+def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    ckpt = tmp_path_factory.mktemp("qwen3") / "ckpt"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts_tiny", ckpt)
+    gen = json.loads((ckpt / "generation_config.json").read_text())
+    # greedy: the same text gives the same codes, so every response format has the same length
+    (ckpt / "generation_config.json").write_text(json.dumps({**gen, "do_sample": False, "subtalker_dosample": False}))
+    server = start_server(
+        "--policy", "none", "--api-key", "test-key", "--tts", "qwen3", "--tts-path", str(ckpt),
+        "--tts-voice", "ryan", name="qwen3",
+    )  # fmt: skip
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(params=["piper", "codec", "qwen3"])
 def backend_server(request: pytest.FixtureRequest) -> LiveServer:
-    return request.getfixturevalue("voice_server" if request.param == "piper" else "codec_server")
+    return request.getfixturevalue({"piper": "voice_server"}.get(request.param, f"{request.param}_server"))
 
 
 async def test_text_turn_streams_80ms_frames_and_transcript(backend_server: LiveServer) -> None:

@@ -9,7 +9,7 @@ first audio leaves after one step.
 Text leads audio by one token per frame (the model's streaming mode); words are released to the talker
 once whitespace follows them (``codec/text.TextFeed``). A stream whose text has not ended and whose
 tokens are all spoken waits. Once the text has ended: ``tts_eos`` once, then ``tts_pad``, until the model
-emits codec EOS (allowed from the third frame on and only after the text ended), or at most
+emits codec EOS (allowed from the third frame on, once every text token was fed), or at most
 ``max_frames_per_token * tokens + tail_frames`` frames (random-init weights never learned EOS: they stop
 after ``tail_frames``), capped by the slot length.
 
@@ -182,8 +182,9 @@ class Qwen3TtsBackend(TtsBackendBase[Qwen3TtsState]):
                 else:
                     tokens.append(self.tts_eos if st.tail == 0 else self.tts_pad)
                     st.tail += 1
-                # the reference's min_new_tokens=2; and no EOS while more text may still come
-                eos_ok.append(st.frames >= 2 and st.text.ended and not self.random_init)
+                # the reference's min_new_tokens=2; and EOS only once every text token was fed (as the
+                # codec LM): with text still streaming in, an early EOS would drop words
+                eos_ok.append(st.frames >= 2 and st.tail > 0 and not self.random_init)
             codes, pcm = self.engine.step([st.slot for st in states], tokens, eos_ok)
             for j, i in enumerate(go):
                 results[i] = self._emit(states[j], codes[j], pcm[j])
