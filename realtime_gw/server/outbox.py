@@ -156,8 +156,6 @@ class Outbox:
         # Numbered as taken, so the sequence is monotonic on the wire across both lanes.
         self.seq += 1
         item.event.server_event_seq = self.seq
-        out.event = item.event
-        out.response_id = item.response_id
         if isinstance(item.event, rt.ResponseDoneEvent):
             rid = item.event.response.id
             self._playback.pop(rid, None)  # its audio is all out

@@ -68,12 +68,9 @@ class RealtimeConnection:
         self.session = session
         self.mailbox: asyncio.Queue[Any] = asyncio.Queue(maxsize=1024)
         self.outbox = Outbox(self.config.outbound_queue_frames, self.config.audio_lead_ms)
-        self.wake = asyncio.Event()
-        """Set when the outbox changed (push, purge): the writer asks it again."""
-        self.idle = asyncio.Event()
-        """Set by the writer while nothing is queued or being written."""
-        self.audio_room = asyncio.Event()
-        """Cleared while the outbox is over its audio high-water mark (the TTS pump waits)."""
+        self.wake = asyncio.Event()  # the outbox changed (push, purge): the writer asks it again
+        self.idle = asyncio.Event()  # set by the writer while nothing is queued or being written
+        self.audio_room = asyncio.Event()  # cleared over the outbox's audio high-water (the TTS pump waits)
         self.audio_room.set()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.vad_streams: dict[int, Stream[Any]] = {}
@@ -303,7 +300,7 @@ class RealtimeConnection:
     async def _transcribe(self, e: Transcribe) -> None:
         stream: Stream[Any] | None = None
         try:
-            stream = await self._submit_with_retry(self.gateway.workers.asr, AsrRequest(e.pcm, e.sample_rate))
+            stream = await submit_with_retry(self.gateway.workers.asr, AsrRequest(e.pcm, e.sample_rate))
             results = await stream.collect()
             text = " ".join(r.text for r in results if r.text)
             await self.mailbox.put(TranscriptionDone(e.item_id, text))
@@ -312,19 +309,6 @@ class RealtimeConnection:
         finally:
             if stream is not None:
                 stream.cancel()
-
-    @staticmethod
-    async def _submit_with_retry(worker: StageWorker, request: Any, patience_s: float = ASR_PATIENCE_S) -> Stream[Any]:
-        """Utterances are short: when every decoder is busy, wait a moment for one instead of failing
-        the transcription (bounded: the worker itself never queues)."""
-        deadline = time.monotonic() + patience_s
-        while True:
-            try:
-                return worker.submit(request)
-            except NoFreeSlot:
-                if time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(0.05)
 
     async def _respond(self, e: StartResponse) -> None:
         error: str | None = None
@@ -365,6 +349,19 @@ class RealtimeConnection:
 
 
 _DISCONNECTED = object()
+
+
+async def submit_with_retry(worker: StageWorker, request: Any, patience_s: float = ASR_PATIENCE_S) -> Stream[Any]:
+    """Utterances are short: when every decoder is busy, wait a moment for one instead of failing
+    the transcription (bounded: the worker itself never queues)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return worker.submit(request)
+        except NoFreeSlot:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.05)
 
 
 def _limits(gateway: Gateway, model: str) -> Limits:
