@@ -9,7 +9,7 @@ Layout (what ``Qwen3TTSModel.from_pretrained`` reads)::
     speech_tokenizer/         the 12 Hz codec: config.json (model_type "qwen3_tts_tokenizer_12hz") and
                               model.safetensors ("encoder.*" unused, "decoder.*" loaded)
 
-The modules below only hold weights under the published parameter names (strict loading checks every
+``modules.py`` holds the weights under the published parameter names (strict loading checks every
 name); the runtimes in ``talker.py`` and ``decoder.py`` compute with them. ``published_configs`` gives
 the 0.6B and 1.7B shapes for random-init benchmarks (no weights needed, none downloaded).
 """
@@ -24,121 +24,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from realtime_gw.models.speech.qwen3.modules import CodecDecoder, Talker, randomize_decoder
+
 INIT_SEED = 0
 SPEAKERS = ("vivian", "serena", "uncle_fu", "dylan", "eric", "ryan", "aiden", "ono_anna", "sohee")
 LANGUAGES = ("chinese", "english", "german", "italian", "portuguese", "spanish", "japanese", "korean",
              "french", "russian")
-
-
-# -- weight holders (published names) -------------------------------------------------------------------------
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.variance_epsilon = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.rms_norm(x.float(), (x.shape[-1],), None, self.variance_epsilon).to(x.dtype) * self.weight
-
-
-class Attention(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv: int, head_dim: int, eps: float, qk_norm: bool) -> None:
-        super().__init__()
-        self.head_dim = head_dim
-        self.scaling = head_dim**-0.5
-        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, kv * head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, kv * head_dim, bias=False)
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
-        if qk_norm:
-            self.q_norm = RMSNorm(head_dim, eps)
-            self.k_norm = RMSNorm(head_dim, eps)
-
-
-class Mlp(nn.Module):
-    def __init__(self, hidden: int, inter: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, inter, bias=False)
-        self.up_proj = nn.Linear(hidden, inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
-        self.act_fn = nn.SiLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-
-
-class LayerScale(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((dim,), 0.01))
-
-
-class Layer(nn.Module):
-    """A Qwen3 decoder layer (talker, code predictor: q/k norms) or the codec's (layer scales, no q/k norm)."""
-
-    def __init__(self, c: dict[str, Any], codec: bool = False) -> None:
-        super().__init__()
-        hidden, eps = c["hidden_size"], c.get("rms_norm_eps", 1e-6)
-        head_dim = c.get("head_dim") or hidden // c["num_attention_heads"]
-        kv = c.get("num_key_value_heads") or c["num_attention_heads"]
-        self.self_attn = Attention(hidden, c["num_attention_heads"], kv, head_dim, eps, qk_norm=not codec)
-        self.mlp = Mlp(hidden, c["intermediate_size"])
-        self.input_layernorm = RMSNorm(hidden, eps)
-        self.post_attention_layernorm = RMSNorm(hidden, eps)
-        if codec:
-            self.self_attn_layer_scale = LayerScale(hidden)
-            self.mlp_layer_scale = LayerScale(hidden)
-
-
-class Stack(nn.Module):
-    def __init__(self, c: dict[str, Any], codec: bool = False) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(Layer(c, codec) for _ in range(c["num_hidden_layers"]))
-        self.norm = RMSNorm(c["hidden_size"], c.get("rms_norm_eps", 1e-6))
-
-
-class ResizeMlp(nn.Module):
-    def __init__(self, d_in: int, inter: int, d_out: int) -> None:
-        super().__init__()
-        self.linear_fc1 = nn.Linear(d_in, inter, bias=True)
-        self.linear_fc2 = nn.Linear(inter, d_out, bias=True)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(nn.functional.silu(self.linear_fc1(x)))
-
-
-class CodePredictor(nn.Module):
-    def __init__(self, c: dict[str, Any], talker_hidden: int) -> None:
-        super().__init__()
-        groups = c.get("num_code_groups", 16)
-        self.model = Stack(c)
-        self.model.codec_embedding = nn.ModuleList(
-            nn.Embedding(c["vocab_size"], talker_hidden) for _ in range(groups - 1)
-        )
-        self.lm_head = nn.ModuleList(
-            nn.Linear(c["hidden_size"], c["vocab_size"], bias=False) for _ in range(groups - 1)
-        )
-        self.small_to_mtp_projection: nn.Module = (
-            nn.Linear(talker_hidden, c["hidden_size"], bias=True)
-            if c["hidden_size"] != talker_hidden
-            else nn.Identity()
-        )
-
-
-class Talker(nn.Module):
-    """``talker.*`` of a Qwen3-TTS checkpoint: text embedding + projection, the talker stack, the codebook-0
-    head, and the code predictor (codebooks 1..15)."""
-
-    def __init__(self, c: dict[str, Any]) -> None:
-        super().__init__()
-        self.config = c
-        self.model = Stack(c)
-        self.model.codec_embedding = nn.Embedding(c["vocab_size"], c["hidden_size"])
-        self.model.text_embedding = nn.Embedding(c["text_vocab_size"], c["text_hidden_size"])
-        th = c["text_hidden_size"]
-        self.text_projection = ResizeMlp(th, th, c["hidden_size"])
-        self.codec_head = nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
-        self.code_predictor = CodePredictor(c["code_predictor_config"], c["hidden_size"])
 
 
 # -- the whole checkpoint -------------------------------------------------------------------------------------
@@ -186,8 +77,6 @@ def _prefixed(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Te
 def load_checkpoint(path: str | Path, device: str, dtype: torch.dtype) -> Qwen3TtsCheckpoint:
     """Load a published checkpoint directory (local files only). The talker in ``dtype``, the decoder float32."""
     from safetensors.torch import load_file
-
-    from realtime_gw.models.speech.qwen3.decoder import CodecDecoder
 
     root = Path(path)
     config = _read_json(root / "config.json")
@@ -260,8 +149,6 @@ def published_configs(size: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def random_checkpoint(size: str, device: str, dtype: torch.dtype) -> Qwen3TtsCheckpoint:
     """The real architecture at a published shape with seeded random weights (for speed, not speech)."""
-    from realtime_gw.models.speech.qwen3.decoder import CodecDecoder, randomize_decoder
-
     config, codec = published_configs(size)
     with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(INIT_SEED)

@@ -16,11 +16,9 @@ forward, which the tests check against the ``qwen-tts`` package's output. Always
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from realtime_gw.models.speech.codec.streaming import (
     FusedScaledLayer,
@@ -30,120 +28,14 @@ from realtime_gw.models.speech.codec.streaming import (
     strict_fp32,
     transposed_conv_step,
 )
-from realtime_gw.models.speech.qwen3.checkpoint import Stack
-
-
-# -- weight holders (published names) -------------------------------------------------------------------------
-class CausalConv(nn.Module):
-    def __init__(self, c_in: int, c_out: int, k: int, dilation: int = 1, groups: int = 1) -> None:
-        super().__init__()
-        self.conv = nn.Conv1d(c_in, c_out, k, dilation=dilation, groups=groups)
-
-
-class CausalConvT(nn.Module):
-    def __init__(self, c_in: int, c_out: int, k: int, stride: int) -> None:
-        super().__init__()
-        self.conv = nn.ConvTranspose1d(c_in, c_out, k, stride=stride)
-
-
-class SnakeBeta(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.alpha = nn.Parameter(torch.zeros(dim))
-        self.beta = nn.Parameter(torch.zeros(dim))
-
-
-class ResidualUnit(nn.Module):
-    def __init__(self, dim: int, dilation: int) -> None:
-        super().__init__()
-        self.act1 = SnakeBeta(dim)
-        self.conv1 = CausalConv(dim, dim, 7, dilation)
-        self.act2 = SnakeBeta(dim)
-        self.conv2 = CausalConv(dim, dim, 1)
-
-
-class DecoderBlock(nn.Module):
-    def __init__(self, d_in: int, d_out: int, rate: int) -> None:
-        super().__init__()
-        self.block = nn.ModuleList(
-            [SnakeBeta(d_in), CausalConvT(d_in, d_out, 2 * rate, rate), *(ResidualUnit(d_out, d) for d in (1, 3, 9))]
-        )
-
-
-class ConvNeXt(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.dwconv = CausalConv(dim, dim, 7, groups=dim)
-        self.norm = nn.LayerNorm(dim, eps=1e-6)
-        self.pwconv1 = nn.Linear(dim, 4 * dim)
-        self.pwconv2 = nn.Linear(4 * dim, dim)
-        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
-
-
-class _Codebook(nn.Module):
-    def __init__(self, size: int, dim: int) -> None:
-        super().__init__()
-        self.cluster_usage = nn.Parameter(torch.ones(size))
-        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
-
-
-class _VQ(nn.Module):
-    def __init__(self, size: int, dim: int) -> None:
-        super().__init__()
-        self._codebook = _Codebook(size, dim)
-
-
-class _RVQ(nn.Module):
-    def __init__(self, n: int, size: int, dim: int, io_dim: int) -> None:
-        super().__init__()
-        self.input_proj = nn.Conv1d(io_dim, dim, 1, bias=False)
-        self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
-        self.vq = nn.Module()
-        self.vq.layers = nn.ModuleList(_VQ(size, dim) for _ in range(n))
-
-
-class _Quantizer(nn.Module):
-    def __init__(self, c: dict[str, Any]) -> None:
-        super().__init__()
-        dim, size, n = c["codebook_dim"], c["codebook_size"], c["num_quantizers"]
-        self.rvq_first = _RVQ(1, size, dim // 2, dim)
-        self.rvq_rest = _RVQ(n - 1, size, dim // 2, dim)
-
-
-class CodecDecoder(nn.Module):
-    """``decoder.*`` of the 12 Hz speech tokenizer (weights only; ``StreamingQwen3Decoder`` runs it)."""
-
-    def __init__(self, c: dict[str, Any]) -> None:
-        super().__init__()
-        self.config = c
-        latent, dec = c["latent_dim"], c["decoder_dim"]
-        self.quantizer = _Quantizer(c)
-        self.pre_conv = CausalConv(c["codebook_dim"], latent, 3)
-        self.pre_transformer = Stack({**c, "rms_norm_eps": c.get("rms_norm_eps", 1e-5)}, codec=True)
-        self.pre_transformer.input_proj = nn.Linear(latent, c["hidden_size"])
-        self.pre_transformer.output_proj = nn.Linear(c["hidden_size"], latent)
-        self.upsample = nn.ModuleList(
-            nn.ModuleList([CausalConvT(latent, latent, f, f), ConvNeXt(latent)]) for f in c["upsampling_ratios"]
-        )
-        rates = c["upsample_rates"]
-        blocks: list[nn.Module] = [CausalConv(latent, dec, 7)]
-        blocks += [DecoderBlock(dec // 2**i, dec // 2 ** (i + 1), r) for i, r in enumerate(rates)]
-        out = dec // 2 ** len(rates)
-        blocks += [SnakeBeta(out), CausalConv(out, 1, 7)]
-        self.decoder = nn.ModuleList(blocks)
-
-
-def randomize_decoder(decoder: CodecDecoder) -> None:
-    """Random init that decodes to varied, speaking-level noise (codebooks spread, unit-gain convs)."""
-    with torch.no_grad():
-        for name, p in decoder.named_parameters():
-            if name.endswith("embedding_sum"):
-                p.normal_()
-            elif p.dim() >= 2:
-                p.normal_(std=1.0 / p[0].numel() ** 0.5)
-            elif name.endswith(("alpha", "beta", "scale", "gamma")):
-                p.normal_(std=0.3)
-        decoder.decoder[-1].conv.weight.mul_(0.01)
+from realtime_gw.models.speech.qwen3.modules import (
+    CausalConv,
+    CausalConvT,
+    CodecDecoder,
+    ConvNeXt,
+    SnakeBeta,
+    _Quantizer,
+)
 
 
 # -- streaming ------------------------------------------------------------------------------------------------

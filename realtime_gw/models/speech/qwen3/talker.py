@@ -233,7 +233,8 @@ class Qwen3TalkerRuntime:
         code0 = sample(logits, sp.do_sample, sp.temperature, sp.top_k)
         codes, emb_sum = self.predict_codes(h, code0)
         seen = self.seen[:b]
-        seen.copy_(seen | (F.one_hot(code0, self.vocab).bool() & active[:, None]))
+        hit = torch.zeros_like(seen).scatter_(1, code0[:, None], True)  # not one_hot: it syncs on CUDA
+        seen.copy_(seen | (hit & active[:, None]))
         self.last_emb[:b] = torch.where(active[:, None], emb_sum, self.last_emb[:b])
         self.pos[:b].add_(active.long())
         self.codes_out[:b] = codes
