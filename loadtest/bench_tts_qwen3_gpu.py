@@ -31,6 +31,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "loadtest"))
+try:
+    import soxr  # noqa: F401
+except ImportError:  # a bare GPU machine: the codec stages never resample (native 24 kHz), the import only
+    import types
+
+    sys.modules["soxr"] = types.ModuleType("soxr")
 
 from bench_tts_gpu import SHORT_TEXT, TEXT, hardware, log, run_streams  # noqa: E402
 
