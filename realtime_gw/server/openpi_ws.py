@@ -27,9 +27,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from realtime_gw.models.runtime import NoFreeSlot, StageWorker
 from realtime_gw.protocols.openpi import DecodeError, FrameLimits, packb, unpackb
 from realtime_gw.records.policy import PolicyRequest
-from realtime_gw.server import auth
+from realtime_gw.server.admission import Admission
 from realtime_gw.server.gateway import Gateway
-from realtime_gw.server.metrics import SESSIONS
 from realtime_gw.sessions.openpi import (
     CancelPolicy,
     CloseSocket,
@@ -56,47 +55,37 @@ OFFLOAD_DECODE_BYTES = 1 << 20
 
 async def openpi_endpoint(ws: WebSocket) -> None:
     gateway: Gateway = ws.app.state.gateway
-    key, refusal = _admit(ws, gateway)
-    if refusal is not None:
-        await _deny(ws, *refusal)
+    admission = _admit(ws, gateway)
+    if isinstance(admission, tuple):
+        await _deny(ws, *admission)
         return
-    assert key is not None and gateway.workers.policy is not None
-    gateway.sessions["openpi"] += 1
-    SESSIONS.labels("openpi").inc()
+    assert gateway.workers.policy is not None
     try:
         await ws.accept()
         await _Loop(ws, gateway, gateway.workers.policy).run()
     finally:
-        gateway.sessions["openpi"] -= 1
-        gateway.access.release(key)
-        SESSIONS.labels("openpi").dec()
+        admission.leave()
         if ws.client_state == WebSocketState.CONNECTED:
             with contextlib.suppress(Exception):
                 await ws.close()
 
 
-def _admit(ws: WebSocket, gateway: Gateway) -> tuple[str | None, tuple[int, str] | None]:
-    """(the caller's key, None) with one of its session slots taken, or (None, (HTTP status, reason))."""
-    config, access = gateway.config, gateway.access
-    if not access.origin_allowed(ws.headers.get("origin"), ws.headers.get("host")):
-        return None, (403, "origin not allowed")
-    # Keys are compared in constant time; openpi-client sends 'Authorization: Api-Key <key>'.
-    key = access.identify(auth.presented_key(ws.headers))
-    if key is None:
-        return None, (401, "invalid or missing API key (send 'Authorization: Api-Key <key>')")
+def _admit(ws: WebSocket, gateway: Gateway) -> Admission | tuple[int, str]:
+    """The admission with its session taken, or (HTTP status, reason): all before the handshake."""
+    admission = Admission(gateway, "openpi")
+    refusal = admission.check(ws.headers)
+    if refusal is not None:
+        hint = " (send 'Authorization: Api-Key <key>')" if refusal.code == "invalid_api_key" else ""
+        return refusal.status, refusal.message + hint  # openpi-client sends 'Authorization: Api-Key <key>'
     worker = gateway.workers.policy
     if worker is None:
-        return None, (503, "the robot policy is disabled on this server (policy=none)")
+        return 503, "the robot policy is disabled on this server (policy=none)"
     if not worker.ready:
-        return None, (503, "the robot policy is still warming up; retry shortly")
-    if gateway.sessions["openpi"] >= config.openpi_max_sessions:
-        return None, (503, f"OpenPI session limit reached ({config.openpi_max_sessions}); retry later")
-    if sum(gateway.sessions.values()) >= config.max_sessions:
-        return None, (503, f"server session limit reached ({config.max_sessions}); retry later")
-    refusal = access.acquire(key)
+        return 503, "the robot policy is still warming up; retry shortly"
+    refusal = admission.enter()
     if refusal is not None:
-        return None, (429 if refusal.code == "rate_limit_exceeded" else 503, refusal.message)
-    return key, None
+        return refusal.status, refusal.message
+    return admission
 
 
 async def _deny(ws: WebSocket, status: int, reason: str) -> None:

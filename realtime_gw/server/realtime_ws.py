@@ -36,6 +36,7 @@ from realtime_gw.sessions.events import (
     PurgeAudio,
     ResponseAudio,
     ResponseFinished,
+    ResponseRefused,
     ResponseTextDelta,
     Send,
     StartResponse,
@@ -45,6 +46,7 @@ from realtime_gw.sessions.events import (
     Transcribe,
     TranscriptionDone,
     VadResult,
+    VadUnavailable,
 )
 from realtime_gw.sessions.realtime import RealtimeSession
 
@@ -273,8 +275,8 @@ class RealtimeConnection:
     def _start_vad(self, e: StartVad) -> None:
         try:
             stream = self.gateway.workers.vad.submit(VadRequest(sample_rate=e.sample_rate))
-        except NoFreeSlot as err:
-            self._enqueue(self.session.error(f"Server VAD unavailable: {err}", "server_busy"))
+        except NoFreeSlot as err:  # reported, not decided: the session goes on without VAD
+            self.spawn(self.mailbox.put(VadUnavailable(e.stream_id, str(err))), f"vad-{e.stream_id}")
             return
         self.vad_streams[e.stream_id] = stream
         self.spawn(self._pump_vad(e.stream_id, stream), f"vad-{e.stream_id}")
@@ -293,7 +295,8 @@ class RealtimeConnection:
                 return  # stopped meanwhile
             try:
                 stream = self.gateway.workers.vad.submit(stream.request)
-            except NoFreeSlot:
+            except NoFreeSlot as err:  # the session decides what a lost VAD stream means
+                await self.mailbox.put(VadUnavailable(stream_id, str(err)))
                 return
             self.vad_streams[stream_id] = stream
 
@@ -311,7 +314,7 @@ class RealtimeConnection:
                 stream.cancel()
 
     async def _respond(self, e: StartResponse) -> None:
-        error: str | None = None
+        outcome: ResponseFinished | ResponseRefused = ResponseFinished(e.response_id, e.epoch)
         tts: Stream[Any] | None = None
         feeder: asyncio.Task[None] | None = None
         try:
@@ -329,16 +332,18 @@ class RealtimeConnection:
                 await feeder  # surfaces responder errors
         except asyncio.CancelledError:
             raise
+        except NoFreeSlot as err:  # refused at start (a worker never queues): the session answers it
+            outcome = ResponseRefused(e.response_id, e.epoch, str(err))
         except Exception as err:  # responder or worker fault: this response fails, the session goes on
             log.warning("response %s failed: %s", e.response_id, err)
-            error = str(err) or type(err).__name__
+            outcome = ResponseFinished(e.response_id, e.epoch, str(err) or type(err).__name__)
         finally:
             if feeder is not None and not feeder.done():
                 feeder.cancel()
             if tts is not None:
                 tts.cancel()
             self.responses.pop(e.response_id, None)
-        await self.mailbox.put(ResponseFinished(e.response_id, e.epoch, error))
+        await self.mailbox.put(outcome)
 
     async def _feed_tts(self, texts: Any, tts: Stream[Any]) -> None:
         try:

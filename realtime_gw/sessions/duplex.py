@@ -4,7 +4,8 @@ Pure. ``Playback`` estimates how much of an assistant item the client has played
 first frame left the server and from the client's ``playback.ack``s. ``OverlapPolicy`` classifies user
 speech that overlaps assistant speech: a short backchannel ("uh-huh") is dropped, a long one barges in,
 anything between is listened to without interrupting; speech that starts inside the echo-guard window
-of an assistant turn is treated as the assistant's own echo and never interrupts.
+of an assistant turn is treated as the assistant's own echo and never interrupts. ``Playbacks`` is the
+ledger of the newest assistant items' playback, by response id.
 """
 
 from __future__ import annotations
@@ -63,6 +64,41 @@ class Playback:
             self.acked_at = now
             self.acks.append((now, self.acked_ms))
         return self.acked_ms
+
+
+MAX_TRACKED_PLAYBACKS = 16
+"""Responses whose playback can still be acked."""
+
+
+class Playbacks:
+    """The ``playback.ack`` ledger: each audio response's ``Playback``, newest last, bounded."""
+
+    def __init__(self, limit: int = MAX_TRACKED_PLAYBACKS) -> None:
+        self.limit = limit
+        self._by_response: dict[str, Playback] = {}
+
+    def open(self, response_id: str, item_id: str) -> Playback:
+        playback = self._by_response[response_id] = Playback(response_id, item_id)
+        while len(self._by_response) > self.limit:
+            del self._by_response[next(iter(self._by_response))]
+        return playback
+
+    def get(self, response_id: str) -> Playback | None:
+        return self._by_response.get(response_id)
+
+    def __getitem__(self, response_id: str) -> Playback:
+        return self._by_response[response_id]
+
+    def latest(self) -> Playback | None:
+        return next(reversed(self._by_response.values()), None)
+
+    def audible(self, now: float) -> Playback | None:
+        """The newest playback, if the client is still hearing it."""
+        playback = self.latest()
+        return playback if playback is not None and playback.audible(now) else None
+
+    def of_item(self, item_id: str) -> Playback | None:
+        return next((p for p in self._by_response.values() if p.item_id == item_id), None)
 
 
 @dataclass(slots=True)

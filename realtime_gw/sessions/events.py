@@ -2,13 +2,16 @@
 
 Every worker result carries the ``(response_id, epoch)`` it was started under; the session drops
 results whose pair is not the live one, so late frames of a cancelled response can never leak out.
+What the transport had to decide (a worker with no free slot: ``VadUnavailable``, ``ResponseRefused``)
+comes in as an event too, so the session, not the transport, says what it means to the client.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
-from realtime_gw.protocols.realtime import ServerEvent
+from realtime_gw.protocols.realtime import ServerEvent, error_event
 from realtime_gw.records.voice import ChatMessage, TtsFrame, VadProbs
 
 # -- inputs ------------------------------------------------------------------------------------------
@@ -19,6 +22,15 @@ class VadResult:
     probs: VadProbs
     stream_id: int
     """Which VAD stream produced it; results of a replaced stream are dropped."""
+
+
+@dataclass(slots=True)
+class VadUnavailable:
+    """The transport could not open this VAD stream, or reopen it after a worker fault (no free
+    slot). The session decides what that means; the transport only reports it."""
+
+    stream_id: int
+    reason: str
 
 
 @dataclass(slots=True)
@@ -47,6 +59,16 @@ class ResponseFinished:
     response_id: str
     epoch: int
     error: str | None = None
+
+
+@dataclass(slots=True)
+class ResponseRefused:
+    """A worker had no free slot to start the response (``NoFreeSlot``): it never began. A refusal,
+    not a fault: the worker never queues, so the session answers it at once."""
+
+    response_id: str
+    epoch: int
+    reason: str
 
 
 @dataclass(slots=True)
@@ -149,6 +171,32 @@ class Close:
 
     code: int = 1000
     reason: str = ""
+
+
+class Ids:
+    """A session's ids (``event_…``, ``item_…``, ``resp_…``) from one counter, and the ``Send`` that
+    stamps each outgoing event with its ``event_id``."""
+
+    def __init__(self, session_id: str) -> None:
+        self._tag = session_id[-8:]
+        self._counter = itertools.count(1)
+
+    def new(self, prefix: str) -> str:
+        return f"{prefix}_{self._tag}{next(self._counter):05d}"
+
+    def send(self, event: ServerEvent, response_id: str | None = None, audio_ms: float = 0.0) -> Send:
+        event.event_id = self.new("event")
+        return Send(event, response_id=response_id, audio_ms=audio_ms)
+
+    def error(
+        self,
+        message: str,
+        code: str,
+        param: str | None = None,
+        event_id: str | None = None,
+        type: str = "invalid_request_error",
+    ) -> Send:
+        return self.send(error_event(message, code=code, param=param, event_id=event_id, type=type))
 
 
 Effect = AwaitDelivery | Close | Send | StartVad | StopVad | FeedVad | Transcribe | StartResponse | CancelResponse | PurgeAudio

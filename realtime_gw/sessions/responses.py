@@ -1,0 +1,324 @@
+"""The response lifecycle of one session: one response slot with named phases, h11-style. Pure.
+
+::
+
+               create                   transcripts in            finished, audio still queued
+    IDLE ─────────────────► WAITING ─────────────────► GENERATING ─────────────────► DELIVERING
+     ▲                         │                           │                              │
+     └──────── response.done (completed | cancelled | failed) from any live phase ───────┘
+
+    close(): IDLE ──► CLOSED (a live response is cancelled first); nothing starts again.
+
+- ``WAITING``: ``response.created`` is out, the worker is not asked yet: a user transcript the
+  response reads is still on its way (``StartResponse`` goes out when the last one arrives).
+- ``GENERATING``: ``StartResponse`` is out; the worker's text and audio flow in. A refusal
+  (``ResponseRefused``: no free slot) or a fault (``ResponseFinished(error=…)``) fails it.
+- ``DELIVERING``: generated; the response stays live until its audio has left for the client
+  (``AwaitDelivery`` → ``AudioDelivered``), so speech over it still interrupts it.
+
+Worker results are accepted only for the live ``(response_id, epoch)`` in the phase that expects
+them (text and audio while generating, one finish, one delivery); anything else is stale and
+dropped. ``response.done`` is sent only by ``_finish``, the one way out of a live phase, so each
+response gets exactly one; a transition the table does not allow raises ``ResponsePhaseError``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+import msgspec
+from msgspec import UNSET
+
+from realtime_gw.protocols import audio
+from realtime_gw.protocols import realtime as rt
+from realtime_gw.records.voice import OUTPUT_RATE, ChatMessage
+from realtime_gw.sessions.conversation import Conversation, ConversationError, SpokenSpan, item_text
+from realtime_gw.sessions.duplex import Playbacks
+from realtime_gw.sessions.events import (
+    AudioDelivered,
+    AwaitDelivery,
+    CancelResponse,
+    Effect,
+    Ids,
+    PurgeAudio,
+    ResponseAudio,
+    ResponseFinished,
+    ResponseRefused,
+    ResponseTextDelta,
+)
+from realtime_gw.sessions.response import LiveResponse
+from realtime_gw.sessions.settings import OUTPUT_RATES, SessionError, SessionSettings, check_voice
+
+
+class Phase(str, Enum):
+    IDLE = "idle"
+    WAITING = "waiting"
+    GENERATING = "generating"
+    DELIVERING = "delivering"
+    CLOSED = "closed"
+
+
+LIVE = (Phase.WAITING, Phase.GENERATING, Phase.DELIVERING)
+_NEXT: dict[Phase, tuple[Phase, ...]] = {
+    Phase.IDLE: (Phase.WAITING, Phase.CLOSED),
+    Phase.WAITING: (Phase.GENERATING, Phase.IDLE),
+    Phase.GENERATING: (Phase.DELIVERING, Phase.IDLE),
+    Phase.DELIVERING: (Phase.IDLE,),
+    Phase.CLOSED: (),
+}
+
+
+class ResponsePhaseError(RuntimeError):
+    """A transition the response phases do not allow: a bug in the session, never a client error."""
+
+
+class Responses:
+    """The session's response slot: creates, starts, feeds, cancels and ends its responses."""
+
+    def __init__(
+        self, ids: Ids, conversation: Conversation, playbacks: Playbacks, voices: frozenset[str], conversation_id: str
+    ) -> None:
+        self.ids = ids
+        self.conversation = conversation
+        self.playbacks = playbacks
+        """The playback ledger (shared with turn-taking): each audio response is tracked in it."""
+        self.voices = voices
+        self.conversation_id = conversation_id
+        self.phase = Phase.IDLE
+        self.live: LiveResponse | None = None
+        self.epoch = 0
+        """Bumped by every create and cancel: results carrying an older epoch are stale."""
+
+    def _enter(self, phase: Phase, action: str) -> None:
+        if phase not in _NEXT[self.phase]:
+            rid = self.live.id if self.live is not None else "none"
+            raise ResponsePhaseError(
+                f"cannot {action} while the response slot is {self.phase.value} (response {rid}): "
+                f"{self.phase.value} -> {phase.value} is not a transition"
+            )
+        self.phase = phase
+
+    def _send(self, r: LiveResponse, event: rt.ServerEvent, audio_ms: float = 0.0) -> Effect:
+        """An event of response ``r``: it travels in that response's ordered (paced) lane."""
+        return self.ids.send(event, response_id=r.id, audio_ms=audio_ms)
+
+    # -- creating and starting ---------------------------------------------------------------------
+    def create(self, p: rt.ResponseParams, settings: SessionSettings, event_id: str | None = None) -> list[Effect]:
+        """``response.create`` (or a turn that asks for an answer). Raises ``SessionError`` (or
+        ``ConversationError``) and changes nothing when it cannot be created."""
+        if self.live is not None:
+            raise SessionError(
+                f"Conversation already has an active response in progress: {self.live.id}. "
+                "Wait until the response is finished before creating a new one.",
+                "conversation_already_has_active_response",
+            )
+        asked = _validated(p, settings, self.voices)
+        r = LiveResponse(
+            id=self.ids.new("resp"),
+            epoch=self.epoch + 1,
+            item_id=self.ids.new("item"),
+            conversation_id=self.conversation_id,
+            **asked,
+        )
+        if r.in_conversation:
+            self.conversation.check_add(r.item_id)  # a refused response must leave nothing behind
+        self._enter(Phase.WAITING, "create a response")
+        self.epoch, self.live = r.epoch, r
+        if r.audio:
+            r.encoder = audio.OutputEncoder(settings.output_format)
+            self.playbacks.open(r.id, r.item_id)
+        item = r.item("in_progress")
+        out = [
+            self._send(r, rt.ResponseCreatedEvent(response=r.wire("in_progress"))),
+            self._send(r, rt.ResponseOutputItemAddedEvent(response_id=r.id, output_index=0, item=item)),
+        ]
+        if r.in_conversation:
+            previous = self.conversation.last_id()
+            self.conversation.add(msgspec.structs.replace(item, content=[]))
+            out.append(self._send(r, rt.ConversationItemAdded(item=item, previous_item_id=previous)))
+        out.append(self._send(r, rt.ResponseContentPartAddedEvent(**r.ref(), part=r.part())))
+        return out + self.start_if_ready()
+
+    def start_if_ready(self) -> list[Effect]:
+        """WAITING -> GENERATING once every user transcript has arrived."""
+        r = self.live
+        if r is None or self.phase is not Phase.WAITING or self.conversation.transcripts_pending:
+            return []
+        self._enter(Phase.GENERATING, "start the response")
+        return [r.start(self.conversation.as_chat())]
+
+    def answer(self, settings: SessionSettings) -> list[Effect]:
+        """A user turn asks for an answer: now, or when the live response completes. Never raises:
+        a rule the new response would break (a full conversation) becomes an error event."""
+        if self.live is not None:
+            self.live.answer_after = True
+            return []
+        try:
+            return self.create(rt.ResponseParams(), settings)
+        except (SessionError, ConversationError) as e:
+            return [self.ids.error(str(e), e.code, e.param)]
+
+    # -- worker results --------------------------------------------------------------------------------
+    def _accepts(self, response_id: str, epoch: int, phase: Phase) -> LiveResponse | None:
+        r = self.live
+        if r is None or (r.id, r.epoch) != (response_id, epoch) or self.phase is not phase:
+            return None  # stale: a result of a cancelled or finished response, or one it no longer expects
+        return r
+
+    def on_text(self, ev: ResponseTextDelta) -> list[Effect]:
+        r = self._accepts(ev.response_id, ev.epoch, Phase.GENERATING)
+        if r is None or r.audio or not ev.text:
+            return []  # with audio, the transcript travels with the frames
+        r.text += ev.text
+        return [self._send(r, rt.ResponseTextDeltaEvent(**r.ref(), delta=ev.text))]
+
+    def on_audio(self, ev: ResponseAudio) -> list[Effect]:
+        r = self._accepts(ev.response_id, ev.epoch, Phase.GENERATING)
+        if r is None or not r.audio:
+            return []
+        out: list[Effect] = []
+        words = ev.frame.text.strip()
+        if words:
+            delta = (" " if r.text else "") + words
+            r.text += delta
+            r.spans.append(SpokenSpan(r.audio_ms, words))
+            out.append(self._send(r, rt.ResponseAudioTranscriptDeltaEvent(**r.ref(), delta=delta)))
+        if ev.frame.pcm:
+            assert r.encoder is not None
+            ms = len(ev.frame.pcm) / 2 / OUTPUT_RATE * 1000
+            out.append(self._audio_delta(r, r.encoder.encode(ev.frame.pcm), ms))
+            r.audio_ms += ms
+            playback = self.playbacks.get(r.id)
+            if playback is not None:
+                playback.audio_ms = r.audio_ms
+        return out
+
+    def _audio_delta(self, r: LiveResponse, wire: bytes, ms: float) -> Effect:
+        assert r.encoder is not None
+        rate = OUTPUT_RATES[r.encoder.format]
+        delta = rt.ResponseAudioDeltaEvent(**r.ref(), delta=wire, seq=r.frames, sample_rate_hz=rate)
+        r.frames += 1
+        return self._send(r, delta, audio_ms=ms)
+
+    def on_finished(self, ev: ResponseFinished, settings: SessionSettings) -> list[Effect]:
+        r = self._accepts(ev.response_id, ev.epoch, Phase.GENERATING)
+        if r is None:
+            return []
+        if ev.error is not None:
+            # The session goes on: an error event says what happened, then the one response.done.
+            failed = self.ids.error(f"Response {r.id} failed: {ev.error}", "response_failed", type="server_error")
+            details = rt.ResponseStatusDetails(type="failed", error={"type": "server_error", "message": ev.error})
+            return [failed, *self._finish(r, "failed", details)]
+        out: list[Effect] = []
+        tail = r.encoder.flush() if r.encoder is not None else b""
+        if tail:  # G.711: the resampler's withheld last samples
+            out.append(self._audio_delta(r, tail, len(tail) / (OUTPUT_RATES[r.encoder.format] / 1000)))  # type: ignore[union-attr]
+        if r.audio and r.frames:
+            self._enter(Phase.DELIVERING, "wait for the audio to be delivered")
+            return [*out, AwaitDelivery(r.id, r.epoch)]  # live until its audio is out
+        return out + self._complete(r, settings)
+
+    def on_refused(self, ev: ResponseRefused) -> list[Effect]:
+        """No worker slot to start it: it fails at once, as ``server_busy``."""
+        r = self._accepts(ev.response_id, ev.epoch, Phase.GENERATING)
+        if r is None:
+            return []
+        busy = self.ids.error(f"Response {r.id} could not start: {ev.reason}", "server_busy", type="server_error")
+        error = {"type": "server_error", "code": "server_busy", "message": ev.reason}
+        return [busy, *self._finish(r, "failed", rt.ResponseStatusDetails(type="failed", error=error))]
+
+    def on_delivered(self, ev: AudioDelivered, settings: SessionSettings) -> list[Effect]:
+        r = self._accepts(ev.response_id, ev.epoch, Phase.DELIVERING)
+        return [] if r is None else self._complete(r, settings)
+
+    def _complete(self, r: LiveResponse, settings: SessionSettings) -> list[Effect]:
+        out = self._finish(r, "completed", None)
+        return out + self.answer(settings) if r.answer_after else out
+
+    # -- ending ----------------------------------------------------------------------------------------
+    def cancel(self, reason: str) -> list[Effect]:
+        """Stop the live response (``client_cancelled``, ``turn_detected``, ``client_disconnected``)."""
+        r = self.live
+        if r is None:
+            raise ResponsePhaseError(f"cannot cancel ({reason}) while the response slot is {self.phase.value}")
+        out: list[Effect] = [CancelResponse(r.id, r.epoch), PurgeAudio(r.id)]
+        out += self._finish(r, "cancelled", rt.ResponseStatusDetails(type="cancelled", reason=reason))
+        self.epoch += 1  # anything still in flight for the old epoch is now stale
+        return out
+
+    def close(self) -> list[Effect]:
+        """The session ends: cancel the live response; no response starts again."""
+        out = self.cancel("client_disconnected") if self.live is not None else []
+        self._enter(Phase.CLOSED, "close the session")
+        return out
+
+    def sync_entry(self, item_id: str) -> None:
+        """The live response's conversation item, brought up to what it has produced so far."""
+        r = self.live
+        if r is not None and r.item_id == item_id and item_id in self.conversation:
+            r.sync(self.conversation.get(item_id))
+
+    def _finish(self, r: LiveResponse, status: str, details: rt.ResponseStatusDetails | None) -> list[Effect]:
+        """Close out the response's part and item, then its single ``response.done``."""
+        self._enter(Phase.IDLE, f"end the response ({status})")
+        self.live = None
+        playback = self.playbacks.get(r.id)
+        if playback is not None:
+            playback.finished = True
+        item_status = "completed" if status == "completed" else "incomplete"
+        item = r.item(item_status)
+        ref = r.ref()
+        if r.audio:
+            out = [
+                self._send(r, rt.ResponseAudioDoneEvent(**ref)),
+                self._send(r, rt.ResponseAudioTranscriptDoneEvent(**ref, transcript=r.text)),
+            ]
+        else:
+            out = [self._send(r, rt.ResponseTextDoneEvent(**ref, text=r.text))]
+        out.append(self._send(r, rt.ResponseContentPartDoneEvent(**ref, part=r.part())))
+        out.append(self._send(r, rt.ResponseOutputItemDoneEvent(response_id=r.id, output_index=0, item=item)))
+        if r.in_conversation and r.item_id in self.conversation:
+            entry = self.conversation.get(r.item_id)
+            r.sync(entry)
+            entry.item.status = item_status  # type: ignore[assignment]
+            previous = self.conversation.previous_id(r.item_id)
+            out.append(self._send(r, rt.ConversationItemDone(item=item, previous_item_id=previous)))
+        out.append(self._send(r, rt.ResponseDoneEvent(response=r.wire(status, details))))
+        return out
+
+
+def _validated(p: rt.ResponseParams, s: SessionSettings, voices: frozenset[str]) -> dict[str, Any]:
+    """What ``response.create`` asks for, merged over the session settings; raises ``SessionError``."""
+    voice, speed = s.voice, s.speed
+    if p.audio is not None and p.audio.output is not UNSET:
+        if p.audio.output.voice is not UNSET:
+            voice = check_voice(p.audio.output.voice, voices, "response.audio.output.voice")
+        if p.audio.output.speed is not UNSET:
+            speed = p.audio.output.speed
+            if not audio.speed_in_range(speed):
+                raise SessionError(audio.SPEED_ERROR, "invalid_value", "response.audio.output.speed")
+    if p.conversation not in (None, "auto", "none"):
+        raise SessionError(
+            f"conversation must be 'auto' or 'none', got '{p.conversation}'", "invalid_value", "response.conversation"
+        )
+    context = None
+    if p.input is not None:
+        try:
+            items = msgspec.convert(p.input, list[rt.Item])
+        except msgspec.ValidationError as e:
+            raise SessionError(f"Invalid response.input: {e}", "invalid_value", "response.input") from None
+        context = [ChatMessage(i.role or "user", item_text(i)) for i in items if i.type == "message"]
+    max_tokens = p.max_output_tokens if p.max_output_tokens not in (None, "inf") else s.max_output_tokens
+    if isinstance(max_tokens, int) and max_tokens < 1:
+        raise SessionError("max_output_tokens must be at least 1", "invalid_value", "response.max_output_tokens")
+    return {
+        "audio": "audio" in (p.output_modalities or s.output_modalities),
+        "in_conversation": p.conversation != "none",
+        "instructions": p.instructions if p.instructions is not None else s.instructions,
+        "context": context,
+        "voice": voice,
+        "speed": speed,
+        "max_output_tokens": max_tokens if isinstance(max_tokens, int) else None,
+        "metadata": p.metadata,
+    }
