@@ -72,9 +72,10 @@ class Admission:
             return
         self.entered = False
         assert self.key is not None
-        self.gateway.sessions[self.kind] -= 1
         self.gateway.access.release(self.key)
         SESSIONS.labels(self.kind).dec()
+        # The count goes last: whoever sees it drop (a limit check, a test) sees the rest released too.
+        self.gateway.sessions[self.kind] -= 1
 
     def __enter__(self) -> Admission:
         return self
