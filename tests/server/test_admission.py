@@ -45,16 +45,21 @@ def test_max_sessions_counts_every_kind_and_leave_gives_back() -> None:
     assert gw.sessions["speech"] == 0 and gw.access.sessions[""] == 1
     again = Admission(gw, "openpi")
     assert again.check({}) is None and again.enter() is None
+    for admission in (again, held[1]):  # the sessions gauge is process-wide: give everything back
+        admission.leave()
 
 
 def test_openpi_cap_and_key_limits() -> None:
     config = GatewayConfig(openpi_max_sessions=1, max_sessions_per_key=2, session_starts_per_key_per_min=3)
     gw = fakes.gateway(config, keys=["a", "b"])
+    entered: list[Admission] = []
 
     def enter(kind: str, key: str) -> Admission | str:
         admission = Admission(gw, kind)  # type: ignore[arg-type]
         assert admission.check({"authorization": f"Bearer {key}"}) is None
         refusal = admission.enter()
+        if refusal is None:
+            entered.append(admission)
         return admission if refusal is None else f"{refusal.status} {refusal.code}: {refusal.message}"
 
     first = enter("openpi", "a")
@@ -67,6 +72,8 @@ def test_openpi_cap_and_key_limits() -> None:
     second = enter("speech", "a")
     assert isinstance(second, str)  # key slots full again (2 held)
     assert gw.sessions == {"realtime": 1, "openpi": 0, "speech": 1}
+    for admission in entered:  # the sessions gauge is process-wide: give everything back
+        admission.leave()
 
 
 def test_rate_refusal_is_429() -> None:
