@@ -289,3 +289,62 @@ class SentenceTtsBackend(TtsBackendBase[TtsState]):
         if not result.done or not any(f.pcm for f in result.outputs):
             raise RuntimeError(f"{self.name}: warm-up produced no audio")
         self.release(state)
+
+
+class FrameTtsLoop:
+    """The frame-per-step loop of the codec-LM backends (Mimi LM, Qwen3-TTS): every live stream with a
+    token to say (or its tail) advances one 80 ms frame per step, all in one ``engine.step``. A backend
+    says only which token a stream feeds next (``_next_token``) and turns codes into frames (``_emit``)."""
+
+    engine: Any
+    name: str
+
+    def _next_token(self, state: Any) -> tuple[int, bool]:
+        """(token to feed, whether EOS may end the utterance this frame); pops the token it feeds."""
+        raise NotImplementedError
+
+    def _emit(self, state: Any, codes: Any, pcm: Any) -> StepResult:
+        raise NotImplementedError
+
+    def has_work(self, state: Any) -> bool:
+        return not state.done and (bool(state.text.tokens) or state.text.ended)
+
+    def release(self, state: Any) -> None:
+        if not state.released:
+            state.released = True
+            self.engine.free(state.slot)
+
+    def step(self, work: list[tuple[Any, list[Any]]]) -> list[StepResult]:
+        results: list[StepResult | None] = [None] * len(work)
+        go: list[int] = []
+        for i, (state, inputs) in enumerate(work):
+            try:
+                feed_inputs(state.text, inputs)
+            except Exception as e:  # bad input fails this stream only
+                results[i] = self._failed(e)  # type: ignore[attr-defined]
+                continue
+            text = state.text
+            if state.done:
+                results[i] = StepResult(done=True)
+            elif text.ended and text.queued == 0:  # nothing to say: one empty final frame
+                state.done = True
+                results[i] = StepResult(outputs=[TtsFrame(pcm=b"", final=True)], done=True)
+            elif text.tokens or text.ended:
+                go.append(i)
+            else:
+                results[i] = StepResult()  # waiting for a complete word
+        if go:
+            states = [work[i][0] for i in go]
+            fed = [self._next_token(st) for st in states]
+            codes, pcm = self.engine.step([st.slot for st in states], [t for t, _ in fed], [ok for _, ok in fed])
+            for j, i in enumerate(go):
+                results[i] = self._emit(states[j], codes[j], pcm[j])
+        return [r if r is not None else StepResult() for r in results]
+
+    def warmup(self) -> None:
+        seconds = self.engine.capture_all()
+        if seconds:
+            log.info("%s: captured %d CUDA graphs in %.1f s", self.name, self.engine.graph_count, seconds)
+        # ends within the slot length: each backend caps an utterance at its slot's frames
+        if not self.synthesize("Warming up."):  # type: ignore[attr-defined]
+            raise RuntimeError(f"{self.name}: warm-up produced no audio")

@@ -31,7 +31,7 @@ import torch
 from realtime_gw.models.runtime import StepResult
 from realtime_gw.models.speech.codec.engine import CodecEngine, LoadedModels, load_models
 from realtime_gw.models.speech.codec.text import TextFeed
-from realtime_gw.models.speech.tts_base import TtsBackendBase, feed_inputs
+from realtime_gw.models.speech.tts_base import FrameTtsLoop, TtsBackendBase
 from realtime_gw.records.voice import TtsFrame, TtsRequest
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class CodecTtsState:
     released: bool = False
 
 
-class CodecTtsBackend(TtsBackendBase[CodecTtsState]):
+class CodecTtsBackend(FrameTtsLoop, TtsBackendBase[CodecTtsState]):
     # voices, native_rate and default_voice are the base's: one "default" voice at 24 kHz
     name = "tts-codec"
 
@@ -119,57 +119,12 @@ class CodecTtsBackend(TtsBackendBase[CodecTtsState]):
         slot = self.engine.alloc()  # NoFreeSlot when full
         return CodecTtsState(request=request, slot=slot, text=TextFeed(self.tokenizer))
 
-    def has_work(self, state: CodecTtsState) -> bool:
-        return not state.done and (bool(state.text.tokens) or state.text.ended)
-
-    def release(self, state: CodecTtsState) -> None:
-        if not state.released:
-            state.released = True
-            self.engine.free(state.slot)
-
-    def step(self, work: list[tuple[CodecTtsState, list[Any]]]) -> list[StepResult]:
-        results: list[StepResult | None] = [None] * len(work)
-        go: list[int] = []
-        for i, (state, inputs) in enumerate(work):
-            try:
-                feed_inputs(state.text, inputs)
-            except Exception as e:  # bad input fails this stream only
-                results[i] = self._failed(e)
-                continue
-            text = state.text
-            if state.done:
-                results[i] = StepResult(done=True)
-            elif text.ended and text.queued == 0:  # nothing to say: one empty final frame
-                state.done = True
-                results[i] = StepResult(outputs=[TtsFrame(pcm=b"", final=True)], done=True)
-            elif text.tokens or text.ended:
-                go.append(i)
-            else:
-                results[i] = StepResult()  # waiting for a complete word
-        if go:
-            states = [work[i][0] for i in go]
-            tokens, eos_ok = [], []
-            for st in states:
-                if st.text.tokens:
-                    tokens.append(st.text.tokens.popleft())
-                    st.spoken += 1
-                    eos_ok.append(False)  # EOS only once every token has been spoken
-                else:
-                    tokens.append(self.tokenizer.pad_id)
-                    st.tail += 1
-                    eos_ok.append(True)
-            codes, pcm = self.engine.step([st.slot for st in states], tokens, eos_ok)
-            for j, i in enumerate(go):
-                results[i] = self._emit(states[j], codes[j], pcm[j])
-        return [r if r is not None else StepResult() for r in results]
-
-    def warmup(self) -> None:
-        seconds = self.engine.capture_all()
-        if seconds:
-            log.info("%s: captured %d CUDA graphs in %.1f s", self.name, self.engine.graph_count, seconds)
-        # ends within the slot length: ``_limit`` caps every utterance at ``max_positions`` frames
-        if not self.synthesize("Warming up."):
-            raise RuntimeError(f"{self.name}: warm-up produced no audio")
+    def _next_token(self, st: CodecTtsState) -> tuple[int, bool]:
+        if st.text.tokens:
+            st.spoken += 1
+            return st.text.tokens.popleft(), False  # EOS only once every token has been spoken
+        st.tail += 1
+        return self.tokenizer.pad_id, True
 
     # -- internals -------------------------------------------------------------------------------------
     def _limit(self, state: CodecTtsState) -> int:

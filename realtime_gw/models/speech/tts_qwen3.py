@@ -32,7 +32,7 @@ from realtime_gw.models.speech.codec.text import TextFeed, TextTokenizer
 from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint, load_checkpoint, random_checkpoint
 from realtime_gw.models.speech.qwen3.engine import Qwen3Engine, build_prompt
 from realtime_gw.models.speech.qwen3.talker import Sampling
-from realtime_gw.models.speech.tts_base import OPENAI_VOICES, TtsBackendBase, feed_inputs
+from realtime_gw.models.speech.tts_base import OPENAI_VOICES, FrameTtsLoop, TtsBackendBase
 from realtime_gw.models.tokenizers import ByteTokenizer, HfTokenizer, has_tokenizer_files
 from realtime_gw.records.voice import TtsFrame, TtsRequest
 
@@ -60,7 +60,7 @@ class Qwen3TtsState:
     released: bool = False
 
 
-class Qwen3TtsBackend(TtsBackendBase[Qwen3TtsState]):
+class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
     name = "tts-qwen3"
 
     def __init__(
@@ -145,57 +145,16 @@ class Qwen3TtsBackend(TtsBackendBase[Qwen3TtsState]):
         slot = self.engine.alloc_prompt(prompt)  # NoFreeSlot when full
         return Qwen3TtsState(request=request, slot=slot, text=TextFeed(self.tokenizer))
 
-    def has_work(self, state: Qwen3TtsState) -> bool:
-        return not state.done and (bool(state.text.tokens) or state.text.ended)
-
-    def release(self, state: Qwen3TtsState) -> None:
-        if not state.released:
-            state.released = True
-            self.engine.free(state.slot)
-
-    def step(self, work: list[tuple[Qwen3TtsState, list[Any]]]) -> list[StepResult]:
-        results: list[StepResult | None] = [None] * len(work)
-        go: list[int] = []
-        for i, (state, inputs) in enumerate(work):
-            try:
-                feed_inputs(state.text, inputs)
-            except Exception as e:  # bad input fails this stream only
-                results[i] = self._failed(e)
-                continue
-            text = state.text
-            if state.done:
-                results[i] = StepResult(done=True)
-            elif text.ended and text.queued == 0:
-                state.done = True
-                results[i] = StepResult(outputs=[TtsFrame(pcm=b"", final=True)], done=True)
-            elif text.tokens or text.ended:
-                go.append(i)
-            else:
-                results[i] = StepResult()
-        if go:
-            states = [work[i][0] for i in go]
-            tokens, eos_ok = [], []
-            for st in states:
-                if st.text.tokens:
-                    tokens.append(st.text.tokens.popleft())
-                    st.spoken += 1
-                else:
-                    tokens.append(self.tts_eos if st.tail == 0 else self.tts_pad)
-                    st.tail += 1
-                # the reference's min_new_tokens=2; and EOS only once every text token was fed (as the
-                # codec LM): with text still streaming in, an early EOS would drop words
-                eos_ok.append(st.frames >= 2 and st.tail > 0 and not self.random_init)
-            codes, pcm = self.engine.step([st.slot for st in states], tokens, eos_ok)
-            for j, i in enumerate(go):
-                results[i] = self._emit(states[j], codes[j], pcm[j])
-        return [r if r is not None else StepResult() for r in results]
-
-    def warmup(self) -> None:
-        seconds = self.engine.capture_all()
-        if seconds:
-            log.info("%s: captured %d CUDA graphs in %.1f s", self.name, self.engine.graph_count, seconds)
-        if not self.synthesize("Warming up."):
-            raise RuntimeError(f"{self.name}: warm-up produced no audio")
+    def _next_token(self, st: Qwen3TtsState) -> tuple[int, bool]:
+        if st.text.tokens:
+            token = st.text.tokens.popleft()
+            st.spoken += 1
+        else:
+            token = self.tts_eos if st.tail == 0 else self.tts_pad
+            st.tail += 1
+        # the reference's min_new_tokens=2; and EOS only once every text token was fed (as the codec
+        # LM): with text still streaming in, an early EOS would drop words
+        return token, st.frames >= 2 and st.tail > 0 and not self.random_init
 
     # -- internals -------------------------------------------------------------------------------------
     def _limit(self, state: Qwen3TtsState) -> int:
