@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from realtime_gw.protocols.audio import FRAME_SAMPLES, OUTPUT_RATE
 
@@ -12,6 +13,11 @@ __all__ = [
     "AsrRequest",
     "AsrResult",
     "ChatMessage",
+    "ChatRequest",
+    "ChatUsage",
+    "ReplyPiece",
+    "ToolCall",
+    "ToolCallDelta",
     "TtsFrame",
     "TtsRequest",
     "VadProbs",
@@ -20,11 +26,66 @@ __all__ = [
 
 
 @dataclass(slots=True)
+class ToolCall:
+    """A function call the model made (an assistant message's ``tool_calls`` entry)."""
+
+    call_id: str
+    name: str
+    arguments: str
+    """JSON text, as the model produced it (the gateway never parses or runs it)."""
+
+
+@dataclass(slots=True)
 class ChatMessage:
-    """One message of the conversation as a responder sees it (OpenAI chat roles)."""
+    """One message of the conversation as a responder sees it (OpenAI chat roles:
+    ``system``, ``user``, ``assistant``, ``tool``)."""
 
     role: str
     content: str
+    images: list[str] = field(default_factory=list)
+    """``input_image`` parts of a user message: data URLs or http(s) URLs, in order after the text."""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    """``assistant`` only: the calls it made (``function_call`` items that follow it)."""
+    tool_call_id: str | None = None
+    """``tool`` only: the call this is the output of (a ``function_call_output`` item)."""
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    """What a responder is asked: the model context plus the response's tool settings."""
+
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    """Realtime function tools as the client gave them: ``{"type": "function", "name", "description",
+    "parameters"}`` (validated by the session; never executed by the gateway)."""
+    tool_choice: str | dict[str, Any] = "auto"
+    """``auto`` | ``none`` | ``required`` | ``{"type": "function", "name": ...}``."""
+    temperature: float | None = None
+
+
+@dataclass(slots=True)
+class ToolCallDelta:
+    """A piece of a streamed tool call. ``index`` tells parallel calls apart; ``call_id`` and ``name``
+    come with the first piece of a call, ``arguments`` is a fragment of its JSON text."""
+
+    index: int
+    arguments: str = ""
+    call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass(slots=True)
+class ChatUsage:
+    """Token counts the backend reported for one response (last piece of a stream, when known)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+
+
+ReplyPiece = str | ToolCallDelta | ChatUsage
+"""What a responder streams: spoken/written text, tool-call fragments, and finally usage."""
 
 
 @dataclass(slots=True)

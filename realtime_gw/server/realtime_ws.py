@@ -13,6 +13,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -20,7 +21,15 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from realtime_gw.models.registry import accepted_voices
 from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFault
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.records.voice import AsrRequest, TtsRequest, VadRequest
+from realtime_gw.records.voice import (
+    AsrRequest,
+    ChatRequest,
+    ChatUsage,
+    ReplyPiece,
+    ToolCallDelta,
+    TtsRequest,
+    VadRequest,
+)
 from realtime_gw.server import auth
 from realtime_gw.server.admission import Admission
 from realtime_gw.server.gateway import Gateway
@@ -38,6 +47,8 @@ from realtime_gw.sessions.events import (
     ResponseFinished,
     ResponseRefused,
     ResponseTextDelta,
+    ResponseToolCall,
+    ResponseUsage,
     Send,
     StartResponse,
     StartVad,
@@ -317,14 +328,15 @@ class RealtimeConnection:
         outcome: ResponseFinished | ResponseRefused = ResponseFinished(e.response_id, e.epoch)
         tts: Stream[Any] | None = None
         feeder: asyncio.Task[None] | None = None
+        request = ChatRequest(e.messages, e.max_output_tokens, e.tools, e.tool_choice, e.temperature)
         try:
-            texts = self.gateway.responder.stream(e.messages, e.max_output_tokens)
+            pieces = self.gateway.responder.stream(request)
             if not e.audio:
-                async for piece in texts:
-                    await self.mailbox.put(ResponseTextDelta(e.response_id, e.epoch, piece))
+                async for piece in pieces:
+                    await self.mailbox.put(reply_event(e, piece))
             else:
                 tts = self.gateway.workers.tts.submit(TtsRequest(voice=e.voice, speed=e.speed))
-                feeder = asyncio.create_task(self._feed_tts(texts, tts))
+                feeder = asyncio.create_task(self._feed_tts(e, pieces, tts))
                 async for frame in tts:
                     await self.mailbox.put(ResponseAudio(e.response_id, e.epoch, frame))
                     if not self.audio_room.is_set():
@@ -345,15 +357,28 @@ class RealtimeConnection:
             self.responses.pop(e.response_id, None)
         await self.mailbox.put(outcome)
 
-    async def _feed_tts(self, texts: Any, tts: Stream[Any]) -> None:
+    async def _feed_tts(self, e: StartResponse, pieces: AsyncIterator[ReplyPiece], tts: Stream[Any]) -> None:
+        """Text goes to the voice; tool calls and usage go straight to the session."""
         try:
-            async for piece in texts:
-                tts.push(piece)
+            async for piece in pieces:
+                if isinstance(piece, str):
+                    tts.push(piece)
+                else:
+                    await self.mailbox.put(reply_event(e, piece))
         finally:
             tts.close_input()
 
 
 _DISCONNECTED = object()
+
+
+def reply_event(e: StartResponse, piece: ReplyPiece) -> ResponseTextDelta | ResponseToolCall | ResponseUsage:
+    """A responder's piece as the session event it becomes."""
+    if isinstance(piece, ToolCallDelta):
+        return ResponseToolCall(e.response_id, e.epoch, piece)
+    if isinstance(piece, ChatUsage):
+        return ResponseUsage(e.response_id, e.epoch, piece)
+    return ResponseTextDelta(e.response_id, e.epoch, piece)
 
 
 async def submit_with_retry(worker: StageWorker, request: Any, patience_s: float = ASR_PATIENCE_S) -> Stream[Any]:

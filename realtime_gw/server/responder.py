@@ -15,7 +15,7 @@ from typing import Protocol
 import httpx
 
 from realtime_gw.config import GatewayConfig
-from realtime_gw.records.voice import ChatMessage
+from realtime_gw.records.voice import ChatRequest, ReplyPiece
 
 
 class ResponderError(RuntimeError):
@@ -25,7 +25,9 @@ class ResponderError(RuntimeError):
 class Responder(Protocol):
     name: str
 
-    def stream(self, messages: list[ChatMessage], max_tokens: int | None) -> AsyncIterator[str]: ...
+    def stream(self, request: ChatRequest) -> AsyncIterator[ReplyPiece]:
+        """Text pieces, tool-call fragments and (last, when known) usage, as the model produces them."""
+        ...
 
 
 class EchoResponder:
@@ -33,8 +35,9 @@ class EchoResponder:
 
     name = "echo"
 
-    async def stream(self, messages: list[ChatMessage], max_tokens: int | None) -> AsyncIterator[str]:
-        text = next((m.content for m in reversed(messages) if m.role == "user" and m.content.strip()), "")
+    async def stream(self, request: ChatRequest) -> AsyncIterator[ReplyPiece]:
+        max_tokens = request.max_tokens
+        text = next((m.content for m in reversed(request.messages) if m.role == "user" and m.content.strip()), "")
         if not text.strip():
             text = "I did not catch that."
         words = re.findall(r"\S+\s*", text)
@@ -62,12 +65,12 @@ class OpenAIChatResponder:
             self._client = httpx.AsyncClient(timeout=self.timeout)
         return self._client
 
-    async def stream(self, messages: list[ChatMessage], max_tokens: int | None) -> AsyncIterator[str]:
+    async def stream(self, request: ChatRequest) -> AsyncIterator[ReplyPiece]:
         body = {
             "model": self.model,
             "stream": True,
-            "max_tokens": max_tokens or self.max_tokens,
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "max_tokens": request.max_tokens or self.max_tokens,
+            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
         }
         try:
             async with self._http().stream("POST", self.url, json=body, headers=self.headers) as resp:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from realtime_gw.protocols.realtime import ServerEvent, error_event
-from realtime_gw.records.voice import ChatMessage, TtsFrame, VadProbs
+from realtime_gw.records.voice import ChatMessage, ChatUsage, ToolCallDelta, TtsFrame, VadProbs
 
 # -- inputs ------------------------------------------------------------------------------------------
 
@@ -45,6 +46,24 @@ class ResponseTextDelta:
     response_id: str
     epoch: int
     text: str
+
+
+@dataclass(slots=True)
+class ResponseToolCall:
+    """A fragment of a tool call the model is making in this response (see ``ToolCallDelta``)."""
+
+    response_id: str
+    epoch: int
+    delta: ToolCallDelta
+
+
+@dataclass(slots=True)
+class ResponseUsage:
+    """The backend's token counts for this response; arrives before ``ResponseFinished`` when known."""
+
+    response_id: str
+    epoch: int
+    usage: ChatUsage
 
 
 @dataclass(slots=True)
@@ -139,6 +158,9 @@ class StartResponse:
     voice: str = "default"
     speed: float = 1.0
     max_output_tokens: int | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    temperature: float | None = None
 
 
 @dataclass(slots=True)

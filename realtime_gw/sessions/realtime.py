@@ -38,6 +38,8 @@ from realtime_gw.sessions.events import (
     ResponseFinished,
     ResponseRefused,
     ResponseTextDelta,
+    ResponseToolCall,
+    ResponseUsage,
     Send,
     StopVad,
     Tick,
@@ -314,6 +316,9 @@ _HANDLERS: dict[type, Any] = {
     PlaybackStarted: lambda s, ev, now: s.turns.playback_started(ev),
     ResponseTextDelta: lambda s, ev, now: s.responses.on_text(ev),
     ResponseAudio: lambda s, ev, now: s.responses.on_audio(ev),
+    # Tool calls and usage are built out by the session's function-calling work (issue 14).
+    ResponseToolCall: lambda s, ev, now: [],
+    ResponseUsage: lambda s, ev, now: [],
     ResponseFinished: lambda s, ev, now: s.responses.on_finished(ev, s.settings),
     ResponseRefused: lambda s, ev, now: s.responses.on_refused(ev),
     AudioDelivered: lambda s, ev, now: s.responses.on_delivered(ev, s.settings),
