@@ -12,6 +12,7 @@ __all__ = [
     "OUTPUT_RATE",
     "AsrRequest",
     "AsrResult",
+    "AsrStreamRequest",
     "ChatMessage",
     "ChatRequest",
     "ChatUsage",
@@ -20,6 +21,8 @@ __all__ = [
     "ToolCallDelta",
     "TtsFrame",
     "TtsRequest",
+    "TurnRequest",
+    "TurnScore",
     "VadProbs",
     "VadRequest",
 ]
@@ -112,8 +115,19 @@ class AsrRequest:
 
 
 @dataclass(slots=True)
+class AsrStreamRequest:
+    """A transcription decoded while the user speaks: PCM16 chunks are pushed to the stream as they
+    arrive, ``END_OF_INPUT`` when the turn is committed."""
+
+    sample_rate: int
+
+
+@dataclass(slots=True)
 class AsrResult:
     text: str
+    final: bool = True
+    """False: a partial hypothesis of a streamed transcription (all the text so far; it may still
+    change). True: the transcript."""
 
 
 @dataclass(slots=True)
@@ -130,3 +144,18 @@ class VadProbs:
     """Position of the first window, in ms of audio pushed to this stream so far."""
     window_ms: float
     probs: list[float]
+
+
+@dataclass(slots=True)
+class TurnRequest:
+    """Has the speaker finished their turn? The turn's audio up to now (PCM16 mono; the model reads
+    the last 8 s)."""
+
+    pcm: bytes
+    sample_rate: int
+
+
+@dataclass(slots=True)
+class TurnScore:
+    probability: float
+    """That the turn is complete (0..1)."""
