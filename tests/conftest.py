@@ -52,18 +52,21 @@ class LiveServer:
         return self.log_path.read_text(errors="replace")
 
 
-def start_server(*args: str, name: str = "server", timeout: float = 120.0) -> LiveServer:
+def start_server(*args: str, name: str = "server", timeout: float = 120.0, code_root: Path = ROOT) -> LiveServer:
+    """``code_root``: the checkout whose ``realtime_gw`` runs (e.g. a worktree of an older commit)."""
     port = free_port()
     ARTIFACTS.mkdir(exist_ok=True)
     log_path = ARTIFACTS / f"{name}-{port}.log"
     log = log_path.open("wb")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if code_root != ROOT:
+        env["PYTHONPATH"] = str(code_root)
     proc = subprocess.Popen(
         [sys.executable, "-m", "realtime_gw", "serve", "--port", str(port), *args],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
-        cwd=ROOT,
+        cwd=code_root,
     )
     server = LiveServer(port, proc, log_path)
     deadline = time.monotonic() + timeout
