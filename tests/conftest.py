@@ -52,7 +52,9 @@ class LiveServer:
         return self.log_path.read_text(errors="replace")
 
 
-def start_server(*args: str, name: str = "server", timeout: float = 120.0, code_root: Path = ROOT) -> LiveServer:
+def start_server(
+    *args: str, name: str = "server", timeout: float = 120.0, code_root: Path = ROOT
+) -> LiveServer:
     """``code_root``: the checkout whose ``realtime_gw`` runs (e.g. a worktree of an older commit)."""
     port = free_port()
     ARTIFACTS.mkdir(exist_ok=True)
