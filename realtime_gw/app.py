@@ -7,20 +7,23 @@ import logging
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from realtime_gw import web
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.registry import Workers, build_workers
 from realtime_gw.server import log_hygiene, openpi_ws, ops, realtime_ws, speech
-from realtime_gw.server.auth import Access
+from realtime_gw.server.auth import Access, HostAllowlist, HostPolicy
 from realtime_gw.server.gateway import Gateway
+from realtime_gw.server.listener import raise_open_files_limit, uvicorn_options
 from realtime_gw.server.responder import build_responder
 
 log = logging.getLogger(__name__)
 
 
 def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlette:
+    hosts = HostPolicy(config.allowed_hosts, config.host)
     gateway = Gateway(
         config=config,
         workers=workers or build_workers(config),
@@ -30,6 +33,7 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
             config.max_sessions_per_key,
             config.allowed_origins,
             config.session_starts_per_key_per_min,
+            hosts,
         ),
     )
 
@@ -60,9 +64,18 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
             # openpi-client's WebsocketClientPolicy connects to ws://host:port/ with no path.
             WebSocketRoute("/", openpi_ws.openpi_endpoint),
         ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(HostAllowlist, policy=hosts)])
     app.state.gateway = gateway
     return app
+
+
+def serve(app: Starlette, config: GatewayConfig) -> None:
+    """Run ``app`` under uvicorn with the gateway's connection bounds (``server/listener.py``)."""
+    import uvicorn
+
+    soft, hard = raise_open_files_limit()
+    log.info("open files limit %s (hard %s)", soft, hard)
+    uvicorn.run(app, **uvicorn_options(config))
 
 
 def create_app_from_env() -> Starlette:

@@ -40,30 +40,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
     from realtime_gw.app import create_app
+    from realtime_gw.app import serve as serve_app
 
     overrides: dict[str, Any] = {k: getattr(args, k) for k in FIELDS}
     try:
         config = load_config(args.config, overrides=overrides)
     except (msgspec.ValidationError, msgspec.DecodeError, OSError) as e:
         sys.exit(f"realtime-gw: bad configuration: {e}")
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         app = create_app(config)
     except ConfigError as e:  # e.g. a policy checkpoint that does not match its tokenizer or statistics
         sys.exit(f"realtime-gw: {e}")
-    uvicorn.run(
-        app,
-        host=config.host,
-        port=config.port,
-        log_level=config.log_level,
-        # 1 MiB above our own limits, so an oversized frame reaches the handler and gets a readable error
-        ws_max_size=max(config.max_frame_bytes, config.openpi_max_frame_bytes) + 1024 * 1024,
-        ws_ping_interval=20.0,
-        ws_ping_timeout=20.0,
-    )
+    serve_app(app, config)
 
 
 def main(argv: list[str] | None = None) -> None:

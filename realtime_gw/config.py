@@ -42,6 +42,47 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How far ahead of real-time playback audio is sent (0 = as fast as produced)."""
     warmup: bool = True
 
+    # -- connections: bounds and timeouts (docs/security.md, "Limits and timeouts") -------------------
+    allowed_hosts: list[str] = msgspec.field(default_factory=list)
+    """Names the gateway answers to besides localhost, 127.0.0.1, ::1, the bind address and any IP
+    literal ("*.example.com" matches subdomains; "*" = any). Other ``Host`` headers get HTTP 421 (a DNS
+    rebinding page names its own domain); browser ``Origin`` s are judged against the same list."""
+    ws_per_message_deflate: bool = False
+    """Offer permessage-deflate. Off: a small compressed frame can inflate to ``max_frame_bytes`` on the
+    event loop (bounded by that size when on)."""
+    max_header_bytes: int = 64 * 1024
+    """Request line plus headers of one HTTP request or WebSocket upgrade (h11); above it: HTTP 400."""
+    handshake_timeout_s: float = 10.0
+    """A connection must finish its request line and headers within this (from its first byte or from
+    its previous response): raw sockets that send nothing and endless headers are closed."""
+    max_connections_per_client: int = 64
+    """Open TCP connections (HTTP and WebSocket) from one client address; further ones get HTTP 429.
+    0 = no cap. Behind a proxy every client shares its address: raise it or let the proxy cap."""
+    realtime_idle_timeout_s: float = 900.0
+    """A realtime session with no client event for this long gets `error` `session_expired`, then close
+    1000. 0 = never."""
+    realtime_max_session_s: float = 3600.0
+    """Longest realtime session (OpenAI's limit is 60 min): `error` `session_expired`, then close 1000.
+    0 = no limit."""
+    speech_idle_timeout_s: float = 300.0
+    """A speech stream with no client event for this long (and nothing being spoken) is closed 1000."""
+    speech_max_session_s: float = 3600.0
+    """Longest speech stream: `error` `session_expired`, then close 1000. 0 = no limit."""
+    speech_max_pending_chars: int = 16 * 1024
+    """Speech stream text waiting to be spoken: the socket is not read while more waits; one
+    `input.text` longer than this gets `error` `string_above_max_length`."""
+    speech_max_utterance_chars: int = 256 * 1024
+    """Text of one speech-stream utterance (from its first `input.text` to `input.done`); above it:
+    `error` `string_above_max_length`, the piece dropped."""
+    max_request_body_bytes: int = 1024 * 1024
+    """Body of `POST /v1/audio/speech`; above it: HTTP 413."""
+    input_audio_rate_factor: float = 10.0
+    """Realtime input audio may arrive this many times faster than real time (counted in decoded
+    bytes at 24 kHz PCM16, 48,000 B/s), after a burst of ``input_audio_burst_s``; beyond that the
+    session's socket is read more slowly (backpressure), never refused. 0 = no limit."""
+    input_audio_burst_s: float = 60.0
+    """Seconds of audio a realtime session may send at once before the rate above applies."""
+
     # -- realtime voice -------------------------------------------------------------------------------
     max_input_buffer_bytes: int = 15 * 1024 * 1024
     """Bound on the decoded input audio buffer of one session (PCM16)."""

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import time
 from collections import Counter, deque
 from collections.abc import Mapping
 from typing import NamedTuple
 from urllib.parse import urlsplit
+
+from starlette.datastructures import Headers
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 RATE_WINDOW_S = 60.0
 
@@ -42,10 +47,82 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     key = bearer_key(auth) or bearer_key(auth, "Api-Key")
     if key is None:
         key = next(
-            (p[len(SUBPROTOCOL_KEY_PREFIX) :] for p in offered_subprotocols(headers) if p.startswith(SUBPROTOCOL_KEY_PREFIX)),
+            (
+                p[len(SUBPROTOCOL_KEY_PREFIX) :]
+                for p in offered_subprotocols(headers)
+                if p.startswith(SUBPROTOCOL_KEY_PREFIX)
+            ),
             None,
         )
     return key
+
+
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+WILDCARD_BIND = frozenset({"", "0.0.0.0", "::"})
+
+
+def hostname_of(host_header: str | None) -> str | None:
+    """The name in a ``Host`` header (lower case, no port, IPv6 without brackets), or None."""
+    if not host_header:
+        return None
+    try:
+        name = urlsplit("//" + host_header.strip()).hostname
+    except ValueError:  # e.g. a port that is not a number
+        return None
+    return name.rstrip(".") if name else None
+
+
+def _is_ip_literal(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+class HostPolicy:
+    """Which ``Host`` names the gateway answers to. DNS rebinding points a name the attacker owns at the
+    gateway, so the browser sends that name: only names the operator gave are served (localhost, the
+    bind address, ``allowed_hosts``). An IP literal cannot be rebound, so it is always served."""
+
+    def __init__(self, allowed_hosts: list[str] | None = None, bind_host: str = "127.0.0.1") -> None:
+        allowed = [h.lower().rstrip(".") for h in allowed_hosts or []]
+        self.any = "*" in allowed
+        self.names = set(LOCAL_NAMES) | {h for h in allowed if not h.startswith("*")}
+        if bind_host.lower() not in WILDCARD_BIND:
+            self.names.add(bind_host.lower().strip("[]"))
+        self.suffixes = tuple(h[1:] for h in allowed if h.startswith("*."))
+
+    def names_host(self, name: str) -> bool:
+        """Named by the operator: localhost, the bind address or an ``allowed_hosts`` entry (not "*")."""
+        return name in self.names or name.endswith(self.suffixes)
+
+    def allows(self, host_header: str | None) -> bool:
+        """A request with this ``Host`` header may be served (none at all: not a browser, allowed)."""
+        if self.any or host_header is None:
+            return True
+        name = hostname_of(host_header)
+        return name is not None and (self.names_host(name) or _is_ip_literal(name))
+
+
+class HostAllowlist:
+    """ASGI middleware: HTTP 421 for requests and WebSocket upgrades whose ``Host`` is not served."""
+
+    def __init__(self, app: ASGIApp, policy: HostPolicy) -> None:
+        self.app = app
+        self.policy = policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            host = Headers(scope=scope).get("host")
+            if not self.policy.allows(host):
+                message = f"host {host!r} is not served here; add it to allowed_hosts\n"
+                if scope["type"] == "http" or "websocket.http.response" in scope.get("extensions", {}):
+                    await PlainTextResponse(message, status_code=421)(scope, receive, send)
+                else:
+                    await send({"type": "websocket.close", "code": 1008, "reason": "host not allowed"})
+                return
+        await self.app(scope, receive, send)
 
 
 class Refusal(NamedTuple):
@@ -68,11 +145,13 @@ class Access:
         max_sessions_per_key: int = 0,
         allowed_origins: list[str] | None = None,
         session_starts_per_key_per_min: int = 0,
+        hosts: HostPolicy | None = None,
     ):
         self.api_keys = [k for k in api_keys if k]
         self.max_sessions_per_key = max_sessions_per_key
         self.allowed_origins = set(allowed_origins or [])
         self.starts_per_min = session_starts_per_key_per_min
+        self.hosts = hosts or HostPolicy()
         self.sessions: Counter[str] = Counter()
         self._starts: dict[str, deque[float]] = {}
 
@@ -92,11 +171,23 @@ class Access:
         return match
 
     def origin_allowed(self, origin: str | None, host: str | None) -> bool:
-        """Non-browser clients send no Origin. Browsers may connect from the gateway's own origin
-        (its page at /) or from an allowlisted one; "*" allows any."""
+        """Non-browser clients send no Origin. Browsers may connect from an allowlisted origin ("*" =
+        any), from a host the gateway serves by name (``HostPolicy.names_host``: localhost, the bind
+        address, ``allowed_hosts``; judged by that list, never by the ``Host`` header, which a
+        rebinding page controls), or from the gateway's own page at an IP address (origin = ``Host``,
+        which ``HostAllowlist`` has already judged)."""
         if origin is None or "*" in self.allowed_origins or origin in self.allowed_origins:
             return True
-        return host is not None and urlsplit(origin).netloc == host
+        try:
+            parts = urlsplit(origin)
+            name = parts.hostname
+        except ValueError:
+            return False
+        if name is None:
+            return False
+        if self.hosts.names_host(name.rstrip(".")):
+            return True
+        return host is not None and parts.netloc == host and self.hosts.allows(host)
 
     def acquire(self, key: str, now: float | None = None) -> Refusal | None:
         """Take one of this key's session slots: None, or why not. Refused starts do not count

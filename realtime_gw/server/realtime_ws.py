@@ -35,6 +35,7 @@ from realtime_gw.server.admission import Admission
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.metrics import FRAME_LATENESS, TTFA
 from realtime_gw.server.outbox import Notice, Outbox, OutboxFull, Outgoing
+from realtime_gw.server.realtime_input import ClientInput, FromClient
 from realtime_gw.sessions.events import (
     AwaitDelivery,
     CancelResponse,
@@ -65,8 +66,6 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.25
 ASR_PATIENCE_S = 5.0  # how long a commit may wait for a free ASR decoder
-OFFLOAD_DECODE_BYTES = 256 * 1024
-"""Client frames above this (~0.25 ms of JSON/base64 here) are decoded on a thread, off the loop."""
 
 
 class _Closed(Exception):
@@ -85,6 +84,7 @@ class RealtimeConnection:
         self.idle = asyncio.Event()  # set by the writer while nothing is queued or being written
         self.audio_room = asyncio.Event()  # cleared over the outbox's audio high-water (the TTS pump waits)
         self.audio_room.set()
+        self.input = ClientInput(ws, self.config, self.mailbox, lambda: len(self.outbox))
         self.tasks: set[asyncio.Task[Any]] = set()
         self.vad_streams: dict[int, Stream[Any]] = {}
         self.responses: dict[str, asyncio.Task[None]] = {}
@@ -106,6 +106,10 @@ class RealtimeConnection:
             while True:
                 item = await self.mailbox.get()
                 if item is _DISCONNECTED:
+                    break
+                if isinstance(item, FromClient):
+                    item = self.input.taken(item)
+                elif isinstance(item, Tick) and self._expired():
                     break
                 try:
                     effects = self.session.handle(item, time.monotonic())
@@ -140,34 +144,18 @@ class RealtimeConnection:
 
     async def _reader(self) -> None:
         try:
-            while True:
-                msg = await self.ws.receive()
-                if msg["type"] == "websocket.disconnect":
-                    break
-                data = msg.get("text")
-                if data is None:
-                    data = msg.get("bytes")
-                    event: Any = rt.error_event(
-                        "Binary frames are not supported; send JSON text events", code="invalid_frame"
-                    ) if data is not None else None
-                    if event is None:
-                        continue
-                elif len(data) > self.config.max_frame_bytes:
-                    # uvicorn's own cap is the largest of all sockets' limits; enforce ours here
-                    event = rt.error_event(
-                        f"Message of {len(data)} bytes exceeds the limit of {self.config.max_frame_bytes}",
-                        code="message_too_large",
-                    )
-                elif len(data) > OFFLOAD_DECODE_BYTES:
-                    # Awaited before the next receive, so events keep their order.
-                    event = await asyncio.to_thread(rt.decode_client_event, data)
-                else:
-                    event = rt.decode_client_event(data)
-                await self.mailbox.put(event)
-        except (WebSocketDisconnect, RuntimeError):
-            pass
+            await self.input.read()
         finally:
             self._signal_disconnect()
+
+    def _expired(self) -> bool:
+        """Past the idle timeout or the maximum duration: `session_expired`, then close 1000."""
+        why = self.input.lifetime.expired(time.monotonic())
+        if why is None:
+            return False
+        self._run_effects([self.session.error(f"Your {why}.", "session_expired")])
+        self.close_reason = (1000, why[:120])
+        return True
 
     def _signal_disconnect(self) -> None:
         """Wake the session task to end, even when its mailbox is full (anything dropped to make
@@ -230,13 +218,14 @@ class RealtimeConnection:
         if len(self.outbox):
             self.idle.clear()
         self.wake.set()
-        self._sync_audio_room()
+        self._sync_rooms()
 
-    def _sync_audio_room(self) -> None:
+    def _sync_rooms(self) -> None:
         if self.outbox.has_room:
             self.audio_room.set()
         else:
             self.audio_room.clear()
+        self.input.outbox_drained()
 
     def _post(self, notices: list[Notice]) -> None:
         """Hand the outbox's notices to the session. Never blocks: the session task itself may be
@@ -252,7 +241,7 @@ class RealtimeConnection:
             while True:
                 due = self.outbox.next_due(time.monotonic())
                 if isinstance(due, Outgoing):
-                    self._sync_audio_room()
+                    self._sync_rooms()
                     await self._write(due.event)
                     if due.ttfa_s is not None:
                         TTFA.observe(due.ttfa_s)
