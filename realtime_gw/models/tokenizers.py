@@ -26,6 +26,11 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return [b + 3 for b in text.encode("utf-8")]
 
+    def decode(self, ids: list[int]) -> str:
+        """Ids back to text; ids that are no byte (specials, a larger model vocabulary) are skipped and an
+        invalid UTF-8 sequence becomes U+FFFD."""
+        return bytes(i - 3 for i in ids if 3 <= i < 259).decode("utf-8", errors="replace")
+
 
 class HfTokenizer:
     """A tokenizer saved in the weight directory (``AutoTokenizer``, local files only).
@@ -50,6 +55,10 @@ class HfTokenizer:
         if self.literal:
             return list(self._tok.encode(text, add_special_tokens=False, split_special_tokens=True))
         return list(self._tok.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        """Ids back to text, special tokens (padding, BOS/EOS) left out."""
+        return str(self._tok.decode(ids, skip_special_tokens=True))
 
 
 def has_tokenizer_files(path: str | Path, names: tuple[str, ...] | None = None) -> bool:

@@ -1,0 +1,227 @@
+"""Kyutai streaming ASR backend (GPU; ``--asr kyutai``): transcript text while the user speaks.
+
+A stream (``AsrStreamRequest``) receives PCM16 chunks at its sample rate as they arrive, then
+``END_OF_INPUT`` at commit. Audio is resampled to 24 kHz (soxr, state kept across chunks) and cut into
+80 ms frames; every step advances every stream that has a frame by one frame, all streams in one batched
+encoder + LM step on fixed slots (``kyutai/engine.py``). Outputs are ``AsrResult(text, final=False)``
+whenever the transcript grows (all the text so far), then one ``AsrResult(text, final=True)``.
+
+The text lags the audio by the model's delay, so at ``END_OF_INPUT`` the stream is flushed as the
+reference's feature extractor pads it: the last partial frame filled with silence, then silence up to
+``audio_delay_seconds + 1`` s after the audio (``audio_silence_prefix_seconds`` of silence also precede
+it). A stream takes exactly the reference ``generate``'s steps: ``frames(prefix + audio + flush) - 1``
+(its first token, at position 0, needs no audio), so it yields the same tokens (tests compare them).
+A one-shot ``AsrRequest`` (the whole utterance as ``pcm``) runs the same way, its audio pushed at open.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from realtime_gw.models.runtime import END_OF_INPUT, StepResult
+from realtime_gw.models.speech.kyutai.checkpoint import KyutaiCheckpoint, load
+from realtime_gw.models.speech.kyutai.config import FRAME_SAMPLES, SAMPLE_RATE
+from realtime_gw.models.speech.kyutai.engine import KyutaiAsrEngine
+from realtime_gw.protocols.audio import Reframer, StreamingResampler
+from realtime_gw.records.voice import AsrResult
+
+log = logging.getLogger(__name__)
+
+_SILENCE = bytes(2 * FRAME_SAMPLES)
+
+
+@dataclass(eq=False)
+class KyutaiAsrState:
+    slot: int
+    resampler: StreamingResampler
+    reframer: Reframer = field(default_factory=lambda: Reframer(FRAME_SAMPLES))
+    frames: deque[bytes] = field(default_factory=deque)
+    """Whole 24 kHz frames waiting for a step."""
+    samples: int = 0
+    """24 kHz samples received, silence prefix included."""
+    tokens: list[int] = field(default_factory=list)
+    steps: int = 0
+    total_steps: int | None = None
+    """Known at END_OF_INPUT: the steps the reference takes for this audio."""
+    sent: str = ""
+    """Transcript already sent as partials."""
+    done: bool = False
+    released: bool = False
+
+
+class KyutaiAsrBackend:
+    name = "asr-kyutai"
+
+    def __init__(
+        self,
+        config: str = "tiny",
+        path: str | None = None,
+        device: str = "cpu",
+        slots: int = 8,
+        *,
+        dtype: torch.dtype | None = None,
+        cuda_graphs: bool | None = None,
+        checkpoint: KyutaiCheckpoint | None = None,
+    ) -> None:
+        """``checkpoint``: already loaded weights (tests and benchmarks share one load); else load here."""
+        if slots < 1:
+            raise ValueError("slots must be >= 1")
+        dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+        ck = checkpoint or load(config, path, device, dtype)
+        self.checkpoint = ck
+        self.tokenizer = ck.tokenizer
+        self.timing = ck.timing
+        cfg = ck.model.config
+        # ids that are never text: the text start and padding ids, and ids the tokenizer does not have
+        self._skip = {int(cfg.bos_token_id), int(cfg.pad_token_id)}
+        self._text_ids = min(int(cfg.vocab_size), int(getattr(ck.tokenizer, "vocab_size", cfg.vocab_size)))
+        self.engine = KyutaiAsrEngine(ck.model, slots, cuda_graphs=cuda_graphs)
+        self.info: dict[str, Any] = {
+            "model": ck.description,
+            "random_init": ck.random_init,
+            "device": str(self.engine.device),
+            "lm_dtype": str(self.engine.lm.dtype).removeprefix("torch."),
+            "codec_dtype": "float32",
+            "slots": slots,
+            "tokenizer": ck.tokenizer.name,
+            "frame_rate_hz": 12.5,
+            "codebooks": self.engine.num_codebooks,
+            "lm_window_frames": self.engine.lm.window,
+            "audio_delay_s": self.timing.audio_delay_s,
+            "cuda_graphs": self.engine.use_graphs,
+        }
+        if ck.random_init:
+            self.info["note"] = "random-init weights: real architecture and cost, but transcripts are noise"
+            log.warning("%s: %s", self.name, self.info["note"])
+        log.info("%s: %s", self.name, self.info)
+
+    @property
+    def free_slots(self) -> int:
+        return self.engine.free_slots
+
+    # -- Backend protocol ------------------------------------------------------------------------------
+    def open(self, request: Any) -> KyutaiAsrState:
+        """``AsrStreamRequest`` (audio pushed later) or ``AsrRequest`` (the whole utterance now)."""
+        rate = int(request.sample_rate)
+        resampler = StreamingResampler(rate, SAMPLE_RATE)  # before taking the slot: may raise
+        pcm = getattr(request, "pcm", None)
+        if pcm is not None and len(pcm) % 2:
+            raise ValueError(f"PCM16 data must have an even number of bytes, got {len(pcm)}")
+        state = KyutaiAsrState(slot=self.engine.alloc(), resampler=resampler)  # NoFreeSlot when full
+        if self.timing.prefix_samples:
+            self._add_audio(state, bytes(2 * self.timing.prefix_samples))
+        if pcm is not None:  # a one-shot request: its audio, then the end
+            self._ingest(state, [pcm, END_OF_INPUT])
+        return state
+
+    def has_work(self, state: KyutaiAsrState) -> bool:
+        return not state.done and (bool(state.frames) or self._flushing(state))
+
+    def step(self, work: list[tuple[KyutaiAsrState, list[Any]]]) -> list[StepResult]:
+        results: dict[int, StepResult] = {}
+        run: list[tuple[int, KyutaiAsrState, bytes]] = []
+        for i, (state, inputs) in enumerate(work):
+            try:
+                self._ingest(state, inputs)
+            except Exception as e:  # bad input fails this stream only
+                log.warning("%s: bad input: %s", self.name, e)
+                state.done = True
+                results[i] = StepResult(done=True, error=f"{self.name}: {e}")
+                continue
+            if state.done:
+                results[i] = StepResult(done=True)
+            elif state.total_steps == 0:  # no audio at all: nothing to transcribe
+                state.done = True
+                results[i] = StepResult(outputs=[AsrResult("", final=True)], done=True)
+            elif state.frames:
+                run.append((i, state, state.frames.popleft()))
+            elif self._flushing(state):
+                run.append((i, state, _SILENCE))
+            else:
+                results[i] = StepResult()  # waiting for audio
+        if run:
+            pcm = np.frombuffer(b"".join(f for _, _, f in run), dtype="<i2").reshape(len(run), FRAME_SAMPLES)
+            tokens, _codes = self.engine.step([s.slot for _, s, _ in run], pcm)
+            for (i, state, _), tok in zip(run, tokens.tolist(), strict=True):
+                results[i] = self._advance(state, int(tok))
+        return [results[i] for i in range(len(work))]
+
+    def release(self, state: KyutaiAsrState) -> None:
+        if not state.released:
+            state.released = True
+            self.engine.free(state.slot)
+
+    def warmup(self) -> None:
+        """Capture every CUDA graph bucket, then one real stream: a second of low noise, end to end."""
+        self.engine.capture_all()
+        from realtime_gw.records.voice import AsrRequest
+
+        rng = np.random.default_rng(0)
+        clip = (rng.standard_normal(SAMPLE_RATE) * 100).astype("<i2").tobytes()
+        state = self.open(AsrRequest(pcm=clip, sample_rate=SAMPLE_RATE))
+        try:
+            while not self.step([(state, [])])[0].done:
+                pass
+        finally:
+            self.release(state)
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _add_audio(self, state: KyutaiAsrState, pcm24k: bytes) -> None:
+        state.samples += len(pcm24k) // 2
+        state.frames.extend(state.reframer.push(pcm24k))
+
+    def _ingest(self, state: KyutaiAsrState, inputs: list[Any]) -> None:
+        for item in inputs:
+            if state.total_steps is not None:
+                break  # nothing follows END_OF_INPUT
+            if item is END_OF_INPUT:
+                self._add_audio(state, state.resampler.flush())
+                audio = state.samples - self.timing.prefix_samples
+                rest = state.reframer.flush()
+                if rest:  # the partial last frame, filled with silence (the flush's first samples)
+                    state.frames.append(rest + bytes(2 * FRAME_SAMPLES - len(rest)))
+                frames = (state.samples + self.timing.flush_samples) // FRAME_SAMPLES
+                state.total_steps = max(frames - 1, 0) if audio > 0 else 0
+            elif isinstance(item, (bytes, bytearray, memoryview)):
+                if len(item) % 2:
+                    raise ValueError(f"PCM16 chunks must have an even number of bytes, got {len(item)}")
+                self._add_audio(state, state.resampler.push(bytes(item)))
+            else:
+                raise TypeError(f"expected PCM16 bytes or END_OF_INPUT, got {type(item).__name__}")
+
+    def _flushing(self, state: KyutaiAsrState) -> bool:
+        return state.total_steps is not None and state.steps < state.total_steps
+
+    def _text(self, tokens: list[int]) -> str:
+        ids = [t for t in tokens if t not in self._skip and 0 <= t < self._text_ids]
+        return self.tokenizer.decode(ids).strip()
+
+    def _advance(self, state: KyutaiAsrState, token: int) -> StepResult:
+        if not state.tokens:
+            state.tokens.append(self.engine.bos_token)  # position 0's token (same for every stream)
+        state.tokens.append(token)
+        state.steps += 1
+        text = self._text(state.tokens)
+        if state.total_steps is not None and state.steps >= state.total_steps:
+            state.done = True
+            return StepResult(outputs=[AsrResult(text, final=True)], done=True)
+        # a partial only when the text grew; an incomplete character (U+FFFD at the end) waits
+        stable = text.rstrip("\ufffd")
+        if stable != state.sent and stable.startswith(state.sent):
+            state.sent = stable
+            return StepResult(outputs=[AsrResult(stable, final=False)])
+        return StepResult()
+
+
+def build_kyutai_asr(config: Any) -> KyutaiAsrBackend:
+    """The backend the gateway config asks for (``asr_config``, ``asr_path``, ``asr_device``, ``asr_max_batch``):
+    slots = batch = admission limit, so a full worker refuses at submit instead of queueing."""
+    return KyutaiAsrBackend(
+        config=config.asr_config, path=config.asr_path, device=config.asr_device, slots=config.asr_max_batch
+    )

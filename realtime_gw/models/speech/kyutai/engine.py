@@ -1,0 +1,95 @@
+"""Kyutai STT on the shared slot engine (``codec/slots.py``): one step = one 80 ms frame for every slot.
+
+The frame runs the other way round from the TTS stages: PCM in, text tokens out. ``SlotEngine`` keeps
+its roles: its ``decoder`` (the per-frame audio part, ``hop`` = 1920) is here the streaming Mimi
+*encoder*, its ``talker`` the text LM; it only resets both and owns slots, buckets and graphs. Batch
+buckets cover slots ``[0, B)``; length buckets bound the LM's ring columns read (``min(positions,
+window)``). On CUDA each (batch, length) bucket is one CUDA graph for the whole frame (encoder + LM +
+argmax); the only host sync per step is the copy of tokens and codes back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from realtime_gw.models.kernels import bucket_for
+from realtime_gw.models.speech.codec.slots import SlotEngine
+from realtime_gw.models.speech.kyutai.decoder import KyutaiLmRuntime
+from realtime_gw.models.speech.kyutai.encoder import StreamingMimiEncoder
+
+PCM_SCALE = 1.0 / 32768.0
+
+
+class KyutaiAsrEngine(SlotEngine):
+    """Fixed slots; ``step(slots, pcm)`` encodes one frame per slot and returns its next text token."""
+
+    name = "asr-kyutai"
+
+    def __init__(self, model: Any, slots: int, *, cuda_graphs: bool | None = None) -> None:
+        lm = KyutaiLmRuntime(model, slots)
+        encoder = StreamingMimiEncoder(model.codec_model, slots, lm.num_codebooks)
+        self.lm = lm
+        self.encoder = encoder
+        super().__init__(
+            lm,
+            encoder,
+            slots,
+            max_positions=lm.ring,  # length buckets: LM ring columns read per step
+            num_codebooks=lm.num_codebooks,
+            device=lm.device,
+            cuda_graphs=cuda_graphs,
+        )
+
+    @property
+    def bos_token(self) -> int:
+        """The token every stream starts with (predicted at position 0, before any audio)."""
+        return self.lm.bos_token
+
+    def _frame(self, b: int, length: int) -> None:
+        active = self.d_active[:b]
+        pcm = self.d_pcm[:b].float() * PCM_SCALE
+        codes = self.encoder.step(b, pcm, active)
+        self.d_tok[:b] = self.lm.step(b, length, codes, active)
+        self.d_codes[:b] = codes
+
+    @torch.no_grad()
+    def step(  # type: ignore[override]  # the ASR frame: PCM in, tokens out
+        self, slots: Sequence[int], pcm: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One frame for each slot: PCM16 ``(n, 1920)`` -> (text tokens ``(n,)``, codes ``(n, K)``)."""
+        n = len(slots)
+        if not n:
+            return np.zeros(0, np.int64), np.zeros((0, self.num_codebooks), np.int64)
+        if pcm.shape != (n, self.hop):
+            raise ValueError(f"expected PCM of shape {(n, self.hop)}, got {pcm.shape}")
+        b = bucket_for(self.batch_buckets, max(slots) + 1)
+        # LM position p is written at column p % window; before the ring wraps, [0, p] is all there is
+        length = bucket_for(self.len_buckets, min(max(self.frames[s] for s in slots) + 2, self.max_positions))
+        graph = None
+        if self.use_graphs:  # capture (if new) before this step's inputs land: capture clears d_active
+            graph = self._graphs.get((b, length)) or self._capture(b, length)
+        self._reset_fresh()
+        idx = torch.as_tensor(list(slots), dtype=torch.long)
+        self.h_active[:b] = False
+        self.h_active[idx] = True
+        self.h_pcm[idx] = torch.from_numpy(
+            np.require(pcm, np.int16, ["C", "W"])
+        )  # copies only a read-only array
+        # non_blocking from pinned memory; safe to rewrite next step because this step ends in a sync
+        self.d_active[:b].copy_(self.h_active[:b], non_blocking=True)
+        self.d_pcm[:b].copy_(self.h_pcm[:b], non_blocking=True)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._frame(b, length)
+        self.h_tok[:b].copy_(self.d_tok[:b], non_blocking=True)
+        self.h_codes[:b].copy_(self.d_codes[:b], non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        for s in slots:
+            self.frames[s] += 1
+        return self.h_tok[idx].numpy(), self.h_codes[idx].numpy()

@@ -1,0 +1,218 @@
+"""Kyutai streaming ASR (tiny config, CPU, float32, random init) against transformers' reference model:
+the streaming Mimi encoder gives ``MimiModel.encode``'s codes, the slot-batched LM gives ``generate``'s
+greedy tokens (past both sliding windows), streams sharing steps don't disturb each other, and the
+backend runs through a real ``StageWorker`` (partials, final, cancel, full)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot
+from realtime_gw.models.speech.asr_kyutai import KyutaiAsrBackend
+from realtime_gw.models.speech.kyutai.checkpoint import KyutaiCheckpoint, load, random_checkpoint
+from realtime_gw.models.speech.kyutai.config import FRAME_SAMPLES
+from realtime_gw.models.speech.kyutai.engine import KyutaiAsrEngine
+from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest
+
+FRAMES = 14
+"""Longer than both tiny windows (LM: 6 positions; encoder transformer: 5 positions = 2.5 frames)."""
+
+
+@pytest.fixture(scope="module")
+def ck() -> KyutaiCheckpoint:
+    return random_checkpoint("tiny", "cpu", torch.float32)
+
+
+def _speechlike(seed: int, frames: int) -> np.ndarray:
+    """PCM16 noise with a moving envelope (so codes change frame to frame)."""
+    rng = np.random.default_rng(seed)
+    n = frames * FRAME_SAMPLES
+    env = 0.2 + 0.8 * np.abs(np.sin(np.linspace(0, 3 * np.pi, n)))
+    return (rng.standard_normal(n) * 6000 * env).clip(-32768, 32767).astype(np.int16)
+
+
+def _reference_tokens(ck: KyutaiCheckpoint, pcm: np.ndarray) -> list[int]:
+    """``generate`` on the audio padded as the reference's feature extractor pads it; BOS dropped."""
+    audio = np.concatenate([pcm, np.zeros(ck.timing.flush_samples, np.int16)]).astype(np.float32) / 32768
+    with torch.no_grad():
+        out = ck.model.generate(input_values=torch.from_numpy(audio)[None, None])
+    return out[0, 1:].tolist()
+
+
+def _frames(pcm: np.ndarray) -> np.ndarray:
+    return pcm.reshape(-1, FRAME_SAMPLES)
+
+
+# -- the engine ----------------------------------------------------------------------------------------
+def test_streaming_codes_and_tokens_equal_the_reference(ck: KyutaiCheckpoint) -> None:
+    pcm = _speechlike(1, FRAMES)
+    eng = KyutaiAsrEngine(ck.model, 3)
+    slot = eng.alloc()
+    assert slot == 0
+    eng.alloc()  # an idle slot below the stream's: inactive rows in the batch
+    slot = eng.alloc()
+    padded = np.concatenate([pcm, np.zeros(ck.timing.flush_samples, np.int16)])
+    steps = len(padded) // FRAME_SAMPLES - 1
+    tokens, codes = [eng.bos_token], []
+    for frame in _frames(padded[: steps * FRAME_SAMPLES]):
+        tok, c = eng.step([slot], frame[None])
+        tokens.append(int(tok[0]))
+        codes.append(c[0])
+    with torch.no_grad():
+        audio = torch.from_numpy(padded.astype(np.float32) / 32768)[None, None]
+        ref_codes = ck.model.codec_model.encode(audio).audio_codes[0].T.numpy()
+    np.testing.assert_array_equal(np.stack(codes), ref_codes[:steps])
+    assert len(set(map(tuple, codes))) > steps // 2, "codes vary frame to frame"
+    assert tokens == _reference_tokens(ck, pcm)
+
+
+def test_streams_joining_and_leaving_mid_utterance_do_not_disturb_each_other(ck: KyutaiCheckpoint) -> None:
+    clips = {name: _frames(_speechlike(seed, 10)) for seed, name in enumerate("abc", start=2)}
+    solo = {}
+    for name, frames in clips.items():
+        eng = KyutaiAsrEngine(ck.model, 1)
+        s = eng.alloc()
+        solo[name] = [int(eng.step([s], f[None])[0][0]) for f in frames]
+    eng = KyutaiAsrEngine(ck.model, 3)
+    got: dict[str, list[int]] = {n: [] for n in clips}
+    slots = {"a": eng.alloc()}
+    for t in range(16):
+        if t == 3:
+            slots["b"] = eng.alloc()  # joins while a is mid-utterance
+        if t == 6:
+            eng.free(slots.pop("a"))  # a leaves mid-utterance (cancel); c takes its slot
+            got["a"] = got["a"][:6]
+            slots["c"] = eng.alloc()
+        live = [(n, s) for n, s in slots.items() if len(got[n]) < len(clips[n])]
+        if not live:
+            break
+        pcm = np.stack([clips[n][len(got[n])] for n, _ in live])
+        toks, _ = eng.step([s for _, s in live], pcm)
+        for (n, _), tok in zip(live, toks.tolist(), strict=True):
+            got[n].append(tok)
+    assert got["a"] == solo["a"][:6]
+    assert got["b"] == solo["b"] and got["c"] == solo["c"]
+
+
+def test_save_pretrained_directory_loads_the_same_model(ck: KyutaiCheckpoint, tmp_path: Path) -> None:
+    """A transformers-saved model (the published layout) loads into the backend: same weights, same tokens."""
+    from transformers import KyutaiSpeechToTextConfig, KyutaiSpeechToTextForConditionalGeneration
+
+    from realtime_gw.models.speech.kyutai.checkpoint import randomize_codec
+    from realtime_gw.models.speech.kyutai.config import named_config
+
+    torch.manual_seed(7)
+    hf = KyutaiSpeechToTextForConditionalGeneration(KyutaiSpeechToTextConfig(**named_config("tiny").model))
+    randomize_codec(hf.codec_model)
+    hf.save_pretrained(tmp_path)
+    loaded = load("tiny", str(tmp_path), "cpu", torch.float32)
+    assert not loaded.random_init and str(tmp_path) in loaded.description
+    saved = hf.state_dict()
+    assert all(torch.equal(v, saved[k]) for k, v in loaded.model.state_dict().items())
+    pcm = _speechlike(5, 6)
+    ref = KyutaiCheckpoint(hf.eval(), loaded.tokenizer, loaded.timing, "", False)
+    tokens = _run(KyutaiAsrBackend(checkpoint=loaded, slots=1), pcm)[1]
+    assert tokens == _reference_tokens(ref, pcm)
+
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(Exception, match="model.safetensors|weights|does not appear"):
+        load("tiny", str(tmp_path), "cpu", torch.float32)
+
+
+# -- the backend ---------------------------------------------------------------------------------------
+def _run(
+    backend: KyutaiAsrBackend, pcm: np.ndarray, rate: int = 24000, chunk: int = 700
+) -> tuple[list[Any], list[int]]:
+    """Drive a stream directly (no worker): PCM in odd-sized chunks, then END_OF_INPUT."""
+    state = backend.open(AsrStreamRequest(sample_rate=rate))
+    data = pcm.astype("<i2").tobytes()
+    chunks = [data[i : i + 2 * chunk] for i in range(0, len(data), 2 * chunk)] + [END_OF_INPUT]
+    outputs: list[Any] = []
+    while True:
+        result = backend.step([(state, chunks[:1])])[0]
+        chunks = chunks[1:]
+        outputs += result.outputs
+        if result.done:
+            break
+    backend.release(state)
+    return outputs, state.tokens
+
+
+def test_stream_gives_partials_then_the_reference_transcript(ck: KyutaiCheckpoint) -> None:
+    backend = KyutaiAsrBackend(checkpoint=ck, slots=2)
+    pcm = _speechlike(3, 9)
+    outputs, tokens = _run(backend, pcm)
+    assert tokens == _reference_tokens(ck, pcm)
+    *partials, final = outputs
+    assert all(isinstance(r, AsrResult) for r in outputs)
+    assert final.final and not any(r.final for r in partials)
+    assert final.text == backend._text(tokens)
+    assert len(partials) >= 2, "text arrives while the audio streams"
+    for a, b in zip(partials, partials[1:], strict=False):
+        assert b.text.startswith(a.text) and len(b.text) > len(a.text)
+    assert final.text.startswith(partials[-1].text)
+    assert backend.free_slots == 2
+
+
+def test_resampled_one_shot_and_empty_requests(ck: KyutaiCheckpoint) -> None:
+    backend = KyutaiAsrBackend(checkpoint=ck, slots=1)
+    pcm16k = _speechlike(4, 6)[: 6 * FRAME_SAMPLES * 2 // 3]  # 0.48 s at 16 kHz
+    outputs, tokens = _run(backend, pcm16k, rate=16000)
+    expected = (6 * FRAME_SAMPLES + ck.timing.flush_samples) // FRAME_SAMPLES  # reference's token count
+    assert len(tokens) == expected and outputs[-1].final
+    state = backend.open(AsrRequest(pcm=pcm16k.tobytes(), sample_rate=16000))  # one-shot: audio at open
+    results = []
+    while not results or not results[-1].done:
+        results.append(backend.step([(state, [])])[0])
+    backend.release(state)
+    assert results[-1].outputs[-1].text == outputs[-1].text
+    empty = backend.open(AsrStreamRequest(sample_rate=24000))
+    [result] = backend.step([(empty, [END_OF_INPUT])])
+    assert result.done and result.outputs == [AsrResult("", final=True)]
+    backend.release(empty)
+    with pytest.raises(ValueError, match="positive"):
+        backend.open(AsrStreamRequest(sample_rate=0))
+    assert backend.free_slots == 1
+
+
+def test_full_backend_refuses_and_release_frees(ck: KyutaiCheckpoint) -> None:
+    backend = KyutaiAsrBackend(checkpoint=ck, slots=2)
+    a, b = backend.open(AsrStreamRequest(24000)), backend.open(AsrStreamRequest(24000))
+    with pytest.raises(NoFreeSlot, match="no free slot"):
+        backend.open(AsrStreamRequest(24000))
+    backend.release(a)
+    backend.release(a)  # a second release is a no-op
+    c = backend.open(AsrStreamRequest(24000))
+    assert c.slot == a.slot
+    for s in (b, c):
+        backend.release(s)
+    assert backend.free_slots == 2
+
+
+async def test_worker_streams_and_cancel_frees_the_slot(ck: KyutaiCheckpoint, start_worker: Any) -> None:
+    backend = KyutaiAsrBackend(checkpoint=ck, slots=2)
+    w = await start_worker(backend, max_batch=2, max_active=2)
+    pcm = _speechlike(6, 8)
+    alone = _run(KyutaiAsrBackend(checkpoint=ck, slots=1), pcm)[0][-1]
+    talking, cancelled = w.submit(AsrStreamRequest(24000)), w.submit(AsrStreamRequest(24000))
+    with pytest.raises(NoFreeSlot):
+        w.submit(AsrStreamRequest(24000))
+    data = pcm.tobytes()
+    for i in range(0, len(data), 3840):
+        talking.push(data[i : i + 3840])
+        cancelled.push(data[i : i + 3840])
+    cancelled.cancel()
+    talking.close_input()
+    results = await asyncio.wait_for(talking.collect(), 30)
+    assert results[-1] == alone
+    for _ in range(200):
+        if backend.free_slots == 2 and w.active_count == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert backend.free_slots == 2
