@@ -1,0 +1,28 @@
+"""One live gateway for the framework tests: tone TTS (cheap), Silero VAD and pocketsphinx (real
+speech in), and the ``openai`` responder talking to a scripted chat-completions server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.chat_server import ChatServer, running_chat_server
+from tests.conftest import LiveServer, start_server, stop_server
+from tests.frameworks.scenario import weather_agent
+
+
+@pytest.fixture(scope="session")
+def chat() -> Iterator[ChatServer]:
+    with running_chat_server(weather_agent) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def gateway(chat: ChatServer) -> Iterator[LiveServer]:
+    server = start_server(
+        "--policy", "none", "--tts", "tone", "--responder", "openai", "--responder-url", chat.url,
+        "--responder-model", "local-llm", "--max-sessions", "8", name="frameworks",
+    )  # fmt: skip
+    yield server
+    stop_server(server)

@@ -1,0 +1,118 @@
+"""pipecat's own ``OpenAIRealtimeLLMService`` in a small pipecat pipeline (context aggregators, the
+service, a frame recorder; no transport) against a live gateway: a function tool run by pipecat, an
+interruption through the pipeline's own interruption frame, and a server-VAD barge-in by speech."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
+from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
+from pipecat.frames.frames import (
+    ErrorFrame,
+    Frame,
+    FunctionCallResultFrame,
+    InputAudioRawFrame,
+    InterruptionWorkerFrame,
+    LLMMessagesAppendFrame,
+    TTSAudioRawFrame,
+)
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.runner import PipelineRunner
+from pipecat.pipeline.task import PipelineParams, PipelineTask
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.services.llm_service import FunctionCallParams
+from pipecat.services.openai.realtime import events
+from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
+
+from tests.chat_server import ChatServer
+from tests.conftest import LiveServer
+from tests.frameworks.scenario import RATE, check_clean_run, forecast, run_scenario
+from tests.frameworks.tap import RealtimeTap
+
+WEATHER = FunctionSchema(
+    name="get_weather",
+    description="The weather forecast for a city.",
+    properties={"city": {"type": "string"}},
+    required=["city"],
+)
+
+
+async def get_weather(params: FunctionCallParams) -> None:
+    await params.result_callback({"forecast": forecast(params.arguments["city"])})
+
+
+class Recorder(FrameProcessor):
+    """Keeps the frames the realtime service pushes downstream."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: list[Frame] = []
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        self.frames.append(frame)
+        await self.push_frame(frame, direction)
+
+
+class PipecatDriver:
+    def __init__(self, task: PipelineTask) -> None:
+        self.task = task
+
+    async def say(self, text: str) -> None:
+        await self.task.queue_frame(LLMMessagesAppendFrame([{"role": "user", "content": text}], run_llm=True))
+
+    async def interrupt(self) -> None:
+        # what a transport's VAD does when the user starts speaking
+        await self.task.queue_frame(InterruptionWorkerFrame())
+
+    async def send_audio(self, pcm: bytes) -> None:
+        await self.task.queue_frame(InputAudioRawFrame(audio=pcm, sample_rate=RATE, num_channels=1))
+
+
+async def test_pipecat_tools_interrupt_and_barge_in(chat: ChatServer, gateway: LiveServer) -> None:
+    async with RealtimeTap(gateway.ws) as tap:
+        session = events.SessionProperties(
+            audio=events.AudioConfiguration(
+                input=events.AudioInput(
+                    transcription=events.InputAudioTranscription(model="gpt-4o-transcribe"),
+                    turn_detection=events.TurnDetection(type="server_vad", silence_duration_ms=500),
+                )
+            )
+        )
+        llm = OpenAIRealtimeLLMService(
+            api_key="unused",
+            base_url=tap.url + "/v1/realtime",
+            settings=OpenAIRealtimeLLMService.Settings(
+                model="gpt-realtime", system_instruction="Answer briefly.", session_properties=session
+            ),
+        )
+        llm.register_function("get_weather", get_weather)
+        context = LLMContext(messages=[], tools=ToolsSchema(standard_tools=[WEATHER]))
+        aggregators = LLMContextAggregatorPair(context)
+        recorder = Recorder()
+        task = PipelineTask(
+            Pipeline([aggregators.user(), llm, recorder, aggregators.assistant()]),
+            params=PipelineParams(audio_in_sample_rate=RATE, audio_out_sample_rate=RATE),
+            idle_timeout_secs=None,
+        )
+        runner = asyncio.create_task(PipelineRunner(handle_sigint=False).run(task))
+        try:
+            await tap.wait_for("session.updated")
+            await run_scenario(PipecatDriver(task), tap, chat)
+            assert not runner.done(), "the pipeline is still running"
+            assert llm._websocket is not None, "pipecat's connection is alive"
+        finally:
+            await task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+    errors = [f for f in recorder.frames if isinstance(f, ErrorFrame)]
+    assert errors == [], errors
+    results = [f for f in recorder.frames if isinstance(f, FunctionCallResultFrame)]
+    assert [json.dumps(f.result) for f in results] == [json.dumps({"forecast": forecast("Paris")})]
+    assert any(isinstance(f, TTSAudioRawFrame) for f in recorder.frames)
+    check_clean_run(tap, still_open=False)
