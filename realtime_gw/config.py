@@ -113,7 +113,18 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     responder_timeout_s: float = 30.0
     worker_max_active: int = 256
     worker_step_timeout_s: float = 30.0
-    """A backend step running longer is a hang: the supervisor abandons the thread and restarts."""
+    """A backend step running longer is a hang: the supervisor kills the backend's child process and
+    starts a fresh one (in-thread backends: abandons the thread), and every slot comes back."""
+    cpu_backends_in_process: bool = False
+    """Run the GIL-holding CPU backends (pocketsphinx ASR, Piper TTS) on threads of the gateway process
+    instead of one child process per worker (the default), e.g. where processes cannot be spawned.
+    In-process, a long decode stalls the event loop and a hung step cannot be killed."""
+    asr_max_utterance_s: float = 60.0
+    """Longest committed utterance transcribed; a longer one fails its transcription with a clear error
+    (the decode's cost grows with it; the input buffer itself may hold more)."""
+    tts_max_text_chars: int = 256 * 1024
+    """Text one TTS stream (a response's audio, a speech request, a speech-stream utterance) may receive
+    in all (Piper, tone); more fails that stream. Keep it >= ``speech_max_utterance_chars``."""
     fault_injection: list[str] = msgspec.field(default_factory=list)
     """Tests only: e.g. ["tts:raise@3"], see realtime_gw/models/faults.py."""
 

@@ -5,22 +5,29 @@ Spec (config ``fault_injection``, one entry per fault): ``ROLE:KIND@STEP[:SECOND
 - ``raise``: the backend raises inside ``step`` (a fault the worker survives: that batch fails);
 - ``die``: the worker thread dies (an exception no per-request handler catches; the supervisor
   replaces the thread);
-- ``hang``: ``step`` blocks for SECONDS (past the worker's deadline; the supervisor abandons it).
-STEP is the 1-based backend step at which it fires, once.
+- ``hang``: ``step`` sleeps for SECONDS (past the worker's deadline; the supervisor abandons the
+  thread, or kills the child process of a hosted backend);
+- ``spin``: ``step`` keeps the CPU busy for SECONDS in C calls that hold the GIL (what pocketsphinx
+  does on a long utterance): in a thread it stalls the event loop, in a child process it stalls nothing.
+STEP is the 1-based backend step at which it fires, once. For a backend hosted in a child process the
+fault is built inside the child (``FaultyFactory``) and fires in its first launch only, so a restart
+after the fault runs clean.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from realtime_gw.models.runtime import StepResult
+from realtime_gw.models import process_backend
+from realtime_gw.models.contract import StepResult
 
 log = logging.getLogger(__name__)
 
-KINDS = ("raise", "die", "hang")
+KINDS = ("raise", "die", "hang", "spin")
 
 
 class InjectedThreadDeath(BaseException):
@@ -80,13 +87,39 @@ class FaultyBackend:
                 raise RuntimeError(f"injected fault in {self.name}")
             if self.fault.kind == "die":
                 raise InjectedThreadDeath(f"injected thread death in {self.name}")
-            time.sleep(self.fault.seconds)
+            if self.fault.kind == "hang":
+                time.sleep(self.fault.seconds)
+            else:
+                hold_the_gil(self.fault.seconds)
         return self.inner.step(work)
 
 
-def wrap(role: str, backend: Any, specs: list[str]) -> Any:
+def hold_the_gil(seconds: float) -> None:
+    """Busy for ``seconds`` in long C calls that never release the GIL (each ``sum`` over a range runs
+    to its end without giving other threads a turn)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sum(range(3_000_000))
+
+
+def wrap(role: str, backend: Any, specs: list[str] | tuple[str, ...]) -> Any:
     for raw in specs:
         fault = FaultSpec.parse(raw)
         if fault.role == role:
             backend = FaultyBackend(backend, fault)
     return backend
+
+
+@dataclass(frozen=True)
+class FaultyFactory:
+    """A picklable backend factory that wraps what it builds with the faults for ``role``: the faults
+    then live where the backend lives (inside a hosted backend's child process). They fire in the
+    child's first launch only (``process_backend.LAUNCH``), so the restarted child serves normally."""
+
+    role: str
+    inner: Callable[[], Any]
+    specs: tuple[str, ...] = ()
+
+    def __call__(self) -> Any:
+        backend = self.inner()
+        return wrap(self.role, backend, self.specs) if process_backend.LAUNCH == 0 else backend

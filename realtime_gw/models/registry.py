@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models import faults
+from realtime_gw.models.process_backend import ProcessBackend
 from realtime_gw.models.runtime import StageWorker
+from realtime_gw.records.voice import AsrRequest
 
 
 @dataclass
@@ -39,9 +43,56 @@ def accepted_voices(backend: object) -> frozenset[str]:
 
 
 def _worker(role: str, backend: Any, config: GatewayConfig, **options: Any) -> StageWorker:
-    """A stage worker for ``backend``, with the configured deadline and any injected test faults."""
+    """A stage worker for an in-thread ``backend``, with the configured deadline and any injected test
+    faults."""
     backend = faults.wrap(role, backend, config.fault_injection)
+    return _stage(backend, config, **options)
+
+
+def _stage(backend: Any, config: GatewayConfig, **options: Any) -> StageWorker:
     return StageWorker(backend, step_timeout_s=config.worker_step_timeout_s, **options)
+
+
+def _cpu_backend(role: str, factory: Callable[[], Any], name: str, config: GatewayConfig) -> Any:
+    """A backend that holds the GIL for long (pocketsphinx, Piper): built by ``factory`` (picklable) in
+    a child process of its own, one per worker, so it stalls neither the event loop nor other stages
+    and a hung step can be killed (``cpu_backends_in_process`` builds it here instead). Test faults are
+    built with it, wherever it runs."""
+    factory = faults.FaultyFactory(role, factory, tuple(config.fault_injection))
+    return factory() if config.cpu_backends_in_process else ProcessBackend(factory, name=name)
+
+
+def piper_backend(voice: str, max_text_chars: int) -> Any:
+    """Piper, built where it runs (a top-level function, so a child process can be told to call it)."""
+    from realtime_gw.models.speech.tts_piper import PiperTtsBackend
+
+    backend = PiperTtsBackend(voice=voice)
+    backend.max_text_chars = max_text_chars
+    return backend
+
+
+def pocketsphinx_backend(slots: int) -> Any:
+    from realtime_gw.models.speech.asr_pocketsphinx import PocketsphinxAsrBackend
+
+    return PocketsphinxAsrBackend(slots=slots)
+
+
+def utterance_bound(max_seconds: float) -> Callable[[Any], str | None]:
+    """The ASR worker's cost bound: a committed utterance longer than ``max_seconds`` is refused at
+    submit (its decode would hold a core for about as long), with the reason the client sees."""
+
+    def admit(request: Any) -> str | None:
+        if not isinstance(request, AsrRequest) or request.sample_rate <= 0:
+            return None  # a stream's audio is decoded as it arrives; bad rates are the backend's to refuse
+        seconds = len(request.pcm) / 2 / request.sample_rate
+        if seconds <= max_seconds:
+            return None
+        return (
+            f"utterance of {seconds:.1f} s is longer than the {max_seconds:g} s the gateway transcribes "
+            "(asr_max_utterance_s); commit the audio in shorter turns"
+        )
+
+    return admit
 
 
 def build_tts(config: GatewayConfig) -> StageWorker:
@@ -51,7 +102,9 @@ def build_tts(config: GatewayConfig) -> StageWorker:
         # Every stream holds a slot and all of them advance each step: slots = batch = admission limit,
         # so a full worker refuses at submit ("no free slot") instead of queueing.
         slots = config.tts_max_batch
-        codec = CodecTtsBackend(config=config.tts_config, path=config.tts_path, device=config.tts_device, slots=slots)
+        codec = CodecTtsBackend(
+            config=config.tts_config, path=config.tts_path, device=config.tts_device, slots=slots
+        )
         return _worker("tts", codec, config, device=config.tts_device, max_batch=slots, max_active=slots)
     if config.tts == "qwen3":
         from realtime_gw.models.speech.tts_qwen3 import Qwen3TtsBackend
@@ -69,29 +122,37 @@ def build_tts(config: GatewayConfig) -> StageWorker:
     if config.tts == "tone":
         from realtime_gw.models.speech.tts_tone import ToneTtsBackend
 
-        backend: Any = ToneTtsBackend()
+        # In-thread: a beep costs microseconds of numpy per sentence and its text is bounded, so a
+        # process hop would only add latency to what it exists to measure (gateway overhead).
+        tone = ToneTtsBackend()
+        tone.max_text_chars = config.tts_max_text_chars
+        backend: Any = faults.wrap("tts", tone, config.fault_injection)
     else:
-        from realtime_gw.models.speech.tts_piper import PiperTtsBackend
-
-        backend = PiperTtsBackend(voice=config.tts_voice)
+        factory = functools.partial(piper_backend, config.tts_voice, config.tts_max_text_chars)
+        backend = _cpu_backend("tts", factory, "tts-piper", config)
     # Piper has no batched kernel: one sentence per step lets the scheduler put a new stream's first
     # sentence ahead of other streams' later ones. A small backlog keeps streams ~2 s ahead, no more.
-    return _worker("tts", backend, config, max_batch=1, max_active=config.worker_max_active, max_backlog=25)
+    return _stage(backend, config, max_batch=1, max_active=config.worker_max_active, max_backlog=25)
 
 
 def build_workers(config: GatewayConfig) -> Workers:
-    from realtime_gw.models.speech.asr_pocketsphinx import PocketsphinxAsrBackend
     from realtime_gw.models.speech.vad_silero import SileroVadBackend
 
     tts = build_tts(config)
-    asr = _worker(
-        "asr",
-        PocketsphinxAsrBackend(slots=config.asr_slots),
+    asr = _stage(
+        _cpu_backend(
+            "asr", functools.partial(pocketsphinx_backend, config.asr_slots), "asr-pocketsphinx", config
+        ),
         config,
         max_batch=config.asr_slots,
         max_active=config.asr_slots,  # one decoder per request: a full pool refuses at submit
+        admit=utterance_bound(config.asr_max_utterance_s),
     )
-    vad = _worker("vad", SileroVadBackend(), config, max_batch=config.vad_max_batch, max_active=config.worker_max_active)
+    # Silero stays in-thread: onnxruntime releases the GIL while it runs, one batched call per 32 ms
+    # window costs ~1 ms, and a process hop on every window of every session would cost more than that.
+    vad = _worker(
+        "vad", SileroVadBackend(), config, max_batch=config.vad_max_batch, max_active=config.worker_max_active
+    )
     workers = Workers(tts=tts, asr=asr, vad=vad)
     if config.policy != "none":
         from realtime_gw.models.policy.factory import build_policy_backend

@@ -1,17 +1,10 @@
 """The generic stage worker: one loop serves every model.
 
 The asyncio side (``StageWorker._schedule``) only decides which requests run in the next step; the
-worker's own thread only executes ``backend.open/step/release``. All backend state is touched on that
-thread alone, one step at a time, so backends need no locks.
-
-Backend contract (see ``Backend``):
-- ``open(request) -> state``: allocate per-request state (a slot). Raise ``NoFreeSlot`` when full.
-- ``step(work) -> results``: advance every state in ``work`` by one iteration. ``work`` is a list of
-  ``(state, inputs)`` where ``inputs`` are the items pushed to that request since its last step.
-  Returns one ``StepResult`` per state, in order.
-- ``release(state)``: free the slot. Called exactly once per opened state (finish, cancel or fault).
-- ``has_work(state) -> bool``: whether the state can advance without new input (a generating stream).
-- ``warmup()``: one real inference, so ``/readyz`` means the model really runs.
+worker's own thread only executes the iteration (``contract.run_iteration``: release, open, one
+batched ``step``), or hands it to a hosted backend's child process. All backend state is touched on
+that thread (or in that child) alone, one step at a time, so backends need no locks. The backend
+contract and the iteration records live in ``models/contract.py``.
 
 ``Stream.close_input`` delivers ``END_OF_INPUT`` as a final input item.
 """
@@ -21,18 +14,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import deque
-from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from realtime_gw.models.contract import (
+    END_OF_INPUT,
+    Backend,
+    HostedBackend,
+    Iteration,
+    IterationResult,
+    NoFreeSlot,
+    StepResult,
+    WorkerFault,
+    is_hosted,
+    run_iteration,
+    unreleased,
+)
+
+__all__ = [
+    "END_OF_INPUT",
+    "Backend",
+    "HostedBackend",
+    "Iteration",
+    "IterationResult",
+    "NoFreeSlot",
+    "StageWorker",
+    "StepResult",
+    "Stream",
+    "WorkerFault",
+]
 
 log = logging.getLogger(__name__)
 
 S = TypeVar("S")
+
+_END = object()
 
 WORKER_ACTIVE = Gauge("realtime_gw_worker_active_requests", "Requests holding backend state", ["worker"])
 WORKER_QUEUE = Gauge("realtime_gw_worker_queue_depth", "Requests waiting to be opened", ["worker"])
@@ -48,52 +68,15 @@ WORKER_STEP_SECONDS = Histogram(
     ["worker"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
-WORKER_REJECTED = Counter("realtime_gw_worker_rejected_total", "Requests refused with no free slot", ["worker"])
+WORKER_REJECTED = Counter(
+    "realtime_gw_worker_rejected_total", "Requests refused with no free slot", ["worker"]
+)
 WORKER_ERRORS = Counter("realtime_gw_worker_errors_total", "Backend faults", ["worker"])
 WORKER_RESTARTS = Counter(
-    "realtime_gw_worker_restarts_total", "Worker threads replaced by the supervisor (crash or hang)", ["worker"]
+    "realtime_gw_worker_restarts_total",
+    "Worker threads replaced by the supervisor (crash or hang)",
+    ["worker"],
 )
-
-
-class NoFreeSlot(RuntimeError):
-    """The worker is full; the caller should tell its client instead of waiting."""
-
-
-class WorkerFault(RuntimeError):
-    """The backend raised while serving this request."""
-
-
-@dataclass(slots=True)
-class StepResult:
-    outputs: list[Any] = field(default_factory=list)
-    done: bool = False
-    error: str | None = None
-
-
-class Backend(Protocol[S]):
-    name: str
-
-    def open(self, request: Any) -> S: ...
-
-    def step(self, work: list[tuple[S, list[Any]]]) -> list[StepResult]: ...
-
-    def release(self, state: S) -> None: ...
-
-    def has_work(self, state: S) -> bool: ...
-
-    def warmup(self) -> None: ...
-
-
-_END = object()
-
-
-class _EndOfInput:
-    def __repr__(self) -> str:
-        return "END_OF_INPUT"
-
-
-END_OF_INPUT: Any = _EndOfInput()
-"""Pushed by ``Stream.close_input``; backends treat it as 'no more input will come'."""
 
 
 class Stream(Generic[S]):
@@ -199,6 +182,7 @@ class StageWorker:
         max_active: int = 64,
         max_backlog: int = 64,
         step_timeout_s: float = 30.0,
+        admit: Callable[[Any], str | None] | None = None,
     ) -> None:
         self.backend = backend
         self.name = backend.name
@@ -208,12 +192,22 @@ class StageWorker:
         self.max_active = max_active
         self.max_backlog = max_backlog
         self.step_timeout_s = step_timeout_s
+        self.admit = admit
+        """Per-request cost bound, checked at submit: the reason a request is refused, or None."""
         self.restarts = 0
         self.ready = False
+        self.hosted = is_hosted(backend)
+        self._iterate: Callable[[Iteration], IterationResult] = (
+            backend.iterate if self.hosted else lambda it: run_iteration(backend, it)  # type: ignore[attr-defined]
+        )
         self._opening: deque[Stream[Any]] = deque()
         self._active: list[Stream[Any]] = []
+        self._orphans: list[Any] = []
+        """States no stream owns any more (left by an abandoned step), released at the next iteration."""
         self._wake_event: asyncio.Event | None = None
+        self._slot_freed: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"worker-{self.name}")
         self._rr = 0  # iteration counter, for round-robin order
         self._last_batch = 0
@@ -221,6 +215,7 @@ class StageWorker:
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self, warmup: bool = True) -> None:
         self._wake_event = asyncio.Event()
+        self._slot_freed = asyncio.Event()
         loop = asyncio.get_running_loop()
         if warmup:
             await loop.run_in_executor(self._thread, self.backend.warmup)
@@ -228,6 +223,9 @@ class StageWorker:
         self._task = asyncio.create_task(self._schedule(), name=f"worker-{self.name}")
 
     async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         if self._task is not None:
             # Cancel until it is done: before Python 3.12, asyncio.wait_for returns the inner result and
             # drops a cancel that lands just as the step completes, and the loop would then wait forever.
@@ -238,7 +236,13 @@ class StageWorker:
                 await self._task
         for s in list(self._active) + list(self._opening):
             s.cancel()
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._release_all)
+        held = [s.state for s in self._active if s.state is not None] + self._orphans
+        self._active, self._orphans = [], []
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(Exception):
+            await loop.run_in_executor(self._thread, self._iterate, Iteration(release=held))
+        if self.hosted:
+            await loop.run_in_executor(self._thread, self.backend.close)  # type: ignore[attr-defined]
         self._thread.shutdown(wait=False, cancel_futures=True)
 
     def wake(self) -> None:
@@ -247,11 +251,15 @@ class StageWorker:
 
     # -- submission --------------------------------------------------------------------------------
     def submit(self, request: Any) -> Stream[Any]:
-        """Start a request. Raises ``NoFreeSlot`` at once when the worker is full."""
+        """Start a request. Raises ``NoFreeSlot`` at once when the worker is full; a request over the
+        worker's cost bound (``admit``) gets a stream that fails with the reason."""
         if len(self._active) + len(self._opening) >= self.max_active:
             WORKER_REJECTED.labels(self.name).inc()
             raise NoFreeSlot(f"{self.name}: no free slot ({self.max_active} requests active)")
         stream: Stream[Any] = Stream(self, request, self.max_backlog)
+        if self.admit is not None and (refusal := self.admit(request)) is not None:
+            stream._deliver([], True, refusal)
+            return stream
         self._opening.append(stream)
         WORKER_QUEUE.labels(self.name).set(len(self._opening))
         self.wake()
@@ -261,18 +269,34 @@ class StageWorker:
     def active_count(self) -> int:
         return len(self._active) + len(self._opening)
 
+    async def slot_freed(self, timeout: float) -> bool:
+        """Wait until a request leaves the worker (a slot may be free), at most ``timeout`` seconds."""
+        assert self._slot_freed is not None, "worker not started"
+        event = self._slot_freed
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def _slots_returned(self) -> None:
+        # One event per generation: waiters of this one wake; later waiters wait for the next release.
+        if self._slot_freed is not None:
+            event, self._slot_freed = self._slot_freed, asyncio.Event()
+            event.set()
+
     # -- the loop: decide on the event loop, execute on the worker thread --------------------------
     async def _schedule(self) -> None:
         assert self._wake_event is not None
-        loop = asyncio.get_running_loop()
         while True:
             to_open = [s for s in self._opening if not s.cancelled]
             self._opening.clear()
             to_release = [s for s in self._active if s.cancelled or s.finished]
             if to_release:
                 self._active = [s for s in self._active if not (s.cancelled or s.finished)]
+                self._slots_returned()
             runnable = [s for s in self._active if s._runnable(self.backend)]
-            if not (to_open or to_release or runnable):
+            if not (to_open or to_release or runnable or self._orphans):
                 self._wake_event.clear()
                 await self._wake_event.wait()
                 continue
@@ -287,44 +311,82 @@ class StageWorker:
                 self._opening.clear()
                 runnable = [s for s in self._active if s._runnable(self.backend)]
             batch = self._pick(runnable)
-            work = []
+            # Inputs are taken here, on the loop thread that pushes them; new requests get theirs back
+            # below if they could not join this step.
+            it = Iteration(
+                release=[s.state for s in to_release if s.state is not None] + self._orphans,
+                open=[(s.request, s.pending) for s in to_open],
+                work=[(s.state, s.pending) for s in batch],
+                max_batch=self.max_batch,
+            )
+            self._orphans = []
+            for s in to_release:
+                s.state = None
             for s in batch + to_open:
-                # Inputs are taken here, on the loop thread that pushes them; new requests get theirs
-                # back below if they could not join this step.
-                work.append((s, s.pending))
                 s.pending = []
             self._wake_event.clear()
+            running: Future[IterationResult] = self._thread.submit(self._iterate, it)
             try:
-                opened, work, results = await asyncio.wait_for(
-                    loop.run_in_executor(self._thread, self._execute, to_open, work, to_release),
-                    self.step_timeout_s,
-                )
+                result = await asyncio.wait_for(asyncio.wrap_future(running), self.step_timeout_s)
             except asyncio.TimeoutError:
-                await self._restart(f"{self.name}: step exceeded {self.step_timeout_s:g} s", to_open, abandon=True)
+                reason = f"{self.name}: step exceeded {self.step_timeout_s:g} s"
+                await self._restart(reason, to_open, abandoned=(running, it))
                 continue
-            except BaseException as e:  # the thread died outside per-request handling
+            except BaseException as e:  # the thread (or the child process) died outside per-request handling
                 if isinstance(e, asyncio.CancelledError):
                     raise
-                log.exception("worker %s thread failed", self.name)
-                await self._restart(f"{self.name}: worker failed ({type(e).__name__})", to_open, abandon=False)
+                log.exception("worker %s failed", self.name)
+                await self._restart(
+                    f"{self.name}: worker failed ({type(e).__name__})", to_open, abandoned=None
+                )
                 continue
-            for s, err, unused_inputs in opened:
-                if err is None:
-                    self._active.append(s)
-                    s.pending = unused_inputs + s.pending
-                else:
-                    s._deliver([], True, err)
-            for (s, _), r in zip(work, results, strict=True):
-                s._deliver(r.outputs, r.done, r.error)
-            self._last_batch = len(work)
-            WORKER_ACTIVE.labels(self.name).set(len(self._active))
-            WORKER_QUEUE.labels(self.name).set(len(self._opening))
+            self._apply(result, batch, to_open, it)
 
-    async def _restart(self, reason: str, opening: list[Stream[Any]], abandon: bool) -> None:
-        """Supervisor: fail every request in flight, replace the worker thread, warm up again.
+    def _apply(
+        self, result: IterationResult, batch: list[Stream[Any]], to_open: list[Stream[Any]], it: Iteration
+    ) -> None:
+        """Route an iteration's outcome to its streams (on the event loop)."""
+        if result.step_seconds is not None:
+            WORKER_STEP_SECONDS.labels(self.name).observe(result.step_seconds)
+        if result.step_failed:
+            WORKER_ERRORS.labels(self.name).inc()
+        stepped = list(batch)
+        for s, o, (_, taken) in zip(to_open, result.opened, it.open, strict=True):
+            if o.error is not None:
+                if o.no_slot:
+                    WORKER_REJECTED.labels(self.name).inc()
+                s._deliver([], True, o.error)
+                self._slots_returned()
+                continue
+            s.state = o.state
+            self._active.append(s)
+            if o.joined:
+                s.steps += 1
+                stepped.append(s)
+            else:
+                s.pending = taken + s.pending  # it could not join this step
+        if stepped:
+            WORKER_BATCH.labels(self.name).observe(len(stepped))
+        for s, r in zip(stepped, result.results, strict=True):
+            if r.done or r.error is not None:
+                s.state = None  # released next to the backend, in the same iteration
+            s._deliver(r.outputs, r.done, r.error)
+        self._last_batch = len(stepped)
+        WORKER_ACTIVE.labels(self.name).set(len(self._active))
+        WORKER_QUEUE.labels(self.name).set(len(self._opening))
 
-        A hung thread cannot be killed; it is abandoned (its late results are never read) and its
-        states are dropped rather than released on a thread that may still be using them."""
+    async def _restart(
+        self,
+        reason: str,
+        opening: list[Stream[Any]],
+        abandoned: tuple[Future[IterationResult], Iteration] | None,
+    ) -> None:
+        """Supervisor: fail every request in flight, give every slot back, warm up again.
+
+        A hosted backend is reset: its child process is killed (a hung step with it) and started
+        afresh, so every state it held is gone and every slot is free. A thread cannot be killed: a hung
+        one is abandoned, the states it is using are released when (if) its step returns, and there is
+        no new warm-up meanwhile (it would compete with the hung step for slots)."""
         WORKER_ERRORS.labels(self.name).inc()
         WORKER_RESTARTS.labels(self.name).inc()
         self.restarts += 1
@@ -334,29 +396,47 @@ class StageWorker:
         self._active = []
         for s in failed:
             s._deliver([], True, reason)
+        held = [s.state for s in failed if s.state is not None]
+        for s in failed:
+            s.state = None
         old = self._thread
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"worker-{self.name}")
         old.shutdown(wait=False, cancel_futures=True)
         loop = asyncio.get_running_loop()
-        if not abandon:
-            await loop.run_in_executor(self._thread, self._release_states, [s.state for s in failed])
-        for s in failed:
-            s.state = None
+        rewarm = True
+        if self.hosted:
+            self._orphans = []  # they died with the child
+            reset: Callable[[], None] = self.backend.reset  # type: ignore[attr-defined]
+        elif abandoned is None:
+            reset = lambda: self._iterate(Iteration(release=held))  # noqa: E731
+        else:
+            running, it = abandoned
+            in_step = {id(st) for st, _ in it.work}
+            now = [st for st in held if id(st) not in in_step]
+            reset = lambda: self._iterate(Iteration(release=now))  # noqa: E731
+            running.add_done_callback(lambda f: _call_soon(loop, self._adopt_orphans, f, it))
+            rewarm = False
         try:
-            await asyncio.wait_for(loop.run_in_executor(self._thread, self.backend.warmup), self.step_timeout_s)
+            await asyncio.wait_for(loop.run_in_executor(self._thread, reset), self.step_timeout_s)
+            if rewarm:
+                await asyncio.wait_for(
+                    loop.run_in_executor(self._thread, self.backend.warmup), self.step_timeout_s
+                )
             self.ready = True
         except Exception:
-            log.exception("worker %s: warm-up after restart failed; it stays not ready", self.name)
+            log.exception("worker %s: restart failed; it stays not ready", self.name)
         WORKER_ACTIVE.labels(self.name).set(0)
+        self._slots_returned()
 
-    def _release_states(self, states: list[Any]) -> None:
-        for state in states:
-            if state is None:
-                continue
-            try:
-                self.backend.release(state)
-            except Exception:
-                log.exception("worker %s release failed", self.name)
+    def _adopt_orphans(self, running: Future[IterationResult], it: Iteration) -> None:
+        """An abandoned step finally returned: the states it still holds go back at the next iteration."""
+        try:
+            result = running.result()
+        except BaseException:  # died: run_iteration already freed the states it had opened
+            self._orphans += [st for st, _ in it.work]
+        else:
+            self._orphans += unreleased(it, result)
+        self.wake()
 
     def _pick(self, runnable: list[Stream[Any]]) -> list[Stream[Any]]:
         """Requests still waiting for their first output go first (time to first audio), then the
@@ -368,67 +448,7 @@ class StageWorker:
             s.last_step = self._rr
         return chosen
 
-    def _execute(
-        self,
-        to_open: list[Stream[Any]],
-        work: list[tuple[Stream[Any], list[Any]]],
-        to_release: list[Stream[Any]],
-    ) -> tuple[
-        list[tuple[Stream[Any], str | None, list[Any]]], list[tuple[Stream[Any], list[Any]]], list[StepResult]
-    ]:
-        """Runs on the worker thread: releases first (frees slots), then opens, then one step.
 
-        ``work`` ends with the new requests and their inputs; a new request joins this very step when
-        it can run and the batch has room (one-shot requests answer in one iteration, not two)."""
-        for s in to_release:
-            self._release(s)
-        fresh = {id(s): inputs for s, inputs in work[len(work) - len(to_open) :]}
-        work = work[: len(work) - len(to_open)]
-        opened: list[tuple[Stream[Any], str | None, list[Any]]] = []
-        for s in to_open:
-            inputs = fresh[id(s)]
-            try:
-                s.state = self.backend.open(s.request)
-            except NoFreeSlot as e:
-                WORKER_REJECTED.labels(self.name).inc()
-                opened.append((s, str(e), []))
-                continue
-            except Exception as e:  # bad request content: fail this request only
-                log.warning("worker %s open failed: %s", self.name, e)
-                opened.append((s, f"{self.name}: {e}", []))
-                continue
-            if len(work) < self.max_batch and (inputs or self.backend.has_work(s.state)):
-                work.append((s, inputs))
-                s.steps += 1
-                opened.append((s, None, []))
-            else:
-                opened.append((s, None, inputs))
-        results: list[StepResult] = []
-        if work:
-            t0 = time.perf_counter()
-            try:
-                results = self.backend.step([(s.state, inputs) for s, inputs in work])
-            except Exception as e:
-                log.exception("worker %s step raised", self.name)
-                WORKER_ERRORS.labels(self.name).inc()
-                results = [StepResult(done=True, error=f"{self.name}: {e}") for _ in work]
-            WORKER_STEP_SECONDS.labels(self.name).observe(time.perf_counter() - t0)
-            WORKER_BATCH.labels(self.name).observe(len(work))
-            for (s, _), r in zip(work, results, strict=True):
-                if r.done or r.error is not None:
-                    self._release(s)
-        return opened, work, results
-
-    def _release(self, s: Stream[Any]) -> None:
-        if s.state is None:
-            return
-        state, s.state = s.state, None
-        try:
-            self.backend.release(state)
-        except Exception:
-            log.exception("worker %s release failed", self.name)
-
-    def _release_all(self) -> None:
-        for s in self._active:
-            self._release(s)
-        self._active.clear()
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing left to give back
+        loop.call_soon_threadsafe(fn, *args)

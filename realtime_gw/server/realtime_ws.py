@@ -372,15 +372,17 @@ def reply_event(e: StartResponse, piece: ReplyPiece) -> ResponseTextDelta | Resp
 
 async def submit_with_retry(worker: StageWorker, request: Any, patience_s: float = ASR_PATIENCE_S) -> Stream[Any]:
     """Utterances are short: when every decoder is busy, wait a moment for one instead of failing
-    the transcription (bounded: the worker itself never queues)."""
+    the transcription (bounded: the worker itself never queues). Woken when a request leaves the
+    worker, not by polling."""
     deadline = time.monotonic() + patience_s
     while True:
         try:
             return worker.submit(request)
         except NoFreeSlot:
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise
-            await asyncio.sleep(0.05)
+            await worker.slot_freed(left)
 
 
 def _limits(gateway: Gateway, model: str) -> Limits:

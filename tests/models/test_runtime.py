@@ -4,74 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, StepResult, WorkerFault
-
-
-@dataclass
-class Req:
-    n: int | None = 3
-    """Outputs to generate; None = forever."""
-    boom: bool = False
-    """The backend's step raises when this request is in the batch."""
-    full: bool = False
-    """The backend's open raises NoFreeSlot."""
-
-
-@dataclass(eq=False)
-class St:
-    req: Req
-    made: int = 0
-    inputs: list[Any] = field(default_factory=list)
-
-
-class Toy:
-    """Counts up to ``req.n``; one output per step; echoes pushed inputs as outputs."""
-
-    name = "toy"
-
-    def __init__(self) -> None:
-        self.batches: list[int] = []
-        self.opened: list[St] = []
-        self.released: list[St] = []
-        self.threads: set[int] = set()
-
-    def open(self, request: Req) -> St:
-        self.threads.add(threading.get_ident())
-        if request.full:
-            raise NoFreeSlot("toy: full")
-        st = St(request)
-        self.opened.append(st)
-        return st
-
-    def step(self, work: list[tuple[St, list[Any]]]) -> list[StepResult]:
-        self.threads.add(threading.get_ident())
-        self.batches.append(len(work))
-        if any(st.req.boom for st, _ in work):
-            raise RuntimeError("kaboom")
-        results = []
-        for st, inputs in work:
-            st.inputs += inputs
-            if inputs:
-                results.append(StepResult(outputs=list(inputs), done=inputs[-1] is END_OF_INPUT))
-                continue
-            st.made += 1
-            results.append(StepResult(outputs=[st.made], done=st.req.n is not None and st.made >= st.req.n))
-        return results
-
-    def release(self, state: St) -> None:
-        self.threads.add(threading.get_ident())
-        self.released.append(state)
-
-    def has_work(self, state: St) -> bool:
-        return state.req.n is None or state.made < state.req.n
-
-    def warmup(self) -> None:
-        pass
+from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, WorkerFault
+from tests.models.toy_backends import Req, Toy
 
 
 async def wait_for(cond: Any, timeout: float = 1.0) -> None:
@@ -186,3 +124,85 @@ async def test_stop_right_after_a_result_does_not_hang() -> None:
         await w.start(warmup=False)
         assert await w.submit(Req(n=1)).collect() == [1]
         await asyncio.wait_for(w.stop(), 2.0)
+
+
+async def test_a_hung_step_in_a_thread_gives_its_slots_back_when_it_returns() -> None:
+    from realtime_gw.models.faults import FaultSpec, FaultyBackend
+    from realtime_gw.models.runtime import StageWorker
+    from tests.models.toy_backends import SlotToy
+
+    toy = SlotToy(slots=2)
+    w = StageWorker(FaultyBackend(toy, FaultSpec.parse("toy:hang@2:1.5")), max_active=2, step_timeout_s=0.2)
+    await w.start()
+    try:
+        a, b = w.submit(Req(n=None)), w.submit(Req(n=None))
+        for s in (a, b):
+            with pytest.raises(WorkerFault, match="exceeded"):
+                await s.collect()
+        # No warm-up while the abandoned step holds the slots (it could not take them all, and would
+        # leak the ones it took): the worker is ready before the step returns, and its two slots come
+        # back when it does.
+        await wait_for(lambda: w.ready)
+        assert w.restarts == 1 and len(toy.free) == 0
+        await wait_for(lambda: len(toy.free) == 2, timeout=5.0)
+        outs = await asyncio.gather(w.submit(Req(n=2)).collect(), w.submit(Req(n=2)).collect())
+        assert outs == [[1, 2], [1, 2]]
+        assert len(toy.free) == 2 and len(toy.released) == len(toy.opened)
+    finally:
+        await w.stop()
+
+
+async def test_a_dying_thread_releases_every_state_before_the_new_warm_up() -> None:
+    from realtime_gw.models.faults import FaultSpec, FaultyBackend
+    from realtime_gw.models.runtime import StageWorker
+    from tests.models.toy_backends import SlotToy
+
+    toy = SlotToy(slots=2)
+    w = StageWorker(FaultyBackend(toy, FaultSpec.parse("toy:die@2")), max_active=2)
+    await w.start()
+    try:
+        a, b = w.submit(Req(n=None)), w.submit(Req(n=None))
+        for s in (a, b):
+            with pytest.raises(WorkerFault, match="worker failed"):
+                await s.collect()
+        await wait_for(lambda: w.ready)  # the warm-up took both slots: both were back
+        assert w.restarts == 1 and len(toy.free) == 2
+        assert await w.submit(Req(n=1)).collect() == [1]
+    finally:
+        await w.stop()
+
+
+def test_an_iteration_that_dies_releases_the_states_it_opened() -> None:
+    from realtime_gw.models.contract import Iteration, run_iteration
+    from realtime_gw.models.faults import FaultSpec, FaultyBackend, InjectedThreadDeath
+    from tests.models.toy_backends import SlotToy
+
+    toy = SlotToy(slots=2)
+    with pytest.raises(InjectedThreadDeath):
+        run_iteration(
+            FaultyBackend(toy, FaultSpec.parse("toy:die@1")), Iteration(open=[(Req(), [])], max_batch=2)
+        )
+    assert len(toy.free) == 2  # opened in the dying iteration: no stream owned it, so it was freed there
+
+
+async def test_a_request_over_the_cost_bound_is_refused_at_submit(start_worker: Any) -> None:
+    toy = Toy()
+    w = await start_worker(toy, admit=lambda r: "too long" if r.n is not None and r.n > 5 else None)
+    with pytest.raises(WorkerFault, match="too long"):
+        await w.submit(Req(n=6)).collect()
+    assert toy.opened == [] and w.active_count == 0
+    assert await w.submit(Req(n=2)).collect() == [1, 2]
+
+
+async def test_slot_freed_wakes_a_waiter_when_a_request_leaves(start_worker: Any) -> None:
+    w = await start_worker(Toy(), max_active=1, max_backlog=2)
+    s = w.submit(Req(n=None))
+    with pytest.raises(NoFreeSlot):
+        w.submit(Req())
+    waiter = asyncio.create_task(w.slot_freed(5.0))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    s.cancel()
+    assert await waiter
+    assert await w.submit(Req(n=1)).collect() == [1]
+    assert not await w.slot_freed(0.01)  # nothing left since: a bounded wait, False

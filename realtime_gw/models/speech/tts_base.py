@@ -50,7 +50,10 @@ OPENAI_VOICES = frozenset(
 
 # A sentence ends at .!? (optionally followed by closing quotes/brackets) plus whitespace, or a newline.
 # Requiring the whitespace keeps "3.14" and a half-streamed "Hello." (more may follow) together.
-_SENTENCE_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*\s+|\n+")
+# Linear on any input: a match starts only at the first mark of a run (the lookbehind) and possessive
+# quantifiers never backtrack, so a megabyte of "!!!!" is scanned once, not once per position.
+_SENTENCE_END = re.compile(r"(?<![.!?])[.!?]++[\"'\u201d\u2019)\]]*+\s++|\n++")
+_END_MARKS = ".!?\"'\u201d\u2019)]"
 MAX_SENTENCE_CHARS = 400
 """Text without any sentence end is cut at a space beyond this, so a run-on stream still speaks."""
 
@@ -82,27 +85,54 @@ def feed_inputs(text: TextSink, inputs: list[Any]) -> None:
             raise TypeError(f"TTS input must be str, got {type(item).__name__}")
 
 
-class SentenceBuffer:
-    """Accumulates streamed text and hands out complete sentences."""
+class TextTooLong(ValueError):
+    """A stream's text went past its backend's ``max_text_chars`` (config ``tts_max_text_chars``)."""
 
-    def __init__(self, max_chars: int = MAX_SENTENCE_CHARS) -> None:
+
+class SentenceBuffer:
+    """Accumulates streamed text and hands out complete sentences, in time linear in the text."""
+
+    def __init__(self, max_chars: int = MAX_SENTENCE_CHARS, max_text_chars: int | None = None) -> None:
         self.max_chars = max_chars
+        self.max_text_chars = max_text_chars
         self.ended = False
+        self.fed = 0
+        """Characters fed so far (bounded by ``max_text_chars``)."""
         self.sentences: deque[str] = deque()
         self._buf = ""
 
     def feed(self, text: str) -> None:
         if self.ended:
             raise ValueError("text pushed after END_OF_INPUT")
-        self._buf += text
-        while (m := _SENTENCE_END.search(self._buf)) is not None:
-            self._add(self._buf[: m.end()])
-            self._buf = self._buf[m.end() :]
-        while len(self._buf) > self.max_chars:
-            cut = self._buf.rfind(" ", 0, self.max_chars)
-            cut = cut if cut > 0 else self.max_chars
-            self._add(self._buf[:cut])
-            self._buf = self._buf[cut:]
+        self.fed += len(text)
+        if self.max_text_chars is not None and self.fed > self.max_text_chars:
+            raise TextTooLong(
+                f"text exceeds {self.max_text_chars} characters per request (tts_max_text_chars)"
+            )
+        # Offsets into one string, one scan: the buffer is sliced once per sentence and once at the end
+        # (re-slicing the remainder after every sentence made a megabyte quadratic).
+        # The buffered text held no sentence end, so a new one can begin at the earliest within its
+        # trailing run of end marks: only that and the new text are scanned.
+        scan = len(self._buf.rstrip(_END_MARKS))
+        buf = self._buf + text
+        start = 0
+        for m in _SENTENCE_END.finditer(buf, scan):
+            start = self._take(buf, start, m.end(), keep_tail=False)
+        self._buf = buf[self._take(buf, start, len(buf), keep_tail=True) :]
+
+    def _take(self, buf: str, start: int, end: int, keep_tail: bool) -> int:
+        """Add ``buf[start:end]`` as sentences of at most ``max_chars`` (cut at a space when there is
+        one); with ``keep_tail`` the last piece (not longer than ``max_chars``) stays buffered, as more
+        text may complete it. Returns where the buffered text starts."""
+        while end - start > self.max_chars:
+            cut = buf.rfind(" ", start, start + self.max_chars)
+            cut = cut if cut > start else start + self.max_chars
+            self._add(buf[start:cut])
+            start = cut
+        if not keep_tail:
+            self._add(buf[start:end])
+            start = end
+        return start
 
     def end(self) -> None:
         """No more text: whatever is buffered becomes the last sentence."""
@@ -184,6 +214,9 @@ class TtsBackendBase(Generic[S]):
     voices: tuple[str, ...] = ("default",)
     default_voice = "default"
     """What "default" and OpenAI's voice names map to."""
+    max_text_chars: int | None = None
+    """Text one stream may receive in all; more fails that stream (``TextTooLong``). The registry sets
+    it from ``tts_max_text_chars``."""
 
     # -- Backend protocol (subclasses) -----------------------------------------------------------------
     def open(self, request: TtsRequest) -> S:
@@ -250,6 +283,7 @@ class SentenceTtsBackend(TtsBackendBase[TtsState]):
     def open(self, request: TtsRequest) -> TtsState:
         voice, speed = self.check_request(request)
         state = TtsState(request=request, voice=voice, length_scale=1.0 / speed)
+        state.text = SentenceBuffer(max_text_chars=self.max_text_chars)
         state.audio = FrameAssembler(self.native_rate)
         return state
 
@@ -336,7 +370,9 @@ class FrameTtsLoop:
         if go:
             states = [work[i][0] for i in go]
             fed = [self._next_token(st) for st in states]
-            codes, pcm = self.engine.step([st.slot for st in states], [t for t, _ in fed], [ok for _, ok in fed])
+            codes, pcm = self.engine.step(
+                [st.slot for st in states], [t for t, _ in fed], [ok for _, ok in fed]
+            )
             for j, i in enumerate(go):
                 results[i] = self._emit(states[j], codes[j], pcm[j])
         return [r if r is not None else StepResult() for r in results]

@@ -1,0 +1,295 @@
+"""A backend hosted in a child process, behind the ordinary ``Backend`` interface.
+
+Backends that hold the GIL for long stretches (pocketsphinx's search, Piper's phonemizer and VITS
+graph) would stall the event loop and every other stage if they ran on a worker thread. Here such a
+backend runs in its own process, built there by a picklable top-level ``factory``; the stage worker
+sees a ``ProcessBackend`` whose states are small handles (``RemoteState``, an id) while the real state
+lives in the child. One worker iteration (``contract.Iteration``) is one message each way.
+
+The child is started with multiprocessing's "spawn" method, never "fork": the gateway has threads (the
+event loop, other workers, maybe torch's pools) whose locks a forked child would inherit held.
+
+A step past the worker's deadline is handled by the supervisor calling ``reset``: the child is killed
+(SIGTERM, then SIGKILL after a short grace) and a fresh one started, so the stuck work really stops and
+every slot it held is free again.
+
+The child's side (``BackendHost``) knows nothing of pipes: it maps ids to states and runs
+``run_iteration``. Another transport (a Ray actor, for the scale-out issue) can host it unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import signal
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from realtime_gw.models.contract import Iteration, IterationResult, NoFreeSlot, StepResult, run_iteration
+
+log = logging.getLogger(__name__)
+
+LAUNCH = 0
+"""In a child: which start of its ``ProcessBackend`` this process is (0 = the first). Test faults fire
+only in the first, so a fault that kills the child happens once, not on every restart."""
+
+DESCRIBED = ("voices", "default_voice", "native_rate", "slots")
+"""Plain attributes the parent may read from the hosted backend (``accepted_voices`` reads ``voices``)."""
+
+
+class BackendProcessDied(RuntimeError):
+    """The child process exited (killed, crashed) while the parent waited for its answer."""
+
+
+@dataclass(slots=True, eq=False)
+class RemoteState:
+    """The parent's handle on a state that lives in the child."""
+
+    id: int
+    has_work: bool = False
+    """As the child reported after the last iteration (``has_work`` depends on the state alone)."""
+
+
+class BackendHost:
+    """The child's side: ids <-> the backend's states, one ``run_iteration`` per message."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.states: dict[int, Any] = {}
+        self._ids = itertools.count(1)
+
+    def describe(self) -> dict[str, Any]:
+        info = {"name": self.backend.name}
+        for attr in DESCRIBED:
+            with contextlib.suppress(AttributeError):
+                info[attr] = getattr(self.backend, attr)
+        return info
+
+    def iterate(self, wire: Iteration) -> tuple[IterationResult, dict[int, bool]]:
+        """Run one iteration whose states are ids; answer with ids, and ``has_work`` of every state
+        it touched that is still open."""
+        it = Iteration(
+            release=[st for i in wire.release if (st := self.states.pop(i, None)) is not None],
+            open=wire.open,
+            work=[(self.states[i], inputs) for i, inputs in wire.work],
+            max_batch=wire.max_batch,
+        )
+        result = run_iteration(self.backend, it)
+        stepped = [i for i, _ in wire.work]
+        touched = list(stepped)
+        for o in result.opened:
+            if o.state is not None:
+                i = next(self._ids)
+                self.states[i] = o.state
+                o.state = i
+                touched.append(i)
+                if o.joined:
+                    stepped.append(i)
+        for i, r in zip(stepped, result.results, strict=True):
+            if r.done or r.error is not None:
+                del self.states[i]  # run_iteration released it
+        return result, {i: self.backend.has_work(self.states[i]) for i in touched if i in self.states}
+
+    def warmup(self) -> None:
+        self.backend.warmup()
+
+
+def _serve(conn: Connection, factory: Callable[[], Any], launch: int, log_level: int) -> None:
+    """The child process: build the backend, then answer one message at a time until told to close or
+    the parent goes away."""
+    global LAUNCH
+    LAUNCH = launch
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent, which stops us in order
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s[child]: %(message)s")
+    try:
+        host = BackendHost(factory())
+    except Exception:
+        conn.send(("failed", traceback.format_exc()))
+        return
+    conn.send(("ready", host.describe()))
+    while True:
+        try:
+            op, arg = conn.recv()
+        except EOFError:
+            return  # the parent is gone
+        if op == "close":
+            return
+        try:
+            reply: tuple[str, Any] = ("ok", host.iterate(arg) if op == "iterate" else host.warmup())
+            conn.send(reply)
+        except Exception as e:  # an answer we cannot give (or pickle) fails the iteration, not the child
+            log.exception("hosted backend %s: %s failed", host.backend.name, op)
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+class ProcessBackend:
+    """``Backend`` (and ``HostedBackend``) whose real backend runs in a child process.
+
+    ``factory`` must be picklable (a top-level function or class, or a ``functools.partial`` of one):
+    it is sent to the child, which calls it to build the backend. The child starts on the first use
+    (``warmup``, an iteration, or reading a described attribute) and again after every ``reset``.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        *,
+        name: str,
+        start_method: str = "spawn",
+        start_timeout_s: float = 120.0,
+        kill_grace_s: float = 0.5,
+    ) -> None:
+        self.factory = factory
+        self.name = name
+        self.start_timeout_s = start_timeout_s
+        self.kill_grace_s = kill_grace_s
+        self.launches = 0
+        self._context = multiprocessing.get_context(start_method)
+        self._process: Any = None
+        self._conn: Connection | None = None
+        self._info: dict[str, Any] = {}
+        self._lock = threading.Lock()  # start/kill may come from a new worker thread while an old one waits
+
+    # -- the child ---------------------------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def start(self) -> None:
+        """Start the child unless it runs; returns once the backend is built there."""
+        with self._lock:
+            if self._process is not None and self._process.is_alive():
+                return
+            here, there = self._context.Pipe()
+            process = self._context.Process(
+                target=_serve,
+                args=(there, self.factory, self.launches, logging.getLogger().getEffectiveLevel()),
+                name=f"backend-{self.name}",
+                daemon=True,
+            )
+            process.start()
+            there.close()
+            self.launches += 1
+            self._process, self._conn = process, here
+            status, value = self._receive(here, self.start_timeout_s, "start")
+            if status != "ready":
+                self._kill(process)
+                raise RuntimeError(f"{self.name}: the child process could not build the backend:\n{value}")
+            self._info = value
+            log.info("%s runs in child process %d", self.name, process.pid)
+
+    def reset(self) -> None:
+        """Kill the child (whatever it is doing) and start a fresh one: every state and slot it held is
+        gone. The caller warms it up."""
+        with self._lock:
+            process, self._process, self._conn = self._process, None, None
+        if process is not None:
+            self._kill(process)
+        self.start()
+
+    def close(self) -> None:
+        with self._lock:
+            process, conn, self._process, self._conn = self._process, self._conn, None, None
+        if process is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            assert conn is not None
+            conn.send(("close", None))
+        process.join(self.kill_grace_s)
+        self._kill(process)
+
+    def _kill(self, process: Any) -> None:
+        if process.is_alive():
+            process.terminate()
+            process.join(self.kill_grace_s)
+        if process.is_alive():
+            process.kill()
+        process.join()
+        # The parent's end of the old pipe is not closed here: a worker thread may still be reading it
+        # (it gets EOF now); it closes when that last reference goes.
+
+    def _receive(self, conn: Connection, timeout: float | None, op: str) -> tuple[str, Any]:
+        try:
+            if timeout is not None and not conn.poll(timeout):
+                raise TimeoutError(f"{self.name}: child process did not answer {op} within {timeout:g} s")
+            reply: tuple[str, Any] = conn.recv()
+            return reply
+        except (EOFError, OSError) as e:
+            process = self._process
+            if process is not None:
+                process.join(0.2)  # for its exit code
+            code = process.exitcode if process is not None else None
+            raise BackendProcessDied(
+                f"{self.name}: child process exited during {op} (exit code {code})"
+            ) from e
+
+    def _call(self, op: str, arg: Any) -> Any:
+        # Pickle over a multiprocessing Connection: both ends are our own processes running the same
+        # code, so plain records (dataclasses, bytes) cross without a schema; nothing a client sends is
+        # ever unpickled here unwrapped (requests are built by the gateway). One message per iteration.
+        self.start()
+        conn = self._conn
+        assert conn is not None
+        try:
+            conn.send((op, arg))
+        except OSError as e:
+            raise BackendProcessDied(f"{self.name}: child process gone before {op}") from e
+        status, value = self._receive(conn, None, op)  # the stage worker owns the deadline
+        if status == "error":
+            raise RuntimeError(f"{self.name} (child process): {value}")
+        return value
+
+    # -- Backend -----------------------------------------------------------------------------------
+    def iterate(self, it: Iteration) -> IterationResult:
+        wire = Iteration(
+            release=[h.id for h in it.release],
+            open=it.open,
+            work=[(h.id, inputs) for h, inputs in it.work],
+            max_batch=it.max_batch,
+        )
+        result, has_work = self._call("iterate", wire)
+        handles = [h for h, _ in it.work]
+        for o in result.opened:
+            if o.state is not None:
+                o.state = RemoteState(o.state)
+                handles.append(o.state)
+        for h in handles:
+            h.has_work = has_work.get(h.id, False)
+        return result  # type: ignore[no-any-return]
+
+    def open(self, request: Any) -> RemoteState:
+        (o,) = self.iterate(Iteration(open=[(request, [])], max_batch=0)).opened
+        if o.error is not None:
+            raise NoFreeSlot(o.error) if o.no_slot else ValueError(o.error)
+        state: RemoteState = o.state
+        return state
+
+    def step(self, work: list[tuple[RemoteState, list[Any]]]) -> list[StepResult]:
+        """Direct use (no stage worker): states that finish are released in the child at once."""
+        return self.iterate(Iteration(work=list(work), max_batch=len(work))).results
+
+    def release(self, state: RemoteState) -> None:
+        self.iterate(Iteration(release=[state]))
+
+    def has_work(self, state: RemoteState) -> bool:
+        return state.has_work
+
+    def warmup(self) -> None:
+        self._call("warmup", None)
+
+    def __getattr__(self, attr: str) -> Any:
+        """The hosted backend's described attributes (``DESCRIBED``), e.g. ``voices``."""
+        if attr.startswith("_") or attr not in DESCRIBED:
+            raise AttributeError(attr)
+        if not self._info:
+            self.start()
+        try:
+            return self._info[attr]
+        except KeyError:
+            raise AttributeError(attr) from None

@@ -1,0 +1,104 @@
+"""Toy backends for stage-worker tests, importable by name so a child process can build them too."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, StepResult
+
+
+@dataclass
+class Req:
+    n: int | None = 3
+    """Outputs to generate; None = forever."""
+    boom: bool = False
+    """The backend's step raises when this request is in the batch."""
+    full: bool = False
+    """The backend's open raises NoFreeSlot."""
+
+
+@dataclass(eq=False)
+class St:
+    req: Req
+    made: int = 0
+    inputs: list[Any] = field(default_factory=list)
+    slot: int | None = None
+
+
+class Toy:
+    """Counts up to ``req.n``; one output per step; echoes pushed inputs as outputs."""
+
+    name = "toy"
+    voices = ("toy-voice",)
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+        self.opened: list[St] = []
+        self.released: list[St] = []
+        self.threads: set[int] = set()
+
+    def open(self, request: Req) -> St:
+        self.threads.add(threading.get_ident())
+        if request.full:
+            raise NoFreeSlot("toy: full")
+        st = St(request)
+        self.opened.append(st)
+        return st
+
+    def step(self, work: list[tuple[St, list[Any]]]) -> list[StepResult]:
+        self.threads.add(threading.get_ident())
+        self.batches.append(len(work))
+        if any(st.req.boom for st, _ in work):
+            raise RuntimeError("kaboom")
+        results = []
+        for st, inputs in work:
+            st.inputs += inputs
+            if inputs:
+                results.append(StepResult(outputs=list(inputs), done=inputs[-1] is END_OF_INPUT))
+                continue
+            st.made += 1
+            results.append(StepResult(outputs=[st.made], done=st.req.n is not None and st.made >= st.req.n))
+        return results
+
+    def release(self, state: St) -> None:
+        self.threads.add(threading.get_ident())
+        self.released.append(state)
+
+    def has_work(self, state: St) -> bool:
+        return state.req.n is None or state.made < state.req.n
+
+    def warmup(self) -> None:
+        pass
+
+
+class SlotToy(Toy):
+    """``Toy`` with a fixed pool of slots, like pocketsphinx's decoders: a full pool refuses ``open``,
+    and ``warmup`` takes every slot for one step, as pocketsphinx's does."""
+
+    name = "slot-toy"
+
+    def __init__(self, slots: int = 2) -> None:
+        super().__init__()
+        self.free = list(range(slots))
+
+    def open(self, request: Req) -> St:
+        if not self.free:
+            raise NoFreeSlot(f"{self.name}: no free slot")
+        st = super().open(request)
+        st.slot = self.free.pop()
+        return st
+
+    def release(self, state: St) -> None:
+        super().release(state)
+        assert state.slot is not None and state.slot not in self.free, "slot released twice"
+        self.free.append(state.slot)
+
+    def warmup(self) -> None:
+        states = [self.open(Req(n=1)) for _ in range(len(self.free))]
+        try:
+            self.step([(st, []) for st in states])
+        finally:
+            for st in states:
+                self.release(st)
