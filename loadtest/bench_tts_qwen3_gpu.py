@@ -47,17 +47,120 @@ from realtime_gw.models.speech.qwen3.talker import Sampling  # noqa: E402
 from realtime_gw.models.speech.tts_qwen3 import QWEN_ROLE_IDS, Qwen3TtsBackend  # noqa: E402
 
 
-def graph_vs_eager(ck: Any, device: str) -> dict[str, Any]:
-    """Greedy: 12 frames of two streams, eager vs CUDA graphs, give the same codes."""
-    out = []
+def graph_vs_eager(ck: Any, precision: str, fuse: bool) -> dict[str, Any]:
+    """Greedy: 12 frames of two streams (the second from the cached prompt K/V), eager vs CUDA graphs,
+    give the same codes and PCM (decoder as served: ``precision``, fused SnakeBeta or not)."""
+    codes, pcm = [], []
     for graphs in (False, True):
-        eng = Qwen3Engine(ck, 2, max_positions=64, sampling=Sampling(do_sample=False, sub_do_sample=False),
-                          cuda_graphs=graphs)
+        eng = Qwen3Engine(
+            ck,
+            2,
+            max_positions=64,
+            sampling=Sampling(do_sample=False, sub_do_sample=False),
+            cuda_graphs=graphs,
+            decoder_precision=precision,
+            fuse_snake=fuse,
+        )
         p = build_prompt(ck, QWEN_ROLE_IDS, "ryan", "english")
         a, b = eng.alloc_prompt(p), eng.alloc_prompt(p)
-        codes = [eng.step([a, b], [1000 + i, 2000 + i], [False, False])[0] for i in range(12)]
-        out.append(np.stack(codes))
-    return {"graph_equals_eager_codes_frac": float((out[0] == out[1]).mean())}
+        out = [eng.step([a, b], [1000 + i, 1000 + i], [False, False]) for i in range(12)]
+        codes.append(np.stack([c for c, _ in out]))
+        pcm.append(np.stack([x for _, x in out]).astype(np.int32))
+    return {
+        "graph_equals_eager_codes_frac": float((codes[0] == codes[1]).mean()),
+        "graph_vs_eager_pcm_max_lsb": int(np.abs(pcm[0] - pcm[1]).max()),
+        "cached_prompt_stream_equals_prefilled": bool((codes[1][:, 0] == codes[1][:, 1]).all()),
+    }
+
+
+def graph_ms(fn: Any, reps: int = 20) -> float:
+    """Median ms of one CUDA-graph replay of ``fn``."""
+    from realtime_gw.models.kernels import GraphCapture
+
+    g = GraphCapture("cuda").capture(fn)
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return float(np.median(times))
+
+
+@torch.no_grad()
+def decoder_modes(ck: Any, batches: list[int]) -> dict[str, Any]:
+    """Each decoder mode against strict float32 on the same random codes (12 frames, 8 streams: max abs
+    and relative L2 waveform difference), and its step time (graph replay) per batch."""
+    from realtime_gw.models.speech.qwen3.decoder import StreamingQwen3Decoder
+
+    modes = [
+        ("fp32", False),
+        ("fp32", True),
+        ("tf32", False),
+        ("tf32", True),
+        ("bf16", False),
+        ("bf16", True),
+    ]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    codes = torch.randint(0, 2048, (12, 8, 16), device="cuda", generator=g)
+    act8 = torch.ones(8, dtype=torch.bool, device="cuda")
+    out: dict[str, Any] = {}
+    ref = None
+    for prec, fuse in modes:
+        name = f"{prec}{'+fused' if fuse else ''}"
+        dec = StreamingQwen3Decoder(ck.decoder, max(batches), prec, fuse)
+        dec.reset(torch.arange(8, device="cuda"))
+        wav = torch.cat([dec.step(8, codes[k], act8).clone() for k in range(12)], dim=1)
+        if ref is None:
+            ref = wav
+        r: dict[str, Any] = {
+            "max_abs_diff": float((wav - ref).abs().max()),
+            "rel_l2": float((wav - ref).norm() / ref.norm()),
+            "peak": float(ref.abs().max()),
+        }
+        for b in batches:
+            c, act = codes[0, :1].expand(b, -1).contiguous(), torch.ones(b, dtype=torch.bool, device="cuda")
+            r[f"step_ms_b{b}"] = graph_ms(lambda dec=dec, b=b, c=c, act=act: dec.step(b, c, act))
+        out[name] = r
+        log(f"decoder {name}: {json.dumps(r)}")
+        del dec
+        torch.cuda.empty_cache()
+    return out
+
+
+@torch.no_grad()
+def stage_times(ck: Any, eng: Qwen3Engine, batches: list[int]) -> dict[str, float]:
+    """Graph-replay ms of the talker + code predictor alone and of the whole frame, per batch (KV length
+    64), and of a stream's start from a cached prompt vs the prompt prefill (eager, 1 stream)."""
+    out: dict[str, float] = {}
+    eng.d_active.zero_()  # every row inactive: replays leave the streams' state alone
+    for b in batches:
+        tok, act, ok = eng.d_tok[:b], eng.d_active[:b], eng.d_eos_ok[:b]
+        out[f"talker_cp_b{b}"] = graph_ms(
+            lambda b=b, tok=tok, act=act, ok=ok: eng.talker.frame_step(b, 64, tok, act, ok)
+        )
+        out[f"frame_b{b}"] = graph_ms(lambda b=b: eng._frame(b, 64))
+    p = build_prompt(ck, QWEN_ROLE_IDS, "ryan", "english")
+    eng.cache_prompts([p])
+    kv, idx = eng._prompt_kv[p], torch.tensor([0], device="cuda")
+    n = len(p)
+    text = torch.as_tensor([p.text_ids], device="cuda")
+    codec = torch.as_tensor([p.codec_ids], device="cuda")
+    lengths = torch.tensor([n], device="cuda")
+    for name, fn in (
+        ("start_cached_ms", lambda: eng.talker.load_prompt(idx, kv)),
+        ("start_prefill_ms", lambda: eng.talker.prefill(idx, text, codec, lengths)),
+    ):
+        fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+        out[name] = (time.perf_counter() - t) * 100
+    return out
 
 
 async def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -68,22 +171,42 @@ async def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
     ck = random_checkpoint(size, dev, dtype)
     r["load_s"] = time.perf_counter() - t
     tc = ck.talker_config
-    r["model"] = (f"Qwen3-TTS-12Hz-{size} shape: talker {tc['num_hidden_layers']} layers / hidden "
-                  f"{tc['hidden_size']}, 5-layer code predictor, 12 Hz codec decoder (8 layers, window 72)")
+    r["model"] = (
+        f"Qwen3-TTS-12Hz-{size} shape: talker {tc['num_hidden_layers']} layers / hidden "
+        f"{tc['hidden_size']}, 5-layer code predictor, 12 Hz codec decoder (8 layers, window 72)"
+    )
+    prec, fuse = args.decoder_precision, not args.no_fuse_snake
+    r["decoder"] = {"precision": prec, "fused_snake": fuse}
     if dev.startswith("cuda"):
         try:
-            r["check"] = graph_vs_eager(ck, dev)
+            r["check"] = graph_vs_eager(ck, prec, fuse)
             log(f"[{size}] check {r['check']}")
+            if args.micro and size == args.sizes[0]:  # the decoder is the same at every talker size
+                r["decoder_modes"] = decoder_modes(ck, args.micro)
         except Exception as e:
             traceback.print_exc()
             r["check_error"] = f"{type(e).__name__}: {e}"
     slots = max([*args.streams, *args.capacity])
-    backend = Qwen3TtsBackend(checkpoint=ck, device=dev, slots=slots, max_positions=args.max_positions)
+    backend = Qwen3TtsBackend(
+        checkpoint=ck,
+        device=dev,
+        slots=slots,
+        max_positions=args.max_positions,
+        decoder_precision=prec,
+        fuse_snake=fuse,
+    )
     t = time.perf_counter()
     backend.warmup()
-    r.update(slots=slots, graphs=backend.engine.graph_count, capture_s=time.perf_counter() - t,
-             text_frames=len(args.text.encode()) + backend.tail_frames)
+    r.update(
+        slots=slots,
+        graphs=backend.engine.graph_count,
+        capture_s=time.perf_counter() - t,
+        text_frames=len(args.text.encode()) + backend.tail_frames,
+    )
     log(f"[{size}] warm-up {r['capture_s']:.1f} s, {r['graphs']} graphs")
+    if args.micro and dev.startswith("cuda"):
+        r["stage_ms"] = stage_times(ck, backend.engine, args.micro)
+        log(f"[{size}] stage ms {json.dumps(r['stage_ms'])}")
     worker = StageWorker(backend, device=dev, max_batch=slots, max_active=slots, max_backlog=4096)
     await worker.start(warmup=False)
     try:
@@ -96,7 +219,10 @@ async def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
         best = 0
         for n in args.capacity:
             s = next((x for x in r["streams"] if x["streams"] == n), None) or await run_streams(
-                worker, backend, n, args.text  # type: ignore[arg-type]
+                worker,
+                backend,
+                n,
+                args.text,  # type: ignore[arg-type]
             )
             log(f"[{size}] capacity {json.dumps(s)}")
             r.setdefault("capacity_runs", []).append(s)
@@ -129,6 +255,15 @@ def main() -> None:
     p.add_argument("--max-positions", type=int, default=256)
     p.add_argument("--text", default=TEXT)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--decoder-precision", default="tf32", choices=["fp32", "tf32", "bf16"])
+    p.add_argument("--no-fuse-snake", action="store_true")
+    p.add_argument(
+        "--micro",
+        type=int,
+        nargs="*",
+        default=[1, 64, 256],
+        help="batches for the per-stage and per-decoder-mode graph timings (none: skip)",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args()
     r = asyncio.run(amain(args))

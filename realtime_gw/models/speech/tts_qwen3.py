@@ -15,7 +15,8 @@ after ``tail_frames``), capped by the slot length.
 
 Voices are the checkpoint's CustomVoice speakers (``voice`` selects one, case-insensitive); "default"
 and OpenAI's voice names map onto speakers by ``OPENAI_SPEAKERS`` (else the default speaker). ``language``
-("auto" or one of the checkpoint's) is a backend setting. ``speed`` is validated, not applied.
+("auto" or one of the checkpoint's) is a backend setting. ``speed`` is validated, not applied. Every
+speaker's prompt is prefilled at warm-up (its K/V cached), so a stream's first step is one frame step.
 """
 
 from __future__ import annotations
@@ -39,11 +40,24 @@ from realtime_gw.records.voice import TtsFrame, TtsRequest
 log = logging.getLogger(__name__)
 
 OPENAI_SPEAKERS = {
-    "alloy": "vivian", "ash": "ryan", "ballad": "aiden", "cedar": "eric", "coral": "serena", "echo": "dylan",
-    "fable": "uncle_fu", "marin": "ono_anna", "nova": "sohee", "onyx": "eric", "sage": "serena",
-    "shimmer": "vivian", "verse": "aiden",
+    "alloy": "vivian",
+    "ash": "ryan",
+    "ballad": "aiden",
+    "cedar": "eric",
+    "coral": "serena",
+    "echo": "dylan",
+    "fable": "uncle_fu",
+    "marin": "ono_anna",
+    "nova": "sohee",
+    "onyx": "eric",
+    "sage": "serena",
+    "shimmer": "vivian",
+    "verse": "aiden",
 }
 """OpenAI voice -> CustomVoice speaker (used when the checkpoint has that speaker)."""
+GPU_DECODER_PRECISION = "tf32"
+"""The codec decoder's precision on CUDA (``qwen3/decoder.py``): max abs waveform error vs float32 is in
+docs/benchmarks.md; CPU runs stay float32 (the parity tests)."""
 QWEN_ROLE_IDS = [151644, 77091, 198]
 """``<|im_start|>assistant\\n`` in Qwen's vocabulary (random init has no tokenizer files)."""
 
@@ -79,10 +93,17 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         sampling: Sampling | None = None,
         cuda_graphs: bool | None = None,
         checkpoint: Qwen3TtsCheckpoint | None = None,
+        decoder_precision: str | None = None,
+        fuse_snake: bool | None = None,
     ) -> None:
-        dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+        cuda = device.startswith("cuda")
+        dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
+        decoder_precision = decoder_precision or (GPU_DECODER_PRECISION if cuda else "fp32")
+        fuse_snake = cuda if fuse_snake is None else fuse_snake
         if checkpoint is None:
-            checkpoint = load_checkpoint(path, device, dtype) if path else random_checkpoint(size, device, dtype)
+            checkpoint = (
+                load_checkpoint(path, device, dtype) if path else random_checkpoint(size, device, dtype)
+            )
         ck = checkpoint
         self.random_init = ck.path is None
         root = ck.path
@@ -97,9 +118,13 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         self.ck = ck
         self.voices = tuple(sorted(ck.speakers()))
         if not self.voices:
-            raise ValueError("tts-qwen3: the checkpoint has no CustomVoice speakers (Base/VoiceDesign unsupported)")
-        self.default_voice = (voice or "").lower() if (voice or "").lower() in self.voices else (
-            "vivian" if "vivian" in self.voices else self.voices[0]
+            raise ValueError(
+                "tts-qwen3: the checkpoint has no CustomVoice speakers (Base/VoiceDesign unsupported)"
+            )
+        self.default_voice = (
+            (voice or "").lower()
+            if (voice or "").lower() in self.voices
+            else ("vivian" if "vivian" in self.voices else self.voices[0])
         )
         self.language = language
         build_prompt(ck, self.role_ids, self.default_voice, language)  # unknown language fails here
@@ -108,14 +133,23 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         self.codec_eos = int(ck.talker_config["codec_eos_token_id"])
         self.tail_frames = tail_frames
         self.max_frames_per_token = max_frames_per_token
-        self.engine = Qwen3Engine(ck, slots, max_positions=max_positions, sampling=sampling, cuda_graphs=cuda_graphs)
+        self.engine = Qwen3Engine(
+            ck,
+            slots,
+            max_positions=max_positions,
+            sampling=sampling,
+            cuda_graphs=cuda_graphs,
+            decoder_precision=decoder_precision,
+            fuse_snake=fuse_snake,
+        )
         self.info: dict[str, Any] = {
             "model": f"qwen3-tts-{ck.config.get('tts_model_size', size)} "
             + (f"from {root}" if root else "(random init: audio is noise)"),
             "random_init": self.random_init,
             "device": device,
             "talker_dtype": str(dtype).removeprefix("torch."),
-            "decoder_dtype": "float32",
+            "decoder_precision": decoder_precision,
+            "fused_snake": fuse_snake,
             "slots": slots,
             "tokenizer": self.tokenizer.name,
             "speakers": list(self.voices),
@@ -126,6 +160,14 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
             "speed": "accepted, not applied",
         }
         log.info("%s: %s", self.name, self.info)
+
+    def warmup(self) -> None:
+        """Every speaker's prompt K/V (in the backend's language) computed now, so no stream's first step
+        runs a prefill; then the graphs and a short utterance (``FrameTtsLoop.warmup``)."""
+        prompts = [build_prompt(self.ck, self.role_ids, v, self.language) for v in self.voices]
+        with torch.no_grad():
+            self.engine.cache_prompts(prompts[: self.engine.free_slots])
+        super().warmup()
 
     def resolve_voice(self, voice: str) -> str:
         v = voice.lower()

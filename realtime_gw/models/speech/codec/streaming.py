@@ -29,30 +29,39 @@ from realtime_gw.models.kernels import (
 
 
 @contextlib.contextmanager
-def strict_fp32(device: torch.device) -> Iterator[None]:
-    """No TF32 in cuDNN convs or cuBLAS matmuls while a decoder runs (or is captured into a graph):
-    the decoders are meant to be float32, and TF32 would move samples by ~1e-3."""
+def fp32_mode(device: torch.device, tf32: bool, cudnn_benchmark: bool = False) -> Iterator[None]:
+    """TF32 in cuDNN convs and cuBLAS matmuls on or off while a decoder runs (or is captured into a
+    graph), whatever the process-wide setting; restored after. ``cudnn_benchmark``: cuDNN times its
+    algorithms for each new conv shape (at a graph's warm-up run, before capture) and keeps the fastest."""
     if device.type != "cuda":
         yield
         return
-    conv, mm = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    cudnn = torch.backends.cudnn
+    conv, mm, bench = cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, cudnn.benchmark
+    cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = tf32
+    cudnn.benchmark = bench or cudnn_benchmark
     try:
         yield
     finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = conv, mm
+        cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, cudnn.benchmark = conv, mm, bench
+
+
+def strict_fp32(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """No TF32 while a decoder runs: the decoders are meant to be float32, and TF32 would move samples
+    by ~1e-3."""
+    return fp32_mode(device, False)
 
 
 class SlotStates:
-    """Per-slot float32 state tensors ``(slots, channels, length)``, zeroed together on reset."""
+    """Per-slot state tensors ``(slots, channels, length)`` (float32 unless asked), zeroed together on reset."""
 
     def __init__(self, slots: int, device: torch.device) -> None:
         self.slots = slots
         self.device = device
         self.tensors: list[torch.Tensor] = []
 
-    def new(self, channels: int, length: int) -> int:
-        self.tensors.append(torch.zeros(self.slots, channels, length, device=self.device))
+    def new(self, channels: int, length: int, dtype: torch.dtype = torch.float32) -> int:
+        self.tensors.append(torch.zeros(self.slots, channels, length, device=self.device, dtype=dtype))
         return len(self.tensors) - 1
 
     def __getitem__(self, i: int) -> torch.Tensor:

@@ -2,12 +2,16 @@
 
 ``Qwen3Engine`` is a ``SlotEngine`` (``codec/slots.py``: slots, batch/KV-length buckets, one CUDA graph
 per bucket for the frame step) over ``Qwen3TalkerRuntime`` + ``StreamingQwen3Decoder``. A stream is
-opened with its prompt (``alloc(prompt)``); at the next step every new stream's prompt is prefilled in one
-batched pass before the frame step, so a stream's first audio leaves in its first step.
+opened with its prompt (``alloc(prompt)``); at the next step every new stream starts from its prompt's
+K/V before the frame step, so a stream's first audio leaves in its first step. A prompt's K/V depend on the
+prompt alone (voice and language), so they are computed once (one batched prefill of the prompts not seen
+yet) and kept (``prompt_cache`` most recent prompts): a stream's start is then ~60 small copies, and its
+first audio is one frame step (talker, code predictor, decoder: one CUDA graph).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -75,10 +79,13 @@ class Qwen3Engine(SlotEngine):
         max_positions: int = 2048,
         sampling: Sampling | None = None,
         cuda_graphs: bool | None = None,
+        decoder_precision: str = "fp32",
+        fuse_snake: bool = False,
+        prompt_cache: int = 64,
     ) -> None:
         sampling = sampling or Sampling.from_generation(ck.generation)
         talker = Qwen3TalkerRuntime(ck, slots, max_positions, sampling)
-        decoder = StreamingQwen3Decoder(ck.decoder, slots)
+        decoder = StreamingQwen3Decoder(ck.decoder, slots, decoder_precision, fuse_snake)
         super().__init__(
             talker,
             decoder,
@@ -89,6 +96,8 @@ class Qwen3Engine(SlotEngine):
             cuda_graphs=cuda_graphs,
         )
         self._prompts: dict[int, Prompt] = {}
+        self._prompt_kv: OrderedDict[Prompt, torch.Tensor] = OrderedDict()
+        self.prompt_cache = prompt_cache
 
     def alloc_prompt(self, prompt: Prompt) -> int:
         """A slot for a new stream with ``prompt`` (prefilled at the next step); NoFreeSlot when full."""
@@ -104,23 +113,49 @@ class Qwen3Engine(SlotEngine):
         super().free(slot)
 
     def _reset_fresh(self) -> None:
-        """Reset the decoder state of every stream opened since the last step and prefill their prompts,
-        all in one batch (prompts right-padded; pad positions are never attended)."""
+        """Reset the decoder state of every stream opened since the last step and start their talkers
+        from their prompts' K/V (prefilling, in one batch, the prompts not cached yet)."""
         if not self._fresh:
             return
         fresh = [s for s in self._fresh if s in self._prompts]
         self._fresh = []
         if not fresh:
             return
-        prompts = [self._prompts.pop(s) for s in fresh]
-        width = max(len(p) for p in prompts)
-        text = torch.zeros(len(fresh), width, dtype=torch.long)
-        codec = torch.full((len(fresh), width), NO_CODEC, dtype=torch.long)
-        for i, p in enumerate(prompts):
+        groups: dict[Prompt, list[int]] = {}
+        for s in fresh:
+            groups.setdefault(self._prompts.pop(s), []).append(s)
+        self.decoder.reset(self._index(fresh))
+        self.cache_prompts(list(groups), {p: slots[0] for p, slots in groups.items()})
+        for p, slots in groups.items():
+            self.talker.load_prompt(self._index(slots), self._prompt_kv[p])
+
+    def cache_prompts(self, prompts: list[Prompt], scratch: dict[Prompt, int] | None = None) -> None:
+        """Prefill the prompts not cached yet, in one batch, each in its ``scratch`` slot (default: a free
+        slot; its talker state is rewritten when it is next handed out), and keep their K/V."""
+        new = [p for p in dict.fromkeys(prompts) if p not in self._prompt_kv]
+        for p in prompts:
+            if p in self._prompt_kv:
+                self._prompt_kv.move_to_end(p)
+        if not new:
+            return
+        if scratch is None:
+            if len(new) > len(self._free):
+                raise ValueError(f"{len(new)} prompts to cache, {len(self._free)} free slots")
+            scratch = dict(zip(new, sorted(self._free), strict=False))
+        width = max(len(p) for p in new)
+        text = torch.zeros(len(new), width, dtype=torch.long)
+        codec = torch.full((len(new), width), NO_CODEC, dtype=torch.long)
+        for i, p in enumerate(new):
             text[i, : len(p)] = torch.as_tensor(p.text_ids)
             codec[i, : len(p)] = torch.as_tensor(p.codec_ids)
-        lengths = torch.as_tensor([len(p) for p in prompts], dtype=torch.long)
+        lengths = torch.as_tensor([len(p) for p in new], dtype=torch.long)
         dev = self.device
-        idx = torch.as_tensor(fresh, dtype=torch.long).to(dev)
-        self.decoder.reset(idx)
-        self.talker.prefill(idx, text.to(dev), codec.to(dev), lengths.to(dev))
+        slots = [scratch[p] for p in new]
+        self.talker.prefill(self._index(slots), text.to(dev), codec.to(dev), lengths.to(dev))
+        for p, slot in zip(new, slots, strict=True):
+            self._prompt_kv[p] = self.talker.export_prompt(slot, len(p))
+        while len(self._prompt_kv) > max(self.prompt_cache, len(new)):  # this call's prompts are newest
+            self._prompt_kv.popitem(last=False)
+
+    def _index(self, slots: list[int]) -> torch.Tensor:
+        return torch.as_tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)

@@ -97,18 +97,25 @@ class Qwen3TalkerRuntime:
         self.layers = [FusedQwen3Layer.of(layer) for layer in t.model.layers]
         self.p_layers = [FusedQwen3Layer.of(layer) for layer in t.code_predictor.model.layers]
         l0, pl = self.layers[0], self.p_layers[0]
-        self.k_cache = [torch.zeros(slots, l0.kv_heads, max_positions + 1, l0.head_dim, device=dev, dtype=dt)
-                        for _ in self.layers]  # +1: scratch column for inactive rows
+        self.k_cache = [
+            torch.zeros(slots, l0.kv_heads, max_positions + 1, l0.head_dim, device=dev, dtype=dt)
+            for _ in self.layers
+        ]  # +1: scratch column for inactive rows
         self.v_cache = [torch.zeros_like(k) for k in self.k_cache]
         k = self.num_codebooks
-        self.pk_cache = [torch.zeros(slots, pl.kv_heads, k, pl.head_dim, device=dev, dtype=dt) for _ in self.p_layers]
+        self.pk_cache = [
+            torch.zeros(slots, pl.kv_heads, k, pl.head_dim, device=dev, dtype=dt) for _ in self.p_layers
+        ]
         self.pv_cache = [torch.zeros_like(x) for x in self.pk_cache]
         self.pos = torch.zeros(slots, dtype=torch.long, device=dev)
         self.last_emb = torch.zeros(slots, self.hidden, device=dev, dtype=dt)
         self.seen = torch.zeros(slots, self.vocab, dtype=torch.bool, device=dev)
         self.inv_freq = _inv_freq(float(c.get("rope_theta", 10000)), l0.head_dim, dev)
         self.p_cos, self.p_sin = rope_cos_sin(
-            torch.arange(k, device=dev), _inv_freq(float(pc.get("rope_theta", 10000)), pl.head_dim, dev), 1.0, dt
+            torch.arange(k, device=dev),
+            _inv_freq(float(pc.get("rope_theta", 10000)), pl.head_dim, dev),
+            1.0,
+            dt,
         )
         self.p_masks: list[torch.Tensor] = []
         start, s = 0, 2
@@ -153,16 +160,44 @@ class Qwen3TalkerRuntime:
             scratch: list[torch.Tensor] = []
             kc, vc = self.k_cache[i], self.v_cache[i]
 
-            def write(k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor = kc, vc: torch.Tensor = vc,
-                      scratch: list[torch.Tensor] = scratch) -> None:
+            def write(
+                k: torch.Tensor,
+                v: torch.Tensor,
+                kc: torch.Tensor = kc,
+                vc: torch.Tensor = vc,
+                scratch: list[torch.Tensor] = scratch,
+            ) -> None:
                 kc[:, :, :plen].index_copy_(0, slots, k)
                 vc[:, :, :plen].index_copy_(0, slots, v)
                 scratch += [k, v]
 
             h = layer(h, cos, sin, write, _Lazy(scratch, 0), _Lazy(scratch, 1), mask_add)
+        self._begin(slots, lengths)
+
+    def _begin(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
+        """After a prompt's K/V are in ``slots``: position = length, next codec input BOS, no history."""
+        n = slots.shape[0]
         self.pos.index_copy_(0, slots, lengths)
         self.last_emb.index_copy_(0, slots, self.bos_emb.expand(n, -1).contiguous())
         self.seen.index_fill_(0, slots, False)
+
+    @torch.no_grad()
+    def export_prompt(self, slot: int, length: int) -> torch.Tensor:
+        """The K/V of the prompt prefilled in ``slot``, ``(layers, 2, kv_heads, length, head_dim)``: a
+        prompt's K/V depend on the prompt alone, so streams opened with the same prompt copy them
+        (``load_prompt``) instead of running the prefill again."""
+        return torch.stack(
+            [c[i][slot, :, :length] for i in range(len(self.layers)) for c in (self.k_cache, self.v_cache)]
+        ).unflatten(0, (len(self.layers), 2))
+
+    @torch.no_grad()
+    def load_prompt(self, slots: torch.Tensor, kv: torch.Tensor) -> None:
+        """Start ``slots`` from a prompt's K/V (``export_prompt``): as ``prefill`` of that prompt would."""
+        n, length = slots.shape[0], kv.shape[3]
+        for i in range(len(self.layers)):
+            self.k_cache[i][:, :, :length].index_copy_(0, slots, kv[i, 0].expand(n, -1, -1, -1))
+            self.v_cache[i][:, :, :length].index_copy_(0, slots, kv[i, 1].expand(n, -1, -1, -1))
+        self._begin(slots, torch.full((n,), length, dtype=torch.long, device=slots.device))
 
     # -- the frame -----------------------------------------------------------------------------------------------
     def talker_hidden(self, b: int, length: int, x: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
@@ -178,8 +213,13 @@ class Qwen3TalkerRuntime:
             kc, vc = self.k_cache[i][:b], self.v_cache[i][:b]
             idx = col.view(b, 1, 1, 1).expand(b, kc.shape[1], 1, kc.shape[3])
 
-            def write(k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor = kc, vc: torch.Tensor = vc,
-                      idx: torch.Tensor = idx) -> None:
+            def write(
+                k: torch.Tensor,
+                v: torch.Tensor,
+                kc: torch.Tensor = kc,
+                vc: torch.Tensor = vc,
+                idx: torch.Tensor = idx,
+            ) -> None:
                 kc.scatter_(2, idx, k)
                 vc.scatter_(2, idx, v)
 
@@ -201,8 +241,14 @@ class Qwen3TalkerRuntime:
             for j, layer in enumerate(self.p_layers):
                 kc, vc = self.pk_cache[j][:b], self.pv_cache[j][:b]
 
-                def write(k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor = kc, vc: torch.Tensor = vc,
-                          start: int = start, end: int = end) -> None:
+                def write(
+                    k: torch.Tensor,
+                    v: torch.Tensor,
+                    kc: torch.Tensor = kc,
+                    vc: torch.Tensor = vc,
+                    start: int = start,
+                    end: int = end,
+                ) -> None:
                     kc[:, :, start:end] = k
                     vc[:, :, start:end] = v
 
