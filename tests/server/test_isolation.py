@@ -1,0 +1,233 @@
+"""Issue 13: no client can hurt another. Each attack of ``loadtest/attack_kinds.py`` at a CI size, run
+from 127.0.0.2 in its own process, while the bystander of ``tests/bystander.py`` (realtime text->audio
+turns, /healthz every 50 ms, a robot) is measured first alone and then through the attack, on the same
+gateway in the same test. Then: the attack got its documented answer, and /readyz is 200 again.
+
+The full-size runs and the before/after table are ``loadtest/attacks.py`` (docs/reliability.md).
+
+Thresholds. The issue's targets are: bystander TTFA p95 <= 2x its baseline, no audio frame more than
+100 ms late, /healthz within 100 ms. This machine (and CI) is shared and has 2 cores that the attacker,
+the gateway, its worker processes and the bystander all use, so a baseline TTFA of 5 ms can become
+60 ms from scheduling alone; each bound therefore has a floor: TTFA p95 <= max(2x baseline, baseline
++ 150 ms), lateness <= baseline's worst + 100 ms, /healthz max <= max(100 ms, 2x baseline's max) +
+100 ms. The attacks these tests guard against cost seconds (the issue measured 10-47 s stalls), far
+above every floor, so the floors hide scheduling noise, not regressions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import websockets
+
+from tests.bystander import Bystander
+from tests.conftest import ROOT, LiveServer, start_server, stop_server
+
+sys.path.insert(0, str(ROOT / "loadtest"))
+from attack_kinds import Sizes  # noqa: E402
+from attacks import attack_row, seconds_until_ready  # noqa: E402
+
+SIZES = Sizes()  # the CI sizes
+# send_timeout_s 3: the unread speech stream must be given up on within the attack's 8 s hold.
+SERVER_ARGS = ("--policy", "noop", "--tts", "tone", "--send-timeout-s", "3")
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[LiveServer]:
+    server = start_server(*SERVER_ARGS, name="isolation")
+    yield server
+    stop_server(server)
+
+
+def check_bystander(row: dict[str, Any]) -> None:
+    """The bounds of the module docstring, with the numbers in every message."""
+    base, hit = row["baseline"], row["under_attack"]
+    assert row["server_alive"], "the gateway died"
+    assert hit["errors"] == 0, f"bystander errors under {row['attack']}: {hit['first_errors']}"
+    assert hit["turns"] >= 1 and hit["frames"] >= 1, f"the bystander got no audio: {hit}"
+    ttfa_limit = max(2 * base["ttfa_p95_ms"], base["ttfa_p95_ms"] + 150)
+    assert hit["ttfa_p95_ms"] <= ttfa_limit, (
+        f"TTFA p95 {hit['ttfa_p95_ms']:.0f} ms > {ttfa_limit:.0f} ({base})"
+    )
+    late_limit = base["late_max_ms"] + 100
+    assert hit["late_max_ms"] <= late_limit, f"a frame {hit['late_max_ms']:.0f} ms late > {late_limit:.0f}"
+    health_limit = max(100, 2 * base["healthz_max_ms"]) + 100
+    assert hit["healthz_max_ms"] <= health_limit, (
+        f"/healthz took {hit['healthz_max_ms']:.0f} ms > {health_limit:.0f}"
+    )
+    if base["robot_steps"]:
+        assert hit["robot_steps"] >= 1, "the robot got no reply"
+    assert row["ready_after_s"] is not None and row["ready_after_s"] < 5.0, "not ready again within 5 s"
+
+
+def noisy_commit(d: dict[str, Any]) -> None:
+    # a clear answer: transcribed (slowly, in the ASR process) or refused as too long; never a hang
+    assert d["status"] in ("completed", "failed"), d["outcome"]
+
+
+def deflate_bombs(d: dict[str, Any]) -> None:
+    assert not d["deflate_negotiated"], "permessage-deflate is off by default"
+
+
+def speech_floods(d: dict[str, Any]) -> None:
+    assert d["unread_stream"] == "closed", f"a speech stream that never reads is closed: {d['outcome']}"
+
+
+def idle_streams(d: dict[str, Any]) -> None:
+    assert d["speech_post_status"] == 200, f"POST /v1/audio/speech still served: {d['outcome']}"
+
+
+def slow_sockets(d: dict[str, Any]) -> None:
+    assert d["silent_open"] == 0 and d["half_open"] == 0, d["outcome"]
+    assert "taken" not in d["header"] and "taken" not in d["url"], (
+        f"an endless header is cut off: {d['outcome']}"
+    )
+
+
+def bursts(d: dict[str, Any]) -> None:
+    assert not any(e.startswith("closed") for e in d["endings"]), (
+        f"a reading client is not closed: {d['outcome']}"
+    )
+
+
+def amplification(d: dict[str, Any]) -> None:
+    assert d["ratio"] < 2.0, f"bytes back per byte sent: {d['outcome']}"
+
+
+def rebinding(d: dict[str, Any]) -> None:
+    assert d["accepted"] == [], d["outcome"]
+    assert d["http_status"] in (400, 403, 421), d["outcome"]
+    assert "key in server log: no" in d["outcome"], d["outcome"]
+
+
+OUTCOMES: dict[str, Callable[[dict[str, Any]], None]] = {
+    f.__name__: f
+    for f in (
+        noisy_commit,
+        deflate_bombs,
+        speech_floods,
+        idle_streams,
+        slow_sockets,
+        bursts,
+        amplification,
+        rebinding,
+    )
+}
+NOT_LANDED: dict[str, str] = {
+    "noisy_commit": "pocketsphinx decodes on a thread of the gateway process (ASR in a child process: H3)",
+    "deflate_bombs": "permessage-deflate is on by default (H6)",
+    "speech_floods": "an unread speech stream stays open; big text stalls TTS (H3 splitting/text bound, H6)",
+    "idle_streams": "idle speech streams hold TTS slots (H6)",
+    "slow_sockets": "no handshake or idle timeout, no header bound (H6)",
+    "bursts": "a burst closes a reading client 1008 (H6 backpressure)",
+    "amplification": "instructions are echoed uncapped (H1)",
+    "rebinding": "no Host allowlist, key in the access log (H6)",
+}
+"""Attacks whose fix had not landed when this was written: name -> the missing piece (strict xfail)."""
+STUCK_NOT_LANDED = (
+    "a stuck ASR step stalls the gateway and leaks decoder slots (ASR child process + kill: H3)"
+)
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=NOT_LANDED[name]))
+        if name in NOT_LANDED
+        else name
+        for name in OUTCOMES
+    ],
+)
+async def test_attack_does_not_reach_the_bystander(gateway: LiveServer, attack: str) -> None:
+    row = await attack_row(
+        gateway,
+        attack,
+        SIZES,
+        baseline_s=3.0,
+        tail_s=1.0,
+        robot=True,
+        attack_timeout_s=60.0,
+        turn_timeout_s=10.0,
+    )
+    check_bystander(row)
+    OUTCOMES[attack](row["details"])
+
+
+# -- a stuck model step ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(
+            kind, marks=pytest.mark.xfail(strict=True, reason=STUCK_NOT_LANDED) if STUCK_NOT_LANDED else ()
+        )
+        for kind in ("hang", "spin")
+    ]
+)
+def stuck_asr(request: pytest.FixtureRequest) -> Iterator[tuple[str, LiveServer]]:
+    """The first transcription step (warm-up is not a step) hangs 30 s, or holds the GIL busy for 4 s."""
+    fault = "asr:hang@1:30" if request.param == "hang" else "asr:spin@1:4"
+    server = start_server(
+        *SERVER_ARGS,
+        "--worker-step-timeout-s",
+        "2",
+        "--fault-injection",
+        json.dumps([fault]),
+        name=f"stuck-{request.param}",
+    )
+    yield request.param, server
+    stop_server(server)
+
+
+async def transcribe_once(server: LiveServer, timeout: float) -> str:
+    """One manual commit of 1 s of a tone, with a response: its final status."""
+    pcm = b"".join(
+        int(3000 * ((i // 27) % 2 * 2 - 1)).to_bytes(2, "little", signed=True) for i in range(24000)
+    )
+    async with websockets.connect(server.ws + "/v1/realtime", compression=None) as ws:
+        await ws.recv()
+        await ws.send(
+            json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+        )
+        await ws.send(
+            json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+        )
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        async with asyncio.timeout(timeout):
+            while True:
+                ev = json.loads(await ws.recv())
+                if ev["type"] == "response.done":
+                    return str(ev["response"]["status"])
+
+
+async def test_stuck_asr_step_recovers_without_a_restart(stuck_asr: tuple[str, LiveServer]) -> None:
+    kind, server = stuck_asr
+    async with Bystander(server.port, robot=True, turn_timeout_s=10.0) as alone:
+        await asyncio.sleep(3.0)
+    async with Bystander(server.port, robot=True, turn_timeout_s=10.0) as through:
+        status = await transcribe_once(server, 15.0)  # the step that hangs (or spins)
+        t0 = time.monotonic()
+        ready_s = await seconds_until_ready(server, 5.0)
+        assert ready_s is not None, f"/readyz not 200 within 5 s after the stuck step ({kind})"
+        again = await transcribe_once(server, 15.0)
+        back_s = time.monotonic() - t0
+    row = {
+        "attack": f"asr {kind}",
+        "baseline": alone.report.summary(),
+        "under_attack": through.report.summary(),
+        "server_alive": server.proc.poll() is None,
+        "ready_after_s": ready_s,
+    }
+    check_bystander(row)
+    if kind == "hang":
+        assert status == "failed", "the response over the hung transcription fails (one response.done)"
+        assert server.metric("realtime_gw_worker_restarts_total") >= 1, "the ASR worker was restarted"
+    assert again == "completed" and back_s < 5.0, f"the ASR serves again {back_s:.1f} s after the stuck step"
