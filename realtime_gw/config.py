@@ -101,8 +101,18 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tts_language: str = "auto"
     """`qwen3`: the language of speech ("auto" or one of the checkpoint's, e.g. "english")."""
     tts_device: str = "cpu"
-    asr: Literal["pocketsphinx"] = "pocketsphinx"
+    asr: Literal["pocketsphinx", "kyutai"] = "pocketsphinx"
     asr_slots: int = 4
+    asr_path: str | None = None
+    """`kyutai`: a transformers `save_pretrained` directory of KyutaiSpeechToTextForConditionalGeneration
+    (e.g. kyutai/stt-1b-en_fr-trfs; see realtime_gw/models/speech/kyutai/checkpoint.py); None = random init."""
+    asr_config: Literal["tiny", "1b"] = "tiny"
+    """`kyutai` random-init shape: `tiny` (CPU tests) or `1b` (kyutai/stt-1b-en_fr)."""
+    asr_device: str = "cpu"
+    """`kyutai`: torch device (e.g. `cuda`, `cuda:1`)."""
+    asr_max_batch: int = 64
+    """`kyutai`: slots = streams transcribed at once, all advanced one 80 ms frame per step
+    (loadtest/bench_asr_kyutai_gpu.py measures how many keep up with real time on a GPU)."""
     vad: Literal["silero"] = "silero"
     vad_max_batch: int = 64
     responder: Literal["echo", "openai"] = "echo"

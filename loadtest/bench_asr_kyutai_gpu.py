@@ -1,0 +1,285 @@
+"""GPU streaming ASR stage (``--asr kyutai``): the Kyutai STT architecture at the kyutai/stt-1b-en_fr shape.
+
+**Random-init weights** (real architecture and cost; transcripts are noise): 16-layer LM (hidden 2048,
+750-frame attention window) in bfloat16, Mimi encoder (32 codebooks) in float32 without TF32; no network,
+nothing downloaded. One step = one 80 ms frame for every active stream (encoder + LM + greedy token), a
+CUDA graph per (batch, LM-length) bucket.
+
+Prints JSON (also to ``--json``):
+- ``check``: CUDA graphs vs eager on the same streams (3 streams joining at different frames, 16 frames):
+  the fraction of equal tokens and codes;
+- ``steps``: per batch size (default 1/64/256/800) the host-measured step time (upload, replay, download,
+  sync) p50/p95 for fresh streams (LM reads <= 64 positions) and for streams past the whole window (LM
+  reads 750 positions, the worst case), with CUDA graphs and eager, and an eager encoder/LM split;
+- ``realtime_streams``: the largest batch whose worst-case p95 step stays under 80 ms (every stream then
+  keeps up with real time);
+- ``e2e`` (``--e2e N``): N streams through a real ``StageWorker``, each pushing 80 ms of audio every 80 ms
+  for ``--utterance-s``; latency of the first partial, and from END_OF_INPUT to the final transcript.
+
+    python3 loadtest/bench_asr_kyutai_gpu.py --json asr.json              # on a CUDA machine
+    python3 loadtest/bench_asr_kyutai_gpu.py --config tiny --device cpu --batches 1 4 --steps 3 --e2e 2  # dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+try:
+    import soxr  # noqa: F401
+except ImportError:  # a bare GPU machine: 24 kHz input is never resampled, the import only
+    import types
+
+    sys.modules["soxr"] = types.ModuleType("soxr")
+
+from realtime_gw.models.runtime import StageWorker  # noqa: E402
+from realtime_gw.models.speech.asr_kyutai import KyutaiAsrBackend  # noqa: E402
+from realtime_gw.models.speech.kyutai.checkpoint import random_checkpoint  # noqa: E402
+from realtime_gw.models.speech.kyutai.engine import KyutaiAsrEngine  # noqa: E402
+from realtime_gw.records.voice import AsrStreamRequest  # noqa: E402
+
+FRAME = 1920
+FRAME_S = 0.08
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if xs else float("nan")
+
+
+def ms(xs: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(1e3 * pct(xs, 50), 3), "p95_ms": round(1e3 * pct(xs, 95), 3)}
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def noise(n: int, frames: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((n, frames, FRAME)) * 3000).astype(np.int16)
+
+
+def graph_vs_eager(model: Any) -> dict[str, Any]:
+    """Same three streams (joining at frames 0, 2, 5) with and without CUDA graphs: same tokens and codes."""
+    audio = noise(3, 16, seed=1)
+    runs = []
+    for graphs in (False, True):
+        eng = KyutaiAsrEngine(model, 4, cuda_graphs=graphs)
+        slots: dict[int, int] = {}
+        toks, codes = [], []
+        for t in range(16):
+            for i, start in enumerate((0, 2, 5)):
+                if t == start:
+                    slots[i] = eng.alloc()
+            live = sorted(slots)
+            tok, c = eng.step([slots[i] for i in live], np.stack([audio[i, t - (0, 2, 5)[i]] for i in live]))
+            toks.append(tok.copy())
+            codes.append(c.copy())
+        runs.append((np.concatenate(toks), np.concatenate(codes)))
+        del eng
+    (t0, c0), (t1, c1) = runs
+    return {
+        "graph_equals_eager_tokens_frac": float((t0 == t1).mean()),
+        "graph_equals_eager_codes_frac": float((c0 == c1).mean()),
+    }
+
+
+def _fill_window(eng: KyutaiAsrEngine, b: int, start: int = 10_000) -> None:
+    """Make slots [0, b) look like streams past the whole LM window (every ring column a valid key)."""
+    lm = eng.lm
+    with torch.no_grad():
+        cols = torch.arange(lm.ring, device=lm.device)
+        pos = start - 1 - ((start - 1 - cols) % lm.ring)  # the latest position stored in each column
+        lm.kpos[:b, : lm.ring] = pos
+        lm.pos[:b] = start
+    for s in range(b):
+        eng.frames[s] = start
+
+
+def time_steps(eng: KyutaiAsrEngine, slots: list[int], pcm: np.ndarray, steps: int) -> list[float]:
+    out = []
+    for i in range(steps):
+        t = time.perf_counter()
+        eng.step(slots, pcm[:, i % pcm.shape[1]])
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def split_eager(eng: KyutaiAsrEngine, b: int, pcm: np.ndarray, reps: int) -> dict[str, float]:
+    """Eager encoder and LM times (synchronized) at batch ``b``, LM over its whole window."""
+    dev = eng.device
+    active = torch.ones(b, dtype=torch.bool, device=dev)
+    x = torch.from_numpy(pcm[:, 0]).to(dev).float() / 32768
+    enc, lm = [], []
+    with torch.no_grad():
+        for _ in range(reps):
+            sync(dev)
+            t = time.perf_counter()
+            codes = eng.encoder.step(b, x, active)
+            sync(dev)
+            enc.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            eng.lm.step(b, eng.lm.ring, codes, active)
+            sync(dev)
+            lm.append(time.perf_counter() - t)
+    return {
+        "encoder_p50_ms": round(1e3 * pct(enc, 50), 3),
+        "lm_full_window_p50_ms": round(1e3 * pct(lm, 50), 3),
+    }
+
+
+def bench_batches(eng: KyutaiAsrEngine, args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for b in args.batches:
+        slots = [eng.alloc() for _ in range(b)]  # lowest first: [0, b), one batch bucket
+        pcm = noise(b, 4, seed=b)
+        row: dict[str, Any] = {"batch": b}
+        time_steps(eng, slots, pcm, 2)  # graphs for this bucket captured (if not yet), caches warm
+        row["fresh"] = ms(time_steps(eng, slots, pcm, args.steps))
+        _fill_window(eng, b)
+        time_steps(eng, slots, pcm, 2)
+        row["full_window"] = ms(time_steps(eng, slots, pcm, args.steps))
+        if eng.use_graphs:
+            eng.use_graphs = False
+            row["full_window_eager"] = ms(time_steps(eng, slots, pcm, max(3, args.steps // 4)))
+            eng.use_graphs = True
+        row.update(split_eager(eng, b, pcm, 3))
+        row["realtime"] = row["full_window"]["p95_ms"] < 1e3 * FRAME_S
+        for s in slots:
+            eng.free(s)
+        log(f"batch {b}: {json.dumps(row)}")
+        rows.append(row)
+    return rows
+
+
+async def e2e(backend: KyutaiAsrBackend, n: int, utterance_s: float) -> dict[str, Any]:
+    """N concurrent streams, 80 ms of audio every 80 ms each, then END_OF_INPUT (the user stopped)."""
+    slots = backend.engine.slots
+    worker = StageWorker(backend, device=str(backend.engine.device), max_batch=slots, max_active=slots,
+                         max_backlog=4096)  # fmt: skip
+    await worker.start(warmup=False)
+    frames = max(1, int(utterance_s / FRAME_S))
+    audio = noise(n, frames, seed=7)
+    first_partial: list[float] = []
+    final: list[float] = []
+
+    async def one(i: int) -> None:
+        s = worker.submit(AsrStreamRequest(sample_rate=24000))
+        t0 = time.perf_counter()
+
+        async def read() -> None:
+            async for r in s:
+                if not r.final and not first_partial_seen[0]:
+                    first_partial_seen[0] = True
+                    first_partial.append(time.perf_counter() - t0)
+                if r.final:
+                    final.append(time.perf_counter() - stopped[0])
+
+        first_partial_seen, stopped = [False], [0.0]
+        reader = asyncio.create_task(read())
+        for f in range(frames):
+            s.push(audio[i, f].tobytes())
+            await asyncio.sleep(max(0.0, t0 + (f + 1) * FRAME_S - time.perf_counter()))
+        stopped[0] = time.perf_counter()
+        s.close_input()
+        await reader
+
+    try:
+        await asyncio.gather(*(one(i) for i in range(n)))
+    finally:
+        await worker.stop()
+    return {
+        "streams": n,
+        "utterance_s": frames * FRAME_S,
+        "flush_frames": (backend.timing.flush_samples + FRAME - 1) // FRAME,
+        "first_partial_from_start": ms(first_partial),  # random init: text shows when a byte id is drawn
+        "final_after_end_of_input": ms(final),
+        "finals": len(final),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="1b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256, 800])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--e2e", type=int, nargs="*", default=[64, 256])
+    p.add_argument("--utterance-s", type=float, default=3.0)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    dev = torch.device(args.device)
+    import transformers
+
+    out: dict[str, Any] = {
+        "hardware": (
+            torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
+        ),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "config": args.config,
+        "weights": "random init (real architecture and cost; transcripts are noise)",
+    }
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    t = time.perf_counter()
+    ck = random_checkpoint(args.config, args.device, dtype)
+    out["load_s"] = round(time.perf_counter() - t, 1)
+    cfg = ck.model.config
+    out["model"] = (f"LM {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, window {cfg.sliding_window}, "
+                    f"{sum(q.numel() for q in ck.model.model.parameters()) / 1e9:.2f} B params; Mimi encoder "
+                    f"{cfg.codec_config.num_hidden_layers}-layer transformer, {cfg.num_codebooks} codebooks")  # fmt: skip
+    log(out["model"])
+    try:
+        if dev.type == "cuda":
+            out["check"] = graph_vs_eager(ck.model)
+            log(f"check {out['check']}")
+        eng = KyutaiAsrEngine(ck.model, max(args.batches))
+        out["slots"] = eng.slots
+        out["cuda_graphs"] = eng.use_graphs  # "fresh" and "full_window" are measured with them when on
+        out["capture_all_s"] = round(eng.capture_all(), 1)
+        out["graphs"] = eng.graph_count
+        out["steps"] = bench_batches(eng, args)
+        rt = [r["batch"] for r in out["steps"] if r["realtime"]]
+        out["realtime_streams"] = max(rt) if rt else 0
+        if dev.type == "cuda":
+            out["max_memory_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 1)
+        del eng
+        if args.e2e:
+            backend = KyutaiAsrBackend(checkpoint=ck, slots=max(args.e2e))
+            t = time.perf_counter()
+            backend.warmup()
+            out["e2e_warmup_s"] = round(time.perf_counter() - t, 1)
+            out["e2e"] = []
+            for n in args.e2e:
+                r = asyncio.run(e2e(backend, n, args.utterance_s))
+                log(f"e2e {json.dumps(r)}")
+                out["e2e"].append(r)
+    except Exception as e:  # report what was measured, and why it stopped
+        traceback.print_exc()
+        out["error"] = f"{type(e).__name__}: {e}"
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
