@@ -49,7 +49,7 @@ class Sizes:
     silent_sockets: int = 300
     half_upgrades: int = 50
     huge_header_mb: float = 4.0
-    hold_s: float = 8.0
+    hold_s: float = 12.0
     item_burst: int = 10_000
     cancel_pairs: int = 300
     instructions_mb: float = 4.0

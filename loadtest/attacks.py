@@ -329,6 +329,9 @@ def main() -> None:
     ap.add_argument("--code-root", default=str(ROOT), help="checkout whose realtime_gw the gateway runs")
     ap.add_argument("--label", default="run", help="'before' / 'after' name the docs blocks")
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument(
+        "--docs-only", action="store_true", help="rewrite the docs from test-artifacts/attacks-LABEL.json"
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one attack (the child process)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--sizes", help=argparse.SUPPRESS)
@@ -336,6 +339,9 @@ def main() -> None:
     if args.one:
         fn = ATTACKS[args.one][0]
         print(json.dumps(asyncio.run(fn(args.port, Sizes.from_json(args.sizes)))), flush=True)
+        return
+    if args.docs_only:
+        write_docs(json.loads((ARTIFACTS / f"attacks-{args.label}.json").read_text()))
         return
     run = asyncio.run(run_all(args))
     ARTIFACTS.mkdir(exist_ok=True)

@@ -34,9 +34,10 @@ sys.path.insert(0, str(ROOT / "loadtest"))
 from attack_kinds import Sizes  # noqa: E402
 from attacks import attack_row, seconds_until_ready  # noqa: E402
 
-SIZES = Sizes()  # the CI sizes
-# send_timeout_s 3: the unread speech stream must be given up on within the attack's 8 s hold.
-SERVER_ARGS = ("--policy", "noop", "--tts", "tone", "--send-timeout-s", "3")
+SIZES = Sizes(hold_s=6.0)  # the CI sizes, held 6 s
+# Shorter than the defaults (10 s each) so that the unread speech stream and the silent sockets are given
+# up on within the 6 s the attack holds them.
+SERVER_ARGS = ("--policy", "noop", "--tts", "tone", "--send-timeout-s", "2", "--handshake-timeout-s", "2")
 
 
 @pytest.fixture(scope="module")
