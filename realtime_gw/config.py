@@ -87,6 +87,22 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_input_buffer_bytes: int = 15 * 1024 * 1024
     """Bound on the decoded input audio buffer of one session (PCM16)."""
     max_conversation_items: int = 512
+    """Items a session with ``truncation: "disabled"`` may hold; one more is refused `conversation_full`."""
+    max_retained_items: int = 4096
+    """Items a session with truncation on (``auto``, ``retention_ratio``) keeps in memory: past it the
+    oldest are forgotten silently (the client's own view is untouched), so a long call never fills up."""
+    max_instructions_chars: int = 64 * 1024
+    """Session or response ``instructions``; longer: `error` `string_above_max_length`, nothing echoed."""
+    max_item_text_chars: int = 64 * 1024
+    """Text of one conversation item (text, transcripts, function arguments and outputs, image URLs
+    count apart); longer: `error` `string_above_max_length`."""
+    max_tools: int = 128
+    """Function tools in `session.tools` or a response's `tools`; their JSON is capped at
+    ``max_instructions_chars`` too."""
+    responder_context_tokens: int = 8192
+    """The chat backend's context window. With truncation on, the oldest items leave the model's
+    context (never the client's view) so instructions + items + tools + the reserved reply fit it;
+    tokens are estimated (about 4 UTF-8 bytes per token plus a per-message overhead)."""
     tts: Literal["piper", "tone", "codec", "qwen3"] = "piper"
     tts_voice: str = "joe"
     tts_max_batch: int = 8
