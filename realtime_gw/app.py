@@ -86,4 +86,5 @@ def create_app_from_env() -> Starlette:
 
     from realtime_gw.config import load_config
 
+    raise_open_files_limit()
     return create_app(load_config(os.environ.get("REALTIME_GW_CONFIG")))

@@ -93,6 +93,7 @@ class SpeechStream:
         self.max_pending = config.speech_max_pending_chars
         self.max_utterance = config.speech_max_utterance_chars
         self.send_timeout_s = config.send_timeout_s
+        self.max_frame_bytes = config.max_frame_bytes
         # The outbox: replies never wait (a reader that stops at input_high leaves them room up to
         # `bound`); audio waits below audio_high.
         self.outbox: asyncio.Queue[str | bytes] = asyncio.Queue()
@@ -188,6 +189,11 @@ class SpeechStream:
                 text = msg.get("text")
                 if text is None:
                     self.error("Binary frames are not accepted; send JSON events", "invalid_frame")
+                elif len(text) > self.max_frame_bytes:  # uvicorn's cap is the largest of all sockets'
+                    self.error(
+                        f"Message of {len(text)} bytes exceeds the limit of {self.max_frame_bytes}",
+                        "message_too_large",
+                    )
                 elif len(text) > OFFLOAD_DECODE_BYTES:
                     self.handle(await asyncio.to_thread(sp.decode_stream_event, text))
                 else:
