@@ -1,6 +1,7 @@
 """pipecat's own ``OpenAIRealtimeLLMService`` in a small pipecat pipeline (context aggregators, the
-service, a frame recorder; no transport) against a live gateway: a function tool run by pipecat, an
-interruption through the pipeline's own interruption frame, and a server-VAD barge-in by speech."""
+service, a frame recorder; no transport) against a live gateway: user turns spoken (Piper speech,
+server VAD), a function tool run by pipecat, an interruption through the pipeline's own interruption
+frame, and a barge-in by speech."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from pipecat.frames.frames import (
     FunctionCallResultFrame,
     InputAudioRawFrame,
     InterruptionWorkerFrame,
-    LLMMessagesAppendFrame,
     TTSAudioRawFrame,
 )
 from pipecat.pipeline.pipeline import Pipeline
@@ -31,7 +31,7 @@ from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 
 from tests.chat_server import ChatServer
 from tests.conftest import LiveServer
-from tests.frameworks.scenario import RATE, check_clean_run, forecast, run_scenario
+from tests.frameworks.scenario import RATE, check_clean_run, forecast, run_scenario, speak
 from tests.frameworks.tap import RealtimeTap
 
 WEATHER = FunctionSchema(
@@ -64,7 +64,9 @@ class PipecatDriver:
         self.task = task
 
     async def say(self, text: str) -> None:
-        await self.task.queue_frame(LLMMessagesAppendFrame([{"role": "user", "content": text}], run_llm=True))
+        # pipecat's realtime pipelines take user turns as speech (an LLMMessagesAppendFrame only
+        # updates the local context), so the user speaks and server VAD ends the turn
+        await speak(self.send_audio, text)
 
     async def interrupt(self) -> None:
         # what a transport's VAD does when the user starts speaking
