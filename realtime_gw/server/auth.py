@@ -66,9 +66,11 @@ def hostname_of(host_header: str | None) -> str | None:
     if not host_header:
         return None
     try:
-        name = urlsplit("//" + host_header.strip()).hostname
-    except ValueError:  # e.g. a port that is not a number
+        parts = urlsplit("//" + host_header.strip())
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
+    except ValueError:
         return None
+    name = parts.hostname
     return name.rstrip(".") if name else None
 
 
