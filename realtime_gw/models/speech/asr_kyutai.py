@@ -46,6 +46,10 @@ class KyutaiAsrState:
     samples: int = 0
     """24 kHz samples received, silence prefix included."""
     tokens: list[int] = field(default_factory=list)
+    """Every token of the stream, position 0's included (the reference ``generate``'s output)."""
+    text_ids: list[int] = field(default_factory=list)
+    """The tokens that are text (no padding or start id): decoded only when one arrives."""
+    text: str = ""
     steps: int = 0
     total_steps: int | None = None
     """Known at END_OF_INPUT: the steps the reference takes for this audio."""
@@ -198,16 +202,21 @@ class KyutaiAsrBackend:
     def _flushing(self, state: KyutaiAsrState) -> bool:
         return state.total_steps is not None and state.steps < state.total_steps
 
-    def _text(self, tokens: list[int]) -> str:
-        ids = [t for t in tokens if t not in self._skip and 0 <= t < self._text_ids]
-        return self.tokenizer.decode(ids).strip()
+    def _is_text(self, token: int) -> bool:
+        return token not in self._skip and 0 <= token < self._text_ids
+
+    def _add_token(self, state: KyutaiAsrState, token: int) -> None:
+        state.tokens.append(token)
+        if self._is_text(token):  # most frames carry padding: no decode then
+            state.text_ids.append(token)
+            state.text = self.tokenizer.decode(state.text_ids).strip()
 
     def _advance(self, state: KyutaiAsrState, token: int) -> StepResult:
         if not state.tokens:
-            state.tokens.append(self.engine.bos_token)  # position 0's token (same for every stream)
-        state.tokens.append(token)
+            self._add_token(state, self.engine.bos_token)  # position 0's token (same for every stream)
+        self._add_token(state, token)
         state.steps += 1
-        text = self._text(state.tokens)
+        text = state.text
         if state.total_steps is not None and state.steps >= state.total_steps:
             state.done = True
             return StepResult(outputs=[AsrResult(text, final=True)], done=True)

@@ -18,6 +18,7 @@ from realtime_gw.models.speech.asr_kyutai import KyutaiAsrBackend
 from realtime_gw.models.speech.kyutai.checkpoint import KyutaiCheckpoint, load, random_checkpoint
 from realtime_gw.models.speech.kyutai.config import FRAME_SAMPLES
 from realtime_gw.models.speech.kyutai.engine import KyutaiAsrEngine
+from realtime_gw.models.tokenizers import HfTokenizer
 from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest
 
 FRAMES = 14
@@ -120,9 +121,30 @@ def test_save_pretrained_directory_loads_the_same_model(ck: KyutaiCheckpoint, tm
     tokens = _run(KyutaiAsrBackend(checkpoint=loaded, slots=1), pcm)[1]
     assert tokens == _reference_tokens(ref, pcm)
 
+    _save_word_tokenizer(tmp_path)  # a tokenizer next to the weights decodes the text
+    backend = KyutaiAsrBackend(checkpoint=load("tiny", str(tmp_path), "cpu", torch.float32), slots=1)
+    assert isinstance(backend.tokenizer, HfTokenizer)
+    outputs, tokens = _run(backend, pcm)
+    words = [f"w{t}" for t in tokens if 4 <= t < 259]  # 0 (the config's pad id) and 259 (start) are no text
+    assert words and outputs[-1].text == " ".join(words)
+
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(Exception, match="model.safetensors|weights|does not appear"):
         load("tiny", str(tmp_path), "cpu", torch.float32)
+
+
+def _save_word_tokenizer(path: Path) -> None:
+    """A SentencePiece-like word tokenizer over the tiny vocabulary: id i >= 4 is the word "wi"."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"\u2581w{i}": i for i in range(4, 259)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.decoder = decoders.Metaspace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    fast.save_pretrained(path)
 
 
 # -- the backend ---------------------------------------------------------------------------------------
@@ -146,13 +168,15 @@ def _run(
 
 def test_stream_gives_partials_then_the_reference_transcript(ck: KyutaiCheckpoint) -> None:
     backend = KyutaiAsrBackend(checkpoint=ck, slots=2)
+    cfg = ck.model.config
     pcm = _speechlike(3, 9)
     outputs, tokens = _run(backend, pcm)
     assert tokens == _reference_tokens(ck, pcm)
     *partials, final = outputs
     assert all(isinstance(r, AsrResult) for r in outputs)
     assert final.final and not any(r.final for r in partials)
-    assert final.text == backend._text(tokens)
+    ids = [t for t in tokens if t not in (cfg.bos_token_id, cfg.pad_token_id)]
+    assert final.text == backend.tokenizer.decode(ids).strip()
     assert len(partials) >= 2, "text arrives while the audio streams"
     for a, b in zip(partials, partials[1:], strict=False):
         assert b.text.startswith(a.text) and len(b.text) > len(a.text)

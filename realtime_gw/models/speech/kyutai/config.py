@@ -84,7 +84,7 @@ def _kyutai(
         "bos_token_id": bos,
         "pad_token_id": pad,
         "sliding_window": window,
-        "max_position_embeddings": window,
+        "max_position_embeddings": 750,
         "rms_norm_eps": 1e-8,
         "rope_parameters": {"rope_type": "default", "rope_theta": 100_000.0},
         "codec_config": {"model_type": "mimi", **codec},
