@@ -10,8 +10,9 @@ The bystander runs, all at once, while something else happens to the gateway:
 
 Used by ``loadtest/attacks.py`` (the attack table in docs/reliability.md) and
 ``tests/server/test_isolation.py``. A turn that fails, times out or loses its socket is counted in
-``errors`` (and a time-out counts as a TTFA of the full time-out), so a gateway that stops answering
-cannot look fast.
+``errors``, and its wait carries over: the TTFA of the next turn that brings audio (or, at the end, the
+wait so far) runs from when the failed turn asked, reconnecting included; a frame that never came after
+a time-out counts as late as the wait for it. So a gateway that stops answering cannot look fast.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ class Bystander:
         self.text = text
         self.report = BystanderReport()
         self._stop = asyncio.Event()
+        self._waiting_since: float | None = None
+        """When the voice user asked for a turn that has not brought audio yet; a turn that fails keeps it,
+        so the next turn's TTFA counts the whole wait (reconnecting included)."""
         self._robot_stop = threading.Event()
         self._tasks: list[asyncio.Future[Any]] = []
 
@@ -94,6 +98,8 @@ class Bystander:
         for task in pending:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._waiting_since is not None:  # never answered: the wait so far is its TTFA
+            self.report.ttfa_ms.append((time.monotonic() - self._waiting_since) * 1000)
 
     async def _prober(self) -> None:
         async with httpx.AsyncClient(timeout=60.0) as client:
@@ -136,22 +142,28 @@ class Bystander:
         item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": self.text}]}
         await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
         sent = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = sent
         await ws.send(json.dumps({"type": "response.create"}))
         first: float | None = None
+        next_seq = 0
         deadline = sent + self.turn_timeout_s
         while True:
             try:
                 raw = await asyncio.wait_for(ws.recv(), max(0.01, deadline - time.monotonic()))
             except TimeoutError:
-                if first is None:
-                    self.report.ttfa_ms.append(self.turn_timeout_s * 1000)
+                if first is not None:  # the frame that never came is at least this late
+                    late = time.monotonic() - (first + next_seq * FRAME_S)
+                    self.report.lateness_ms.append(max(0.0, late * 1000))
                 raise _TurnFailed(f"no response.done within {self.turn_timeout_s} s") from None
             ev = json.loads(raw)
             now = time.monotonic()
             if ev["type"] == "response.output_audio.delta":
                 if first is None:
                     first = now
-                    self.report.ttfa_ms.append((now - sent) * 1000)
+                    self.report.ttfa_ms.append((now - self._waiting_since) * 1000)
+                    self._waiting_since = None
+                next_seq = ev["seq"] + 1
                 self.report.lateness_ms.append(max(0.0, (now - (first + ev["seq"] * FRAME_S)) * 1000))
             elif ev["type"] == "error":
                 self.report.errors.append(
