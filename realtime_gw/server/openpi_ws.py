@@ -53,6 +53,10 @@ OFFLOAD_DECODE_BYTES = 1 << 20
 """Frames above this are decoded on a thread so a big upload never stalls the event loop."""
 
 
+class _NotReading(Exception):
+    """A write blocked for ``send_timeout_s``: the robot stopped reading."""
+
+
 async def openpi_endpoint(ws: WebSocket) -> None:
     gateway: Gateway = ws.app.state.gateway
     admission = _admit(ws, gateway)
@@ -107,6 +111,7 @@ class _Loop:
         self.ws = ws
         self.worker = worker
         self.tracebacks = config.openpi_tracebacks
+        self.send_timeout_s = config.send_timeout_s
         self.idle_s: float | None = config.openpi_idle_timeout_s or None
         self.limits = FrameLimits(
             max_frame_bytes=config.openpi_max_frame_bytes, max_array_bytes=config.openpi_max_frame_bytes
@@ -127,6 +132,9 @@ class _Loop:
                 await self._step()
         except WebSocketDisconnect:
             return
+        except _NotReading:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.ws.close(code=1008, reason="client is not reading"), 2.0)
         except Exception as e:  # an internal fault: the stock contract is a text frame, then 1011
             log.exception("openpi connection failed")
             await self._fail(e)
@@ -174,9 +182,9 @@ class _Loop:
         """The one interpreter of the session's effects."""
         for effect in effects:
             if isinstance(effect, SendReply):
-                await self.ws.send_bytes(packb(effect.payload))
+                await self._send(packb(effect.payload))
             elif isinstance(effect, SendError):
-                await self.ws.send_text(effect.message)
+                await self._send(effect.message)
             elif isinstance(effect, RunPolicy):
                 self.jobs[effect.job] = asyncio.create_task(self._run(effect))
             elif isinstance(effect, CancelPolicy):
@@ -187,6 +195,17 @@ class _Loop:
                 await self.ws.close(code=effect.code, reason=effect.reason)
             else:
                 raise TypeError(f"not an OpenPI effect: {effect!r}")
+
+    async def _send(self, data: bytes | str) -> None:
+        """One write, bounded: a robot that stops reading is closed (1008), not waited on for ever."""
+        try:
+            async with asyncio.timeout(self.send_timeout_s):
+                if isinstance(data, bytes):
+                    await self.ws.send_bytes(data)
+                else:
+                    await self.ws.send_text(data)
+        except TimeoutError:
+            raise _NotReading from None
 
     def _arm_idle(self, now: float) -> None:
         self.idle_at = None if self.idle_s is None else now + self.idle_s

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 import msgpack
@@ -18,6 +20,9 @@ from prometheus_client import REGISTRY
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from realtime_gw.config import GatewayConfig
+from realtime_gw.models.policy.factory import policy_spec
+from realtime_gw.server import openpi_ws
+from tests.server import fakes
 from tests.server.test_openpi_harness import (
     API_KEY,
     Served,
@@ -223,3 +228,15 @@ def test_client_disconnect_mid_inference_frees_everything(gw: Served) -> None:
     assert wait_for(lambda: gw.worker.active_count == 0)
     with pytest.raises(ConnectionClosed):
         conn.recv(timeout=1)
+
+
+async def test_a_robot_that_stops_reading_is_closed_after_the_send_timeout() -> None:
+    """In process: the metadata frame cannot be written (the client's buffers are full): close 1008."""
+    config = GatewayConfig(policy="noop", send_timeout_s=0.3)
+    worker = SimpleNamespace(
+        backend=SimpleNamespace(spec=policy_spec(config, model="noop", action_horizon=10))
+    )
+    ws = fakes.FakeSocket()
+    ws.stalled = True
+    await asyncio.wait_for(openpi_ws._Loop(ws, SimpleNamespace(config=config), worker).run(), 5.0)  # type: ignore[arg-type]
+    assert ws.closed == (1008, "client is not reading")
