@@ -73,6 +73,29 @@ def test_streaming_codes_and_tokens_equal_the_reference(ck: KyutaiCheckpoint) ->
     assert tokens == _reference_tokens(ck, pcm)
 
 
+def test_lm_length_buckets_equal_the_reference() -> None:
+    """A window longer than the first length bucket (64): steps read only the columns written so far,
+    crossing 64 -> 128, and still give ``generate``'s tokens."""
+    import dataclasses
+
+    from realtime_gw.models.speech.kyutai.checkpoint import random_model
+    from realtime_gw.models.speech.kyutai.config import named_config
+
+    named = named_config("tiny")
+    named = dataclasses.replace(named, model={**named.model, "sliding_window": 130})
+    ck = KyutaiCheckpoint(random_model(named, "cpu", torch.float32), None, named.timing, "", True)  # type: ignore[arg-type]
+    eng = KyutaiAsrEngine(ck.model, 2)
+    assert eng.len_buckets == [64, 128, 130]
+    slot = eng.alloc()
+    pcm = _speechlike(8, 55)  # + the flush: 68 positions
+    padded = np.concatenate([pcm, np.zeros(ck.timing.flush_samples, np.int16)])
+    steps = len(padded) // FRAME_SAMPLES - 1
+    tokens = [eng.bos_token] + [
+        int(eng.step([slot], f[None])[0][0]) for f in _frames(padded[: steps * FRAME_SAMPLES])
+    ]
+    assert tokens == _reference_tokens(ck, pcm)
+
+
 def test_streams_joining_and_leaving_mid_utterance_do_not_disturb_each_other(ck: KyutaiCheckpoint) -> None:
     clips = {name: _frames(_speechlike(seed, 10)) for seed, name in enumerate("abc", start=2)}
     solo = {}
