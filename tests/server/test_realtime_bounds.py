@@ -68,6 +68,7 @@ async def _send_all(ws: Any, frames: list[str]) -> None:
 
 
 async def test_ten_thousand_item_creates_do_not_close_a_reading_client(bounded: LiveServer) -> None:
+    """Without the input gate this closed the client with 1008 'outbound queue full'."""
     ws = await _session(bounded)
     n = 10_000
     sender = asyncio.create_task(_send_all(ws, [_item(f"item {i}") for i in range(n)]))
@@ -80,13 +81,15 @@ async def test_ten_thousand_item_creates_do_not_close_a_reading_client(bounded: 
 
 
 async def test_create_cancel_pairs_do_not_close_a_reading_client(bounded: LiveServer) -> None:
+    """1,000 pairs (without the input gate, this closed the client with 1008 'outbound queue full')."""
     ws = await _session(bounded)
     await ws.send(_item("Say something long enough to cancel."))
-    pairs = [json.dumps({"type": t}) for _ in range(300) for t in ("response.create", "response.cancel")]
+    n = 1000
+    pairs = [json.dumps({"type": t}) for _ in range(n) for t in ("response.create", "response.cancel")]
     sender = asyncio.create_task(_send_all(ws, pairs))
-    counts = await _read_until(ws, lambda c: c["response.done"] >= 300)
+    counts = await _read_until(ws, lambda c: c["response.done"] >= n)
     await sender
-    assert counts["response.created"] == 300 and counts["error"] == 0
+    assert counts["response.created"] == n and counts["error"] == 0
     await ws.close()
 
 
