@@ -1,34 +1,62 @@
 """PocketSphinx ASR backend (CPU), using the en-US model that ships inside the ``pocketsphinx`` wheel.
 
-One-shot: each request is a committed utterance (``AsrRequest.pcm``); it is decoded in one ``step``
-and finishes. Decoders are preallocated slots (loading one takes ~0.5 s), so ``open`` is just taking
-a free one, and a full pool answers ``NoFreeSlot`` at once.
+Streaming: an ``AsrStreamRequest`` takes a decoder when the user starts speaking; the PCM pushed to
+it is decoded as it arrives (``process_raw`` per 100 ms block), each step reports the partial
+hypothesis when it changed (``AsrResult(final=False)``), and ``END_OF_INPUT`` ends the utterance:
+the transcript (``final=True``) comes in that same step, so it is ready when the turn is committed.
+A one-shot ``AsrRequest`` (an ``input_audio`` item, or a turn whose stream could not be had) has the
+whole utterance up front: one step, batch CMN over the utterance trimmed of long silences (more
+robust than any running estimate on a mismatched channel, e.g. 8 kHz telephone audio).
+
+Streamed cepstral mean normalisation: the model's initial mean is far from real speech and the live estimate
+moves slowly, so each utterance starts from the batch mean of its own first second (a feature-only
+pass, no search), then decodes live from its beginning. Measured on six Piper sentences: the same
+mean WER as the one-shot decode at 16/24 kHz, and words equal to it on the test sentences. Fixed blocks make the words
+independent of how the client chunked its audio, and no state carries over from a decoder's previous
+utterance (another session's).
+
+Decoders are preallocated slots (loading one takes ~0.3 s and ~90 MB), so ``open`` is just taking a
+free one, and a full pool answers ``NoFreeSlot`` at once.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from realtime_gw.models.runtime import NoFreeSlot, StepResult
+from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, StepResult
 from realtime_gw.protocols.audio import resample
-from realtime_gw.records.voice import AsrRequest, AsrResult
+from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest
 
 log = logging.getLogger(__name__)
 
 ASR_RATE = 16000
 """The bundled acoustic model is trained on 16 kHz audio."""
+BLOCK_BYTES = 2 * ASR_RATE // 10
+"""100 ms of 16 kHz PCM16: the unit ``process_raw`` is fed in."""
+CMN_PRIME_BYTES = 2 * ASR_RATE
+"""The first second of an utterance sets its cepstral mean."""
+MIN_UTTERANCE_BYTES = 2 * ASR_RATE // 10
+"""Under 100 ms no word fits, and the search errors on a too-short utterance."""
 
 
 @dataclass(eq=False)
 class AsrState:
     slot: int
     decoder: Any
-    pcm16k: bytes
-    decoded: bool = False
+    resampler: FloatResampler
+    pending: bytearray = field(default_factory=bytearray)
+    """16 kHz PCM not yet decoded (the first second until it is complete, then less than a block)."""
+    decoded_bytes: int = 0
+    ended: bool = False
+    whole: bytes | None = None
+    """A one-shot request's utterance (16 kHz), decoded in its first step."""
+    in_utterance: bool = False
+    partial: str = ""
+    """The last partial hypothesis reported."""
 
 
 def trim_silence(pcm16k: bytes, margin_ms: int = 200, floor: float = 0.02) -> bytes:
@@ -63,7 +91,7 @@ class PocketsphinxAsrBackend:
         self._free: list[int] = []
 
     def _ensure_pool(self) -> None:
-        # Built lazily on the worker thread (warm-up or first open): ~0.5 s per decoder must not run on
+        # Built lazily on the worker thread (warm-up or first open): ~0.3 s per decoder must not run on
         # the event loop when the registry constructs backends.
         if self._decoders:
             return
@@ -76,51 +104,124 @@ class PocketsphinxAsrBackend:
     def free_slots(self) -> int:
         return len(self._free) if self._decoders else self.slots
 
-    def open(self, request: AsrRequest) -> AsrState:
-        if len(request.pcm) % 2:
-            raise ValueError(f"PCM16 data must have an even number of bytes, got {len(request.pcm)}")
+    def open(self, request: AsrRequest | AsrStreamRequest) -> AsrState:
         if request.sample_rate <= 0:
             raise ValueError(f"sample_rate must be positive, got {request.sample_rate}")
+        resampler = FloatResampler(request.sample_rate)
+        whole = None
+        if isinstance(request, AsrRequest):
+            _check_pcm(request.pcm)
+            whole = resample(request.pcm, request.sample_rate, ASR_RATE)  # before taking the slot: may raise
         self._ensure_pool()
         if not self._free:
             raise NoFreeSlot(f"{self.name}: no free slot ({self.slots} decoders busy)")
-        pcm16k = resample(request.pcm, request.sample_rate, ASR_RATE)  # before taking the slot: may raise
         slot = self._free.pop()
-        return AsrState(slot=slot, decoder=self._decoders[slot], pcm16k=pcm16k)
+        return AsrState(slot=slot, decoder=self._decoders[slot], resampler=resampler, whole=whole)
 
     def has_work(self, state: AsrState) -> bool:
-        return not state.decoded
+        return state.whole is not None  # a one-shot request decodes in its first step
 
     def step(self, work: list[tuple[AsrState, list[Any]]]) -> list[StepResult]:
         results = []
-        for state, _inputs in work:  # pushed inputs are ignored: the utterance came with the request
+        for state, inputs in work:
             try:
-                results.append(StepResult(outputs=[AsrResult(self._decode(state))], done=True))
+                results.append(self._advance(state, inputs))
             except Exception as e:  # fail this utterance only
                 log.warning("%s: decode failed: %s", self.name, e)
                 results.append(StepResult(done=True, error=f"{self.name}: {e}"))
-            state.decoded = True
         return results
 
-    def _decode(self, state: AsrState) -> str:
-        if len(state.pcm16k) < 2 * ASR_RATE // 10:
-            return ""  # under 100 ms: no word fits, and the search errors on a too-short utterance
-        pcm = trim_silence(state.pcm16k)
+    def _advance(self, state: AsrState, inputs: list[Any]) -> StepResult:
+        if state.whole is not None:  # pushed inputs are ignored: the utterance came with the request
+            return StepResult(outputs=[AsrResult(self._decode_whole(state))], done=True)
+        for item in inputs:
+            if item is END_OF_INPUT:
+                state.pending += state.resampler.flush()
+                state.ended = True
+            elif isinstance(item, (bytes, bytearray, memoryview)):
+                if state.ended:
+                    raise ValueError("audio pushed after END_OF_INPUT")
+                _check_pcm(item)
+                state.pending += state.resampler.push(bytes(item))
+            else:
+                raise TypeError(f"ASR input must be PCM16 bytes, got {type(item).__name__}")
+        if state.ended:
+            return StepResult(outputs=[AsrResult(self._finish(state))], done=True)
+        if not state.in_utterance and len(state.pending) < CMN_PRIME_BYTES:
+            return StepResult()
+        if not self._decode_blocks(state):
+            return StepResult()
+        hyp = state.decoder.hyp()
+        text = hyp.hypstr.strip() if hyp is not None else ""
+        if text == state.partial:
+            return StepResult()
+        state.partial = text
+        return StepResult(outputs=[AsrResult(text, final=False)])
+
+    def _start(self, state: AsrState) -> None:
+        """Set the cepstral mean from the utterance's first second, then start decoding it."""
         d = state.decoder
+        d.reinit_feat()  # fresh front end: CMN and dither as at load, whatever the decoder did before
         d.start_utt()
-        try:
-            # full_utt=True: batch cepstral mean normalisation over the whole utterance (more
-            # accurate than the live estimate, and we have the whole utterance anyway).
-            d.process_raw(pcm, no_search=False, full_utt=True)
-        finally:
-            d.end_utt()
+        d.process_raw(bytes(state.pending[:CMN_PRIME_BYTES]), no_search=True, full_utt=True)
+        d.end_utt()
+        d.set_cmn(d.get_cmn())
+        d.start_utt()
+        state.in_utterance = True
+
+    def _decode_blocks(self, state: AsrState) -> int:
+        """Decode every whole block pending; returns the bytes decoded."""
+        if not state.in_utterance:
+            self._start(state)
+        full = len(state.pending) - len(state.pending) % BLOCK_BYTES
+        for i in range(0, full, BLOCK_BYTES):
+            state.decoder.process_raw(
+                bytes(state.pending[i : i + BLOCK_BYTES]), no_search=False, full_utt=False
+            )
+        del state.pending[:full]
+        state.decoded_bytes += full
+        return full
+
+    def _finish(self, state: AsrState) -> str:
+        if state.decoded_bytes + len(state.pending) < MIN_UTTERANCE_BYTES:
+            return ""
+        self._decode_blocks(state)
+        d = state.decoder
+        if state.pending:
+            d.process_raw(bytes(state.pending), no_search=False, full_utt=False)
+            state.pending.clear()
+        state.in_utterance = False
+        d.end_utt()
+        hyp = d.hyp()
+        return hyp.hypstr.strip() if hyp is not None else ""
+
+    def _decode_whole(self, state: AsrState) -> str:
+        assert state.whole is not None
+        pcm, state.whole = state.whole, None
+        if len(pcm) < MIN_UTTERANCE_BYTES:
+            return ""
+        d = state.decoder
+        d.reinit_feat()  # fresh front end: CMN and dither as at load, whatever the decoder did before
+        d.start_utt()
+        state.in_utterance = True
+        # full_utt=True: batch cepstral mean normalisation over the whole (trimmed) utterance.
+        d.process_raw(trim_silence(pcm), no_search=False, full_utt=True)
+        state.in_utterance = False
+        d.end_utt()
         hyp = d.hyp()
         return hyp.hypstr.strip() if hyp is not None else ""
 
     def release(self, state: AsrState) -> None:
-        if state.decoder is not None:
-            state.decoder = None
-            self._free.append(state.slot)
+        if state.decoder is None:
+            return
+        if state.in_utterance:
+            # Cancelled (or failed) mid-utterance: close it so the decoder can start the next one.
+            try:
+                state.decoder.end_utt()
+            except Exception:  # the decoder stays usable
+                log.debug("%s: end_utt on release failed", self.name, exc_info=True)
+        state.decoder = None
+        self._free.append(state.slot)
 
     def warmup(self) -> None:
         self._ensure_pool()
@@ -133,3 +234,30 @@ class PocketsphinxAsrBackend:
         finally:
             for s in states:
                 self.release(s)
+
+
+class FloatResampler:
+    """To 16 kHz in float32: soxr's int16 streams dither their output, so the samples (and the words)
+    would depend on how the audio was chunked; float32 streams do not."""
+
+    def __init__(self, in_rate: int) -> None:
+        import soxr
+
+        self._stream = (
+            None if in_rate == ASR_RATE else soxr.ResampleStream(in_rate, ASR_RATE, 1, dtype="float32")
+        )
+
+    def push(self, pcm16: bytes, last: bool = False) -> bytes:
+        if self._stream is None:
+            return pcm16
+        x = np.frombuffer(pcm16, dtype="<i2").astype(np.float32)
+        y = self._stream.resample_chunk(x, last=last)
+        return np.clip(np.rint(y), -32768, 32767).astype("<i2").tobytes()
+
+    def flush(self) -> bytes:
+        return self.push(b"", last=True)
+
+
+def _check_pcm(pcm: bytes | bytearray | memoryview) -> None:
+    if len(pcm) % 2:
+        raise ValueError(f"PCM16 data must have an even number of bytes, got {len(pcm)}")
