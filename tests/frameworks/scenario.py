@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from tests.audio_tools import normalize, synthesize
 from tests.chat_server import ChatServer, Reply, ToolCallReply
 from tests.frameworks.tap import RealtimeTap
+from tests.server.sdk_events import SDK_EVENTS
 
 STORY = (
     "Once upon a time a lighthouse keeper counted the ships that passed his island. "
@@ -85,6 +86,8 @@ def check_clean_run(tap: RealtimeTap, still_open: bool = True) -> None:
     when the framework has not been closed yet)."""
     assert tap.errors() == [], tap.errors()
     tap.validate_all()
+    extensions = set(tap.types()) - set(SDK_EVENTS)
+    assert not extensions, f"extension events the client never enabled: {extensions}"
     assert tap.connections == 1, "the framework never had to reconnect"
     if still_open:
         assert tap.open_connections == 1, "the framework's connection is alive"
