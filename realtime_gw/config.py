@@ -145,6 +145,10 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Run the GIL-holding CPU backends (pocketsphinx ASR, Piper TTS) on threads of the gateway process
     instead of one child process per worker (the default), e.g. where processes cannot be spawned.
     In-process, a long decode stalls the event loop and a hung step cannot be killed."""
+    cpu_backend_spare: bool = True
+    """Keep a second child per CPU worker built and warmed, so a killed step's worker is back at once
+    (~0.1 s) instead of after a fresh start and warm-up (2-10 s on a busy 2-core box). Costs that
+    backend's memory twice: ~440 MB for pocketsphinx with 4 slots, ~180 MB for Piper."""
     asr_max_utterance_s: float = 60.0
     """Longest committed utterance transcribed; a longer one fails its transcription with a clear error
     (the decode's cost grows with it; the input buffer itself may hold more)."""

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from prometheus_client import Gauge
+
 from realtime_gw.models.contract import Iteration, IterationResult, NoFreeSlot, StepResult, run_iteration
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,11 @@ only in the first, so a fault that kills the child happens once, not on every re
 
 DESCRIBED = ("voices", "default_voice", "native_rate", "slots")
 """Plain attributes the parent may read from the hosted backend (``accepted_voices`` reads ``voices``)."""
+
+
+SPARE_READY = Gauge(
+    "realtime_gw_backend_spare_ready", "Whether a warm spare child process waits for a reset", ["worker"]
+)
 
 
 class BackendProcessDied(RuntimeError):
@@ -128,12 +135,25 @@ def _serve(conn: Connection, factory: Callable[[], Any], launch: int, log_level:
             conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
+@dataclass(eq=False)
+class _Child:
+    process: Any
+    conn: Connection
+    info: dict[str, Any]
+    warmed: bool = False
+
+
 class ProcessBackend:
     """``Backend`` (and ``HostedBackend``) whose real backend runs in a child process.
 
     ``factory`` must be picklable (a top-level function or class, or a ``functools.partial`` of one):
     it is sent to the child, which calls it to build the backend. The child starts on the first use
     (``warmup``, an iteration, or reading a described attribute) and again after every ``reset``.
+
+    With ``spare``, a second child is built and warmed in the background once the first is warm; a
+    ``reset`` switches to it at once (then prepares the next), so a worker is back in well under a
+    second instead of after a fresh start and warm-up (seconds: pocketsphinx decodes a clip per slot).
+    It costs that backend's memory twice.
     """
 
     def __init__(
@@ -141,68 +161,125 @@ class ProcessBackend:
         factory: Callable[[], Any],
         *,
         name: str,
+        spare: bool = False,
         start_method: str = "spawn",
         start_timeout_s: float = 120.0,
         kill_grace_s: float = 0.5,
     ) -> None:
         self.factory = factory
         self.name = name
+        self.spare = spare
         self.start_timeout_s = start_timeout_s
         self.kill_grace_s = kill_grace_s
         self.launches = 0
         self._context = multiprocessing.get_context(start_method)
-        self._process: Any = None
-        self._conn: Connection | None = None
+        self._child: _Child | None = None
         self._info: dict[str, Any] = {}
         self._lock = threading.Lock()  # start/kill may come from a new worker thread while an old one waits
+        self._spare: _Child | None = None
+        self._preparing: threading.Thread | None = None
+        self._spare_lock = threading.Lock()  # the spare is prepared on a thread of its own
+        self._closed = False
 
     # -- the child ---------------------------------------------------------------------------------
     @property
     def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
+        child = self._child
+        return child.process.pid if child is not None else None
+
+    @property
+    def _process(self) -> Any:
+        child = self._child
+        return child.process if child is not None else None
 
     def start(self) -> None:
-        """Start the child unless it runs; returns once the backend is built there."""
+        """Make sure a child runs (the spare, when one is ready); returns once its backend is built."""
         with self._lock:
-            if self._process is not None and self._process.is_alive():
+            if self._child is not None and self._child.process.is_alive():
                 return
-            here, there = self._context.Pipe()
-            process = self._context.Process(
-                target=_serve,
-                args=(there, self.factory, self.launches, logging.getLogger().getEffectiveLevel()),
-                name=f"backend-{self.name}",
-                daemon=True,
-            )
-            process.start()
-            there.close()
+            self._closed = False
+            child = self._take_spare() or self._launch()
+            self._child, self._info = child, child.info
+        log.info("%s runs in child process %d", self.name, child.process.pid)
+
+    def _take_spare(self) -> _Child | None:
+        preparing = self._preparing
+        if preparing is not None:
+            preparing.join()  # already under way: sooner than a launch from scratch
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        SPARE_READY.labels(self.name).set(0)
+        if spare is not None and not spare.process.is_alive():
+            return None
+        return spare
+
+    def _launch(self) -> _Child:
+        here, there = self._context.Pipe()
+        with self._spare_lock:
+            launch = self.launches
             self.launches += 1
-            self._process, self._conn = process, here
-            status, value = self._receive(here, self.start_timeout_s, "start")
-            if status != "ready":
-                self._kill(process)
-                raise RuntimeError(f"{self.name}: the child process could not build the backend:\n{value}")
-            self._info = value
-            log.info("%s runs in child process %d", self.name, process.pid)
+        process = self._context.Process(
+            target=_serve,
+            args=(there, self.factory, launch, logging.getLogger().getEffectiveLevel()),
+            name=f"backend-{self.name}",
+            daemon=True,
+        )
+        process.start()
+        there.close()
+        status, value = self._receive(here, process, self.start_timeout_s, "start")
+        if status != "ready":
+            self._kill(process)
+            raise RuntimeError(f"{self.name}: the child process could not build the backend:\n{value}")
+        return _Child(process, here, value)
+
+    def _prepare_spare(self) -> None:
+        def prepare() -> None:
+            child: _Child | None = None
+            try:
+                child = self._launch()
+                self._warm(child)
+            except Exception:
+                log.exception("%s: preparing a spare child process failed", self.name)
+                if child is not None:
+                    self._kill(child.process)
+                child = None
+            with self._spare_lock:
+                self._preparing = None
+                if child is not None and self._closed:
+                    self._kill(child.process)
+                elif child is not None:
+                    self._spare = child
+                    SPARE_READY.labels(self.name).set(1)
+
+        with self._spare_lock:
+            if not self.spare or self._closed or self._spare is not None or self._preparing is not None:
+                return
+            self._preparing = threading.Thread(target=prepare, name=f"spare-{self.name}", daemon=True)
+            self._preparing.start()
 
     def reset(self) -> None:
-        """Kill the child (whatever it is doing) and start a fresh one: every state and slot it held is
-        gone. The caller warms it up."""
+        """Kill the child (whatever it is doing) and switch to a fresh one: every state and slot it held
+        is gone. The caller warms it up (a no-op for a spare, warmed when it was prepared)."""
         with self._lock:
-            process, self._process, self._conn = self._process, None, None
-        if process is not None:
-            self._kill(process)
+            child, self._child = self._child, None
+        if child is not None:
+            self._kill(child.process)
         self.start()
 
     def close(self) -> None:
+        with self._spare_lock:
+            self._closed = True
+            spare, self._spare = self._spare, None
+        SPARE_READY.labels(self.name).set(0)
         with self._lock:
-            process, conn, self._process, self._conn = self._process, self._conn, None, None
-        if process is None:
-            return
-        with contextlib.suppress(OSError, ValueError):
-            assert conn is not None
-            conn.send(("close", None))
-        process.join(self.kill_grace_s)
-        self._kill(process)
+            child, self._child = self._child, None
+        for c in (child, spare):
+            if c is None:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                c.conn.send(("close", None))
+            c.process.join(self.kill_grace_s)
+            self._kill(c.process)
 
     def _kill(self, process: Any) -> None:
         if process.is_alive():
@@ -214,36 +291,39 @@ class ProcessBackend:
         # The parent's end of the old pipe is not closed here: a worker thread may still be reading it
         # (it gets EOF now); it closes when that last reference goes.
 
-    def _receive(self, conn: Connection, timeout: float | None, op: str) -> tuple[str, Any]:
+    def _receive(self, conn: Connection, process: Any, timeout: float | None, op: str) -> tuple[str, Any]:
         try:
             if timeout is not None and not conn.poll(timeout):
+                self._kill(process)
                 raise TimeoutError(f"{self.name}: child process did not answer {op} within {timeout:g} s")
             reply: tuple[str, Any] = conn.recv()
             return reply
         except (EOFError, OSError) as e:
-            process = self._process
-            if process is not None:
-                process.join(0.2)  # for its exit code
-            code = process.exitcode if process is not None else None
+            process.join(0.2)  # for its exit code
             raise BackendProcessDied(
-                f"{self.name}: child process exited during {op} (exit code {code})"
+                f"{self.name}: child process exited during {op} (exit code {process.exitcode})"
             ) from e
 
-    def _call(self, op: str, arg: Any) -> Any:
+    def _call(self, op: str, arg: Any, child: _Child | None = None) -> Any:
         # Pickle over a multiprocessing Connection: both ends are our own processes running the same
         # code, so plain records (dataclasses, bytes) cross without a schema; nothing a client sends is
         # ever unpickled here unwrapped (requests are built by the gateway). One message per iteration.
-        self.start()
-        conn = self._conn
-        assert conn is not None
+        if child is None:
+            self.start()
+            child = self._child
+            assert child is not None
         try:
-            conn.send((op, arg))
+            child.conn.send((op, arg))
         except OSError as e:
             raise BackendProcessDied(f"{self.name}: child process gone before {op}") from e
-        status, value = self._receive(conn, None, op)  # the stage worker owns the deadline
+        status, value = self._receive(child.conn, child.process, None, op)  # the worker owns the deadline
         if status == "error":
             raise RuntimeError(f"{self.name} (child process): {value}")
         return value
+
+    def _warm(self, child: _Child) -> None:
+        self._call("warmup", None, child)
+        child.warmed = True
 
     # -- Backend -----------------------------------------------------------------------------------
     def iterate(self, it: Iteration) -> IterationResult:
@@ -281,7 +361,12 @@ class ProcessBackend:
         return state.has_work
 
     def warmup(self) -> None:
-        self._call("warmup", None)
+        self.start()
+        child = self._child
+        assert child is not None
+        if not child.warmed:
+            self._warm(child)
+        self._prepare_spare()  # only now: at start-up the first warm-up has the cores to itself
 
     def __getattr__(self, attr: str) -> Any:
         """The hosted backend's described attributes (``DESCRIBED``), e.g. ``voices``."""

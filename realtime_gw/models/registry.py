@@ -55,11 +55,14 @@ def _stage(backend: Any, config: GatewayConfig, **options: Any) -> StageWorker:
 
 def _cpu_backend(role: str, factory: Callable[[], Any], name: str, config: GatewayConfig) -> Any:
     """A backend that holds the GIL for long (pocketsphinx, Piper): built by ``factory`` (picklable) in
-    a child process of its own, one per worker, so it stalls neither the event loop nor other stages
-    and a hung step can be killed (``cpu_backends_in_process`` builds it here instead). Test faults are
-    built with it, wherever it runs."""
+    a child process of its own, one per worker (plus a warm spare), so it stalls neither the event loop
+    nor other stages and a hung step can be killed (``cpu_backends_in_process`` builds it here
+    instead). One child per worker suits a 2-core box: the worker's slots (pocketsphinx's decoders)
+    live in it and it steps them one batch at a time. Test faults are built with it, wherever it runs."""
     factory = faults.FaultyFactory(role, factory, tuple(config.fault_injection))
-    return factory() if config.cpu_backends_in_process else ProcessBackend(factory, name=name)
+    if config.cpu_backends_in_process:
+        return factory()
+    return ProcessBackend(factory, name=name, spare=config.cpu_backend_spare)
 
 
 def piper_backend(voice: str, max_text_chars: int) -> Any:

@@ -182,6 +182,7 @@ class StageWorker:
         max_active: int = 64,
         max_backlog: int = 64,
         step_timeout_s: float = 30.0,
+        restart_timeout_s: float = 120.0,
         admit: Callable[[Any], str | None] | None = None,
     ) -> None:
         self.backend = backend
@@ -192,6 +193,7 @@ class StageWorker:
         self.max_active = max_active
         self.max_backlog = max_backlog
         self.step_timeout_s = step_timeout_s
+        self.restart_timeout_s = restart_timeout_s
         self.admit = admit
         """Per-request cost bound, checked at submit: the reason a request is refused, or None."""
         self.restarts = 0
@@ -391,6 +393,7 @@ class StageWorker:
         WORKER_RESTARTS.labels(self.name).inc()
         self.restarts += 1
         self.ready = False
+        t_fault = asyncio.get_running_loop().time()
         log.error("%s; restarting the worker", reason)
         failed = self._active + opening
         self._active = []
@@ -417,14 +420,17 @@ class StageWorker:
             running.add_done_callback(lambda f: _call_soon(loop, self._adopt_orphans, f, it))
             rewarm = False
         try:
-            await asyncio.wait_for(loop.run_in_executor(self._thread, reset), self.step_timeout_s)
+            # Starting a child and warming it up is not a step: it has its own, longer bound.
+            await asyncio.wait_for(loop.run_in_executor(self._thread, reset), self.restart_timeout_s)
             if rewarm:
-                await asyncio.wait_for(
-                    loop.run_in_executor(self._thread, self.backend.warmup), self.step_timeout_s
-                )
+                warmup = loop.run_in_executor(self._thread, self.backend.warmup)
+                await asyncio.wait_for(warmup, self.restart_timeout_s)
             self.ready = True
+            log.warning("worker %s: ready again %.1f s after the fault", self.name, loop.time() - t_fault)
         except Exception:
             log.exception("worker %s: restart failed; it stays not ready", self.name)
+            if self.hosted:  # a child stuck in its warm-up: end it; the next request starts a fresh one
+                await asyncio.to_thread(self.backend.close)  # type: ignore[attr-defined]
         WORKER_ACTIVE.labels(self.name).set(0)
         self._slots_returned()
 

@@ -24,12 +24,13 @@ StartHosted = Callable[..., Awaitable[StageWorker]]
 
 @pytest.fixture
 async def start_hosted() -> AsyncIterator[StartHosted]:
-    """``await start_hosted(*fault_specs, **StageWorker kwargs)``: a two-slot ``SlotToy`` in a child."""
+    """``await start_hosted(*fault_specs, spare=False, **StageWorker kwargs)``: a two-slot ``SlotToy``
+    in a child process."""
     workers: list[StageWorker] = []
 
-    async def _start(*faults: str, **kwargs: Any) -> StageWorker:
+    async def _start(*faults: str, spare: bool = False, **kwargs: Any) -> StageWorker:
         factory = FaultyFactory("toy", functools.partial(SlotToy, 2), faults)
-        worker = StageWorker(ProcessBackend(factory, name="slot-toy"), **kwargs)
+        worker = StageWorker(ProcessBackend(factory, name="slot-toy", spare=spare), **kwargs)
         await worker.start()
         workers.append(worker)
         return worker
@@ -100,6 +101,20 @@ async def test_a_stuck_step_is_killed_and_every_slot_comes_back(
     c.cancel()
     d.cancel()
     await wait_for(lambda: w.active_count == 0)
+
+
+async def test_a_reset_switches_to_the_warm_spare(start_hosted: StartHosted) -> None:
+    w = await start_hosted("toy:hang@1:60", spare=True, step_timeout_s=1.0)
+    backend: ProcessBackend = w.backend  # type: ignore[assignment]
+    await wait_for(lambda: backend._spare is not None, timeout=30.0)  # prepared after the first warm-up
+    spare_pid = backend._spare.process.pid  # type: ignore[union-attr]
+    with pytest.raises(WorkerFault, match="exceeded"):
+        await w.submit(Req(n=1)).collect()
+    await wait_for(lambda: w.ready, timeout=30.0)
+    assert backend.pid == spare_pid  # no fresh start on the recovery path
+    assert await w.submit(Req(n=2)).collect() == [1, 2]  # launched second: no fault in it
+    await wait_for(lambda: backend._spare is not None, timeout=30.0)  # and the next spare is ready
+    assert backend.launches == 3
 
 
 async def test_a_child_that_dies_is_replaced(start_hosted: StartHosted) -> None:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import websockets
 
@@ -23,7 +24,9 @@ LONG = " ".join(["This sentence is spoken by a tone."] * 6)
 async def connect(server: LiveServer, **kw: Any) -> Any:
     ws = await websockets.connect(server.ws + "/v1/realtime", **kw)
     assert json.loads(await ws.recv())["type"] == "session.created"
-    await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}))
+    await ws.send(
+        json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+    )
     assert json.loads(await ws.recv())["type"] == "session.updated"
     return ws
 
@@ -33,7 +36,11 @@ async def turn(ws: Any, text: str = LONG) -> list[dict[str, Any]]:
         json.dumps(
             {
                 "type": "conversation.item.create",
-                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": text}],
+                },
             }
         )
     )
@@ -164,7 +171,9 @@ async def test_abrupt_disconnects_at_every_phase_free_all_state(voice_server: Li
     async def during_transcription() -> None:
         ws = await websockets.connect(url, additional_headers=headers)
         await ws.recv()
-        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}))
+        await ws.send(
+            json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+        )
         await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": speech}))
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         await ws.send(json.dumps({"type": "response.create"}))
@@ -177,7 +186,11 @@ async def test_abrupt_disconnects_at_every_phase_free_all_state(voice_server: Li
             json.dumps(
                 {
                     "type": "conversation.item.create",
-                    "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": LONG}]},
+                    "item": {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": LONG}],
+                    },
                 }
             )
         )
@@ -189,8 +202,82 @@ async def test_abrupt_disconnects_at_every_phase_free_all_state(voice_server: Li
     for phase in (before_created, mid_append, during_transcription, mid_response):
         await phase()
         await wait_until(
-            lambda: voice_server.metric("realtime_gw_sessions", 'kind="realtime"') == 0
-            and voice_server.metric("realtime_gw_worker_active_requests") == 0,
+            lambda: (
+                voice_server.metric("realtime_gw_sessions", 'kind="realtime"') == 0
+                and voice_server.metric("realtime_gw_worker_active_requests") == 0
+            ),
             5.0,
             f"state left behind after a disconnect {phase.__name__}",
         )
+
+
+@pytest.fixture
+def asr_spin_server() -> Iterator[LiveServer]:
+    """ASR (pocketsphinx, in its child process) whose first decode holds the child's GIL in a busy loop
+    for two minutes: the 3 s step deadline must kill it (3 s, not less: a real decode on a loaded box
+    must still fit)."""
+    server = start_server(
+        "--policy", "none", "--tts", "tone", "--asr-slots", "1", "--worker-step-timeout-s", "3",
+        "--fault-injection", json.dumps(["asr:spin@1:120"]), name="asr-spin",
+    )  # fmt: skip
+    yield server
+    stop_server(server)
+
+
+async def _transcribe(ws: Any, pcm: bytes) -> dict[str, Any]:
+    await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}))
+    await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+    while True:
+        ev = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        if ev["type"].startswith("conversation.item.input_audio_transcription.") and ev["type"] != (
+            "conversation.item.input_audio_transcription.delta"
+        ):
+            return ev  # type: ignore[no-any-return]
+
+
+async def test_a_stuck_asr_step_is_killed_and_readyz_recovers_without_a_restart(
+    asr_spin_server: LiveServer,
+) -> None:
+    server = asr_spin_server
+    async with httpx.AsyncClient(base_url=server.http) as http:
+        healthz: list[float] = []
+
+        async def probe() -> None:  # the gateway answers while the child spins
+            while True:
+                t = time.monotonic()
+                assert (await http.get("/healthz", timeout=10)).status_code == 200
+                healthz.append(time.monotonic() - t)
+                await asyncio.sleep(0.05)
+
+        await wait_until(
+            lambda: server.metric("realtime_gw_backend_spare_ready", 'worker="asr-pocketsphinx"') == 1,
+            60.0,
+            "the warm spare is prepared after the first warm-up",
+        )
+        prober = asyncio.create_task(probe())
+        ws = await connect(server)
+        transcribe = {"turn_detection": None, "transcription": {"model": "pocketsphinx"}}
+        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": transcribe}}}))
+        speech = b"\x10\x00\xf0\xff" * 12000  # 1 s at 24 kHz
+        failed = await _transcribe(ws, speech)
+        assert failed["type"] == "conversation.item.input_audio_transcription.failed", failed
+        assert "exceeded 3 s" in failed["error"]["message"]
+        t_failed = time.monotonic()
+        saw_not_ready = False
+        while (await http.get("/readyz")).status_code != 200:
+            saw_not_ready = True
+            assert time.monotonic() - t_failed < 5.0, "ASR worker not ready again within 5 s"
+            await asyncio.sleep(0.05)
+        prober.cancel()
+        assert saw_not_ready  # the worker really went through a restart
+        assert len(healthz) > 5 and max(healthz) < 1.0, healthz  # loose: the box is shared
+        # the same session transcribes again: a fresh child, both decoders free
+        done = await _transcribe(ws, speech)
+        assert done["type"] == "conversation.item.input_audio_transcription.completed", done
+        await ws.close()
+    assert server.metric("realtime_gw_worker_restarts_total", 'worker="asr-pocketsphinx"') == 1
+    await wait_until(
+        lambda: server.metric("realtime_gw_worker_active_requests", 'worker="asr-pocketsphinx"') == 0,
+        5.0,
+        "slots",
+    )
