@@ -59,9 +59,13 @@ def randomize_codec(codec: Any) -> None:
 
 
 def _finish(model: Any, device: str, dtype: torch.dtype) -> Any:
+    """On ``device``, eval; the LM's parameters in ``dtype`` (buffers such as the rotary frequencies keep
+    theirs), the codec float32."""
     model = model.to(device).eval()
-    model.model.to(dtype)
-    model.lm_head.to(dtype)
+    with torch.no_grad():
+        for part in (model.model, model.lm_head):
+            for param in part.parameters():
+                param.data = param.data.to(dtype)
     model.codec_model.to(torch.float32)
     return model
 
@@ -85,7 +89,9 @@ def random_checkpoint(name: str, device: str, dtype: torch.dtype) -> KyutaiCheck
     return KyutaiCheckpoint(model, ByteTokenizer(), named.timing, desc, True)
 
 
-def load_checkpoint(path: str | Path, device: str, dtype: torch.dtype, default_timing: StreamTiming) -> KyutaiCheckpoint:
+def load_checkpoint(
+    path: str | Path, device: str, dtype: torch.dtype, default_timing: StreamTiming
+) -> KyutaiCheckpoint:
     """A ``save_pretrained`` directory (local files only); refuses one that lacks weights the ASR reads."""
     root = Path(path)
     if not (root / "config.json").exists():

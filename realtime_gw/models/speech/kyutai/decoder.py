@@ -31,6 +31,18 @@ from realtime_gw.models.kernels import (
 )
 
 
+def rope_frequencies(rotary: Any, device: torch.device) -> tuple[torch.Tensor, float]:
+    """The rotary module's inverse frequencies, recomputed in float32 from its config: a model cast to
+    bfloat16 also casts that buffer, and bfloat16 frequencies would turn positions hundreds of frames in
+    by up to radians."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    kind = rotary.rope_type
+    init = rotary.compute_default_rope_parameters if kind == "default" else ROPE_INIT_FUNCTIONS[kind]
+    inv_freq, scale = init(rotary.config)
+    return inv_freq.float().to(device), float(scale)
+
+
 @dataclass
 class FusedLmLayer:
     """A ``KyutaiSpeechToTextDecoderLayer`` regrouped for decode: one QKV GEMM, the output projection
@@ -86,9 +98,7 @@ class KyutaiLmRuntime:
         self.w_head = model.lm_head.weight
         self.window = int(cfg.sliding_window or cfg.max_position_embeddings)
         self.ring = self.window  # one position per step: the write at q evicts q - window, outside q's window
-        rot = lm.layers[0].self_attn.rotary_emb
-        self.inv_freq = rot.inv_freq.detach().float().clone().to(dev)
-        self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
+        self.inv_freq, self.rope_scale = rope_frequencies(lm.layers[0].self_attn.rotary_emb, dev)
         self.k_ring: list[torch.Tensor] = []
         self.v_ring: list[torch.Tensor] = []
         for layer in self.layers:
