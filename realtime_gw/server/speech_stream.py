@@ -41,17 +41,23 @@ WATCH_S = 0.5
 RUN_ON_CHARS = 400
 """Text without a sentence end is spoken up to its last space once it is this long."""
 
-# Where a segment may end: after .!? (and closing quotes/brackets) followed by whitespace, or a newline.
-_SEGMENT_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*\s+|\n+")
+_SPACE = re.compile(r"\s+")
+_CLOSERS = frozenset("\"')]\u201d\u2019")
 
 
 def segment_end(text: str, start: int = 0, run_on: int = RUN_ON_CHARS) -> int:
-    """Where the complete sentences in ``text`` end (0: none yet); text without one is cut at its last
-    space once ``run_on`` long. Scans from ``start``, so text that grows piece by piece is scanned
-    about once (linear in all)."""
+    """Where the complete sentences in ``text`` end (0: none yet): after whitespace that follows .!?
+    (and closing quotes or brackets), or after a newline. Text without one is cut at its last space
+    once ``run_on`` long. Scans from ``start`` and looks back only over closers, so text that grows
+    piece by piece costs linear time in all (a pattern like ``[.!?]+`` then whitespace backtracks quadratically on a
+    long run of dots)."""
     end = 0
-    for match in _SEGMENT_END.finditer(text, max(0, start)):
-        end = match.end()
+    for match in _SPACE.finditer(text, max(0, start)):
+        i = match.start()
+        while i > 0 and text[i - 1] in _CLOSERS:
+            i -= 1
+        if (i > 0 and text[i - 1] in ".!?") or "\n" in match.group():
+            end = match.end()
     if end == 0 and len(text) >= run_on:
         end = text.rfind(" ") + 1 or len(text)
     return end
@@ -105,7 +111,8 @@ class SpeechStream:
         self.close_reason: tuple[int, str] | None = None
         # The utterance in progress: its number, all its text, what is not yet handed to a TTS stream.
         self.utterance = 0
-        self.text = ""
+        self.text: list[str] = []  # pieces, joined once at audio.done (+= on an attribute copies)
+        self.text_chars = 0
         self.pending = ""
         self.scanned = 0  # how far `pending` has been scanned for a sentence end
         self.done = False  # input.done came: speak the rest, then end the utterance
@@ -242,20 +249,21 @@ class SpeechStream:
             return
         if not self._in_utterance():
             self._start_utterance()
-        if len(self.text) + len(text) > self.max_utterance:
+        if self.text_chars + len(text) > self.max_utterance:
             self.error(
                 f"the utterance would exceed {self.max_utterance} characters; send input.done and start another",
                 "string_above_max_length",
                 "text",
             )
             return
-        self.text += text
+        self.text.append(text)
+        self.text_chars += len(text)
         self.pending += text
         self.text_ready.set()
 
     def _start_utterance(self) -> None:
         self.utterance += 1
-        self.text = self.pending = ""
+        self.text, self.text_chars, self.pending = [], 0, ""
         self.scanned = 0
         self.done = False
         self.send(sp.AudioStart(utterance=self.utterance))
@@ -298,7 +306,10 @@ class SpeechStream:
             await self.send_audio(tail)
         await self.send_audio(
             sp.AudioDone(
-                utterance=utterance, frames=frames, audio_ms=samples / OUTPUT_RATE * 1000, text=self.text
+                utterance=utterance,
+                frames=frames,
+                audio_ms=samples / OUTPUT_RATE * 1000,
+                text="".join(self.text),
             )
         )
 

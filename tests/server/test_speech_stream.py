@@ -177,6 +177,8 @@ def test_segment_ends() -> None:
     assert speech_stream.segment_end("Pi is 3.14 and") == 0
     assert speech_stream.segment_end("One.\nTwo! Three?") == len("One.\nTwo! ")
     assert speech_stream.segment_end("word " * 100) == 500  # run-on text is cut at its last space
+    assert speech_stream.segment_end('He said "no." Then') == len('He said "no." ')
+    assert speech_stream.segment_end("." * 100_000 + " x", run_on=10**6) == 100_001  # linear, no backtracking
 
 
 @pytest.mark.parametrize("tone_gateway", [GatewayConfig(tts="tone")], indirect=True)
