@@ -55,10 +55,27 @@ class ConnectionGuard:
             del self.open[address]
 
 
+OPENPI_PATHS = frozenset({"/", "/v1/realtime/robot/openpi"})
+FRAME_MARGIN = 1024 * 1024
+"""Frames up to this much over a socket's limit still reach its handler, which answers with a readable
+error; larger ones are refused by the WebSocket layer (close 1009) before they are buffered."""
+
+
 class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's WebSocket protocol that gives its connection's place back when the socket closes."""
+    """uvicorn's WebSocket protocol that gives its connection's place back when the socket closes, with
+    the frame-size cap of the socket's own kind (uvicorn has one ``ws_max_size`` for all paths, so a
+    voice socket would otherwise buffer and UTF-8-decode frames as large as a robot's)."""
 
     release: Callable[[], None] | None = None
+    max_frame_bytes: ClassVar[int] = 16 * 1024 * 1024
+    openpi_max_frame_bytes: ClassVar[int] = 64 * 1024 * 1024
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)
+        if scope is not None:
+            limit = self.openpi_max_frame_bytes if scope["path"] in OPENPI_PATHS else self.max_frame_bytes
+            self.conn.max_message_size = limit + FRAME_MARGIN
 
     def connection_lost(self, exc: Exception | None) -> None:
         try:
@@ -185,16 +202,20 @@ def uvicorn_options(config: GatewayConfig) -> dict[str, Any]:
     """``uvicorn.run``/``uvicorn.Config`` keyword arguments for serving ``config`` (besides the app)."""
     guard = ConnectionGuard(config.max_connections_per_client, config.handshake_timeout_s)
     http = type("GatewayH11Protocol", (GuardedH11Protocol,), {"guard": guard})
+    limits = {
+        "max_frame_bytes": config.max_frame_bytes,
+        "openpi_max_frame_bytes": config.openpi_max_frame_bytes,
+    }
+    ws = type("GatewayWebSocketProtocol", (GuardedWebSocketProtocol,), limits)
     return {
         "host": config.host,
         "port": config.port,
         "log_level": config.log_level,
         "http": http,
-        "ws": GuardedWebSocketProtocol,
+        "ws": ws,
         "h11_max_incomplete_event_size": config.max_header_bytes,
         "ws_per_message_deflate": config.ws_per_message_deflate,
-        # 1 MiB above our own limits, so an oversized frame reaches the handler and gets a readable error
-        "ws_max_size": max(config.max_frame_bytes, config.openpi_max_frame_bytes) + 1024 * 1024,
+        "ws_max_size": max(config.max_frame_bytes, config.openpi_max_frame_bytes) + FRAME_MARGIN,
         "ws_ping_interval": WS_PING_INTERVAL_S,
         "ws_ping_timeout": WS_PING_TIMEOUT_S,
     }

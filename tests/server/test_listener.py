@@ -24,7 +24,7 @@ PER_CLIENT = 6
 def guarded() -> Iterator[LiveServer]:
     server = start_server(
         "--policy", "none", "--tts", "tone", "--handshake-timeout-s", str(HANDSHAKE_TIMEOUT_S),
-        "--max-connections-per-client", str(PER_CLIENT), "--max-header-bytes", "16384",
+        "--max-connections-per-client", str(PER_CLIENT), "--max-header-bytes", "16384", "--max-frame-bytes", "65536",
         "--allowed-hosts", '["gw.example", "*.corp.example"]', name="guarded",
     )  # fmt: skip
     yield server
@@ -54,6 +54,20 @@ async def test_permessage_deflate_is_not_offered(guarded: LiveServer) -> None:
     async with websockets.connect(guarded.ws + "/v1/realtime", compression="deflate") as ws:
         assert ws.response is not None and "Sec-WebSocket-Extensions" not in ws.response.headers
         assert json.loads(await ws.recv())["type"] == "session.created"
+
+
+async def test_a_voice_socket_has_its_own_frame_cap(guarded: LiveServer) -> None:
+    """uvicorn's one ws_max_size is the robot socket's (64 MiB here); the realtime socket refuses what
+    is past its own 64 KiB + 1 MiB margin before buffering it, and answers smaller excess readably."""
+    async with websockets.connect(guarded.ws + "/v1/realtime", max_size=None) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send(json.dumps({"type": "session.update", "pad": "x" * 100_000}))
+        error = json.loads(await ws.recv())
+        assert error["type"] == "error" and error["error"]["code"] == "message_too_large"
+        await ws.send("x" * (2 * 1024 * 1024))
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
 def test_an_endless_header_is_cut_off(guarded: LiveServer) -> None:
