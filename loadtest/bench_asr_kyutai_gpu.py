@@ -14,7 +14,8 @@ Prints JSON (also to ``--json``):
 - ``realtime_streams``: the largest batch whose worst-case p95 step stays under 80 ms (every stream then
   keeps up with real time);
 - ``e2e`` (``--e2e N``): N streams through a real ``StageWorker``, each pushing 80 ms of audio every 80 ms
-  for ``--utterance-s``; latency of the first partial, and from END_OF_INPUT to the final transcript.
+  for ``--utterance-s``; latency of the first partial, and from END_OF_INPUT to the final transcript,
+  with the reference's flush (delay + 1 s of silence) and a shorter one (``--flush-s``).
 
     python3 loadtest/bench_asr_kyutai_gpu.py --json asr.json              # on a CUDA machine
     python3 loadtest/bench_asr_kyutai_gpu.py --config tiny --device cpu --batches 1 4 --steps 3 --e2e 2  # dry run
@@ -208,7 +209,7 @@ async def e2e(backend: KyutaiAsrBackend, n: int, utterance_s: float) -> dict[str
     return {
         "streams": n,
         "utterance_s": frames * FRAME_S,
-        "flush_frames": (backend.timing.flush_samples + FRAME - 1) // FRAME,
+        "flush_frames": (backend.flush_samples + FRAME - 1) // FRAME,
         "first_partial_from_start": ms(first_partial),  # random init: text shows when a byte id is drawn
         "final_after_end_of_input": ms(final),
         "finals": len(final),
@@ -223,6 +224,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--e2e", type=int, nargs="*", default=[64, 256])
     p.add_argument("--utterance-s", type=float, default=3.0)
+    p.add_argument(
+        "--flush-s",
+        type=float,
+        nargs="*",
+        default=[None, 0.56],
+        help="e2e: silence run after each turn (none = the reference's delay + 1 s)",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args()
     dev = torch.device(args.device)
@@ -268,10 +276,16 @@ def main() -> None:
             backend.warmup()
             out["e2e_warmup_s"] = round(time.perf_counter() - t, 1)
             out["e2e"] = []
-            for n in args.e2e:
-                r = asyncio.run(e2e(backend, n, args.utterance_s))
-                log(f"e2e {json.dumps(r)}")
-                out["e2e"].append(r)
+            for flush_s in args.flush_s:
+                default = backend.timing.flush_samples
+                backend.flush_samples = default if flush_s is None else int(flush_s * 24000)
+                for n in args.e2e:
+                    r = {
+                        "flush_s": backend.flush_samples / 24000,
+                        **asyncio.run(e2e(backend, n, args.utterance_s)),
+                    }
+                    log(f"e2e {json.dumps(r)}")
+                    out["e2e"].append(r)
     except Exception as e:  # report what was measured, and why it stopped
         traceback.print_exc()
         out["error"] = f"{type(e).__name__}: {e}"

@@ -129,6 +129,10 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     asr_max_batch: int = 64
     """`kyutai`: slots = streams transcribed at once, all advanced one 80 ms frame per step
     (loadtest/bench_asr_kyutai_gpu.py measures how many keep up with real time on a GPU)."""
+    asr_flush_s: float | None = None
+    """`kyutai`: seconds of silence run after a turn's audio to flush the text, which lags the audio by the
+    model's delay; None = the reference's (delay + 1 s). Down to the delay (0.5 s for 1b): the transcript
+    sooner, the last word possibly cut."""
     vad: Literal["silero"] = "silero"
     vad_max_batch: int = 64
     responder: Literal["echo", "openai"] = "echo"

@@ -10,7 +10,8 @@ The text lags the audio by the model's delay, so at ``END_OF_INPUT`` the stream 
 reference's feature extractor pads it: the last partial frame filled with silence, then silence up to
 ``audio_delay_seconds + 1`` s after the audio (``audio_silence_prefix_seconds`` of silence also precede
 it). A stream takes exactly the reference ``generate``'s steps: ``frames(prefix + audio + flush) - 1``
-(its first token, at position 0, needs no audio), so it yields the same tokens (tests compare them).
+(its first token, at position 0, needs no audio), so it yields the same tokens (tests compare them);
+``flush_s`` shortens the tail for a sooner transcript.
 A one-shot ``AsrRequest`` (the whole utterance as ``pcm``) runs the same way, its audio pushed at open.
 """
 
@@ -72,8 +73,12 @@ class KyutaiAsrBackend:
         dtype: torch.dtype | None = None,
         cuda_graphs: bool | None = None,
         checkpoint: KyutaiCheckpoint | None = None,
+        flush_s: float | None = None,
     ) -> None:
-        """``checkpoint``: already loaded weights (tests and benchmarks share one load); else load here."""
+        """``checkpoint``: already loaded weights (tests and benchmarks share one load); else load here.
+        ``flush_s``: silence run after the audio at ``END_OF_INPUT``; None = the reference's
+        ``audio_delay_seconds + 1``. Shorter (down to the delay) gives the transcript sooner; the tokens
+        are then the reference's first ones (the LM is causal), the last words may be cut."""
         if slots < 1:
             raise ValueError("slots must be >= 1")
         dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
@@ -81,6 +86,9 @@ class KyutaiAsrBackend:
         self.checkpoint = ck
         self.tokenizer = ck.tokenizer
         self.timing = ck.timing
+        if flush_s is not None and flush_s < 0:
+            raise ValueError(f"flush_s must be >= 0, got {flush_s}")
+        self.flush_samples = self.timing.flush_samples if flush_s is None else int(flush_s * SAMPLE_RATE)
         cfg = ck.model.config
         # ids that are never text: the text start and padding ids, and ids the tokenizer does not have
         self._skip = {int(cfg.bos_token_id), int(cfg.pad_token_id)}
@@ -98,6 +106,7 @@ class KyutaiAsrBackend:
             "codebooks": self.engine.num_codebooks,
             "lm_window_frames": self.engine.lm.window,
             "audio_delay_s": self.timing.audio_delay_s,
+            "flush_s": self.flush_samples / SAMPLE_RATE,
             "cuda_graphs": self.engine.use_graphs,
         }
         if ck.random_init:
@@ -190,7 +199,7 @@ class KyutaiAsrBackend:
                 rest = state.reframer.flush()
                 if rest:  # the partial last frame, filled with silence (the flush's first samples)
                     state.frames.append(rest + bytes(2 * FRAME_SAMPLES - len(rest)))
-                frames = (state.samples + self.timing.flush_samples) // FRAME_SAMPLES
+                frames = (state.samples + self.flush_samples) // FRAME_SAMPLES
                 state.total_steps = max(frames - 1, 0) if audio > 0 else 0
             elif isinstance(item, (bytes, bytearray, memoryview)):
                 if len(item) % 2:
@@ -229,8 +238,12 @@ class KyutaiAsrBackend:
 
 
 def build_kyutai_asr(config: Any) -> KyutaiAsrBackend:
-    """The backend the gateway config asks for (``asr_config``, ``asr_path``, ``asr_device``, ``asr_max_batch``):
-    slots = batch = admission limit, so a full worker refuses at submit instead of queueing."""
+    """The backend the gateway config asks for (``asr_config``, ``asr_path``, ``asr_device``, ``asr_max_batch``,
+    ``asr_flush_s``): slots = batch = admission limit, so a full worker refuses at submit instead of queueing."""
     return KyutaiAsrBackend(
-        config=config.asr_config, path=config.asr_path, device=config.asr_device, slots=config.asr_max_batch
+        config=config.asr_config,
+        path=config.asr_path,
+        device=config.asr_device,
+        slots=config.asr_max_batch,
+        flush_s=config.asr_flush_s,
     )

@@ -228,6 +228,17 @@ def test_resampled_one_shot_and_empty_requests(ck: KyutaiCheckpoint) -> None:
     assert backend.free_slots == 1
 
 
+def test_shorter_flush_gives_the_reference_tokens_sooner(ck: KyutaiCheckpoint) -> None:
+    pcm = _speechlike(9, 8)
+    ref = _reference_tokens(ck, pcm)
+    backend = KyutaiAsrBackend(checkpoint=ck, slots=1, flush_s=ck.timing.audio_delay_s)
+    outputs, tokens = _run(backend, pcm)
+    assert len(tokens) == (8 * FRAME_SAMPLES + backend.flush_samples) // FRAME_SAMPLES < len(ref)
+    assert tokens == ref[: len(tokens)] and outputs[-1].final
+    with pytest.raises(ValueError, match="flush_s"):
+        KyutaiAsrBackend(checkpoint=ck, slots=1, flush_s=-1)
+
+
 def test_full_backend_refuses_and_release_frees(ck: KyutaiCheckpoint) -> None:
     backend = KyutaiAsrBackend(checkpoint=ck, slots=2)
     a, b = backend.open(AsrStreamRequest(24000)), backend.open(AsrStreamRequest(24000))
