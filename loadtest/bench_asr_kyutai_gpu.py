@@ -281,7 +281,7 @@ def main() -> None:
                 backend.flush_samples = default if flush_s is None else int(flush_s * 24000)
                 for n in args.e2e:
                     r = {
-                        "flush_s": backend.flush_samples / 24000,
+                        "flush_s": round(backend.flush_samples / 24000, 3),
                         **asyncio.run(e2e(backend, n, args.utterance_s)),
                     }
                     log(f"e2e {json.dumps(r)}")
