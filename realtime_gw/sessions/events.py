@@ -42,6 +42,25 @@ class TranscriptionDone:
 
 
 @dataclass(slots=True)
+class TranscriptionDelta:
+    """A partial hypothesis of the streamed transcription of ``item_id``: all its text so far (it
+    may still change)."""
+
+    item_id: str
+    text: str
+
+
+@dataclass(slots=True)
+class TurnVerdict:
+    """The turn model's answer to ``AskTurn``: the probability that the turn is complete, or None
+    with ``error`` when it could not answer."""
+
+    pause_id: int
+    probability: float | None
+    error: str | None = None
+
+
+@dataclass(slots=True)
 class ResponseTextDelta:
     response_id: str
     epoch: int
@@ -146,6 +165,37 @@ class Transcribe:
     item_id: str
     pcm: bytes
     sample_rate: int
+    streamed: bool = False
+    """The ASR stream of ``item_id`` (``StartAsr``) heard this audio: end it and take its transcript
+    (the transcript is ready within a worker step). Without a usable stream: ``pcm`` in one shot."""
+
+
+@dataclass(slots=True)
+class StartAsr:
+    """Open a streamed transcription for the turn that will be committed as ``item_id``."""
+
+    item_id: str
+    sample_rate: int
+
+
+@dataclass(slots=True)
+class FeedAsr:
+    item_id: str
+    pcm: bytes
+
+
+@dataclass(slots=True)
+class CancelAsr:
+    item_id: str
+
+
+@dataclass(slots=True)
+class AskTurn:
+    """Ask the turn model whether the turn in ``pcm`` (its audio so far) is complete."""
+
+    pause_id: int
+    pcm: bytes
+    sample_rate: int
 
 
 @dataclass(slots=True)
@@ -222,6 +272,8 @@ class Ids:
 
 
 Effect = AwaitDelivery | Close | Send | StartVad | StopVad | FeedVad | Transcribe | StartResponse | CancelResponse | PurgeAudio
+AsrEffect = StartAsr | FeedAsr | CancelAsr
+Effect = Effect | AsrEffect | AskTurn
 
 
 @dataclass(slots=True)

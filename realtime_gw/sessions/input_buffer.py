@@ -82,6 +82,12 @@ class InputBuffer:
         self.start_ms += hi / self.bytes_per_ms
         return pcm
 
+    def peek(self, start_ms: float, end_ms: float | None = None) -> bytes:
+        """A copy of the audio held from ``start_ms`` (to ``end_ms``, or the end); nothing is removed."""
+        lo = max(0, int((start_ms - self.start_ms) * self.bytes_per_ms) & ~1)
+        hi = len(self.pcm) if end_ms is None else int((end_ms - self.start_ms) * self.bytes_per_ms) & ~1
+        return bytes(self.pcm[lo : max(lo, min(len(self.pcm), hi))])
+
     def drop_before(self, ms: float) -> None:
         """Forget the audio before ``ms`` (nobody is talking: only the next turn's prefix is kept)."""
         if ms > self.start_ms:

@@ -28,6 +28,7 @@ from realtime_gw.sessions.conversation import (
 )
 from realtime_gw.sessions.duplex import Playbacks
 from realtime_gw.sessions.events import (
+    AskTurn,
     AudioDelivered,
     Close,
     Effect,
@@ -44,7 +45,9 @@ from realtime_gw.sessions.events import (
     StopVad,
     Tick,
     Transcribe,
+    TranscriptionDelta,
     TranscriptionDone,
+    TurnVerdict,
     VadResult,
     VadUnavailable,
 )
@@ -52,7 +55,9 @@ from realtime_gw.sessions.input_buffer import InputBuffer, decode_audio_part
 from realtime_gw.sessions.response import LiveResponse
 from realtime_gw.sessions.responses import Phase, Responses
 from realtime_gw.sessions.settings import SessionError, SessionSettings, apply_session_update
-from realtime_gw.sessions.turns import Backchannel, Decided, Interrupt, Turns, UserTurn
+from realtime_gw.sessions.transcription import Transcriber
+from realtime_gw.sessions.turn_detection import PauseHeard
+from realtime_gw.sessions.turns import Backchannel, Decided, Interrupt, Turns, UserTurn, prefix_ms
 
 _RULE_BREAKS = (SessionError, ConversationError)
 
@@ -67,6 +72,7 @@ class RealtimeSession:
         self.conversation = Conversation(limits.max_items)
         self.buffer = InputBuffer(limits.max_input_buffer_bytes, self.settings.input_format, self.settings.input_rate)
         self.turns = Turns(self.ids, duplex, now)
+        self.transcriber = Transcriber(self.ids)
         self.responses = Responses(
             self.ids, self.conversation, self.turns.playbacks, limits.voices, f"conv_{session_id}"
         )
@@ -111,7 +117,7 @@ class RealtimeSession:
         """The connection is gone: cancel the live response and stop the VAD stream."""
         if self.closed:
             return []
-        return [*self.responses.close(), StopVad(self.turns.vad_stream)]
+        return [*self.responses.close(), StopVad(self.turns.vad_stream), *self.transcriber.close()]
 
     def _wire(self) -> rt.SessionOut:
         return self.settings.to_wire(self.id, self.limits.model, self.duplex)
@@ -141,11 +147,15 @@ class RealtimeSession:
 
     # -- input audio and turns -----------------------------------------------------------------------
     def _on_append(self, ev: rt.InputAudioBufferAppendEvent, now: float) -> list[Effect]:
-        return self.turns.listen(self.buffer.append(ev.audio))
+        pcm = self.buffer.append(ev.audio)
+        if not self.turns.vad_stream and self.transcriber.live is None:
+            # The client commits turns: its transcription hears each from its first append.
+            return self.transcriber.start(self.ids.new("item"), self.buffer.rate, bytes(self.buffer.pcm))
+        return self.turns.listen(pcm) + self.transcriber.feed(pcm)
 
     def _on_commit(self, ev: rt.InputAudioBufferCommitEvent, now: float) -> list[Effect]:
         self.buffer.check_commit()
-        item_id = self.turns.speech_item_id or self.ids.new("item")
+        item_id = self.turns.speech_item_id or self.transcriber.live_item_id or self.ids.new("item")
         out = self._commit(item_id, self.buffer.start_ms, self.buffer.end_ms)
         self.turns.reset()
         return out
@@ -153,7 +163,7 @@ class RealtimeSession:
     def _on_clear(self, ev: rt.InputAudioBufferClearEvent, now: float) -> list[Effect]:
         self.buffer.clear()
         self.turns.reset()
-        return [self.ids.send(rt.InputAudioBufferClearedEvent())]
+        return [*self.transcriber.cancel(), self.ids.send(rt.InputAudioBufferClearedEvent())]
 
     def _commit(self, item_id: str, start_ms: float, end_ms: float) -> list[Effect]:
         """Input audio becomes a user item; its transcript is on its way. Raises before any change."""
@@ -167,7 +177,7 @@ class RealtimeSession:
             self.ids.send(rt.InputAudioBufferCommittedEvent(item_id=item_id, previous_item_id=previous)),
             self.ids.send(rt.ConversationItemAdded(item=item, previous_item_id=previous)),
             self.ids.send(rt.ConversationItemDone(item=item, previous_item_id=previous)),
-            Transcribe(item_id, pcm, self.buffer.rate),
+            *self.transcriber.end(item_id, pcm, self.buffer.rate),
         ]
 
     def _on_vad(self, ev: VadResult, now: float) -> list[Effect]:
@@ -193,7 +203,14 @@ class RealtimeSession:
             return out + self.turns.cut_playback(now, self.conversation, response_cancelled=cancelled)
         if isinstance(step, Backchannel):
             self.buffer.take(step.start_ms, step.end_ms)
-            return []
+            return self.transcriber.cancel()
+        if isinstance(step, Send) and isinstance(step.event, rt.InputAudioBufferSpeechStartedEvent):
+            # The turn's transcription hears it from now on, and its audio from before the start.
+            assert self.settings.turn_detection is not None
+            start = step.event.audio_start_ms - prefix_ms(self.settings.turn_detection)
+            return [step, *self.transcriber.start(step.event.item_id, self.buffer.rate, self.buffer.peek(start))]
+        if isinstance(step, PauseHeard):
+            return [AskTurn(step.pause_id, self.buffer.peek(step.start_ms, step.end_ms), self.buffer.rate)]
         if not isinstance(step, UserTurn):
             return [step]
         try:
@@ -312,7 +329,9 @@ _HANDLERS: dict[type, Any] = {
     VadResult: RealtimeSession._on_vad,
     VadUnavailable: RealtimeSession._on_vad_unavailable,
     Tick: RealtimeSession._on_tick,
-    TranscriptionDone: RealtimeSession._on_transcription,
+    TranscriptionDone: lambda s, ev, now: s.transcriber.finished(ev, s._on_transcription(ev, now)),
+    TranscriptionDelta: lambda s, ev, now: s.transcriber.partial(ev, s.settings.transcription is not None),
+    TurnVerdict: lambda s, ev, now: [e for step in s.turns.verdict(s.settings, ev, now) for e in s._carry_out(step, now)],
     PlaybackStarted: lambda s, ev, now: s.turns.playback_started(ev),
     ResponseTextDelta: lambda s, ev, now: s.responses.on_text(ev),
     ResponseAudio: lambda s, ev, now: s.responses.on_audio(ev),

@@ -30,10 +30,11 @@ from realtime_gw.sessions.events import (
     PurgeAudio,
     StartVad,
     StopVad,
+    TurnVerdict,
     VadUnavailable,
 )
 from realtime_gw.sessions.settings import SEMANTIC_SILENCE_MS, SessionError, SessionSettings
-from realtime_gw.sessions.turn_detection import SpeechStarted, SpeechStopped, TurnDetector
+from realtime_gw.sessions.turn_detection import PauseHeard, SpeechStarted, SpeechStopped, TurnDetector
 
 ACK_TOLERANCE_MS = 80
 """One frame: a client may ack a frame it just received."""
@@ -65,6 +66,7 @@ class Backchannel:
 
 
 Decided = Interrupt | UserTurn | Backchannel
+Decided = Decided | PauseHeard  # semantic VAD: the session asks the turn model
 TurnDetection = rt.ServerVad | rt.SemanticVad
 
 
@@ -94,9 +96,11 @@ class Turns:
         if isinstance(td, rt.ServerVad):
             self.detector.threshold = td.threshold
             self.detector.silence_duration_ms = td.silence_duration_ms
+            self.detector.semantic(None)
         elif isinstance(td, rt.SemanticVad):
             self.detector.threshold = 0.5
-            self.detector.silence_duration_ms = SEMANTIC_SILENCE_MS[td.eagerness]
+            # The turn model judges each pause; silence length alone only when it cannot answer.
+            self.detector.semantic(td.eagerness, fallback_ms=SEMANTIC_SILENCE_MS[td.eagerness])
 
     def restart_vad(self, td: TurnDetection | None, rate: int, origin_ms: float) -> list[Effect]:
         """Replace the VAD stream (a new one hears audio from ``origin_ms`` on), or stop it."""
@@ -150,6 +154,8 @@ class Turns:
         for d in self.detector.feed(start_ms, window_ms, [prob]):
             if isinstance(d, SpeechStarted):
                 out += self._speech_started(s, td, d, now, responding)
+            elif isinstance(d, PauseHeard):
+                out.append(d)  # the session asks the turn model
             else:
                 out += self._speech_stopped(s, td, d, now)
         overlap = self.overlap
@@ -207,6 +213,14 @@ class Turns:
         else:
             out.append(UserTurn(item_id, start, d.commit_ms, respond=td.create_response))
         return out
+
+    def verdict(self, s: SessionSettings, ev: TurnVerdict, now: float) -> list[Effect | Decided]:
+        """The turn model's answer (semantic VAD): the turn ends if it is complete."""
+        td = s.turn_detection
+        if not isinstance(td, rt.SemanticVad) or not self.vad_stream:
+            return []
+        stops = self.detector.verdict(ev.pause_id, ev.probability)
+        return [step for d in stops for step in self._speech_stopped(s, td, d, now)]
 
     def _decided(
         self, overlap: Overlap, decision: Decision, reason: str, end_ms: float | None = None, item_id: str | None = None

@@ -12,12 +12,14 @@ from realtime_gw.sessions.events import (
     AudioDelivered,
     AwaitDelivery,
     CancelResponse,
+    FeedAsr,
     Limits,
     PurgeAudio,
     ResponseAudio,
     ResponseFinished,
     ResponseTextDelta,
     Send,
+    StartAsr,
     StartResponse,
     StartVad,
     StopVad,
@@ -161,11 +163,14 @@ def test_buffer_commit_rules() -> None:
     )
     pcm = b"\x00\x00" * 2400  # 100 ms at 24 kHz
     append = rt.InputAudioBufferAppendEvent(audio=pcm)
-    assert s.handle(append, 0) == []
+    # The client commits turns: the turn's transcription hears it from its first append.
+    start, feed = s.handle(append, 0)
+    assert isinstance(start, StartAsr) and feed == FeedAsr(start.item_id, pcm)
     effects = s.handle(decode('{"type":"input_audio_buffer.commit"}'), 0)
     assert kinds(effects)[0] == "input_audio_buffer.committed"
     (tr,) = of(effects, Transcribe)
     assert tr.pcm == pcm and tr.sample_rate == 24000
+    assert tr.streamed and tr.item_id == start.item_id
     assert len(s.buffer) == 0
 
 

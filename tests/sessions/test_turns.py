@@ -66,7 +66,7 @@ def test_vad_that_cannot_open_is_reported_once_and_turns_fall_back_to_manual_com
     assert s.handle(VadUnavailable(stream, "vad: no free slot"), 0) == []
     assert s.handle(VadResult(VadProbs(0.0, WINDOW, [0.9] * 5), stream), 0) == []
     # audio is no longer fed to a VAD stream, no idle timeout fires, and the client commits
-    assert s.handle(rt.InputAudioBufferAppendEvent(audio=SECOND), 0) == []
+    assert not of(s.handle(rt.InputAudioBufferAppendEvent(audio=SECOND), 0), FeedVad)
     assert s.handle(Tick(), 60.0) == []
     committed = s.handle(decode('{"type":"input_audio_buffer.commit"}'), 60.0)
     assert kinds(committed)[0] == "input_audio_buffer.committed"

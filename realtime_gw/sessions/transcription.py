@@ -1,0 +1,123 @@
+"""Streamed transcription of the user's turn: which ASR stream is live, what it was sent, and which
+words already went out as deltas. Pure.
+
+A turn's stream starts when the user starts speaking (server VAD's ``speech_started``, with the
+audio kept before it) or, when the client commits itself, with the first append after a commit. It
+hears every append, ends at the commit (``Transcribe(streamed=True)``: the transcript comes back
+within a worker step) and is cancelled by ``input_audio_buffer.clear``, a dropped backchannel, a
+newer turn or the end of the session. Its item id is the one ``speech_started`` announced, so the
+deltas and the committed item agree.
+
+Deltas carry the words of each partial hypothesis but its last (the one most likely to change),
+once the words sent so far are still its beginning: sent words cannot be taken back. The final
+delta carries what the transcript adds to them; ``.completed`` has the whole transcript.
+
+A commit without a stream (a turn that began without one, an idle timeout) transcribes its audio in
+one shot. ``Transcribe`` always carries the committed audio, so the transport falls back to one shot
+by itself when a stream could not be opened (no free decoder) or failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from realtime_gw.protocols import realtime as rt
+from realtime_gw.sessions.events import (
+    CancelAsr,
+    Effect,
+    FeedAsr,
+    Ids,
+    Send,
+    StartAsr,
+    Transcribe,
+    TranscriptionDelta,
+    TranscriptionDone,
+)
+
+
+@dataclass(slots=True)
+class TurnStream:
+    item_id: str
+    rate: int
+    sent: list[str] = field(default_factory=list)
+    """Words already sent as deltas."""
+
+
+class Transcriber:
+    def __init__(self, ids: Ids) -> None:
+        self.ids = ids
+        self.live: TurnStream | None = None
+        """The stream hearing the turn in progress."""
+        self.ending: dict[str, TurnStream] = {}
+        """Committed turns whose transcript is on its way, by item id."""
+
+    @property
+    def live_item_id(self) -> str | None:
+        return self.live.item_id if self.live is not None else None
+
+    def start(self, item_id: str, rate: int, backlog: bytes) -> list[Effect]:
+        """A turn begins; ``backlog``: its audio already appended."""
+        out = self.cancel()
+        self.live = TurnStream(item_id, rate)
+        return [*out, StartAsr(item_id, rate), *([FeedAsr(item_id, backlog)] if backlog else [])]
+
+    def feed(self, pcm: bytes) -> list[Effect]:
+        s = self.live
+        return [FeedAsr(s.item_id, pcm)] if s is not None and pcm else []
+
+    def end(self, item_id: str, pcm: bytes, rate: int) -> list[Effect]:
+        """The turn was committed as ``item_id`` with ``pcm``: its stream ends, or (no stream heard
+        it) the audio is transcribed in one shot."""
+        s = self.live
+        if s is None or s.item_id != item_id:
+            return [*self.cancel(), Transcribe(item_id, pcm, rate)]
+        self.live = None
+        self.ending[item_id] = s
+        return [Transcribe(item_id, pcm, rate, streamed=True)]
+
+    def cancel(self) -> list[Effect]:
+        """The turn in progress will not be committed (cleared, dropped, replaced)."""
+        s, self.live = self.live, None
+        return [CancelAsr(s.item_id)] if s is not None else []
+
+    def close(self) -> list[Effect]:
+        out = self.cancel() + [CancelAsr(item_id) for item_id in self.ending]
+        self.ending.clear()
+        return out
+
+    def partial(self, ev: TranscriptionDelta, wanted: bool) -> list[Effect]:
+        """A partial hypothesis: the words it adds, as a delta (``wanted``: the client asked for
+        transcription)."""
+        s = self._stream(ev.item_id)
+        if s is None or not wanted:
+            return []
+        stable = ev.text.split()[:-1]
+        if len(stable) <= len(s.sent) or stable[: len(s.sent)] != s.sent:
+            return []
+        new = stable[len(s.sent) :]
+        delta = (" " if s.sent else "") + " ".join(new)
+        s.sent += new
+        event = rt.ConversationItemInputAudioTranscriptionDeltaEvent(item_id=ev.item_id, content_index=0, delta=delta)
+        return [self.ids.send(event)]
+
+    def finished(self, ev: TranscriptionDone, effects: list[Effect]) -> list[Effect]:
+        """The session's effects for a transcript, with its delta cut to the words not yet sent."""
+        s = self.ending.pop(ev.item_id, None)
+        if s is None or not s.sent:
+            return effects
+        words = (ev.text or "").split()
+        rest = words[len(s.sent) :] if words[: len(s.sent)] == s.sent else []
+        out: list[Effect] = []
+        for e in effects:
+            if isinstance(e, Send) and isinstance(e.event, rt.ConversationItemInputAudioTranscriptionDeltaEvent):
+                if e.event.item_id == ev.item_id and not rest:
+                    continue
+                if e.event.item_id == ev.item_id:
+                    e.event.delta = " " + " ".join(rest)
+            out.append(e)
+        return out
+
+    def _stream(self, item_id: str) -> TurnStream | None:
+        if self.live is not None and self.live.item_id == item_id:
+            return self.live
+        return self.ending.get(item_id)

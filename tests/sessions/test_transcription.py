@@ -1,0 +1,172 @@
+"""Streamed transcription and semantic end of turn, as effects: the turn's ASR stream starts with the
+speech (or the first append of a manual turn), deltas go out while the user speaks, the commit ends
+the stream under the item id speech_started announced; semantic VAD asks the turn model at pauses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from realtime_gw.protocols import realtime as rt
+from realtime_gw.records.voice import VadProbs
+from realtime_gw.sessions.events import (
+    AskTurn,
+    CancelAsr,
+    FeedAsr,
+    FeedVad,
+    Limits,
+    StartAsr,
+    StartResponse,
+    Transcribe,
+    TranscriptionDelta,
+    TranscriptionDone,
+    TurnVerdict,
+    VadResult,
+)
+from realtime_gw.sessions.realtime import RealtimeSession
+from tests.sessions.test_realtime_session import decode, kinds, of, sent
+
+WINDOW = 32.0
+MS = 48  # bytes per ms of 24 kHz PCM16
+TRANSCRIBE = '"transcription":{"model":"pocketsphinx"}'
+
+
+def session(turn_detection: str = '{"type":"server_vad"}', transcription: bool = True) -> RealtimeSession:
+    s = RealtimeSession("sess_asr", Limits())
+    s.start(0.0)
+    audio_in = f'"turn_detection":{turn_detection}' + (f",{TRANSCRIBE}" if transcription else "")
+    s.handle(decode(f'{{"type":"session.update","session":{{"audio":{{"input":{{{audio_in}}}}}}}}}'), 0.0)
+    return s
+
+
+def append(s: RealtimeSession, ms: int, now: float = 0.0) -> list[Any]:
+    return s.handle(rt.InputAudioBufferAppendEvent(audio=b"\x01\x00" * 24 * ms), now)
+
+
+def vad(s: RealtimeSession, start_ms: float, probs: list[float], now: float = 0.0) -> list[Any]:
+    return s.handle(VadResult(VadProbs(start_ms, WINDOW, probs), s.vad_stream), now)
+
+
+def deltas(effects: list[Any]) -> list[str]:
+    return [
+        e.delta for e in sent(effects) if isinstance(e, rt.ConversationItemInputAudioTranscriptionDeltaEvent)
+    ]
+
+
+def test_server_vad_turn_streams_while_speaking_and_commits_under_the_announced_id() -> None:
+    s = session()
+    assert not of(append(s, 640), StartAsr)  # nobody speaks yet: nothing to transcribe
+    started = vad(s, 0.0, [0.0] * 10 + [0.9] * 10)  # speech from 320 ms
+    (event,) = [e for e in sent(started) if isinstance(e, rt.InputAudioBufferSpeechStartedEvent)]
+    start, backlog = of(started, StartAsr)[0], of(started, FeedAsr)[0]
+    assert start.item_id == event.item_id and start.sample_rate == 24000
+    assert len(backlog.pcm) == (640 - 320 + 300) * MS  # from the prefix padding to what was appended
+    fed = append(s, 1000)
+    assert of(fed, FeedAsr) == [FeedAsr(start.item_id, b"\x01\x00" * 24 * 1000)] and of(fed, FeedVad)
+
+    # Partial hypotheses: every word but the last goes out, once, while the user is still speaking.
+    assert deltas(s.handle(TranscriptionDelta(start.item_id, "what is"), 0.5)) == ["what"]
+    assert deltas(s.handle(TranscriptionDelta(start.item_id, "what is the weather"), 0.6)) == [" is the"]
+    assert deltas(s.handle(TranscriptionDelta(start.item_id, "what is the whether"), 0.7)) == []
+    assert (
+        deltas(s.handle(TranscriptionDelta(start.item_id, "what it"), 0.8)) == []
+    )  # revised: nothing unsent
+
+    stopped = vad(s, 640.0, [0.9] * 20 + [0.0] * 20)
+    assert kinds(stopped)[:2] == ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed"]
+    (tr,) = of(stopped, Transcribe)
+    assert tr.streamed and tr.item_id == start.item_id and tr.pcm
+    assert not of(stopped, StartResponse), "the response waits for the transcript"
+    done = s.handle(TranscriptionDone(start.item_id, "what is the weather like in paris"), 1.0)
+    assert deltas(done) == [" weather like in paris"]  # only what the deltas had not said
+    (completed,) = [
+        e for e in sent(done) if isinstance(e, rt.ConversationItemInputAudioTranscriptionCompletedEvent)
+    ]
+    assert completed.transcript == "what is the weather like in paris" and completed.item_id == start.item_id
+    (response,) = of(done, StartResponse)
+    assert response.messages[-1].content == "what is the weather like in paris"
+
+
+def test_manual_turns_stream_from_the_first_append_and_clear_cancels() -> None:
+    s = session("null")
+    first = append(s, 200)
+    (start,) = of(first, StartAsr)
+    assert of(first, FeedAsr) == [FeedAsr(start.item_id, b"\x01\x00" * 24 * 200)]
+    assert of(append(s, 100), FeedAsr)[0].item_id == start.item_id
+    cleared = s.handle(decode('{"type":"input_audio_buffer.clear"}'), 0.0)
+    assert of(cleared, CancelAsr) == [CancelAsr(start.item_id)]
+    (again,) = of(append(s, 300), StartAsr)
+    assert again.item_id != start.item_id
+    committed = s.handle(decode('{"type":"input_audio_buffer.commit"}'), 0.0)
+    (tr,) = of(committed, Transcribe)
+    assert tr.streamed and tr.item_id == again.item_id and len(tr.pcm) == 300 * MS
+    assert sent(committed)[0].item_id == again.item_id  # type: ignore[attr-defined]
+    assert of(s.close(), CancelAsr) == [CancelAsr(again.item_id)]  # its transcript is moot now
+
+
+def test_without_transcription_no_deltas_but_the_transcript_still_feeds_the_reply() -> None:
+    s = session("null", transcription=False)
+    (start,) = of(append(s, 300), StartAsr)
+    assert s.handle(TranscriptionDelta(start.item_id, "open the door"), 0.0) == []
+    s.handle(decode('{"type":"input_audio_buffer.commit"}'), 0.0)
+    s.handle(decode('{"type":"response.create"}'), 0.0)
+    done = s.handle(TranscriptionDone(start.item_id, "open the door"), 0.0)
+    assert not deltas(done) and of(done, StartResponse)[0].messages[-1].content == "open the door"
+
+
+def test_a_commit_without_a_stream_transcribes_in_one_shot() -> None:
+    s = session()
+    append(s, 1000)
+    committed = s.handle(decode('{"type":"input_audio_buffer.commit"}'), 0.0)  # no speech was heard
+    (tr,) = of(committed, Transcribe)
+    assert not tr.streamed and len(tr.pcm) == 1000 * MS
+    done = s.handle(TranscriptionDone(tr.item_id, "hello there"), 0.0)
+    assert deltas(done) == ["hello there"]  # one-shot: the whole transcript in one delta, as before
+
+
+# -- semantic VAD ------------------------------------------------------------------------------------------
+def semantic(eagerness: str = "medium") -> tuple[RealtimeSession, str]:
+    s = session(f'{{"type":"semantic_vad","eagerness":"{eagerness}"}}')
+    append(s, 4000)
+    started = vad(s, 0.0, [0.9] * 30)  # speech from 0 to 960 ms
+    return s, of(started, StartAsr)[0].item_id
+
+
+def test_semantic_vad_asks_the_turn_model_at_a_pause_and_ends_a_complete_turn() -> None:
+    s, item_id = semantic()
+    assert not of(vad(s, 960.0, [0.0] * 5), AskTurn)  # 160 ms: not a pause yet
+    asked = vad(s, 1120.0, [0.0] * 2)
+    (ask,) = of(asked, AskTurn)
+    assert len(ask.pcm) == 1184 * MS and ask.sample_rate == 24000  # the turn so far, pause included
+    assert "input_audio_buffer.speech_stopped" not in kinds(asked)
+    assert vad(s, 1184.0, [0.0] * 3) == []  # asked once per pause
+    ended = s.handle(TurnVerdict(ask.pause_id, 0.9), 1.3)
+    assert kinds(ended)[:2] == ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed"]
+    assert of(ended, Transcribe)[0].item_id == item_id and of(ended, Transcribe)[0].streamed
+
+
+def test_semantic_vad_waits_on_an_unfinished_turn_until_speech_or_the_max_timeout() -> None:
+    s, _ = semantic("high")  # high: 2 s at most
+    (ask,) = of(vad(s, 960.0, [0.0] * 7), AskTurn)
+    assert s.handle(TurnVerdict(ask.pause_id, 0.1), 1.2) == []  # unfinished: keep listening
+    resumed = vad(s, 1184.0, [0.9] * 10 + [0.0] * 7)  # the user goes on, then pauses again
+    (again,) = of(resumed, AskTurn)
+    assert again.pause_id != ask.pause_id
+    assert s.handle(TurnVerdict(ask.pause_id, 0.99), 2.0) == []  # stale: speech came after it
+    waited = vad(s, 1728.0, [0.0] * 62)  # 2 s of silence after the last voice
+    assert "input_audio_buffer.speech_stopped" in kinds(waited) and of(waited, Transcribe)
+
+
+def test_semantic_vad_without_an_answer_falls_back_to_silence_length() -> None:
+    s, _ = semantic("medium")
+    (ask,) = of(vad(s, 960.0, [0.0] * 7), AskTurn)
+    assert s.handle(TurnVerdict(ask.pause_id, None, "turn: no free slot"), 1.2) == []
+    ended = vad(s, 1184.0, [0.0] * 16)  # 700 ms of silence: the old per-eagerness length
+    assert "input_audio_buffer.speech_stopped" in kinds(ended)
+
+
+def test_eagerness_sets_how_sure_the_model_must_be() -> None:
+    for eagerness, probability, ends in [("low", 0.7, False), ("low", 0.85, True), ("high", 0.35, True)]:
+        s, _ = semantic(eagerness)
+        (ask,) = of(vad(s, 960.0, [0.0] * 7), AskTurn)
+        out = s.handle(TurnVerdict(ask.pause_id, probability), 1.2)
+        assert ("input_audio_buffer.speech_stopped" in kinds(out)) is ends, (eagerness, probability)
