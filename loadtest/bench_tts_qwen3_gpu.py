@@ -3,21 +3,26 @@
 **Random-init weights** at the published 0.6B and 1.7B shapes (28-layer talker, 5-layer code predictor,
 12 Hz codec decoder with the 72-frame sliding-window transformer and the SnakeBeta stack): real
 architecture and cost, the audio is noise; byte-level text tokens (one per frame), no EOS (an utterance
-is its tokens + 3 tail frames). Talker bf16, decoder fp32, CUDA graphs per (batch, KV-length) bucket.
+is its tokens + 3 tail frames). Talker bf16, decoder as served (``--decoder-precision``, default tf32, and
+SnakeBeta fused unless ``--no-fuse-snake``), CUDA graphs per (batch, KV-length) bucket.
 
-Per shape: a graph-vs-eager check (greedy, same codes), then N concurrent streams through a real
-``StageWorker`` (``bench_tts_gpu.run_streams``: first audio = submit -> first 80 ms frame at the consumer,
-prompt prefill included; RTF per stream = synthesis wall time / audio length; frame lateness against
-real-time playback), and the largest N whose p95 lateness stays <= 20 ms ("streams in real time").
+Per shape: a graph-vs-eager check (greedy, same codes and PCM, one stream from the cached prompt K/V);
+with ``--micro`` batches, every decoder mode's max abs / relative waveform difference from strict fp32
+and its step time, and graph times of talker + code predictor and of the whole frame, and a stream's
+start from the cached prompt vs a prefill. Then N concurrent streams through a real ``StageWorker``
+(``bench_tts_gpu.run_streams``: first audio = submit -> first 80 ms frame at the consumer; RTF per stream
+= synthesis wall time / audio length; frame lateness against real-time playback; the longest garbage
+collection during the run), and the largest N whose p95 lateness stays <= 20 ms ("streams in real time").
 
     python3 loadtest/bench_tts_qwen3_gpu.py --json out.json            # on a CUDA machine
-    python3 loadtest/bench_tts_qwen3_gpu.py --sizes 0.6b --device cpu --streams 1 --capacity 2  # dry run
+    python3 loadtest/bench_tts_qwen3_gpu.py --sizes 0.6b --device cpu --streams 1 --capacity 2 --micro  # dry run
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import sys
 import time
@@ -163,6 +168,33 @@ def stage_times(ck: Any, eng: Qwen3Engine, batches: list[int]) -> dict[str, floa
     return out
 
 
+class GcPauses:
+    """Wall time of each garbage collection (``gc.callbacks``): a full collection over the heap that
+    torch.compile and transformers leave can stall every stream's step at once."""
+
+    def __init__(self) -> None:
+        self.ms: list[tuple[int, float]] = []
+        self._t0 = 0.0
+        gc.callbacks.append(self._hook)
+
+    def _hook(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.ms.append((info["generation"], (time.perf_counter() - self._t0) * 1000))
+
+    def take(self) -> dict[str, float]:
+        out = {
+            "gc_max_ms": max((t for _, t in self.ms), default=0.0),
+            "gc_gen2_count": sum(1 for g, _ in self.ms if g == 2),
+        }
+        self.ms = []
+        return out
+
+
+GC = GcPauses()
+
+
 async def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
     r: dict[str, Any] = {"size": size}
     dev = args.device
@@ -211,9 +243,11 @@ async def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
     await worker.start(warmup=False)
     try:
         await run_streams(worker, backend, 2, SHORT_TEXT)  # type: ignore[arg-type]
+        GC.take()
         r["streams"] = []
         for n in args.streams:
             s = await run_streams(worker, backend, n, args.text)  # type: ignore[arg-type]
+            s.update(GC.take())
             log(f"[{size}] streams {json.dumps(s)}")
             r["streams"].append(s)
         best = 0
@@ -224,6 +258,7 @@ async def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
                 n,
                 args.text,  # type: ignore[arg-type]
             )
+            s.update(GC.take())
             log(f"[{size}] capacity {json.dumps(s)}")
             r.setdefault("capacity_runs", []).append(s)
             if s["late_p95_ms"] > 20.0:

@@ -241,3 +241,12 @@ def test_snake_beta_matches_reference_expression() -> None:
     y = snake_beta(x.bfloat16(), a, inv_b)
     assert y.dtype == torch.bfloat16
     assert torch.allclose(y.float(), snake_beta(x.bfloat16().float(), a, inv_b), atol=0.05)
+
+
+def test_warmup_caches_every_speaker_prompt(ck: Qwen3TtsCheckpoint) -> None:
+    """After warm-up no stream's first step prefills: every speaker's prompt (backend language) is cached."""
+    backend = _backend(ck, slots=2, language="english")
+    backend.warmup()
+    cached = backend.engine._prompt_kv
+    assert {build_prompt(ck, backend.role_ids, v, "english") for v in backend.voices} <= set(cached)
+    assert backend.engine.free_slots == 2
