@@ -2,7 +2,7 @@
 
 Client events are a tagged union on ``type``; ``decode_client_event`` turns bytes into one of them or
 into an ``ErrorEvent`` naming the bad field. Server events encode with ``encode_server_event``.
-Fields we do not act on (tools, tracing, ...) are accepted and ignored, so the SDK's full payloads pass.
+Fields we do not act on (tracing, prompt, ...) are accepted and ignored, so the SDK's full payloads pass.
 Pure: no I/O.
 """
 
@@ -22,13 +22,20 @@ from realtime_gw.protocols.realtime_shapes import (  # noqa: F401
     AudioOutputConfig,
     ContentPart,
     DuplexParams,
+    InputTokenDetails,
     Item,
     NoiseReduction,
+    OutputTokenDetails,
+    RateLimit,
     ResponseParams,
+    ResponseUsage,
+    RetentionRatio,
     SemanticVad,
     ServerVad,
     SessionParams,
     TranscriptionConfig,
+    Truncation,
+    VoiceId,
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -155,7 +162,8 @@ class SessionOut(Struct, kw_only=True):
     audio: dict[str, Any] = msgspec.field(default_factory=dict)
     max_output_tokens: int | Literal["inf"] = "inf"
     tools: list[Any] = msgspec.field(default_factory=list)
-    tool_choice: str = "auto"
+    tool_choice: str | dict[str, Any] = "auto"
+    truncation: Truncation = "auto"
     capabilities: dict[str, Any] | None = None
     duplex: dict[str, Any] | None = None
 
@@ -264,12 +272,6 @@ class ResponseStatusDetails(Struct, omit_defaults=True):
     error: dict[str, Any] | None = None
 
 
-class ResponseUsage(Struct):
-    total_tokens: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-
-
 class Response(Struct, kw_only=True):
     id: str
     object: str = "realtime.response"
@@ -350,6 +352,27 @@ class ResponseTextDeltaEvent(_ResponsePartRef, tag="response.output_text.delta")
 
 class ResponseTextDoneEvent(_ResponsePartRef, tag="response.output_text.done"):
     text: str
+
+
+class ResponseFunctionCallArgumentsDeltaEvent(ServerEvent, tag="response.function_call_arguments.delta"):
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    delta: str
+
+
+class ResponseFunctionCallArgumentsDoneEvent(ServerEvent, tag="response.function_call_arguments.done"):
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    name: str
+    arguments: str
+
+
+class RateLimitsUpdatedEvent(ServerEvent, tag="rate_limits.updated"):
+    rate_limits: list[RateLimit]
 
 
 class PlaybackAcknowledgedEvent(ServerEvent, tag="playback.acknowledged"):

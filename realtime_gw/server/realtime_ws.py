@@ -391,6 +391,11 @@ def _limits(gateway: Gateway, model: str) -> Limits:
         max_items=gateway.config.max_conversation_items,
         voices=accepted_voices(gateway.workers.tts.backend),
         model=model,
+        max_retained_items=gateway.config.max_retained_items,
+        max_instructions_chars=gateway.config.max_instructions_chars,
+        max_item_text_chars=gateway.config.max_item_text_chars,
+        max_tools=gateway.config.max_tools,
+        context_tokens=gateway.config.responder_context_tokens,
     )
 
 

@@ -1,5 +1,7 @@
-"""The conversation: ordered items, plus what the gateway needs to know to truncate assistant audio
-and which user transcripts are still on their way. Pure."""
+"""The conversation: ordered items (messages, function calls and their outputs), plus what the gateway
+needs to know to truncate assistant audio and which user transcripts are still on their way. Pure.
+
+What the model is sent of it is ``sessions/context.py``'s business."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ from dataclasses import dataclass, field
 
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.protocols.realtime import ContentPart, Item
-from realtime_gw.records.voice import ChatMessage
 
 
 class ConversationError(ValueError):
@@ -29,14 +30,26 @@ class SpokenSpan:
 class Entry:
     item: Item
     audio_ms: float = 0.0
+    """Assistant audio the server generated for the item (after any truncation: what was kept)."""
     spans: list[SpokenSpan] = field(default_factory=list)
+    response_id: str | None = None
+    """The response that produced it (its message and function calls go to the model together)."""
+    input_seconds: float = 0.0
+    """User audio committed for it (transcription ``usage.seconds``)."""
+    generated_ms: float = 0.0
+    """All audio the server generated for the item; a client truncate may cut anywhere up to it."""
 
     def truncate(self, audio_end_ms: float) -> None:
-        """Keep only the audio before ``audio_end_ms`` and the words heard in it."""
-        part = next(c for c in self.item.content if c.type == "output_audio")
-        part.transcript = heard_text(self.spans, self.audio_ms, audio_end_ms)
+        """Keep the audio before ``audio_end_ms`` and the words heard in it. Cuts are always measured
+        against everything generated, so a later cut (the client's own) may also move the end back
+        out again, up to what was generated: the last cut is the final word."""
+        part = next((c for c in self.item.content if c.type == "output_audio"), None)
+        if part is None:
+            return
+        self.generated_ms = max(self.generated_ms, self.audio_ms)
+        audio_end_ms = min(audio_end_ms, self.generated_ms)
+        part.transcript = heard_text(self.spans, self.generated_ms, audio_end_ms)
         self.audio_ms = audio_end_ms
-        self.spans = [s for s in self.spans if s.start_ms < audio_end_ms]
 
 
 def heard_text(spans: list[SpokenSpan], total_ms: float, audio_end_ms: float) -> str:
@@ -57,8 +70,13 @@ def heard_text(spans: list[SpokenSpan], total_ms: float, audio_end_ms: float) ->
 
 
 class Conversation:
-    def __init__(self, max_items: int) -> None:
+    def __init__(self, max_items: int, max_retained: int | None = None) -> None:
         self.max_items = max_items
+        self.max_retained = max_retained or max_items
+        """With truncation on, the oldest items past this many are forgotten (``forget_oldest``)."""
+        self.bounded = True
+        """``truncation: "disabled"``: past ``max_items`` an add is refused ``conversation_full``;
+        otherwise the oldest items are forgotten to make room."""
         self._entries: dict[str, Entry] = {}
         self._order: list[str] = []
         self._transcribing: set[str] = set()
@@ -70,10 +88,12 @@ class Conversation:
     def __len__(self) -> int:
         return len(self._order)
 
-    def get(self, item_id: str) -> Entry:
+    def get(self, item_id: str, code: str = "item_not_found") -> Entry:
+        """The item, or ``ConversationError(code)`` (OpenAI names it per event: ``item_retrieve_…``,
+        ``item_truncate_…``, ``item_delete_invalid_item_id``; clients match on those)."""
         entry = self._entries.get(item_id)
         if entry is None:
-            raise ConversationError(f"Item '{item_id}' does not exist", "item_not_found", "item_id")
+            raise ConversationError(f"Item with item_id '{item_id}' not found", code, "item_id")
         return entry
 
     def last_id(self) -> str | None:
@@ -85,7 +105,7 @@ class Conversation:
 
     @property
     def full(self) -> bool:
-        return len(self._order) >= self.max_items
+        return self.bounded and len(self._order) >= self.max_items
 
     @property
     def transcripts_pending(self) -> bool:
@@ -100,10 +120,14 @@ class Conversation:
         if item_id in self._entries:
             raise ConversationError(f"Item '{item_id}' already exists", "item_exists", "item.id")
 
-    def add(self, item: Item, previous_item_id: str | None = None, transcribing: bool = False) -> Entry:
-        """Insert ``item``; ``transcribing``: its transcript is still to come (``fill_transcript``)."""
+    def add(
+        self, item: Item, previous_item_id: str | None = None, transcribing: bool = False, force: bool = False
+    ) -> Entry:
+        """Insert ``item``; ``transcribing``: its transcript is still to come (``fill_transcript``);
+        ``force``: an output item of a response that was admitted (its room was checked at create)."""
         assert item.id is not None
-        self.check_add(item.id)
+        if not force:
+            self.check_add(item.id)
         if previous_item_id is None:
             index = len(self._order)
         elif previous_item_id == "root":
@@ -119,7 +143,19 @@ class Conversation:
         self._order.insert(index, item.id)
         if transcribing:
             self._transcribing.add(item.id)
+        if not self.bounded:
+            self.forget_oldest(self.max_retained, keep=item.id)
         return entry
+
+    def forget_oldest(self, limit: int, keep: str | None = None) -> list[str]:
+        """Drop the oldest items past ``limit`` from memory, silently: the client keeps its own view
+        (and can no longer retrieve them). Returns their ids."""
+        gone: list[str] = []
+        while len(self._order) > limit and self._order[0] != keep:
+            item_id = self._order[0]
+            self.delete(item_id)
+            gone.append(item_id)
+        return gone
 
     def delete(self, item_id: str) -> None:
         self.get(item_id)
@@ -141,15 +177,6 @@ class Conversation:
     def entries(self) -> list[Entry]:
         return [self._entries[i] for i in self._order]
 
-    def as_chat(self) -> list[ChatMessage]:
-        """The conversation as a responder reads it: messages with text (or transcripts), in order."""
-        msgs: list[ChatMessage] = []
-        for entry in self.entries():
-            text = item_text(entry.item)
-            if text and entry.item.role is not None and entry.item.type == "message":
-                msgs.append(ChatMessage(entry.item.role, text))
-        return msgs
-
 
 def item_text(item: Item) -> str:
     """What an item says, for a text responder: text parts, else transcripts."""
@@ -162,34 +189,42 @@ def item_text(item: Item) -> str:
     return " ".join(parts)
 
 
-def assistant_part(entry: Entry, content_index: int) -> ContentPart:
-    if entry.item.role != "assistant":
+def assistant_audio(entry: Entry) -> ContentPart:
+    """The audio part of an assistant item (a truncate names the item; the part is found wherever it
+    sits, as clients send ``content_index`` 0 whatever the index)."""
+    part = next((c for c in entry.item.content if c.type == "output_audio"), None)
+    if entry.item.role != "assistant" or part is None:
         raise ConversationError(
-            f"Item '{entry.item.id}' is a {entry.item.role} item; only assistant audio can be truncated",
-            "invalid_item",
-            "item_id",
+            f"Item '{entry.item.id}' has no assistant audio to truncate", "invalid_item", "item_id"
         )
-    if not 0 <= content_index < len(entry.item.content) or entry.item.content[content_index].type != "output_audio":
-        raise ConversationError(
-            f"content_index {content_index} is not an audio part of item '{entry.item.id}'",
-            "invalid_content_index",
-            "content_index",
-        )
-    return entry.item.content[content_index]
+    return part
 
 
 _ALLOWED_PARTS = {
-    "user": {"input_text", "input_audio"},
+    "user": {"input_text", "input_audio", "input_image"},
     "system": {"input_text"},
     "assistant": {"output_text", "output_audio", "text", "audio"},
 }
 
 
-def check_message(item: Item) -> None:
-    """A client's ``conversation.item.create`` item: a message whose parts fit its role."""
+def check_item(item: Item, max_text_chars: int) -> None:
+    """A client's ``conversation.item.create`` item (or a ``response.input`` item): a message whose
+    parts fit its role, a ``function_call`` or a ``function_call_output``; no text over the cap."""
+    if item.type == "function_call":
+        _require(item, ("call_id", "name"))
+        item.arguments = item.arguments or ""
+        _cap(item.arguments, max_text_chars, "item.arguments")
+        item.role, item.content = None, []
+        return
+    if item.type == "function_call_output":
+        _require(item, ("call_id",))
+        item.output = item.output or ""
+        _cap(item.output, max_text_chars, "item.output")
+        item.role, item.content = None, []
+        return
     if item.type != "message":
         raise ConversationError(
-            f"Item type '{item.type}' is not supported (no tools are configured); send a message",
+            f"Item type '{item.type}' is not supported; send a message, function_call or function_call_output",
             "invalid_value",
             "item.type",
         )
@@ -203,9 +238,38 @@ def check_message(item: Item) -> None:
                 "invalid_value",
                 f"item.content[{i}].type",
             )
+        if part.type == "input_image" and not part.image_url:
+            raise ConversationError(
+                "An input_image part needs an image_url (a data URL or an http(s) URL)",
+                "missing_required_parameter",
+                f"item.content[{i}].image_url",
+            )
+        for name in ("text", "transcript"):
+            _cap(getattr(part, name), max_text_chars, f"item.content[{i}].{name}")
 
 
-def transcription_events(item_id: str, part: ContentPart, error: str | None) -> list[rt.ServerEvent]:
+def _require(item: Item, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(item, name)
+        if not isinstance(value, str) or not value:
+            raise ConversationError(
+                f"A {item.type} item needs '{name}'", "missing_required_parameter", f"item.{name}"
+            )
+
+
+def _cap(text: str | None, limit: int, param: str) -> None:
+    if text is not None and len(text) > limit:
+        raise ConversationError(
+            f"Invalid '{param}': string too long. Expected a string with maximum length {limit}, "
+            f"but got a string with length {len(text)} instead.",
+            "string_above_max_length",
+            param,
+        )
+
+
+def transcription_events(
+    item_id: str, part: ContentPart, error: str | None, seconds: float = 0.0
+) -> list[rt.ServerEvent]:
     """What the client hears about a user transcript (when it asked for transcription)."""
     if error is not None:
         failure = rt.TranscriptionError(code="transcription_failed", message=error)
@@ -214,6 +278,6 @@ def transcription_events(item_id: str, part: ContentPart, error: str | None) -> 
     return [
         rt.ConversationItemInputAudioTranscriptionDeltaEvent(item_id=item_id, content_index=0, delta=text),
         rt.ConversationItemInputAudioTranscriptionCompletedEvent(
-            item_id=item_id, content_index=0, transcript=text, usage=rt.TranscriptionUsage(seconds=0.0)
+            item_id=item_id, content_index=0, transcript=text, usage=rt.TranscriptionUsage(seconds=round(seconds, 3))
         ),
     ]

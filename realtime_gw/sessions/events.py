@@ -282,5 +282,13 @@ class Limits:
 
     max_input_buffer_bytes: int = 15 * 1024 * 1024
     max_items: int = 512
+    """With ``truncation: "disabled"``: one more item is refused ``conversation_full``."""
     voices: frozenset[str] = field(default_factory=lambda: frozenset({"default"}))
     model: str = "realtime-gw"
+    max_retained_items: int = 4096
+    """With truncation on: the oldest items past this many are forgotten silently."""
+    max_instructions_chars: int = 64 * 1024
+    max_item_text_chars: int = 64 * 1024
+    max_tools: int = 128
+    context_tokens: int = 8192
+    """The chat backend's context window (``responder_context_tokens``)."""

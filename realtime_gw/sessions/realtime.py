@@ -22,8 +22,8 @@ from realtime_gw.protocols import realtime as rt
 from realtime_gw.sessions.conversation import (
     Conversation,
     ConversationError,
-    assistant_part,
-    check_message,
+    assistant_audio,
+    check_item,
     transcription_events,
 )
 from realtime_gw.sessions.duplex import Playbacks
@@ -54,7 +54,7 @@ from realtime_gw.sessions.events import (
 from realtime_gw.sessions.input_buffer import InputBuffer, decode_audio_part
 from realtime_gw.sessions.response import LiveResponse
 from realtime_gw.sessions.responses import Phase, Responses
-from realtime_gw.sessions.settings import SessionError, SessionSettings, apply_session_update
+from realtime_gw.sessions.settings import SessionError, SessionSettings, TextLimits, apply_session_update
 from realtime_gw.sessions.transcription import Transcriber
 from realtime_gw.sessions.turn_detection import PauseHeard
 from realtime_gw.sessions.turns import Backchannel, Decided, Interrupt, Turns, UserTurn, prefix_ms
@@ -69,13 +69,15 @@ class RealtimeSession:
         self.limits = limits
         self.settings = SessionSettings()
         self.ids = Ids(session_id)
-        self.conversation = Conversation(limits.max_items)
+        self.conversation = Conversation(limits.max_items, limits.max_retained_items)
+        self.conversation.bounded = self.settings.truncation == "disabled"
         self.buffer = InputBuffer(limits.max_input_buffer_bytes, self.settings.input_format, self.settings.input_rate)
         self.turns = Turns(self.ids, duplex, now)
         self.transcriber = Transcriber(self.ids)
         self.responses = Responses(
-            self.ids, self.conversation, self.turns.playbacks, limits.voices, f"conv_{session_id}"
+            self.ids, self.conversation, self.turns.playbacks, limits.voices, f"conv_{session_id}", limits
         )
+        self.text_limits = TextLimits(limits.max_instructions_chars, limits.max_tools)
 
     # -- what the transport and tests read ---------------------------------------------------------
     @property
@@ -127,8 +129,11 @@ class RealtimeSession:
 
     # -- session -------------------------------------------------------------------------------------
     def _on_session_update(self, ev: rt.SessionUpdateEvent, now: float) -> list[Effect]:
-        new = apply_session_update(self.settings, ev.session, self.limits.voices)
+        new = apply_session_update(self.settings, ev.session, self.limits.voices, self.text_limits)
         old, self.settings = self.settings, new
+        self.conversation.bounded = new.truncation == "disabled"
+        if not self.conversation.bounded:
+            self.conversation.forget_oldest(self.conversation.max_retained)
         reformatted = self.buffer.reformat(new.input_format, new.input_rate)
         self.turns.configure(new.turn_detection)
         toggled = (new.turn_detection is None) != (old.turn_detection is None)
@@ -172,7 +177,8 @@ class RealtimeSession:
         previous = self.conversation.last_id()
         content = [rt.ContentPart(type="input_audio", transcript=None)]
         item = rt.Item(id=item_id, object="realtime.item", status="completed", role="user", content=content)
-        self.conversation.add(item, transcribing=True)
+        entry = self.conversation.add(item, transcribing=True)
+        entry.input_seconds = len(pcm) / 2 / self.buffer.rate
         return [
             self.ids.send(rt.InputAudioBufferCommittedEvent(item_id=item_id, previous_item_id=previous)),
             self.ids.send(rt.ConversationItemAdded(item=item, previous_item_id=previous)),
@@ -235,18 +241,20 @@ class RealtimeSession:
         part = self.conversation.fill_transcript(ev.item_id, ev.text, ev.error)
         out: list[Effect] = []
         if part is not None and self.settings.transcription is not None:
-            out += [self.ids.send(e) for e in transcription_events(ev.item_id, part, ev.error)]
+            seconds = self.conversation.get(ev.item_id).input_seconds
+            out += [self.ids.send(e) for e in transcription_events(ev.item_id, part, ev.error, seconds)]
         return out + self.responses.start_if_ready()
 
     # -- conversation items --------------------------------------------------------------------------
     def _on_item_create(self, ev: rt.ConversationItemCreateEvent, now: float) -> list[Effect]:
         item = ev.item
-        check_message(item)
+        check_item(item, self.limits.max_item_text_chars)
         item.id = item.id or self.ids.new("item")
         item.object, item.status = "realtime.item", "completed"
         spoken = [part for part in item.content if part.type == "input_audio" and part.audio]
         pcm = [decode_audio_part(part.audio, self.buffer.format) for part in spoken]  # type: ignore[arg-type]
-        self.conversation.add(item, ev.previous_item_id, transcribing=bool(pcm))
+        entry = self.conversation.add(item, ev.previous_item_id, transcribing=bool(pcm))
+        entry.input_seconds = len(pcm[0]) / 2 / self.buffer.rate if pcm else 0.0
         for part in spoken:
             part.audio = None  # the audio is not echoed back, as OpenAI does not echo it
         previous = self.conversation.previous_id(item.id)
@@ -257,34 +265,38 @@ class RealtimeSession:
         return out + [Transcribe(item.id, pcm[0], self.buffer.rate)] if pcm else out
 
     def _on_item_retrieve(self, ev: rt.ConversationItemRetrieveEvent, now: float) -> list[Effect]:
-        return [self.ids.send(rt.ConversationItemRetrieved(item=self.conversation.get(ev.item_id).item))]
+        entry = self.conversation.get(ev.item_id, "item_retrieve_invalid_item_id")
+        return [self.ids.send(rt.ConversationItemRetrieved(item=entry.item))]
 
     def _on_item_delete(self, ev: rt.ConversationItemDeleteEvent, now: float) -> list[Effect]:
         live = self.responses.live
         if live is not None and live.item_id == ev.item_id:
             raise SessionError("Cannot delete the item of the response in progress", "item_in_use", "item_id")
+        self.conversation.get(ev.item_id, "item_delete_invalid_item_id")
         self.conversation.delete(ev.item_id)
         return [self.ids.send(rt.ConversationItemDeletedEvent(item_id=ev.item_id)), *self.responses.start_if_ready()]
 
     def _on_item_truncate(self, ev: rt.ConversationItemTruncateEvent, now: float) -> list[Effect]:
-        entry = self.conversation.get(ev.item_id)
-        assistant_part(entry, ev.content_index)  # validates the item and part
-        if ev.audio_end_ms < 0 or ev.audio_end_ms > entry.audio_ms + 1e-6:
-            raise SessionError(
-                f"audio_end_ms {ev.audio_end_ms} is past the item's audio ({int(entry.audio_ms)} ms)",
-                "invalid_value",
-                "audio_end_ms",
-            )
+        """The client stopped playing an assistant item at ``audio_end_ms``. Never refused for where
+        it cut: the cut is clamped to the audio the server generated for the item, whatever
+        ``content_index`` says (frameworks send 0), and the last cut wins, also after the server's
+        own barge-in estimate. The live response's item is cancelled first (truncate before, or
+        instead of, ``response.cancel``)."""
+        entry = self.conversation.get(ev.item_id, "item_truncate_invalid_item_id")
+        if entry.item.role != "assistant":
+            assistant_audio(entry)  # raises: only assistant items can be truncated
+        if ev.audio_end_ms < 0:
+            raise SessionError("audio_end_ms must not be negative", "invalid_value", "audio_end_ms")
         out: list[Effect] = []
         live = self.responses.live
         if live is not None and live.item_id == ev.item_id:
-            # The client stopped playback of what is still being generated.
             self.responses.sync_entry(ev.item_id)
             out += self.responses.cancel("client_cancelled")
-        out += self.turns.stop_item_playback(ev.item_id, float(ev.audio_end_ms), now)
-        entry.truncate(float(ev.audio_end_ms))
+        end_ms = min(float(ev.audio_end_ms), max(entry.generated_ms, entry.audio_ms))
+        out += self.turns.stop_item_playback(ev.item_id, end_ms, now)
+        entry.truncate(end_ms)
         truncated = rt.ConversationItemTruncatedEvent(
-            item_id=ev.item_id, content_index=ev.content_index, audio_end_ms=ev.audio_end_ms
+            item_id=ev.item_id, content_index=ev.content_index, audio_end_ms=round(end_ms)
         )
         return [*out, self.ids.send(truncated)]
 
@@ -335,9 +347,8 @@ _HANDLERS: dict[type, Any] = {
     PlaybackStarted: lambda s, ev, now: s.turns.playback_started(ev),
     ResponseTextDelta: lambda s, ev, now: s.responses.on_text(ev),
     ResponseAudio: lambda s, ev, now: s.responses.on_audio(ev),
-    # Tool calls and usage are built out by the session's function-calling work (issue 14).
-    ResponseToolCall: lambda s, ev, now: [],
-    ResponseUsage: lambda s, ev, now: [],
+    ResponseToolCall: lambda s, ev, now: s.responses.on_tool_call(ev),
+    ResponseUsage: lambda s, ev, now: s.responses.on_usage(ev),
     ResponseFinished: lambda s, ev, now: s.responses.on_finished(ev, s.settings),
     ResponseRefused: lambda s, ev, now: s.responses.on_refused(ev),
     AudioDelivered: lambda s, ev, now: s.responses.on_delivered(ev, s.settings),

@@ -1,5 +1,10 @@
 """One response: what it was asked for, what it has produced so far, and how it appears on the wire.
-Pure. Its lifecycle (phases, the one ``response.done``) is ``sessions/responses.py``."""
+Pure. Its lifecycle (phases, the one ``response.done``) is ``sessions/responses.py``.
+
+Its outputs, in ``output_index`` order: the message (spoken or written; announced at creation when no
+tools are offered, else at its first text or audio, so a response that only calls tools has none),
+then its function calls (announced when generation completes, so they always follow the message and
+a cancelled response never hands the client a half-made call to run)."""
 
 from __future__ import annotations
 
@@ -8,9 +13,14 @@ from typing import Any
 
 from realtime_gw.protocols import audio
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.records.voice import ChatMessage
+from realtime_gw.records.voice import ChatMessage, ChatUsage
 from realtime_gw.sessions.conversation import Entry, SpokenSpan
 from realtime_gw.sessions.events import StartResponse
+from realtime_gw.sessions.tools import FunctionCalls
+
+AUDIO_TOKENS_PER_S = 20
+"""Output audio tokens are estimated from the audio's duration (one per 50 ms, as OpenAI's realtime
+models bill audio): the backend only counts the text it wrote, the gateway's TTS made the audio."""
 
 
 @dataclass(slots=True)
@@ -21,30 +31,43 @@ class LiveResponse:
     audio: bool
     """Spoken (TTS); otherwise text only."""
     in_conversation: bool
-    """Its item joins the conversation (``conversation: "auto"``)."""
+    """Its items join the conversation (``conversation: "auto"``)."""
     # -- what was asked for
     instructions: str = ""
     context: list[ChatMessage] | None = None
-    """Out-of-band ``response.input``: replaces the conversation as the responder's context."""
+    """``response.input``: replaces the conversation as the responder's context."""
     voice: str = "default"
     speed: float = 1.0
     max_output_tokens: int | None = None
     metadata: dict[str, str] | None = None
     conversation_id: str | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    temperature: float | None = None
+    truncation: rt.Truncation = "auto"
     encoder: audio.OutputEncoder | None = None
     answer_after: bool = False
     """A user turn ended while this response was live and asked for an answer: create one when this
     response completes (dropped if it is cancelled or fails)."""
     # -- what it has produced
+    opened: bool = False
+    """Its message item was announced (``response.output_item.added``)."""
     frames: int = 0
     audio_ms: float = 0.0
     text: str = ""
     spans: list[SpokenSpan] = field(default_factory=list)
+    calls: FunctionCalls = field(default_factory=FunctionCalls)
+    usage: ChatUsage | None = None
+    """The backend's token counts (``ResponseUsage``), when it gives them."""
+    prompt_tokens: int = 0
+    """The estimated size of what the responder was sent (usage when the backend reports none)."""
 
-    def start(self, conversation: list[ChatMessage]) -> StartResponse:
+    @property
+    def offers_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def start(self, messages: list[ChatMessage]) -> StartResponse:
         """What the worker is asked, built when it starts (every user transcript is in by then)."""
-        messages = [ChatMessage("system", self.instructions)] if self.instructions else []
-        messages += conversation if self.context is None else self.context
         return StartResponse(
             self.id,
             self.epoch,
@@ -53,17 +76,21 @@ class LiveResponse:
             voice=self.voice,
             speed=self.speed,
             max_output_tokens=self.max_output_tokens,
+            tools=self.tools if self.offers_tools else [],
+            tool_choice=self.tool_choice,
+            temperature=self.temperature,
         )
 
     def sync(self, entry: Entry) -> None:
         """Bring its conversation entry up to what was produced (audio, spoken spans, words)."""
-        entry.audio_ms = self.audio_ms
+        entry.audio_ms = entry.generated_ms = self.audio_ms
         entry.spans = list(self.spans)
         entry.item.content = self.item("completed").content
 
     # -- wire shapes
     def ref(self) -> dict[str, Any]:
-        """The addressing fields every part-level event of this response carries."""
+        """The addressing fields every part-level event of this response carries (the message is
+        always its first output)."""
         return {"response_id": self.id, "item_id": self.item_id, "output_index": 0, "content_index": 0}
 
     def part(self) -> rt.Part:
@@ -83,7 +110,11 @@ class LiveResponse:
 
     def wire(self, status: str, details: rt.ResponseStatusDetails | None = None) -> rt.Response:
         final = status != "in_progress"
-        output = [self.item("completed" if status == "completed" else "incomplete")] if final else []
+        output: list[rt.Item] = []
+        if final and self.opened:
+            output.append(self.item("completed" if status == "completed" else "incomplete"))
+        if status == "completed":
+            output += [call.item("completed") for call in self.calls]
         return rt.Response(
             id=self.id,
             status=status,  # type: ignore[arg-type]
@@ -92,5 +123,24 @@ class LiveResponse:
             output_modalities=["audio"] if self.audio else ["text"],
             conversation_id=self.conversation_id if self.in_conversation else None,
             metadata=self.metadata,
-            usage=rt.ResponseUsage() if final else None,
+            usage=self.wire_usage() if final else None,
+        )
+
+    def wire_usage(self) -> rt.ResponseUsage:
+        """The backend's counts where it gave them, else estimates (input from the request's size,
+        output text at ~4 characters a token); output audio tokens from the audio's duration."""
+        u = self.usage
+        text_in = u.input_tokens if u is not None else self.prompt_tokens
+        cached = u.cached_tokens if u is not None else 0
+        written = self.text + "".join(c.name + c.arguments for c in self.calls)
+        text_out = u.output_tokens if u is not None else -(-len(written) // 4)
+        audio_out = round(self.audio_ms / 1000 * AUDIO_TOKENS_PER_S)
+        return rt.ResponseUsage(
+            total_tokens=text_in + text_out + audio_out,
+            input_tokens=text_in,
+            output_tokens=text_out + audio_out,
+            input_token_details=rt.InputTokenDetails(
+                text_tokens=text_in, cached_tokens=cached, cached_tokens_details={"text_tokens": cached}
+            ),
+            output_token_details=rt.OutputTokenDetails(text_tokens=text_out, audio_tokens=audio_out),
         )

@@ -33,7 +33,8 @@ from msgspec import UNSET
 from realtime_gw.protocols import audio
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.records.voice import OUTPUT_RATE, ChatMessage
-from realtime_gw.sessions.conversation import Conversation, ConversationError, SpokenSpan, item_text
+from realtime_gw.sessions.context import ModelContext, chat_units, estimate_tokens
+from realtime_gw.sessions.conversation import Conversation, ConversationError, Entry, SpokenSpan, check_item
 from realtime_gw.sessions.duplex import Playbacks
 from realtime_gw.sessions.events import (
     AudioDelivered,
@@ -41,14 +42,26 @@ from realtime_gw.sessions.events import (
     CancelResponse,
     Effect,
     Ids,
+    Limits,
     PurgeAudio,
     ResponseAudio,
     ResponseFinished,
     ResponseRefused,
     ResponseTextDelta,
+    ResponseToolCall,
+    ResponseUsage,
 )
 from realtime_gw.sessions.response import LiveResponse
-from realtime_gw.sessions.settings import OUTPUT_RATES, SessionError, SessionSettings, check_voice
+from realtime_gw.sessions.settings import (
+    OUTPUT_RATES,
+    SessionError,
+    SessionSettings,
+    TextLimits,
+    check_instructions,
+    check_tool_choice,
+    check_tools,
+    check_voice,
+)
 
 
 class Phase(str, Enum):
@@ -77,10 +90,19 @@ class Responses:
     """The session's response slot: creates, starts, feeds, cancels and ends its responses."""
 
     def __init__(
-        self, ids: Ids, conversation: Conversation, playbacks: Playbacks, voices: frozenset[str], conversation_id: str
+        self,
+        ids: Ids,
+        conversation: Conversation,
+        playbacks: Playbacks,
+        voices: frozenset[str],
+        conversation_id: str,
+        limits: Limits | None = None,
     ) -> None:
         self.ids = ids
         self.conversation = conversation
+        self.limits = limits or Limits()
+        self.model_context = ModelContext(self.limits.context_tokens)
+        """What the model still sees of the conversation (``session.truncation``)."""
         self.playbacks = playbacks
         """The playback ledger (shared with turn-taking): each audio response is tracked in it."""
         self.voices = voices
@@ -113,7 +135,7 @@ class Responses:
                 "Wait until the response is finished before creating a new one.",
                 "conversation_already_has_active_response",
             )
-        asked = _validated(p, settings, self.voices)
+        asked = _validated(p, settings, self.voices, self.limits, self.conversation)
         r = LiveResponse(
             id=self.ids.new("resp"),
             epoch=self.epoch + 1,
@@ -128,17 +150,25 @@ class Responses:
         if r.audio:
             r.encoder = audio.OutputEncoder(settings.output_format)
             self.playbacks.open(r.id, r.item_id)
+        out = [self._send(r, rt.ResponseCreatedEvent(response=r.wire("in_progress")))]
+        if not r.offers_tools:  # a message for sure: announced at once
+            out += self._open_message(r)
+        return out + self.start_if_ready()
+
+    def _open_message(self, r: LiveResponse) -> list[Effect]:
+        """Announce the response's message item (its output 0) and its content part."""
+        if r.opened:
+            return []
+        r.opened = True
         item = r.item("in_progress")
-        out = [
-            self._send(r, rt.ResponseCreatedEvent(response=r.wire("in_progress"))),
-            self._send(r, rt.ResponseOutputItemAddedEvent(response_id=r.id, output_index=0, item=item)),
-        ]
+        out = [self._send(r, rt.ResponseOutputItemAddedEvent(response_id=r.id, output_index=0, item=item))]
         if r.in_conversation:
             previous = self.conversation.last_id()
-            self.conversation.add(msgspec.structs.replace(item, content=[]))
+            entry = self.conversation.add(msgspec.structs.replace(item, content=[]), force=True)
+            entry.response_id = r.id
             out.append(self._send(r, rt.ConversationItemAdded(item=item, previous_item_id=previous)))
         out.append(self._send(r, rt.ResponseContentPartAddedEvent(**r.ref(), part=r.part())))
-        return out + self.start_if_ready()
+        return out
 
     def start_if_ready(self) -> list[Effect]:
         """WAITING -> GENERATING once every user transcript has arrived."""
@@ -146,7 +176,15 @@ class Responses:
         if r is None or self.phase is not Phase.WAITING or self.conversation.transcripts_pending:
             return []
         self._enter(Phase.GENERATING, "start the response")
-        return [r.start(self.conversation.as_chat())]
+        fixed = [ChatMessage("system", r.instructions)] if r.instructions else []
+        if r.context is not None:
+            messages = fixed + r.context
+        else:
+            tools_chars = len(msgspec.json.encode(r.tools)) if r.offers_tools else 0
+            entries = self.conversation.entries()
+            messages = self.model_context.messages(entries, r.truncation, fixed, tools_chars, r.max_output_tokens)
+        r.prompt_tokens = sum(estimate_tokens(m) for m in messages)
+        return [r.start(messages)]
 
     def answer(self, settings: SessionSettings) -> list[Effect]:
         """A user turn asks for an answer: now, or when the live response completes. Never raises:
@@ -170,15 +208,29 @@ class Responses:
         r = self._accepts(ev.response_id, ev.epoch, Phase.GENERATING)
         if r is None or r.audio or not ev.text:
             return []  # with audio, the transcript travels with the frames
+        out = self._open_message(r)
         r.text += ev.text
-        return [self._send(r, rt.ResponseTextDeltaEvent(**r.ref(), delta=ev.text))]
+        return [*out, self._send(r, rt.ResponseTextDeltaEvent(**r.ref(), delta=ev.text))]
+
+    def on_tool_call(self, ev: ResponseToolCall) -> list[Effect]:
+        """A fragment of a function call: kept until generation completes (see ``response.py``)."""
+        r = self._accepts(ev.response_id, ev.epoch, Phase.GENERATING)
+        if r is not None:
+            r.calls.feed(ev.delta, self.ids.new)
+        return []
+
+    def on_usage(self, ev: ResponseUsage) -> list[Effect]:
+        r = self._accepts(ev.response_id, ev.epoch, Phase.GENERATING)
+        if r is not None:
+            r.usage = ev.usage
+        return []
 
     def on_audio(self, ev: ResponseAudio) -> list[Effect]:
         r = self._accepts(ev.response_id, ev.epoch, Phase.GENERATING)
         if r is None or not r.audio:
             return []
-        out: list[Effect] = []
         words = ev.frame.text.strip()
+        out: list[Effect] = self._open_message(r) if words or ev.frame.pcm else []
         if words:
             delta = (" " if r.text else "") + words
             r.text += delta
@@ -260,12 +312,21 @@ class Responses:
             r.sync(self.conversation.get(item_id))
 
     def _finish(self, r: LiveResponse, status: str, details: rt.ResponseStatusDetails | None) -> list[Effect]:
-        """Close out the response's part and item, then its single ``response.done``."""
+        """Close out the message, then (completed) the function calls, then the single ``response.done``."""
         self._enter(Phase.IDLE, f"end the response ({status})")
         self.live = None
         playback = self.playbacks.get(r.id)
         if playback is not None:
             playback.finished = True
+        if status == "completed" and not r.opened and not r.calls:
+            self._open_message(r)  # nothing said and nothing called: an empty message, as a reply
+        out = self._close_message(r, status) if r.opened else []
+        if status == "completed":
+            out += self._emit_calls(r)
+        out.append(self._send(r, rt.ResponseDoneEvent(response=r.wire(status, details))))
+        return out + self._rate_limits(r)
+
+    def _close_message(self, r: LiveResponse, status: str) -> list[Effect]:
         item_status = "completed" if status == "completed" else "incomplete"
         item = r.item(item_status)
         ref = r.ref()
@@ -284,17 +345,51 @@ class Responses:
             entry.item.status = item_status  # type: ignore[assignment]
             previous = self.conversation.previous_id(r.item_id)
             out.append(self._send(r, rt.ConversationItemDone(item=item, previous_item_id=previous)))
-        out.append(self._send(r, rt.ResponseDoneEvent(response=r.wire(status, details))))
         return out
 
+    def _emit_calls(self, r: LiveResponse) -> list[Effect]:
+        """The GA sequence per call: output_item.added, arguments deltas, arguments done,
+        output_item.done (and the item joins the conversation, after the message)."""
+        out: list[Effect] = []
+        for index, call in enumerate(r.calls, start=1 if r.opened else 0):
+            call.output_index = index
+            ref = {"response_id": r.id, "item_id": call.item_id, "output_index": index, "call_id": call.call_id}
+            out.append(self._send(r, rt.ResponseOutputItemAddedEvent(response_id=r.id, output_index=index, item=call.item("in_progress"))))
+            if r.in_conversation:
+                previous = self.conversation.last_id()
+                entry = self.conversation.add(call.item("completed"), force=True)
+                entry.response_id = r.id
+                out.append(self._send(r, rt.ConversationItemAdded(item=call.item("in_progress"), previous_item_id=previous)))
+            out += [self._send(r, rt.ResponseFunctionCallArgumentsDeltaEvent(**ref, delta=f)) for f in call.fragments]
+            out.append(self._send(r, rt.ResponseFunctionCallArgumentsDoneEvent(**ref, name=call.name, arguments=call.arguments)))
+            out.append(self._send(r, rt.ResponseOutputItemDoneEvent(response_id=r.id, output_index=index, item=call.item("completed"))))
+            if r.in_conversation:
+                previous = self.conversation.previous_id(call.item_id)
+                out.append(self._send(r, rt.ConversationItemDone(item=call.item("completed"), previous_item_id=previous)))
+        return out
 
-def _validated(p: rt.ResponseParams, s: SessionSettings, voices: frozenset[str]) -> dict[str, Any]:
-    """What ``response.create`` asks for, merged over the session settings; raises ``SessionError``."""
+    def _rate_limits(self, r: LiveResponse) -> list[Effect]:
+        """``rate_limits.updated`` after each ``response.done``. The gateway meters no requests; what
+        it knows is the backend's context budget, so ``tokens`` is that budget and what this
+        response's context left of it."""
+        limit = self.limits.context_tokens
+        used = r.usage.input_tokens if r.usage is not None else r.prompt_tokens
+        tokens = rt.RateLimit(name="tokens", limit=limit, remaining=max(0, limit - used), reset_seconds=0.0)
+        # Not in the response's lane (nothing of a response follows its response.done); that lane is
+        # empty by then (response.done waits for the audio's delivery), so it still arrives after it.
+        return [self.ids.send(rt.RateLimitsUpdatedEvent(rate_limits=[tokens]))]
+
+
+def _validated(
+    p: rt.ResponseParams, s: SessionSettings, voices: frozenset[str], limits: Limits, conversation: Conversation
+) -> dict[str, Any]:
+    """What ``response.create`` asks for, merged over the session settings (``None``: the session's
+    value); raises ``SessionError`` (or ``ConversationError``)."""
     voice, speed = s.voice, s.speed
-    if p.audio is not None and p.audio.output is not UNSET:
-        if p.audio.output.voice is not UNSET:
+    if p.audio is not None and p.audio.output not in (UNSET, None):
+        if p.audio.output.voice not in (UNSET, None):
             voice = check_voice(p.audio.output.voice, voices, "response.audio.output.voice")
-        if p.audio.output.speed is not UNSET:
+        if p.audio.output.speed not in (UNSET, None):
             speed = p.audio.output.speed
             if not audio.speed_in_range(speed):
                 raise SessionError(audio.SPEED_ERROR, "invalid_value", "response.audio.output.speed")
@@ -302,23 +397,57 @@ def _validated(p: rt.ResponseParams, s: SessionSettings, voices: frozenset[str])
         raise SessionError(
             f"conversation must be 'auto' or 'none', got '{p.conversation}'", "invalid_value", "response.conversation"
         )
-    context = None
-    if p.input is not None:
-        try:
-            items = msgspec.convert(p.input, list[rt.Item])
-        except msgspec.ValidationError as e:
-            raise SessionError(f"Invalid response.input: {e}", "invalid_value", "response.input") from None
-        context = [ChatMessage(i.role or "user", item_text(i)) for i in items if i.type == "message"]
+    text_limits = TextLimits(limits.max_instructions_chars, limits.max_tools)
+    instructions = s.instructions
+    if p.instructions is not None:
+        instructions = check_instructions(p.instructions, text_limits, "response.instructions")
+    tools = s.tools
+    if p.tools is not None:
+        tools = check_tools(p.tools, limits.max_tools, limits.max_instructions_chars, "response.tools")
+    tool_choice = s.tool_choice if p.tool_choice is None else p.tool_choice
+    tool_choice = check_tool_choice(tool_choice, tools, "response.tool_choice")
+    context = None if p.input is None else _input_context(p.input, conversation, limits.max_item_text_chars)
     max_tokens = p.max_output_tokens if p.max_output_tokens not in (None, "inf") else s.max_output_tokens
     if isinstance(max_tokens, int) and max_tokens < 1:
         raise SessionError("max_output_tokens must be at least 1", "invalid_value", "response.max_output_tokens")
     return {
         "audio": "audio" in (p.output_modalities or s.output_modalities),
         "in_conversation": p.conversation != "none",
-        "instructions": p.instructions if p.instructions is not None else s.instructions,
+        "instructions": instructions,
         "context": context,
         "voice": voice,
         "speed": speed,
         "max_output_tokens": max_tokens if isinstance(max_tokens, int) else None,
         "metadata": p.metadata,
+        "tools": tools,
+        "tool_choice": tool_choice,
+        "temperature": p.temperature,
+        "truncation": s.truncation,
     }
+
+
+def _input_context(raw: list[Any], conversation: Conversation, max_chars: int) -> list[ChatMessage]:
+    """``response.input``: the items the model reads instead of the conversation, in order; an
+    ``item_reference`` names a conversation item by id."""
+    entries: list[Entry] = []
+    for i, given in enumerate(raw):
+        try:
+            item = msgspec.convert(given, rt.Item)
+        except msgspec.ValidationError as e:
+            raise SessionError(f"Invalid response.input[{i}]: {e}", "invalid_value", f"response.input[{i}]") from None
+        if item.type == "item_reference":
+            if not item.id or item.id not in conversation:
+                raise SessionError(
+                    f"response.input[{i}] refers to item '{item.id}', which does not exist",
+                    "invalid_value",
+                    f"response.input[{i}].id",
+                )
+            entries.append(conversation.get(item.id))
+            continue
+        try:
+            check_item(item, max_chars)
+        except ConversationError as e:
+            raise SessionError(str(e), e.code, f"response.input[{i}]") from None
+        item.id = item.id or f"input_{i}"
+        entries.append(Entry(item))
+    return [m for unit in chat_units(entries) for m in unit.messages]

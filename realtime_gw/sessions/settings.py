@@ -1,4 +1,7 @@
-"""Session settings and ``session.update``: validated merge of a partial update. Pure."""
+"""Session settings and ``session.update``: validated merge of a partial update. Pure.
+
+An absent field is unchanged; an explicit ``null`` means the field's default (for the nested objects
+``audio``, ``audio.input``, ``audio.output`` and ``duplex``: nothing to change in them)."""
 
 from __future__ import annotations
 
@@ -43,6 +46,10 @@ class SessionSettings:
     speed: float = 1.0
     max_output_tokens: int | None = None
     duplex: DuplexSettings = field(default_factory=DuplexSettings)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    """Function tools, validated (``sessions/tools.py``); never executed here: the client runs them."""
+    tool_choice: str | dict[str, Any] = "auto"
+    truncation: rt.Truncation = "auto"
 
     def to_wire(self, session_id: str, model: str, duplex: bool = False) -> rt.SessionOut:
         td: Any = None if self.turn_detection is None else msgspec.to_builtins(self.turn_detection)
@@ -74,6 +81,9 @@ class SessionSettings:
                 "output": {"format": out_fmt, "voice": self.voice, "speed": self.speed},
             },
             max_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
+            tools=list(self.tools),
+            tool_choice=self.tool_choice,
+            truncation=self.truncation,
             capabilities={"supports_barge_in": True, "supports_playback_ack": True, "chunk_period_ms": 80}
             if duplex
             else None,
@@ -82,33 +92,66 @@ class SessionSettings:
 
 
 
-def check_voice(voice: str, voices: frozenset[str], param: str) -> str:
+def check_voice(voice: str | rt.VoiceId | None, voices: frozenset[str], param: str) -> str:
+    """A voice by name or as ``{"id": name}``; ``None``: the default voice."""
+    if voice is None:
+        return "default"
+    if isinstance(voice, rt.VoiceId):
+        voice = voice.id
     if voice not in voices:
         raise SessionError(f"Unknown voice '{voice}'; available: {', '.join(sorted(voices))}", "invalid_value", param)
     return voice
 
 
-def apply_session_update(current: SessionSettings, p: rt.SessionParams, voices: frozenset[str]) -> SessionSettings:
+@dataclass(frozen=True, slots=True)
+class TextLimits:
+    """Echo bounds: what a client may make the session store and echo back."""
+
+    max_instructions_chars: int = 64 * 1024
+    max_tools: int = 128
+
+
+def check_instructions(text: str, limits: TextLimits, param: str) -> str:
+    if len(text) > limits.max_instructions_chars:
+        raise SessionError(
+            f"Invalid '{param}': string too long. Expected a string with maximum length "
+            f"{limits.max_instructions_chars}, but got a string with length {len(text)} instead.",
+            "string_above_max_length",
+            param,
+        )
+    return text
+
+
+def apply_session_update(
+    current: SessionSettings, p: rt.SessionParams, voices: frozenset[str], limits: TextLimits = TextLimits()
+) -> SessionSettings:
     """The settings after ``session.update``; raises ``SessionError`` (naming the field) and leaves
-    ``current`` untouched when anything is invalid."""
+    ``current`` untouched when anything is invalid (so nothing oversized is ever echoed)."""
     new = dataclasses.replace(current)
-    if p.type is not UNSET and p.type != "realtime":
+    if p.type not in (UNSET, None, "realtime"):
         raise SessionError(
             f"Unsupported session type '{p.type}'; only 'realtime' is served", "invalid_value", "session.type"
         )
     if p.instructions is not UNSET:
-        new.instructions = p.instructions
+        new.instructions = check_instructions(p.instructions or "", limits, "session.instructions")
     if p.output_modalities is not UNSET:
-        if not p.output_modalities:
+        if p.output_modalities is not None and not p.output_modalities:
             raise SessionError("output_modalities must not be empty", "invalid_value", "session.output_modalities")
-        new.output_modalities = list(p.output_modalities)
+        new.output_modalities = list(p.output_modalities or ["audio"])
     if p.max_output_tokens is not UNSET:
         if isinstance(p.max_output_tokens, int) and p.max_output_tokens < 1:
             raise SessionError("max_output_tokens must be at least 1", "invalid_value", "session.max_output_tokens")
-        new.max_output_tokens = None if p.max_output_tokens == "inf" else p.max_output_tokens
-    if p.audio is not UNSET:
+        new.max_output_tokens = p.max_output_tokens if isinstance(p.max_output_tokens, int) else None
+    if p.tools is not UNSET:
+        new.tools = check_tools(p.tools or [], limits.max_tools, limits.max_instructions_chars, "session.tools")
+    if p.tool_choice is not UNSET or p.tools is not UNSET:
+        choice = new.tool_choice if p.tool_choice is UNSET else p.tool_choice
+        new.tool_choice = check_tool_choice(choice, new.tools, "session.tool_choice")
+    if p.truncation is not UNSET:
+        new.truncation = _checked_truncation(p.truncation)
+    if p.audio is not UNSET and p.audio is not None:
         _apply_audio(new, p.audio, voices)
-    if p.duplex is not UNSET:
+    if p.duplex is not UNSET and p.duplex is not None:
         d = p.duplex
         new.duplex = DuplexSettings(
             overlap_short_ack_ms=new.duplex.overlap_short_ack_ms
@@ -128,15 +171,26 @@ def apply_session_update(current: SessionSettings, p: rt.SessionParams, voices: 
     return new
 
 
+def _checked_truncation(t: rt.Truncation | None) -> rt.Truncation:
+    if t is None:
+        return "auto"
+    if isinstance(t, rt.RetentionRatio) and not 0.0 < t.retention_ratio <= 1.0:
+        raise SessionError(
+            "retention_ratio must be in (0, 1]", "invalid_value", "session.truncation.retention_ratio"
+        )
+    return t
+
+
 def _apply_audio(new: SessionSettings, a: rt.AudioConfig, voices: frozenset[str]) -> None:
-    if a.input is not UNSET:
+    if a.input is not UNSET and a.input is not None:
         i = a.input
         if i.format is not UNSET:
+            fmt = i.format or rt.AudioFormat()
             try:
-                new.input_rate = audio.input_rate(i.format.type, i.format.rate)
+                new.input_rate = audio.input_rate(fmt.type, fmt.rate)
             except ValueError as e:
                 raise SessionError(str(e), "invalid_value", "session.audio.input.format") from None
-            new.input_format = i.format.type
+            new.input_format = fmt.type
         if i.transcription is not UNSET:
             new.transcription = i.transcription
         if i.turn_detection is not UNSET:
@@ -157,26 +211,93 @@ def _apply_audio(new: SessionSettings, a: rt.AudioConfig, voices: frozenset[str]
             new.turn_detection = td
         if i.noise_reduction is not UNSET:
             new.noise_reduction = None if i.noise_reduction is None else i.noise_reduction.type
-    if a.output is not UNSET:
+    if a.output is not UNSET and a.output is not None:
         o = a.output
         if o.format is not UNSET:
-            if o.format.type not in OUTPUT_FORMATS:
+            out = o.format or rt.AudioFormat()
+            if out.type not in OUTPUT_FORMATS:
                 raise SessionError(
-                    f"Unsupported output format '{o.format.type}'; use one of {sorted(OUTPUT_FORMATS)}",
+                    f"Unsupported output format '{out.type}'; use one of {sorted(OUTPUT_FORMATS)}",
                     "invalid_value",
                     "session.audio.output.format.type",
                 )
-            if o.format.type == "audio/pcm" and o.format.rate not in (None, OUTPUT_RATE):
+            if out.type == "audio/pcm" and out.rate not in (None, OUTPUT_RATE):
                 raise SessionError(
-                    f"Output audio/pcm is {OUTPUT_RATE} Hz; rate {o.format.rate} is not supported",
+                    f"Output audio/pcm is {OUTPUT_RATE} Hz; rate {out.rate} is not supported",
                     "invalid_value",
                     "session.audio.output.format.rate",
                 )
-            new.output_format = o.format.type
+            new.output_format = out.type
         if o.voice is not UNSET:
             new.voice = check_voice(o.voice, voices, "session.audio.output.voice")
         if o.speed is not UNSET:
-            if not audio.speed_in_range(o.speed):
+            speed = 1.0 if o.speed is None else o.speed
+            if not audio.speed_in_range(speed):
                 raise SessionError(audio.SPEED_ERROR, "invalid_value", "session.audio.output.speed")
-            new.speed = o.speed
+            new.speed = speed
 
+
+TOOL_CHOICES = ("auto", "none", "required")
+
+
+def check_tools(tools: list[Any], max_tools: int, max_chars: int, param: str) -> list[dict[str, Any]]:
+    """``tools`` as given, each a function tool with a name and an object ``parameters`` schema, names
+    unique; raises ``SessionError`` naming the first bad one."""
+    if len(tools) > max_tools:
+        raise SessionError(f"At most {max_tools} tools are allowed, got {len(tools)}", "invalid_value", param)
+    if len(msgspec.json.encode(tools)) > max_chars:
+        raise SessionError(
+            f"Tool definitions are longer than {max_chars} characters", "string_above_max_length", param
+        )
+    seen: set[str] = set()
+    out: list[dict[str, Any]] = []
+    for i, tool in enumerate(tools):
+        where = f"{param}[{i}]"
+        if not isinstance(tool, dict):
+            raise SessionError(f"{where} must be an object", "invalid_value", where)
+        kind = tool.get("type") or "function"
+        if kind != "function":
+            raise SessionError(
+                f"Tool type '{kind}' is not supported; only 'function' tools are", "invalid_value", f"{where}.type"
+            )
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise SessionError(f"{where} needs a 'name'", "missing_required_parameter", f"{where}.name")
+        if name in seen:
+            raise SessionError(f"Duplicate tool name '{name}'", "invalid_value", f"{where}.name")
+        seen.add(name)
+        params = tool.get("parameters")
+        if params is not None and (not isinstance(params, dict) or params.get("type", "object") != "object"):
+            raise SessionError(
+                f"Tool '{name}': 'parameters' must be a JSON Schema object ({{\"type\": \"object\", ...}})",
+                "invalid_value",
+                f"{where}.parameters",
+            )
+        description = tool.get("description")
+        if description is not None and not isinstance(description, str):
+            raise SessionError(f"Tool '{name}': 'description' must be a string", "invalid_value", f"{where}.description")
+        out.append({"type": "function", **{k: v for k, v in tool.items() if k != "type"}})
+    return out
+
+
+def check_tool_choice(choice: Any, tools: list[dict[str, Any]], param: str) -> str | dict[str, Any]:
+    """``auto`` | ``none`` | ``required`` | ``{"type": "function", "name": <a defined tool>}``."""
+    if choice is None:
+        return "auto"
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICES:
+            raise SessionError(
+                f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or a function, got '{choice}'",
+                "invalid_value",
+                param,
+            )
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        if choice["name"] not in {t["name"] for t in tools}:
+            raise SessionError(f"tool_choice names '{choice['name']}', which is not a defined tool", "invalid_value", param)
+        return {"type": "function", "name": choice["name"]}
+    raise SessionError(
+        "tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...}",
+        "invalid_value",
+        param,
+    )

@@ -413,7 +413,8 @@ def test_driver_sees_a_full_turn() -> None:
 # -- found by fuzzing, fixed: regression test --------------------------------------------------------------
 def test_full_conversation_leaves_no_phantom_response() -> None:
     d = Driver(False, max_items=2)
-    d.client({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+    session = {"truncation": "disabled", "audio": {"input": {"turn_detection": None}}}  # else old items are forgotten
+    d.client({"type": "session.update", "session": session})
     for _ in range(2):
         run_action(d, ("item", "user", ["input_text"], "hi", None, 0))
     errors = [e.event.error.code for e in d.client({"type": "response.create"}) if isinstance(e, Send)]

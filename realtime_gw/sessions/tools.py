@@ -1,0 +1,63 @@
+"""The function calls a response makes, assembled from the responder's fragments into
+``function_call`` items. Pure. (Tool definitions are checked in ``settings.py``; the gateway never
+runs a tool: the client does, and sends a ``function_call_output`` item back.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from realtime_gw.protocols import realtime as rt
+from realtime_gw.records.voice import ToolCallDelta
+
+
+@dataclass(slots=True)
+class FunctionCall:
+    """One call a response is making, as its fragments arrive."""
+
+    item_id: str
+    call_id: str
+    name: str = ""
+    fragments: list[str] = field(default_factory=list)
+    output_index: int = 0
+
+    @property
+    def arguments(self) -> str:
+        return "".join(self.fragments)
+
+    def item(self, status: str) -> rt.Item:
+        return rt.Item(
+            type="function_call",
+            id=self.item_id,
+            object="realtime.item",
+            status=status,  # type: ignore[arg-type]
+            call_id=self.call_id,
+            name=self.name,
+            arguments=self.arguments if status != "in_progress" else "",
+        )
+
+
+class FunctionCalls:
+    """A response's calls by the responder's ``index`` (parallel calls), in the order they began."""
+
+    def __init__(self) -> None:
+        self.by_index: dict[int, FunctionCall] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.by_index)
+
+    def __iter__(self) -> Any:
+        return iter(self.by_index.values())
+
+    def feed(self, delta: ToolCallDelta, new_id: Any) -> None:
+        """A fragment. ``new_id(prefix)`` makes item ids (and call ids the backend did not give)."""
+        call = self.by_index.get(delta.index)
+        if call is None:
+            call = self.by_index[delta.index] = FunctionCall(new_id("item"), delta.call_id or new_id("call"))
+        elif delta.call_id and not call.fragments and call.call_id != delta.call_id:
+            call.call_id = delta.call_id
+        if delta.name:
+            call.name = delta.name
+        if delta.arguments:
+            call.fragments.append(delta.arguments)
