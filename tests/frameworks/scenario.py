@@ -60,16 +60,34 @@ def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in body["messages"] if m["role"] == "tool"]
 
 
-async def speak(send: Callable[[bytes], Awaitable[None]], text: str = BARGE_IN, pace: float = 0.5) -> None:
-    """Real speech (Piper) with silence around it, in 100 ms chunks at ``pace`` x real time, through
-    the framework's own audio input."""
+async def speak(
+    send: Callable[[bytes], Awaitable[None]],
+    text: str,
+    heard: Callable[[], bool],
+    pace: float = 0.25,
+    max_silence_s: float = 10.0,
+) -> None:
+    """Real speech (Piper) through the framework's own audio input, in 100 ms chunks at ``pace`` x
+    real time, then silence as a live microphone keeps sending until ``heard()`` (the turn ended:
+    semantic VAD may wait seconds for it)."""
     pcm = await asyncio.to_thread(synthesize, text, RATE)
-    silence = b"\x00\x00" * (RATE * 300 // 1000)
-    audio = silence + pcm + silence * 5
     chunk = RATE * 2 // 10
-    for start in range(0, len(audio), chunk):
-        await send(audio[start : start + chunk])
+    silence = b"\x00" * chunk
+    for start in range(0, len(pcm), chunk):
+        await send(pcm[start : start + chunk])
         await asyncio.sleep(0.1 * pace)
+    for _ in range(int(max_silence_s * 10)):
+        if heard():
+            return
+        await send(silence)
+        await asyncio.sleep(0.1 * pace)
+
+
+async def speak_turn(driver: Driver, tap: RealtimeTap, text: str) -> None:
+    """``text`` spoken until the gateway commits it as a user turn."""
+    start = len(tap.server_events)
+    await driver.send_audio(b"\x00" * (RATE * 2 * 3 // 10))  # a moment of room tone first
+    await speak(driver.send_audio, text, lambda: "input_audio_buffer.committed" in tap.types()[start:])
 
 
 def transcript_of(tap: RealtimeTap, response_id: str) -> str:
@@ -156,7 +174,7 @@ async def barge_in_turn(driver: Driver, tap: RealtimeTap, chat: ChatServer) -> N
     start = len(tap.server_events)
     await driver.say("Tell me another story.")
     first_audio = await tap.wait_for("response.output_audio.delta", start)
-    await speak(driver.send_audio)
+    await speak_turn(driver, tap, BARGE_IN)
     started = await tap.wait_for("input_audio_buffer.speech_started", first_audio)
     interrupted = await tap.wait_for("response.done", first_audio)
     assert interrupted > started and tap.event(interrupted)["response"]["status"] == "cancelled"

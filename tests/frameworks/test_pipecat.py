@@ -31,7 +31,7 @@ from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 
 from tests.chat_server import ChatServer
 from tests.conftest import LiveServer
-from tests.frameworks.scenario import RATE, check_clean_run, forecast, run_scenario, speak
+from tests.frameworks.scenario import RATE, check_clean_run, forecast, run_scenario, speak_turn
 from tests.frameworks.tap import RealtimeTap
 
 WEATHER = FunctionSchema(
@@ -60,13 +60,14 @@ class Recorder(FrameProcessor):
 
 
 class PipecatDriver:
-    def __init__(self, task: PipelineTask) -> None:
+    def __init__(self, task: PipelineTask, tap: RealtimeTap) -> None:
         self.task = task
+        self.tap = tap
 
     async def say(self, text: str) -> None:
         # pipecat's realtime pipelines take user turns as speech (an LLMMessagesAppendFrame only
         # updates the local context), so the user speaks and server VAD ends the turn
-        await speak(self.send_audio, text)
+        await speak_turn(self, self.tap, text)
 
     async def interrupt(self) -> None:
         # what a transport's VAD does when the user starts speaking
@@ -105,7 +106,7 @@ async def test_pipecat_tools_interrupt_and_barge_in(chat: ChatServer, gateway: L
         runner = asyncio.create_task(PipelineRunner(handle_sigint=False).run(task))
         try:
             await tap.wait_for("session.updated")
-            await run_scenario(PipecatDriver(task), tap, chat)
+            await run_scenario(PipecatDriver(task, tap), tap, chat)
             assert not runner.done(), "the pipeline is still running"
             assert llm._websocket is not None, "pipecat's connection is alive"
         finally:
