@@ -3,8 +3,8 @@
 Same contract as the other TTS backends (``tts_base``): text in pieces, then ``END_OF_INPUT``; 24 kHz
 PCM16 ``TtsFrame`` deltas of 1920 samples, the last ``final=True`` (it may be empty). Every step advances
 every stream that has text by one 80 ms frame, all streams in one batched talker + code predictor +
-codec-decoder step (``qwen3/engine.py``); a new stream's prompt is prefilled in its first step, so its
-first audio leaves after one step.
+codec-decoder step (``qwen3/engine.py``); a new stream starts in its first step from its prompt's K/V
+(prefilled once per voice and language, at warm-up, and cached), so its first audio is one frame step.
 
 Text leads audio by one token per frame (the model's streaming mode); words are released to the talker
 once whitespace follows them (``codec/text.TextFeed``). A stream whose text has not ended and whose
