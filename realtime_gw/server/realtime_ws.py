@@ -396,6 +396,7 @@ def _limits(gateway: Gateway, model: str) -> Limits:
         max_item_text_chars=gateway.config.max_item_text_chars,
         max_tools=gateway.config.max_tools,
         context_tokens=gateway.config.responder_context_tokens,
+        reply_tokens=gateway.config.responder_max_tokens,
     )
 
 

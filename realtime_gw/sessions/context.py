@@ -33,8 +33,6 @@ MESSAGE_OVERHEAD_TOKENS = 12
 IMAGE_TOKENS = 768
 """A high-detail image tile budget; images are priced by the backend, not by their URL's length."""
 AUTO_RETENTION = 0.75
-REPLY_RESERVE_SHARE = 8
-"""Without ``max_output_tokens``, 1/8 of the context is kept for the reply."""
 
 
 def estimate_tokens(m: ChatMessage) -> int:
@@ -130,14 +128,18 @@ class ModelContext:
         self.dropped: set[str] = set()
         """Items (by id) cut from the model context."""
 
-    def budget(self, truncation: rt.Truncation, reply_tokens: int | None) -> int:
+    def limit(self, truncation: rt.Truncation) -> int:
+        """The window: the backend's context, or a smaller ``token_limits.post_instructions``."""
         limit = self.context_tokens
         if isinstance(truncation, rt.RetentionRatio) and truncation.token_limits:
             post = truncation.token_limits.get("post_instructions")
             if isinstance(post, int) and post > 0:
                 limit = min(limit, post)
-        reserve = min(reply_tokens, limit // 2) if reply_tokens else limit // REPLY_RESERVE_SHARE
-        return limit - reserve
+        return limit
+
+    def reply_room(self, truncation: rt.Truncation, reply_tokens: int) -> int:
+        """What is kept free for the reply: what it may write, at most half the window."""
+        return min(reply_tokens, self.limit(truncation) // 2)
 
     def messages(
         self,
@@ -145,7 +147,7 @@ class ModelContext:
         truncation: rt.Truncation,
         fixed: list[ChatMessage],
         tools_chars: int,
-        reply_tokens: int | None,
+        reply_tokens: int,
     ) -> list[ChatMessage]:
         """``fixed`` (the instructions) first, then the newest items that fit."""
         self.dropped.intersection_update(e.item.id for e in entries)  # forgotten or deleted items
@@ -155,11 +157,8 @@ class ModelContext:
             self.dropped.clear()  # disabled: the whole conversation, as the client sees it
         else:
             units = [u for u in units if not self.dropped.intersection(u.item_ids)]
-            room = (
-                self.budget(truncation, reply_tokens)
-                - sum(estimate_tokens(m) for m in fixed)
-                - tools_chars // 4
-            )
+            room = self.limit(truncation) - self.reply_room(truncation, reply_tokens)
+            room -= sum(estimate_tokens(m) for m in fixed) + tools_chars // 4
             total = sum(u.tokens for u in units)
             if total > room:
                 keep = max(0.0, min(ratio, 1.0)) * room

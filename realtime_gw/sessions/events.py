@@ -292,3 +292,6 @@ class Limits:
     max_tools: int = 128
     context_tokens: int = 8192
     """The chat backend's context window (``responder_context_tokens``)."""
+    reply_tokens: int = 256
+    """What the responder asks for a reply without ``max_output_tokens`` (``responder_max_tokens``):
+    kept free in the context window."""

@@ -182,7 +182,12 @@ class Responses:
         else:
             tools_chars = len(msgspec.json.encode(r.tools)) if r.offers_tools else 0
             entries = self.conversation.entries()
-            messages = self.model_context.messages(entries, r.truncation, fixed, tools_chars, r.max_output_tokens)
+            reply = r.max_output_tokens or self.limits.reply_tokens
+            messages = self.model_context.messages(entries, r.truncation, fixed, tools_chars, reply)
+            if r.truncation != "disabled":
+                # the reply may only use what the prompt leaves of the window (a backend refuses more)
+                room = self.model_context.limit(r.truncation) - sum(estimate_tokens(m) for m in messages)
+                r.max_output_tokens = max(1, min(reply, room - tools_chars // 4))
         r.prompt_tokens = sum(estimate_tokens(m) for m in messages)
         return [r.start(messages)]
 
