@@ -65,6 +65,9 @@ from realtime_gw.sessions.realtime import RealtimeSession
 log = logging.getLogger(__name__)
 
 TICK_S = 0.25
+YIELD_EVERY = 16
+"""Events a connection's session task handles, or its writer writes, in a row before it lets other
+tasks run (a queue that has items never yields; a burst would hold the loop from other sessions)."""
 ASR_PATIENCE_S = 5.0  # how long a commit may wait for a free ASR decoder
 
 
@@ -102,8 +105,12 @@ class RealtimeConnection:
         reader = self.spawn(self._reader(), "reader")
         ticker = self.spawn(self._ticker(), "ticker")
         self._run_effects(self.session.start(time.monotonic()))
+        handled = 0
         try:
             while True:
+                handled += 1
+                if handled % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
                 item = await self.mailbox.get()
                 if item is _DISCONNECTED:
                     break
@@ -237,12 +244,16 @@ class RealtimeConnection:
                 self.spawn(self.mailbox.put(notice), f"notice-{notice.response_id}")
 
     async def _writer(self) -> None:
+        written = 0
         try:
             while True:
                 due = self.outbox.next_due(time.monotonic())
                 if isinstance(due, Outgoing):
                     self._sync_rooms()
                     await self._write(due.event)
+                    written += 1
+                    if written % YIELD_EVERY == 0:
+                        await asyncio.sleep(0)
                     if due.ttfa_s is not None:
                         TTFA.observe(due.ttfa_s)
                     if due.lateness_s is not None:
