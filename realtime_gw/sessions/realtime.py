@@ -55,6 +55,7 @@ from realtime_gw.sessions.input_buffer import InputBuffer, decode_audio_part
 from realtime_gw.sessions.response import LiveResponse
 from realtime_gw.sessions.responses import Phase, Responses
 from realtime_gw.sessions.settings import SessionError, SessionSettings, TextLimits, apply_session_update
+from realtime_gw.sessions.side import SideResponses
 from realtime_gw.sessions.transcription import Transcriber
 from realtime_gw.sessions.turn_detection import PauseHeard
 from realtime_gw.sessions.turns import Backchannel, Decided, Interrupt, Turns, UserTurn, prefix_ms
@@ -77,6 +78,10 @@ class RealtimeSession:
         self.responses = Responses(
             self.ids, self.conversation, self.turns.playbacks, limits.voices, f"conv_{session_id}", limits
         )
+        self.side = SideResponses(
+            lambda: Responses(self.ids, self.conversation, self.turns.playbacks, limits.voices, f"conv_{session_id}", limits)
+        )
+        """Out-of-band responses running beside the live one (``side.py``)."""
         self.text_limits = TextLimits(limits.max_instructions_chars, limits.max_tools)
 
     # -- what the transport and tests read ---------------------------------------------------------
@@ -119,7 +124,7 @@ class RealtimeSession:
         """The connection is gone: cancel the live response and stop the VAD stream."""
         if self.closed:
             return []
-        return [*self.responses.close(), StopVad(self.turns.vad_stream), *self.transcriber.close()]
+        return [*self.responses.close(), *self.side.close(), StopVad(self.turns.vad_stream), *self.transcriber.close()]
 
     def _wire(self) -> rt.SessionOut:
         return self.settings.to_wire(self.id, self.limits.model, self.duplex)
@@ -243,7 +248,7 @@ class RealtimeSession:
         if part is not None and self.settings.transcription is not None:
             seconds = self.conversation.get(ev.item_id).input_seconds
             out += [self.ids.send(e) for e in transcription_events(ev.item_id, part, ev.error, seconds)]
-        return out + self.responses.start_if_ready()
+        return out + self.responses.start_if_ready() + self.side.start_if_ready()
 
     # -- conversation items --------------------------------------------------------------------------
     def _on_item_create(self, ev: rt.ConversationItemCreateEvent, now: float) -> list[Effect]:
@@ -302,9 +307,20 @@ class RealtimeSession:
 
     # -- responses -----------------------------------------------------------------------------------
     def _on_response_create(self, ev: rt.ResponseCreateEvent, now: float) -> list[Effect]:
-        return self.responses.create(ev.response or rt.ResponseParams(), self.settings, ev.event_id)
+        p = ev.response or rt.ResponseParams()
+        if p.conversation == "none" and self.responses.live is not None:
+            return self.side.create(p, self.settings)
+        return self.responses.create(p, self.settings, ev.event_id)
+
+    def _slot(self, response_id: str) -> Responses:
+        """Where a worker result goes: the out-of-band response it is of, else the main slot (which
+        drops it as stale when it is no response of its own)."""
+        return self.side.get(response_id) or self.responses
 
     def _on_response_cancel(self, ev: rt.ResponseCancelEvent, now: float) -> list[Effect]:
+        side = self.side.get(ev.response_id) if ev.response_id else None
+        if side is not None and side.live is not None:
+            return side.cancel("client_cancelled") + self.side.settle()
         live = self.responses.live
         if live is None or (ev.response_id is not None and ev.response_id != live.id):
             raise SessionError(
@@ -321,6 +337,15 @@ class RealtimeSession:
             return []
         cleared = rt.OutputAudioBufferClearedEvent(response_id=live.id)
         return [*self.responses.cancel("client_cancelled"), self.ids.send(cleared)]
+
+
+def _routed(handle: Any) -> Any:
+    """A worker result, handled by the slot of the response it is of."""
+
+    def run(s: RealtimeSession, ev: Any, now: float) -> list[Effect]:
+        return handle(s, s._slot(ev.response_id), ev) + s.side.settle()  # type: ignore[no-any-return]
+
+    return run
 
 
 _HANDLERS: dict[type, Any] = {
@@ -345,11 +370,12 @@ _HANDLERS: dict[type, Any] = {
     TranscriptionDelta: lambda s, ev, now: s.transcriber.partial(ev, s.settings.transcription is not None),
     TurnVerdict: lambda s, ev, now: [e for step in s.turns.verdict(s.settings, ev, now) for e in s._carry_out(step, now)],
     PlaybackStarted: lambda s, ev, now: s.turns.playback_started(ev),
-    ResponseTextDelta: lambda s, ev, now: s.responses.on_text(ev),
-    ResponseAudio: lambda s, ev, now: s.responses.on_audio(ev),
-    ResponseToolCall: lambda s, ev, now: s.responses.on_tool_call(ev),
-    ResponseUsage: lambda s, ev, now: s.responses.on_usage(ev),
-    ResponseFinished: lambda s, ev, now: s.responses.on_finished(ev, s.settings),
-    ResponseRefused: lambda s, ev, now: s.responses.on_refused(ev),
-    AudioDelivered: lambda s, ev, now: s.responses.on_delivered(ev, s.settings),
+    # worker results go to the slot of the response they are of (the main one, or out-of-band)
+    ResponseTextDelta: _routed(lambda s, slot, ev: slot.on_text(ev)),
+    ResponseAudio: _routed(lambda s, slot, ev: slot.on_audio(ev)),
+    ResponseToolCall: _routed(lambda s, slot, ev: slot.on_tool_call(ev)),
+    ResponseUsage: _routed(lambda s, slot, ev: slot.on_usage(ev)),
+    ResponseFinished: _routed(lambda s, slot, ev: slot.on_finished(ev, s.settings)),
+    ResponseRefused: _routed(lambda s, slot, ev: slot.on_refused(ev)),
+    AudioDelivered: _routed(lambda s, slot, ev: slot.on_delivered(ev, s.settings)),
 }
