@@ -70,6 +70,25 @@ async def test_a_voice_socket_has_its_own_frame_cap(guarded: LiveServer) -> None
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
+async def test_deflate_when_turned_on_inflates_only_up_to_the_frame_cap() -> None:
+    """With --ws-per-message-deflate, 2 MiB that compress to a few KiB are refused (1009) once they
+    inflate past the socket's cap, not inflated to the end."""
+    server = start_server(
+        "--policy", "none", "--tts", "tone", "--ws-per-message-deflate", "--max-frame-bytes", "65536",
+        name="deflate",
+    )  # fmt: skip
+    try:
+        async with websockets.connect(server.ws + "/v1/realtime", compression="deflate") as ws:
+            assert "permessage-deflate" in ws.response.headers.get("Sec-WebSocket-Extensions", "")  # type: ignore[union-attr]
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            await ws.send("x" * (2 * 1024 * 1024))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    finally:
+        stop_server(server)
+
+
 def test_an_endless_header_is_cut_off(guarded: LiveServer) -> None:
     """32 MiB of one header: the server answers 400 (or hangs up) once 16 KiB are buffered, long before
     the header would end; the process does not grow by what was sent."""
