@@ -62,7 +62,7 @@ class Lifetime:
         if self.max_s and now - self.started >= self.max_s:
             return f"session reached its maximum duration of {self.max_s:g} s"
         if self.idle_s and now - self.last_input >= self.idle_s:
-            return f"session idle for {self.idle_s:g} s (no client event)"
+            return f"session was idle for {self.idle_s:g} s (no client event)"
         return None
 
 
