@@ -162,6 +162,26 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     fault_injection: list[str] = msgspec.field(default_factory=list)
     """Tests only: e.g. ["tts:raise@3"], see realtime_gw/models/faults.py."""
 
+    # -- scale-out on Ray (models/remote/, docs/architecture.md "Deployment on Ray") ------------------
+    ray_address: str = ""
+    """Ray cluster to join (e.g. "10.0.0.5:6379", or "auto"); used only when ``remote_stages`` names a
+    stage. Needs the ``ray`` extra; without remote stages Ray is never imported."""
+    remote_stages: str = ""
+    """Comma-separated stages served by Ray actors shared by every front-end of the cluster: any of
+    ``tts``, ``asr``, ``vad``, ``turn``, ``policy`` (e.g. "tts,policy"); the others stay in process."""
+    ray_namespace: str = "realtime_gw"
+    """Ray namespace of the named stage actors: front-ends in one namespace share the same actors."""
+    ray_replicas: int = 1
+    """Actors per remote stage (a stream sticks to the replica that opened it)."""
+    ray_num_cpus: float = 1.0
+    """CPUs Ray reserves for each stage actor."""
+    ray_num_gpus: float | None = None
+    """GPUs Ray reserves for each stage actor; None = 1 for a stage on a CUDA device, else 0."""
+    ray_max_restarts: int = -1
+    """Times Ray restarts a dead stage actor (-1: always)."""
+    ray_lease_s: float = 0.9
+    """A front-end silent this long (it polls every ~0.2 s) is dead: the actors end its streams."""
+
     # -- robots (OpenPI) ------------------------------------------------------------------------------
     policy: Literal["pi0", "noop", "none"] = "pi0"
     """`none` disables the robot socket and skips loading torch."""

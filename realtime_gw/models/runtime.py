@@ -172,6 +172,10 @@ class Stream(Generic[S]):
 class StageWorker:
     """Queue in, per-request result streams out, one batched backend step per iteration."""
 
+    stream_type: type[Stream[Any]] = Stream
+    """What ``submit`` hands out; a Ray stage actor (``models/remote/actor.py``) relays its streams'
+    results to the front-ends that opened them instead of buffering them here."""
+
     def __init__(
         self,
         backend: Backend[Any],
@@ -258,7 +262,7 @@ class StageWorker:
         if len(self._active) + len(self._opening) >= self.max_active:
             WORKER_REJECTED.labels(self.name).inc()
             raise NoFreeSlot(f"{self.name}: no free slot ({self.max_active} requests active)")
-        stream: Stream[Any] = Stream(self, request, self.max_backlog)
+        stream: Stream[Any] = self.stream_type(self, request, self.max_backlog)
         if self.admit is not None and (refusal := self.admit(request)) is not None:
             stream._deliver([], True, refusal)
             return stream
