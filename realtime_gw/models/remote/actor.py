@@ -1,0 +1,213 @@
+"""The Ray actor hosting one stage worker for every front-end of the cluster.
+
+``StageActor`` builds the ordinary ``StageWorker`` for its role (``registry.build_stage``) inside an
+async Ray actor, so streams of all front-ends share its batches, slots and flow control. Its streams
+are ``_Relay`` s: instead of buffering results for a local reader, each step's results go to the
+outbox of the front-end that opened the stream, and that front-end's pending long poll
+(``next_batch``) returns them all in one message. A front-end that stops polling for ``ray_lease_s``
+is dead: its streams are cancelled and their slots come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.contract import END_OF_INPUT, Backend, NoFreeSlot
+from realtime_gw.models.process_backend import DESCRIBED
+from realtime_gw.models.remote.wire import Batch, Described, Load, Outbound
+from realtime_gw.models.runtime import StageWorker, Stream
+
+log = logging.getLogger(__name__)
+
+
+class _Frontend:
+    """One front-end's streams on this actor and the results waiting for its next poll."""
+
+    def __init__(self) -> None:
+        self.streams: dict[int, _Relay] = {}
+        self.outbox: list[tuple[int, list[Any], bool, str | None]] = []
+        self.posted = asyncio.Event()
+        self.seen = time.monotonic()
+
+    def post(self, sid: int, outputs: list[Any], done: bool, error: str | None) -> None:
+        self.outbox.append((sid, outputs, done, error))
+        if done or error is not None:
+            self.streams.pop(sid, None)
+        self.posted.set()
+
+
+class _Relay(Stream[Any]):
+    """A stream whose results go straight to its front-end's outbox (not buffered here); ``paused``
+    while the front-end's own backlog for it is full."""
+
+    frontend: _Frontend | None = None
+    sid = 0
+    paused = False
+    _early: tuple[list[Any], bool, str | None] | None = None
+
+    def bind(self, frontend: _Frontend, sid: int) -> None:
+        self.frontend, self.sid = frontend, sid
+        frontend.streams[sid] = self
+        if self._early is not None:  # refused inside ``submit`` (the worker's cost bound)
+            frontend.post(sid, *self._early)
+
+    def _deliver(self, outputs: list[Any], done: bool, error: str | None) -> None:
+        if self.cancelled:
+            return
+        if done or error is not None:
+            self.finished = True
+        if self.frontend is None:
+            self._early = (outputs, done, error)
+        else:
+            self.frontend.post(self.sid, outputs, done, error)
+
+    def _runnable(self, backend: Backend[Any]) -> bool:
+        return not self.paused and super()._runnable(backend)
+
+
+class StageActor:
+    """Decorated with ``ray.remote`` where it is created (``routing.stage_actors``); this module never
+    imports Ray, so it is testable as a plain object."""
+
+    def __init__(
+        self, build: Callable[[str, GatewayConfig], StageWorker], role: str, config: GatewayConfig
+    ) -> None:
+        """``build``: ``registry.build_stage`` (passed in, so this package never imports the registry
+        that imports it)."""
+        logging.basicConfig(level=config.log_level.upper())
+        self.role = role
+        self.config = config
+        self.lease_s = config.ray_lease_s
+        self.incarnation = uuid.uuid4().hex
+        self.worker: StageWorker = build(role, config)
+        self.worker.stream_type = _Relay
+        self.frontends: dict[str, _Frontend] = {}
+        self.expired: set[str] = set()
+        self._started: asyncio.Task[None] | None = None
+
+    async def _ready(self) -> None:
+        """Started on the first call (an async actor's loop runs only once a call arrives): the warm-up,
+        then the reaper of silent front-ends."""
+        if self._started is None:
+            self._started = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._started)
+
+    async def _start(self) -> None:
+        await self.worker.start(warmup=self.config.warmup)
+        asyncio.ensure_future(self._reap())
+        log.info("stage actor %s (%s) ready", self.role, self.worker.name)
+
+    # -- the front-ends' calls ---------------------------------------------------------------------
+    async def describe(self) -> Described:
+        await self._ready()
+        backend = self.worker.backend
+        attributes = {a: getattr(backend, a) for a in DESCRIBED if hasattr(backend, a)}
+        return Described(self.incarnation, self.worker.name, self.worker.max_backlog, attributes)
+
+    async def send(self, frontend_id: str, msg: Outbound) -> list[tuple[int, str]]:
+        """Apply a front-end's changes; answers the opens refused for want of a slot (the front-end
+        tries its next replica)."""
+        await self._ready()
+        frontend = self._frontend(frontend_id)
+        refused: list[tuple[int, str]] = []
+        for sid, request, inputs in msg.opens:
+            try:
+                stream = self.worker.submit(request)
+            except NoFreeSlot as e:
+                refused.append((sid, str(e)))
+                continue
+            assert isinstance(stream, _Relay)
+            stream.bind(frontend, sid)
+            _push(stream, inputs)
+        for sid, items in msg.inputs:
+            if (stream := frontend.streams.get(sid)) is not None:
+                _push(stream, items)
+        for sid in msg.cancels:
+            if (stream := frontend.streams.pop(sid, None)) is not None:
+                stream.cancel()
+        for sids, paused in ((msg.paused, True), (msg.resumed, False)):
+            for sid in sids:
+                if (stream := frontend.streams.get(sid)) is not None:
+                    stream.paused = paused
+        if msg.resumed:
+            self.worker.wake()
+        return refused
+
+    async def next_batch(self, frontend_id: str, timeout_s: float) -> Batch:
+        """Every result produced for this front-end since its last poll; waits up to ``timeout_s`` for
+        one. Each poll renews the front-end's lease."""
+        await self._ready()
+        lost = frontend_id in self.expired
+        self.expired.discard(frontend_id)
+        frontend = self._frontend(frontend_id)
+        if not frontend.outbox:
+            frontend.posted.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(frontend.posted.wait(), timeout_s)
+        results, frontend.outbox = frontend.outbox, []
+        return Batch(self.incarnation, self.load(), results, lost)
+
+    async def leave(self, frontend_id: str) -> None:
+        """A front-end shutting down in order: its streams end now, not at its lease's end."""
+        if (frontend := self.frontends.pop(frontend_id, None)) is not None:
+            _cancel_all(frontend)
+
+    def load(self) -> Load:
+        w = self.worker
+        queue = sum(1 for f in self.frontends.values() for s in f.streams.values() if s.state is None)
+        return Load(
+            ready=w.ready,
+            free_slots=max(0, w.max_active - w.active_count),
+            active=w.active_count,
+            queue=queue,
+            max_active=w.max_active,
+            frontends=len(self.frontends),
+        )
+
+    def streams_of(self, frontend_id: str) -> int:
+        """Streams a front-end holds here (tests: a dead front-end's go away)."""
+        frontend = self.frontends.get(frontend_id)
+        return len(frontend.streams) if frontend is not None else 0
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _frontend(self, frontend_id: str) -> _Frontend:
+        frontend = self.frontends.get(frontend_id)
+        if frontend is None:
+            frontend = self.frontends[frontend_id] = _Frontend()
+        frontend.seen = time.monotonic()
+        return frontend
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 8)
+            now = time.monotonic()
+            for frontend_id, frontend in list(self.frontends.items()):
+                if now - frontend.seen > self.lease_s:
+                    log.warning(
+                        "front-end %s silent for %.1f s: ending its streams", frontend_id, self.lease_s
+                    )
+                    del self.frontends[frontend_id]
+                    if frontend.streams:
+                        self.expired.add(frontend_id)
+                    _cancel_all(frontend)
+
+
+def _push(stream: Stream[Any], items: list[Any]) -> None:
+    for item in items:
+        if item is END_OF_INPUT:
+            stream.close_input()
+        else:
+            stream.push(item)
+
+
+def _cancel_all(frontend: _Frontend) -> None:
+    for stream in frontend.streams.values():
+        stream.cancel()
+    frontend.streams.clear()

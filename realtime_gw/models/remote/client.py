@@ -1,0 +1,320 @@
+"""The front-end's side of a remote stage: a ``StageWorker`` look-alike whose work runs in Ray actors.
+
+``RemoteStage.submit(request)`` returns an ordinary ``runtime.Stream`` at once, so sessions and the
+transport cannot tell a remote stage from a local one. The stream goes to the ready replica with the
+most free slots (as last reported) and stays there; one that answers "no free slot" passes it on to
+the next, and when none is left the stream ends with ``NoFreeSlot`` (the transport's refusal path).
+
+Per replica, two loops carry every stream of this front-end: a sender (one ``send`` call with all
+opens, inputs, cancels and flow-control changes since the last one) and a long poll (``next_batch``:
+all results since the last poll, at most one message per worker step). A replica that dies (the call
+fails, or it answers from a new incarnation after Ray restarted it) fails the streams it held with
+``WorkerFault``; new streams go to the live replicas meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import uuid
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from prometheus_client import Gauge
+
+from realtime_gw.models.contract import NoFreeSlot
+from realtime_gw.models.remote.routing import replica_order
+from realtime_gw.models.remote.wire import Batch, Described, Load, Outbound
+from realtime_gw.models.runtime import Stream
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.2
+"""Longest a poll waits for results: the front-end's heartbeat (well inside ``ray_lease_s``)."""
+RETRY_S = 0.2
+"""Pause between calls to a replica that failed (Ray is restarting it)."""
+
+REMOTE_READY = Gauge(
+    "realtime_gw_remote_worker_ready", "Remote replica warmed up and reachable", ["worker", "replica"]
+)
+REMOTE_FREE = Gauge(
+    "realtime_gw_remote_worker_free_slots", "Free slots of a remote replica", ["worker", "replica"]
+)
+REMOTE_ACTIVE = Gauge(
+    "realtime_gw_remote_worker_active_requests",
+    "Requests a remote replica holds (all front-ends)",
+    ["worker", "replica"],
+)
+REMOTE_QUEUE = Gauge(
+    "realtime_gw_remote_worker_queue_depth",
+    "Requests waiting to be opened on a remote replica",
+    ["worker", "replica"],
+)
+REMOTE_FRONTENDS = Gauge(
+    "realtime_gw_remote_worker_frontends", "Front-ends using a remote replica", ["worker", "replica"]
+)
+REMOTE_FAULTS = Gauge(
+    "realtime_gw_remote_worker_faults",
+    "Replica deaths/restarts seen by this front-end",
+    ["worker", "replica"],
+)
+
+
+@dataclass(eq=False)
+class _Entry:
+    """One of this front-end's streams, as the sender sees it."""
+
+    sid: int
+    stream: Stream[Any]
+    replica: _Replica
+    tried: list[_Replica] = field(default_factory=list)
+    opened: bool = False
+    """Its open was sent (the replica may still refuse it)."""
+    confirmed: bool = False
+    """The replica accepted it: its slot shows in the replica's reported load."""
+    taken: list[Any] = field(default_factory=list)
+    """Inputs sent with the open: given back to the stream if the replica refuses it."""
+    paused: bool = False
+
+
+@dataclass(eq=False)
+class _Replica:
+    index: int
+    actor: Any
+    incarnation: str | None = None
+    load: Load | None = None
+    ready: bool = False
+    faults: int = 0
+
+
+class RemoteStage:
+    """What ``registry.Workers`` holds for a stage served by Ray actors (``StageWorker``'s interface)."""
+
+    def __init__(self, role: str, actors: list[Any]) -> None:
+        self.role = role
+        self.name = f"remote-{role}"
+        self.frontend_id = uuid.uuid4().hex
+        self.replicas = [_Replica(i, a) for i, a in enumerate(actors)]
+        self.backend: Any = SimpleNamespace(name=self.name)
+        """The hosted backend's described attributes (``voices`` for ``accepted_voices``)."""
+        self.max_backlog = 64
+        self.restarts = 0
+        self._entries: dict[int, _Entry] = {}
+        self._sids = itertools.count(1)
+        self._wake: asyncio.Event | None = None
+        self._slot_freed: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- StageWorker's interface -------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return any(r.ready for r in self.replicas)
+
+    @property
+    def max_active(self) -> int:
+        return sum(r.load.max_active for r in self.replicas if r.load is not None)
+
+    @property
+    def active_count(self) -> int:
+        return len(self._entries)
+
+    async def start(self, warmup: bool = True) -> None:
+        """Join every replica (creating it warms it up: ``warmup`` is the actor's config's)."""
+        self._wake, self._slot_freed = asyncio.Event(), asyncio.Event()
+        described: list[Described] = await asyncio.gather(*(r.actor.describe.remote() for r in self.replicas))
+        first = described[0]
+        self.backend = SimpleNamespace(name=first.name, **first.attributes)
+        self.max_backlog = first.max_backlog
+        # A first poll that does not wait: each replica's load, so ``ready`` and routing hold at once.
+        batches = await asyncio.gather(
+            *(r.actor.next_batch.remote(self.frontend_id, 0.0) for r in self.replicas)
+        )
+        for replica, batch in zip(self.replicas, batches, strict=True):
+            self._apply(replica, batch)
+        self._tasks = [asyncio.create_task(self._send_loop(), name=f"{self.name}-send")]
+        self._tasks += [
+            asyncio.create_task(self._poll_loop(r), name=f"{self.name}-poll-{r.index}") for r in self.replicas
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for entry in list(self._entries.values()):
+            entry.stream.cancel()
+        self._entries.clear()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                asyncio.gather(*(r.actor.leave.remote(self.frontend_id) for r in self.replicas)), 2.0
+            )
+
+    def wake(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def submit(self, request: Any) -> Stream[Any]:
+        order = replica_order(self._free_slots())
+        if not order:
+            live = sum(r.ready for r in self.replicas)
+            why = "every replica is full" if live else "no replica is ready (restarting?)"
+            raise NoFreeSlot(f"{self.name}: no free slot ({why})")
+        stream: Stream[Any] = Stream(self, request, self.max_backlog)  # type: ignore[arg-type]
+        sid = next(self._sids)
+        replica = self.replicas[order[0]]
+        self._entries[sid] = _Entry(sid, stream, replica, tried=[replica])
+        self.wake()
+        return stream
+
+    async def slot_freed(self, timeout: float) -> bool:
+        assert self._slot_freed is not None, "remote stage not started"
+        try:
+            await asyncio.wait_for(self._slot_freed.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    # -- sender: one call per replica with everything since the last ------------------------------
+    async def _send_loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            messages = self._collect()
+            if messages:
+                await asyncio.gather(*(self._send(r, m, opened) for r, (m, opened) in messages.items()))
+
+    def _collect(self) -> dict[_Replica, tuple[Outbound, list[_Entry]]]:
+        messages: dict[_Replica, tuple[Outbound, list[_Entry]]] = {}
+        for sid, e in list(self._entries.items()):
+            s = e.stream
+            if s.finished and not s.cancelled:
+                continue  # its end came from the replica; the entry left with it
+            msg, opened = messages.setdefault(e.replica, (Outbound(), []))
+            if s.cancelled:
+                self._forget(sid)
+                if e.opened:
+                    msg.cancels.append(sid)
+                continue
+            if not e.opened:
+                e.opened, e.taken, s.pending = True, s.pending, []
+                msg.opens.append((sid, s.request, e.taken))
+                opened.append(e)
+            elif s.pending:
+                msg.inputs.append((sid, s.pending))
+                s.pending = []
+            paused = s.backlog >= self.max_backlog
+            if paused != e.paused:
+                e.paused = paused
+                (msg.paused if paused else msg.resumed).append(sid)
+        return {r: (m, o) for r, (m, o) in messages.items() if m}
+
+    async def _send(self, replica: _Replica, msg: Outbound, opened: list[_Entry]) -> None:
+        try:
+            refused = await replica.actor.send.remote(self.frontend_id, msg)
+        except Exception as e:  # the replica died: its poll loop fails what it held
+            log.warning("%s replica %d: send failed: %s", self.name, replica.index, e)
+            refused = [(en.sid, f"{self.name}: replica {replica.index} unreachable") for en in opened]
+        for entry in opened:
+            entry.confirmed = True
+        for sid, reason in refused:
+            if (entry := self._entries.get(sid)) is not None:
+                self._next_replica(entry, reason)
+
+    def _next_replica(self, entry: _Entry, reason: str) -> None:
+        """Refused: the next replica with room, or the end of the stream with ``NoFreeSlot``."""
+        entry.stream.pending = entry.taken + entry.stream.pending
+        entry.taken, entry.opened, entry.confirmed = [], False, False
+        for i in replica_order(self._free_slots()):
+            replica = self.replicas[i]
+            if replica not in entry.tried:
+                entry.replica = replica
+                entry.tried.append(replica)
+                self.wake()
+                return
+        self._forget(entry.sid)
+        entry.stream._deliver([], True, reason)
+        entry.stream._error = NoFreeSlot(reason)  # a refusal, not a fault: the transport's refusal path
+
+    def _free_slots(self) -> list[int | None]:
+        """Each replica's free slots as last reported, less the streams sent its way since (None: not
+        ready)."""
+        unconfirmed = {r.index: 0 for r in self.replicas}
+        for e in self._entries.values():
+            if not e.confirmed:
+                unconfirmed[e.replica.index] += 1
+        return [
+            r.load.free_slots - unconfirmed[r.index] if r.ready and r.load is not None else None
+            for r in self.replicas
+        ]
+
+    def _forget(self, sid: int) -> None:
+        if self._entries.pop(sid, None) is not None:
+            self._slots_returned()
+
+    def _slots_returned(self) -> None:
+        # One event per generation, as StageWorker's: waiters of this one wake, later ones wait anew.
+        if self._slot_freed is not None:
+            event, self._slot_freed = self._slot_freed, asyncio.Event()
+            event.set()
+
+    # -- long poll: every result for this front-end, one message per step -------------------------
+    async def _poll_loop(self, replica: _Replica) -> None:
+        while True:
+            try:
+                batch: Batch = await replica.actor.next_batch.remote(self.frontend_id, POLL_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if replica.ready or replica.incarnation is not None:
+                    self._replica_failed(
+                        replica, f"{self.name}: worker replica {replica.index} died ({type(e).__name__})"
+                    )
+                    replica.incarnation = None
+                await asyncio.sleep(RETRY_S)
+                continue
+            self._apply(replica, batch)
+
+    def _apply(self, replica: _Replica, batch: Batch) -> None:
+        if replica.incarnation not in (None, batch.incarnation):
+            self._replica_failed(replica, f"{self.name}: worker replica {replica.index} restarted")
+        if batch.lost:
+            self._replica_failed(
+                replica, f"{self.name}: this front-end's lease on replica {replica.index} expired"
+            )
+        replica.incarnation = batch.incarnation
+        for sid, outputs, done, error in batch.results:
+            entry = self._entries.get(sid)
+            if entry is None or entry.replica is not replica:
+                continue  # cancelled here meanwhile
+            entry.stream._deliver(outputs, done, error)
+            if done or error is not None:
+                self._forget(sid)
+        replica.load, replica.ready = batch.load, batch.load.ready
+        self._export(replica)
+        if batch.load.free_slots:
+            self._slots_returned()  # maybe freed by another front-end: waiters try again
+
+    def _replica_failed(self, replica: _Replica, reason: str) -> None:
+        log.error("%s; failing its streams", reason)
+        replica.ready = False
+        replica.faults += 1
+        self.restarts += 1
+        for entry in [e for e in self._entries.values() if e.replica is replica]:
+            if entry.opened:
+                self._forget(entry.sid)
+                entry.stream._deliver([], True, reason)
+            else:
+                self._next_replica(entry, reason)  # not sent yet: another replica may take it
+        self._export(replica)
+
+    def _export(self, replica: _Replica) -> None:
+        labels = (self.name, str(replica.index))
+        load = replica.load or Load()
+        REMOTE_READY.labels(*labels).set(1 if replica.ready else 0)
+        REMOTE_FREE.labels(*labels).set(load.free_slots if replica.ready else 0)
+        REMOTE_ACTIVE.labels(*labels).set(load.active)
+        REMOTE_QUEUE.labels(*labels).set(load.queue)
+        REMOTE_FRONTENDS.labels(*labels).set(load.frontends)
+        REMOTE_FAULTS.labels(*labels).set(replica.faults)

@@ -1,0 +1,63 @@
+"""The messages between a front-end (``client.RemoteStage``) and a stage actor (``actor.StageActor``).
+
+Two calls per front-end carry everything, whatever the number of streams: ``send`` (every open, input,
+cancel and flow-control change since the last one) and ``next_batch`` (a long poll answered with every
+result the worker's steps produced for that front-end since the last poll: one message per step when
+the front-end keeps up). Plain dataclasses: Ray pickles them (numpy arrays out of band).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Outbound:
+    """A front-end's changes since its last ``send``; ``sid`` s are the front-end's own stream ids."""
+
+    opens: list[tuple[int, Any, list[Any]]] = field(default_factory=list)
+    """(sid, request, inputs pushed so far)"""
+    inputs: list[tuple[int, list[Any]]] = field(default_factory=list)
+    cancels: list[int] = field(default_factory=list)
+    paused: list[int] = field(default_factory=list)
+    """Streams whose front-end backlog is full: the worker stops advancing them (flow control)."""
+    resumed: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.opens or self.inputs or self.cancels or self.paused or self.resumed)
+
+
+@dataclass(slots=True)
+class Load:
+    """A replica's state as every front-end sees it (``/metrics``, routing, ``/readyz``)."""
+
+    ready: bool = False
+    free_slots: int = 0
+    active: int = 0
+    queue: int = 0
+    max_active: int = 0
+    frontends: int = 0
+
+
+@dataclass(slots=True)
+class Batch:
+    """One long poll's answer."""
+
+    incarnation: str
+    """Changes when Ray restarts the actor: every stream the front-end had there is gone."""
+    load: Load
+    results: list[tuple[int, list[Any], bool, str | None]] = field(default_factory=list)
+    """(sid, outputs, done, error) in the order the worker produced them."""
+    lost: bool = False
+    """The front-end's lease had expired: its streams there were ended."""
+
+
+@dataclass(slots=True)
+class Described:
+    """What a front-end learns about the hosted stage when it joins (``accepted_voices`` etc.)."""
+
+    incarnation: str
+    name: str
+    max_backlog: int
+    attributes: dict[str, Any]
