@@ -412,6 +412,7 @@ def _validated(
     tool_choice = s.tool_choice if p.tool_choice is None else p.tool_choice
     tool_choice = check_tool_choice(tool_choice, tools, "response.tool_choice")
     context = None if p.input is None else _input_context(p.input, conversation, limits.max_item_text_chars)
+    _check_metadata(p.metadata)
     max_tokens = p.max_output_tokens if p.max_output_tokens not in (None, "inf") else s.max_output_tokens
     if isinstance(max_tokens, int) and max_tokens < 1:
         raise SessionError("max_output_tokens must be at least 1", "invalid_value", "response.max_output_tokens")
@@ -429,6 +430,18 @@ def _validated(
         "temperature": p.temperature,
         "truncation": s.truncation,
     }
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    """OpenAI's bounds (16 pairs, keys ≤ 64, values ≤ 512 characters): it is echoed twice."""
+    if metadata is None:
+        return
+    if len(metadata) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in metadata.items()):
+        raise SessionError(
+            "metadata: at most 16 pairs, keys up to 64 and values up to 512 characters",
+            "invalid_value",
+            "response.metadata",
+        )
 
 
 def _input_context(raw: list[Any], conversation: Conversation, max_chars: int) -> list[ChatMessage]:

@@ -150,7 +150,7 @@ def apply_session_update(
     if p.truncation is not UNSET:
         new.truncation = _checked_truncation(p.truncation)
     if p.audio is not UNSET and p.audio is not None:
-        _apply_audio(new, p.audio, voices)
+        _apply_audio(new, p.audio, voices, limits)
     if p.duplex is not UNSET and p.duplex is not None:
         d = p.duplex
         new.duplex = DuplexSettings(
@@ -181,7 +181,7 @@ def _checked_truncation(t: rt.Truncation | None) -> rt.Truncation:
     return t
 
 
-def _apply_audio(new: SessionSettings, a: rt.AudioConfig, voices: frozenset[str]) -> None:
+def _apply_audio(new: SessionSettings, a: rt.AudioConfig, voices: frozenset[str], limits: TextLimits) -> None:
     if a.input is not UNSET and a.input is not None:
         i = a.input
         if i.format is not UNSET:
@@ -192,6 +192,8 @@ def _apply_audio(new: SessionSettings, a: rt.AudioConfig, voices: frozenset[str]
                 raise SessionError(str(e), "invalid_value", "session.audio.input.format") from None
             new.input_format = fmt.type
         if i.transcription is not UNSET:
+            if i.transcription is not None and i.transcription.prompt is not None:
+                check_instructions(i.transcription.prompt, limits, "session.audio.input.transcription.prompt")
             new.transcription = i.transcription
         if i.turn_detection is not UNSET:
             td = i.turn_detection

@@ -154,3 +154,8 @@ def test_oversized_instructions_and_item_text_are_refused_before_any_echo() -> N
     out = {"type": "function_call_output", "call_id": "c", "output": "o" * 51}
     (err,) = errors(client(s, {"type": "conversation.item.create", "item": out}))
     assert err.error.param == "item.output"
+    prompt = {"audio": {"input": {"transcription": {"model": "x", "prompt": "p" * 101}}}}
+    (err,) = errors(client(s, {"type": "session.update", "session": prompt}))
+    assert err.error.param == "session.audio.input.transcription.prompt" and s.settings.transcription is None
+    (err,) = errors(client(s, {"type": "response.create", "response": {"metadata": {"k": "v" * 513}}}))
+    assert err.error.param == "response.metadata"
