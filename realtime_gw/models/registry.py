@@ -21,6 +21,8 @@ class Workers:
     asr: StageWorker
     vad: StageWorker
     policy: StageWorker | None = None
+    turn: StageWorker | None = None
+    """Semantic VAD's end-of-turn model; None: pauses are judged by silence length."""
     all: list[StageWorker] = field(default_factory=list)
 
     @property
@@ -157,6 +159,12 @@ def build_workers(config: GatewayConfig) -> Workers:
         "vad", SileroVadBackend(), config, max_batch=config.vad_max_batch, max_active=config.worker_max_active
     )
     workers = Workers(tts=tts, asr=asr, vad=vad)
+    from realtime_gw.models.speech.turn_smart import TURN_MAX_BATCH, SmartTurnBackend
+
+    # In-thread like Silero: onnxruntime releases the GIL; one batched call (~50 ms) per step.
+    workers.turn = _worker(
+        "turn", SmartTurnBackend(), config, max_batch=TURN_MAX_BATCH, max_active=config.worker_max_active
+    )
     if config.policy != "none":
         from realtime_gw.models.policy.factory import build_policy_backend
 
@@ -169,5 +177,5 @@ def build_workers(config: GatewayConfig) -> Workers:
             max_wait_ms=config.policy_max_wait_ms,
             max_active=config.openpi_max_sessions * 2,
         )
-    workers.all = [w for w in (tts, asr, vad, workers.policy) if w is not None]
+    workers.all = [w for w in (tts, asr, vad, workers.turn, workers.policy) if w is not None]
     return workers

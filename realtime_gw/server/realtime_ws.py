@@ -33,14 +33,18 @@ from realtime_gw.records.voice import (
 from realtime_gw.server import auth
 from realtime_gw.server.admission import Admission
 from realtime_gw.server.gateway import Gateway
+from realtime_gw.server.listening import Listening
 from realtime_gw.server.metrics import FRAME_LATENESS, TTFA
 from realtime_gw.server.outbox import Notice, Outbox, OutboxFull, Outgoing
 from realtime_gw.server.realtime_input import ClientInput, FromClient
 from realtime_gw.sessions.events import (
+    AskTurn,
     AwaitDelivery,
+    CancelAsr,
     CancelResponse,
     Close,
     Effect,
+    FeedAsr,
     FeedVad,
     Limits,
     PurgeAudio,
@@ -51,6 +55,7 @@ from realtime_gw.sessions.events import (
     ResponseToolCall,
     ResponseUsage,
     Send,
+    StartAsr,
     StartResponse,
     StartVad,
     StopVad,
@@ -91,6 +96,8 @@ class RealtimeConnection:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.vad_streams: dict[int, Stream[Any]] = {}
         self.responses: dict[str, asyncio.Task[None]] = {}
+        turn_worker = getattr(gateway.workers, "turn", None)
+        self.listening = Listening(gateway.workers.asr, turn_worker, self.mailbox.put, self.spawn)
         self.close_reason: tuple[int, str] | None = None
 
     # -- task plumbing -------------------------------------------------------------------------------
@@ -195,6 +202,8 @@ class RealtimeConnection:
                 stream = self.vad_streams.pop(e.stream_id, None)
                 if stream is not None:
                     stream.cancel()
+            elif isinstance(e, (StartAsr, FeedAsr, CancelAsr, AskTurn)):
+                self.listening.run(e)
             elif isinstance(e, Transcribe):
                 self.spawn(self._transcribe(e), f"asr-{e.item_id}")
             elif isinstance(e, StartResponse):
@@ -312,7 +321,10 @@ class RealtimeConnection:
             self.vad_streams[stream_id] = stream
 
     async def _transcribe(self, e: Transcribe) -> None:
-        stream: Stream[Any] | None = None
+        if e.streamed and (text := await self.listening.end(e.item_id)) is not None:
+            await self.mailbox.put(TranscriptionDone(e.item_id, text))
+            return
+        stream: Stream[Any] | None = None  # no stream heard the turn: its audio in one shot
         try:
             stream = await submit_with_retry(self.gateway.workers.asr, AsrRequest(e.pcm, e.sample_rate))
             results = await stream.collect()

@@ -9,7 +9,7 @@ whole utterance up front: one step, batch CMN over the utterance trimmed of long
 robust than any running estimate on a mismatched channel, e.g. 8 kHz telephone audio).
 
 Streamed cepstral mean normalisation: the model's initial mean is far from real speech and the live estimate
-moves slowly, so each utterance starts from the batch mean of its own first second (a feature-only
+moves slowly, so each utterance starts from the batch mean of its own first 0.5 s (a feature-only
 pass, no search), then decodes live from its beginning. Measured on six Piper sentences: the same
 mean WER as the one-shot decode at 16/24 kHz, and words equal to it on the test sentences. Fixed blocks make the words
 independent of how the client chunked its audio, and no state carries over from a decoder's previous
@@ -37,8 +37,8 @@ ASR_RATE = 16000
 """The bundled acoustic model is trained on 16 kHz audio."""
 BLOCK_BYTES = 2 * ASR_RATE // 10
 """100 ms of 16 kHz PCM16: the unit ``process_raw`` is fed in."""
-CMN_PRIME_BYTES = 2 * ASR_RATE
-"""The first second of an utterance sets its cepstral mean."""
+CMN_PRIME_BYTES = ASR_RATE
+"""The first half second of an utterance sets its cepstral mean (the first words wait for it)."""
 MIN_UTTERANCE_BYTES = 2 * ASR_RATE // 10
 """Under 100 ms no word fits, and the search errors on a too-short utterance."""
 
@@ -49,7 +49,7 @@ class AsrState:
     decoder: Any
     resampler: FloatResampler
     pending: bytearray = field(default_factory=bytearray)
-    """16 kHz PCM not yet decoded (the first second until it is complete, then less than a block)."""
+    """16 kHz PCM not yet decoded (the first 0.5 s until it is complete, then less than a block)."""
     decoded_bytes: int = 0
     ended: bool = False
     whole: bytes | None = None
@@ -159,7 +159,7 @@ class PocketsphinxAsrBackend:
         return StepResult(outputs=[AsrResult(text, final=False)])
 
     def _start(self, state: AsrState) -> None:
-        """Set the cepstral mean from the utterance's first second, then start decoding it."""
+        """Set the cepstral mean from the utterance's first 0.5 s, then start decoding it."""
         d = state.decoder
         d.reinit_feat()  # fresh front end: CMN and dither as at load, whatever the decoder did before
         d.start_utt()

@@ -1,0 +1,113 @@
+"""The transport side of a session's listening: streamed transcriptions and turn-model questions.
+
+It runs the session's ``StartAsr`` / ``FeedAsr`` / ``CancelAsr`` / ``AskTurn`` effects against the
+ASR and turn workers and posts what comes back to the session's mailbox (``TranscriptionDelta``,
+``TurnVerdict``). At a commit (``Transcribe(streamed=True)``), ``end`` closes the turn's stream and
+returns its transcript, or None when the turn has no usable stream (none was free when the user
+started speaking, or it failed): the caller then transcribes the committed audio in one shot, which
+``Transcribe`` always carries, so a turn never goes without a transcript for want of a stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFault
+from realtime_gw.records.voice import AsrStreamRequest, TurnRequest
+from realtime_gw.sessions.events import AskTurn, CancelAsr, FeedAsr, StartAsr, TranscriptionDelta, TurnVerdict
+
+log = logging.getLogger(__name__)
+
+ListenEffect = StartAsr | FeedAsr | CancelAsr | AskTurn
+
+
+@dataclass(eq=False)
+class TurnStream:
+    stream: Stream[Any]
+    final: asyncio.Future[str | None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    """The transcript, or None if the stream ended without one (failed)."""
+
+
+class Listening:
+    def __init__(
+        self,
+        asr: StageWorker,
+        turn: StageWorker | None,
+        post: Callable[[Any], Awaitable[None]],
+        spawn: Callable[[Any, str], asyncio.Task[Any]],
+    ) -> None:
+        self.asr = asr
+        self.turn = turn
+        self.post = post
+        self.spawn = spawn
+        self.streams: dict[str, TurnStream] = {}
+
+    def run(self, e: ListenEffect) -> None:
+        if isinstance(e, StartAsr):
+            self._start(e)
+        elif isinstance(e, FeedAsr):
+            turn = self.streams.get(e.item_id)
+            if turn is not None:
+                turn.stream.push(e.pcm)
+        elif isinstance(e, CancelAsr):
+            turn = self.streams.pop(e.item_id, None)
+            if turn is not None:
+                turn.stream.cancel()
+        else:
+            self.spawn(self._ask(e), f"turn-{e.pause_id}")
+
+    def _start(self, e: StartAsr) -> None:
+        try:
+            stream = self.asr.submit(AsrStreamRequest(e.sample_rate))
+        except NoFreeSlot as err:  # the commit transcribes this turn in one shot instead
+            log.info("no ASR stream for %s: %s", e.item_id, err)
+            return
+        turn = TurnStream(stream)
+        self.streams[e.item_id] = turn
+        self.spawn(self._pump(e.item_id, turn), f"asr-{e.item_id}")
+
+    async def _pump(self, item_id: str, turn: TurnStream) -> None:
+        try:
+            async for result in turn.stream:
+                if result.final:
+                    turn.final.set_result(result.text)
+                else:
+                    await self.post(TranscriptionDelta(item_id, result.text))
+        except WorkerFault as err:
+            log.warning("ASR stream of %s failed: %s", item_id, err)
+        finally:
+            if not turn.final.done():
+                turn.final.set_result(None)
+
+    async def end(self, item_id: str) -> str | None:
+        """The turn was committed: its stream's transcript (None: it has none; transcribe in one shot)."""
+        turn = self.streams.pop(item_id, None)
+        if turn is None:
+            return None
+        turn.stream.close_input()
+        try:
+            return await turn.final
+        finally:
+            turn.stream.cancel()
+
+    def close(self) -> None:
+        for turn in self.streams.values():
+            turn.stream.cancel()
+        self.streams.clear()
+
+    async def _ask(self, e: AskTurn) -> None:
+        if self.turn is None:
+            await self.post(TurnVerdict(e.pause_id, None, "no turn model is configured"))
+            return
+        try:
+            [score] = await self.turn.submit(TurnRequest(e.pcm, e.sample_rate)).collect()
+            verdict = TurnVerdict(e.pause_id, score.probability)
+        except (NoFreeSlot, WorkerFault, ValueError) as err:
+            verdict = TurnVerdict(e.pause_id, None, str(err))
+        await self.post(verdict)
