@@ -1,0 +1,40 @@
+"""The registry's wiring: GIL-holding CPU backends in child processes unless opted out; cost bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.process_backend import ProcessBackend
+from realtime_gw.models.registry import build_tts, build_workers, utterance_bound
+from realtime_gw.records.voice import AsrRequest, TtsRequest
+
+
+def test_pocketsphinx_and_piper_run_in_child_processes_by_default() -> None:
+    workers = build_workers(GatewayConfig(policy="none"))
+    assert isinstance(workers.asr.backend, ProcessBackend) and workers.asr.hosted
+    assert isinstance(workers.tts.backend, ProcessBackend) and workers.tts.name == "tts-piper"
+    assert not workers.vad.hosted  # Silero stays on its thread
+    assert workers.asr.backend.pid is None  # nothing is spawned before the worker starts
+
+
+def test_in_process_opt_out_and_tone_stay_on_threads() -> None:
+    config = GatewayConfig(policy="none", tts="tone", cpu_backends_in_process=True, tts_max_text_chars=123)
+    tts = build_tts(config)
+    assert not tts.hosted and tts.backend.max_text_chars == 123
+    workers = build_workers(config)
+    assert not workers.asr.hosted
+
+
+def test_a_commit_longer_than_the_bound_is_refused_with_the_reason() -> None:
+    admit = utterance_bound(60.0)
+    one_minute = AsrRequest(pcm=b"\0\0" * 16000 * 60, sample_rate=16000)
+    assert admit(one_minute) is None
+    refusal = admit(AsrRequest(pcm=b"\0\0" * 24000 * 61, sample_rate=24000))
+    assert refusal is not None and "61.0 s" in refusal and "asr_max_utterance_s" in refusal
+    assert admit(TtsRequest()) is None  # other requests are not its business
+
+
+@pytest.mark.parametrize("rate", [0, -8000])
+def test_bad_rates_are_left_to_the_backend(rate: int) -> None:
+    assert utterance_bound(1.0)(AsrRequest(pcm=b"\0\0" * 100, sample_rate=rate)) is None
