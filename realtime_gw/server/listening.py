@@ -3,9 +3,10 @@
 It runs the session's ``StartAsr`` / ``FeedAsr`` / ``CancelAsr`` / ``AskTurn`` effects against the
 ASR and turn workers and posts what comes back to the session's mailbox (``TranscriptionDelta``,
 ``TurnVerdict``). At a commit (``Transcribe(streamed=True)``), ``end`` closes the turn's stream and
-returns its transcript, or None when the turn has no usable stream (none was free when the user
-started speaking, or it failed): the caller then transcribes the committed audio in one shot, which
-``Transcribe`` always carries, so a turn never goes without a transcript for want of a stream.
+returns its outcome (the transcript, or the worker fault that failed it, as for a one-shot decode), or
+None when the turn has no stream (none was free when the user started speaking): the caller then
+transcribes the committed audio in one shot, which ``Transcribe`` always carries, so a turn never goes
+without a transcript for want of a decoder.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ from typing import Any
 
 from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFault
 from realtime_gw.records.voice import AsrStreamRequest, TurnRequest
-from realtime_gw.sessions.events import AskTurn, CancelAsr, FeedAsr, StartAsr, TranscriptionDelta, TurnVerdict
+from realtime_gw.sessions.events import (
+    AskTurn,
+    CancelAsr,
+    FeedAsr,
+    StartAsr,
+    TranscriptionDelta,
+    TranscriptionDone,
+    TurnVerdict,
+)
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +37,10 @@ ListenEffect = StartAsr | FeedAsr | CancelAsr | AskTurn
 @dataclass(eq=False)
 class TurnStream:
     stream: Stream[Any]
-    final: asyncio.Future[str | None] = field(
+    final: asyncio.Future[TranscriptionDone | None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
-    """The transcript, or None if the stream ended without one (failed)."""
+    """The transcript or the fault that failed it; None if the stream ended without either (cancelled)."""
 
 
 class Listening:
@@ -76,17 +85,18 @@ class Listening:
         try:
             async for result in turn.stream:
                 if result.final:
-                    turn.final.set_result(result.text)
+                    turn.final.set_result(TranscriptionDone(item_id, result.text))
                 else:
                     await self.post(TranscriptionDelta(item_id, result.text))
-        except WorkerFault as err:
+        except WorkerFault as err:  # fails this transcription, as a one-shot decode's fault would
             log.warning("ASR stream of %s failed: %s", item_id, err)
+            turn.final.set_result(TranscriptionDone(item_id, None, str(err)))
         finally:
             if not turn.final.done():
                 turn.final.set_result(None)
 
-    async def end(self, item_id: str) -> str | None:
-        """The turn was committed: its stream's transcript (None: it has none; transcribe in one shot)."""
+    async def end(self, item_id: str) -> TranscriptionDone | None:
+        """The turn was committed: its stream's outcome (None: it has no stream; transcribe in one shot)."""
         turn = self.streams.pop(item_id, None)
         if turn is None:
             return None

@@ -321,8 +321,8 @@ class RealtimeConnection:
             self.vad_streams[stream_id] = stream
 
     async def _transcribe(self, e: Transcribe) -> None:
-        if e.streamed and (text := await self.listening.end(e.item_id)) is not None:
-            await self.mailbox.put(TranscriptionDone(e.item_id, text))
+        if e.streamed and (done := await self.listening.end(e.item_id)) is not None:
+            await self.mailbox.put(done)
             return
         stream: Stream[Any] | None = None  # no stream heard the turn: its audio in one shot
         try:
