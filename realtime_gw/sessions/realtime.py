@@ -221,7 +221,7 @@ class RealtimeSession:
             start = step.event.audio_start_ms - prefix_ms(self.settings.turn_detection)
             return [step, *self.transcriber.start(step.event.item_id, self.buffer.rate, self.buffer.peek(start))]
         if isinstance(step, PauseHeard):
-            return [AskTurn(step.pause_id, self.buffer.peek(step.start_ms, step.end_ms), self.buffer.rate)]
+            return [AskTurn(step.pause_id, self.buffer.peek(step.audio_from_ms, step.end_ms), self.buffer.rate)]
         if not isinstance(step, UserTurn):
             return [step]
         try:

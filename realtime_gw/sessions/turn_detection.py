@@ -21,6 +21,8 @@ SEMANTIC_MAX_SILENCE_MS = {"low": 8000, "medium": 4000, "high": 2000, "auto": 40
 """OpenAI's max timeouts per eagerness: the turn ends after this much silence whatever the model says."""
 SEMANTIC_THRESHOLDS = {"low": 0.8, "medium": 0.5, "high": 0.3, "auto": 0.5}
 """Probability of a complete turn that ends it: low eagerness wants to be surer the user finished."""
+TURN_AUDIO_MS = 8000
+"""The turn model reads the last 8 s of the turn."""
 
 
 @dataclass(slots=True)
@@ -40,6 +42,11 @@ class SpeechStopped:
 @dataclass(frozen=True, slots=True)
 class PauseHeard:
     """Semantic mode: the user paused; is the turn (``start_ms`` .. ``end_ms``) complete?"""
+
+    @property
+    def audio_from_ms(self) -> float:
+        """Where the audio the turn model reads begins (its last ``TURN_AUDIO_MS``)."""
+        return max(self.start_ms, self.end_ms - TURN_AUDIO_MS)
 
     pause_id: int
     start_ms: float

@@ -170,3 +170,11 @@ def test_eagerness_sets_how_sure_the_model_must_be() -> None:
         (ask,) = of(vad(s, 960.0, [0.0] * 7), AskTurn)
         out = s.handle(TurnVerdict(ask.pause_id, probability), 1.2)
         assert ("input_audio_buffer.speech_stopped" in kinds(out)) is ends, (eagerness, probability)
+
+
+def test_the_turn_model_is_sent_the_last_8_seconds_of_a_long_turn() -> None:
+    s = session('{"type":"semantic_vad"}')
+    append(s, 12000)
+    vad(s, 0.0, [0.9] * 320)  # 10.24 s of speech
+    (ask,) = of(vad(s, 10240.0, [0.0] * 7), AskTurn)
+    assert len(ask.pcm) == 8000 * MS
