@@ -309,9 +309,14 @@ class ProcessBackend:
         # code, so plain records (dataclasses, bytes) cross without a schema; nothing a client sends is
         # ever unpickled here unwrapped (requests are built by the gateway). One message per iteration.
         if child is None:
-            self.start()
+            if self._child is None:
+                self.start()  # first use, or after close: start lazily
             child = self._child
             assert child is not None
+            if not child.process.is_alive():  # died while idle: the supervisor resets, states and all
+                raise BackendProcessDied(
+                    f"{self.name}: child process exited (exit code {child.process.exitcode})"
+                )
         try:
             child.conn.send((op, arg))
         except OSError as e:

@@ -244,11 +244,16 @@ class StageWorker:
             s.cancel()
         held = [s.state for s in self._active if s.state is not None] + self._orphans
         self._active, self._orphans = [], []
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(Exception):
-            await loop.run_in_executor(self._thread, self._iterate, Iteration(release=held))
         if self.hosted:
-            await loop.run_in_executor(self._thread, self.backend.close)  # type: ignore[attr-defined]
+            # Not on the worker's thread: a step may still hold it; ending the child ends that step too,
+            # and the states die with the child.
+            await asyncio.to_thread(self.backend.close)  # type: ignore[attr-defined]
+        else:
+            release = asyncio.get_running_loop().run_in_executor(
+                self._thread, self._iterate, Iteration(release=held)
+            )
+            with contextlib.suppress(Exception):  # bounded: a hung step keeps the thread (and its states)
+                await asyncio.wait_for(release, self.step_timeout_s)
         self._thread.shutdown(wait=False, cancel_futures=True)
 
     def wake(self) -> None:

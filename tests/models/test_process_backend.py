@@ -126,6 +126,17 @@ async def test_a_child_that_dies_is_replaced(start_hosted: StartHosted) -> None:
     assert await w.submit(Req(n=2)).collect() == [1, 2]
 
 
+async def test_a_child_killed_while_idle_is_replaced_at_the_next_request(start_hosted: StartHosted) -> None:
+    w = await start_hosted()
+    backend: ProcessBackend = w.backend  # type: ignore[assignment]
+    backend._process.kill()  # e.g. the OOM killer
+    backend._process.join()
+    with pytest.raises(WorkerFault, match="worker failed"):
+        await w.submit(Req(n=1)).collect()  # its states died with it: nothing is sent to a stranger
+    await wait_for(lambda: w.ready, timeout=30.0)
+    assert await w.submit(Req(n=1)).collect() == [1]
+
+
 async def test_a_child_holding_the_gil_does_not_stall_the_event_loop(start_hosted: StartHosted) -> None:
     """The child spins 1.5 s in C calls that never release its GIL; the parent's loop keeps ticking
     (the same spin on a worker thread would hold the parent's GIL: see loadtest/bench_isolation.py)."""
