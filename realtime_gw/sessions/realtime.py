@@ -308,8 +308,11 @@ class RealtimeSession:
     # -- responses -----------------------------------------------------------------------------------
     def _on_response_create(self, ev: rt.ResponseCreateEvent, now: float) -> list[Effect]:
         p = ev.response or rt.ResponseParams()
-        if p.conversation == "none" and self.responses.live is not None:
+        live = self.responses.live
+        if p.conversation == "none" and live is not None:
             return self.side.create(p, self.settings)
+        if live is not None and not live.in_conversation:
+            self.side.adopt(self.responses)
         return self.responses.create(p, self.settings, ev.event_id)
 
     def _slot(self, response_id: str) -> Responses:

@@ -4,7 +4,8 @@ A ``response.create`` with ``conversation: "none"`` while a response is already 
 and is not refused: it runs in a slot of its own (a ``Responses`` of one response each, sharing the
 session's ids, conversation and playback ledger), with its own response id, phases and single
 ``response.done``. Its items never join the conversation. Only the session's main slot answers
-turns, is cut by barge-in and is what ``response.cancel`` without a ``response_id`` cancels; an
+turns, is cut by barge-in and is what ``response.cancel`` without a ``response_id`` cancels (an
+out-of-band response that runs there alone moves aside when an in-conversation one is asked for); an
 out-of-band response beside it is cancelled by id (or ends with the session). It may speak: its
 audio deltas carry its own ``response_id`` and follow the main response's audio on the socket, so
 only one response at a time is heard speaking. At most ``MAX_SIDE_RESPONSES`` run at once.
@@ -16,7 +17,7 @@ from collections.abc import Callable
 
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.sessions.events import Effect
-from realtime_gw.sessions.responses import Responses
+from realtime_gw.sessions.responses import Phase, Responses
 from realtime_gw.sessions.settings import SessionError, SessionSettings
 
 MAX_SIDE_RESPONSES = 8
@@ -41,6 +42,23 @@ class SideResponses:
         assert slot.live is not None
         self.slots[slot.live.id] = slot
         return out + self.settle()
+
+    def adopt(self, main: Responses) -> None:
+        """The main slot's live response is out of band and an in-conversation one is asked for:
+        the out-of-band one moves to a slot of its own (its id and epoch go with it, so its results
+        still find it) and the main slot is free."""
+        r = main.live
+        assert r is not None and not r.in_conversation
+        if len(self.slots) >= MAX_SIDE_RESPONSES:
+            raise SessionError(
+                f"At most {MAX_SIDE_RESPONSES} out-of-band responses may run beside the live one",
+                "conversation_already_has_active_response",
+            )
+        slot = self.new_slot()
+        slot.live, slot.phase, slot.epoch = r, main.phase, main.epoch
+        r.answer_after = False  # the main slot's next response answers the turn
+        main.live, main.phase = None, Phase.IDLE
+        self.slots[r.id] = slot
 
     def get(self, response_id: str) -> Responses | None:
         return self.slots.get(response_id)

@@ -50,3 +50,17 @@ def test_closing_ends_every_response_once() -> None:
     out = s.close()  # (nobody reads these: the reason, client_disconnected, is not a GA one)
     dones = [e.event for e in out if isinstance(e, Send) and isinstance(e.event, rt.ResponseDoneEvent)]
     assert len(dones) == 2 and {d.response.status for d in dones} == {"cancelled"}
+
+
+def test_an_out_of_band_response_moves_aside_for_an_in_conversation_one() -> None:
+    s = session(output_modalities=["text"])
+    say(s, "hi")
+    oob, _ = respond(s, conversation="none")
+    main, created = respond(s)
+    assert errors(created) == [] and s.response is not None and s.response.id == main.response_id
+    assert oob.response_id in s.side
+    s.handle(ResponseTextDelta(oob.response_id, oob.epoch, "summary"), 0)
+    out = events(s.handle(ResponseFinished(oob.response_id, oob.epoch), 0))
+    (done,) = [ev for ev in out if isinstance(ev, rt.ResponseDoneEvent)]
+    assert done.response.id == oob.response_id and done.response.status == "completed"
+    assert s.response is not None and s.response.id == main.response_id
