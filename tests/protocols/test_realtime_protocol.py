@@ -76,7 +76,9 @@ def test_full_sdk_session_update_decodes() -> None:
 
 def test_turn_detection_null_differs_from_absent() -> None:
     absent = rt.decode_client_event('{"type":"session.update","session":{"audio":{"input":{}}}}')
-    null = rt.decode_client_event('{"type":"session.update","session":{"audio":{"input":{"turn_detection":null}}}}')
+    null = rt.decode_client_event(
+        '{"type":"session.update","session":{"audio":{"input":{"turn_detection":null}}}}'
+    )
     assert absent.session.audio.input.turn_detection is msgspec.UNSET  # type: ignore[union-attr]
     assert null.session.audio.input.turn_detection is None  # type: ignore[union-attr]
 
@@ -124,3 +126,53 @@ def test_audio_delta_encodes_base64_and_additive_fields() -> None:
     data = json.loads(rt.encode_server_event(ev))
     assert data["type"] == "response.output_audio.delta"
     assert data["delta"] == "AQI=" and data["seq"] == 3 and data["sample_rate_hz"] == 24000
+
+
+def test_what_framework_clients_send_decodes() -> None:
+    """Explicit nulls (LiveKit), voice objects, retention_ratio truncation, tools and function items."""
+    update = {
+        "type": "session.update",
+        "session": {
+            "type": "realtime",
+            "instructions": None,
+            "max_output_tokens": None,
+            "tool_choice": {"type": "function", "name": "f"},
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+            "truncation": {
+                "type": "retention_ratio",
+                "retention_ratio": 0.5,
+                "token_limits": {"post_instructions": 900},
+            },
+            "audio": {
+                "input": {"format": None, "turn_detection": {"type": "semantic_vad", "eagerness": None}},
+                "output": {"voice": {"id": "marin"}, "speed": None},
+            },
+        },
+    }
+    ev = rt.decode_client_event(json.dumps(update))
+    assert isinstance(ev, rt.SessionUpdateEvent), ev
+    assert ev.session.instructions is None and ev.session.max_output_tokens is None
+    assert (
+        isinstance(ev.session.truncation, rt.RetentionRatio) and ev.session.truncation.retention_ratio == 0.5
+    )
+    audio = ev.session.audio
+    assert isinstance(audio, rt.AudioConfig) and isinstance(audio.output, rt.AudioOutputConfig)
+    assert audio.output.voice == rt.VoiceId("marin")
+    assert isinstance(audio.input, rt.AudioInputConfig) and isinstance(
+        audio.input.turn_detection, rt.SemanticVad
+    )
+    assert audio.input.turn_detection.eagerness == "auto", "null is the default"
+    for item in (
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "42"},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_image", "image_url": "data:image/png;base64,AA"}],
+        },
+    ):
+        created = rt.decode_client_event(json.dumps({"type": "conversation.item.create", "item": item}))
+        assert isinstance(created, rt.ConversationItemCreateEvent), created
+        # a message's fields stay off a function item on the wire, and the other way round
+        wire = json.loads(rt.encode_server_event(rt.ConversationItemAdded(item=created.item)))["item"]
+        assert {k: v for k, v in wire.items() if v not in (None, [])} == item
