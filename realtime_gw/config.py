@@ -94,8 +94,9 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_instructions_chars: int = 64 * 1024
     """Session or response ``instructions``; longer: `error` `string_above_max_length`, nothing echoed."""
     max_item_text_chars: int = 64 * 1024
-    """Text of one conversation item (text, transcripts, function arguments and outputs, image URLs
-    count apart); longer: `error` `string_above_max_length`."""
+    """Each text of a conversation item (a text part, a transcript, function arguments, a function
+    output; `input_image` URLs are bounded by `max_frame_bytes` only); longer: `error`
+    `string_above_max_length`."""
     max_tools: int = 128
     """Function tools in `session.tools` or a response's `tools`; their JSON is capped at
     ``max_instructions_chars`` too."""
