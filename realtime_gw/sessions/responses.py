@@ -358,19 +358,21 @@ class Responses:
         out: list[Effect] = []
         for index, call in enumerate(r.calls, start=1 if r.opened else 0):
             call.output_index = index
+            started, made = call.item("in_progress"), call.item("completed")
             ref = {"response_id": r.id, "item_id": call.item_id, "output_index": index, "call_id": call.call_id}
-            out.append(self._send(r, rt.ResponseOutputItemAddedEvent(response_id=r.id, output_index=index, item=call.item("in_progress"))))
+            out.append(self._send(r, rt.ResponseOutputItemAddedEvent(response_id=r.id, output_index=index, item=started)))
             if r.in_conversation:
                 previous = self.conversation.last_id()
-                entry = self.conversation.add(call.item("completed"), force=True)
-                entry.response_id = r.id
-                out.append(self._send(r, rt.ConversationItemAdded(item=call.item("in_progress"), previous_item_id=previous)))
-            out += [self._send(r, rt.ResponseFunctionCallArgumentsDeltaEvent(**ref, delta=f)) for f in call.fragments]
-            out.append(self._send(r, rt.ResponseFunctionCallArgumentsDoneEvent(**ref, name=call.name, arguments=call.arguments)))
-            out.append(self._send(r, rt.ResponseOutputItemDoneEvent(response_id=r.id, output_index=index, item=call.item("completed"))))
+                self.conversation.add(made, force=True).response_id = r.id
+                out.append(self._send(r, rt.ConversationItemAdded(item=started, previous_item_id=previous)))
+            for fragment in call.fragments:
+                out.append(self._send(r, rt.ResponseFunctionCallArgumentsDeltaEvent(**ref, delta=fragment)))
+            args = rt.ResponseFunctionCallArgumentsDoneEvent(**ref, name=call.name, arguments=call.arguments)
+            out.append(self._send(r, args))
+            out.append(self._send(r, rt.ResponseOutputItemDoneEvent(response_id=r.id, output_index=index, item=made)))
             if r.in_conversation:
                 previous = self.conversation.previous_id(call.item_id)
-                out.append(self._send(r, rt.ConversationItemDone(item=call.item("completed"), previous_item_id=previous)))
+                out.append(self._send(r, rt.ConversationItemDone(item=made, previous_item_id=previous)))
         return out
 
     def _rate_limits(self, r: LiveResponse) -> list[Effect]:
