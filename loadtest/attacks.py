@@ -245,11 +245,11 @@ def commit_of(code_root: Path) -> str:
         ["git", "-C", str(code_root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     )
     dirty = subprocess.run(
-        ["git", "-C", str(code_root), "status", "--porcelain", "--untracked-files=no"],
+        ["git", "-C", str(code_root), "status", "--porcelain", "--", "realtime_gw"],
         capture_output=True,
         text=True,
     )
-    return rev.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
+    return rev.stdout.strip() + (" + uncommitted changes to realtime_gw/" if dirty.stdout.strip() else "")
 
 
 def replace_block(doc: str, tag: str, body: str) -> str:
@@ -289,6 +289,8 @@ def write_docs(run: dict[str, Any]) -> None:
 async def run_all(args: argparse.Namespace) -> dict[str, Any]:
     sizes = Sizes.full() if args.full else Sizes()
     names = args.attacks.split(",") if args.attacks else list(ATTACKS)
+    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     summary = []
     for name in names:
         rows = []
@@ -309,9 +311,9 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "label": args.label,
         "commit": commit_of(Path(args.code_root)),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": started,
         "hardware": hardware(),
-        "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        "load": load,
         "command": "python loadtest/attacks.py " + " ".join(a for a in sys.argv[1:] if a != "--write-docs"),
         "repeats": args.repeats,
         "sizes": json.loads(sizes.to_json()),
