@@ -252,9 +252,18 @@ class Ids:
     def __init__(self, session_id: str) -> None:
         self._tag = session_id[-8:]
         self._counter = itertools.count(1)
+        self.last = 0
+        """The number of the newest id."""
 
     def new(self, prefix: str) -> str:
-        return f"{prefix}_{self._tag}{next(self._counter):05d}"
+        self.last = next(self._counter)
+        return f"{prefix}_{self._tag}{self.last:05d}"
+
+    def issued(self, prefix: str, value: str) -> bool:
+        """Whether ``value`` is an id this session made with ``prefix``."""
+        head = f"{prefix}_{self._tag}"
+        number = value[len(head) :]
+        return value.startswith(head) and number.isdigit() and 0 < int(number) <= self.last
 
     def send(self, event: ServerEvent, response_id: str | None = None, audio_ms: float = 0.0) -> Send:
         event.event_id = self.new("event")

@@ -325,14 +325,19 @@ class RealtimeSession:
         if side is not None and side.live is not None:
             return side.cancel("client_cancelled") + self.side.settle()
         live = self.responses.live
-        if live is None or (ev.response_id is not None and ev.response_id != live.id):
+        if live is not None and ev.response_id in (None, live.id):
+            return self.responses.cancel("client_cancelled")
+        # A cancel of a response that already ended (it completed, or barge-in cancelled it, as the
+        # client's cancel was on its way) is a race every interrupting client runs: nothing to do.
+        ended = self.ids.issued("resp", ev.response_id) if ev.response_id else self.responses.epoch > 0
+        if not ended:
             raise SessionError(
                 "Cancellation failed: no active response found"
                 + (f" with id '{ev.response_id}'" if ev.response_id else ""),
                 "response_cancel_not_active",
                 "response_id" if ev.response_id else None,
             )
-        return self.responses.cancel("client_cancelled")
+        return []
 
     def _on_output_clear(self, ev: rt.OutputAudioBufferClearEvent, now: float) -> list[Effect]:
         live = self.responses.live

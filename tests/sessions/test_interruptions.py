@@ -67,8 +67,10 @@ def test_truncate_of_the_live_reply_cancels_it_without_cancel() -> None:
     done = next(ev for ev in events(out) if isinstance(ev, rt.ResponseDoneEvent))
     assert done.response.status == "cancelled"
     assert s.conversation.get(item_id).audio_ms == 500
-    # the cancel that follows is harmless: nothing is live, and it says so without ending anything
+    # the cancel that follows (with or without the id) is harmless: no error, no second response.done
     assert s.response is None
+    assert client(s, {"type": "response.cancel"}) == []
+    assert client(s, {"type": "response.cancel", "response_id": start.response_id}) == []
     later = s.handle(ResponseAudio(start.response_id, start.epoch, TtsFrame(FRAME)), 0)
     assert later == [], "frames of the cancelled reply are stale"
 
@@ -101,6 +103,7 @@ def test_barge_in_estimate_then_the_clients_own_truncate_wins() -> None:
     s.handle(ResponseFinished(start.response_id, start.epoch), 10.0)
     # the server's barge-in at 11.484 s: the client heard ~1484 ms
     cut = s._carry_out(Interrupt(), 11.484)
+    assert client(s, {"type": "response.cancel"}, 11.5) == [], "the framework's cancel after the barge-in"
     estimate = next(ev for ev in events(cut) if isinstance(ev, rt.ConversationItemTruncatedEvent))
     assert estimate.audio_end_ms == 1484
     for ms in (1486, 1200, 1999, 4000):
