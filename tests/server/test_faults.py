@@ -214,10 +214,10 @@ async def test_abrupt_disconnects_at_every_phase_free_all_state(voice_server: Li
 @pytest.fixture
 def asr_spin_server() -> Iterator[LiveServer]:
     """ASR (pocketsphinx, in its child process) whose first decode holds the child's GIL in a busy loop
-    for two minutes: the 3 s step deadline must kill it (3 s, not less: a real decode on a loaded box
-    must still fit)."""
+    for two minutes: the 6 s step deadline must kill it (not less: the next, real decode must fit in
+    it on a shared 2-core box running other tests)."""
     server = start_server(
-        "--policy", "none", "--tts", "tone", "--asr-slots", "1", "--worker-step-timeout-s", "3",
+        "--policy", "none", "--tts", "tone", "--asr-slots", "1", "--worker-step-timeout-s", "6",
         "--fault-injection", json.dumps(["asr:spin@1:120"]), name="asr-spin",
     )  # fmt: skip
     yield server
@@ -261,7 +261,7 @@ async def test_a_stuck_asr_step_is_killed_and_readyz_recovers_without_a_restart(
         speech = b"\x10\x00\xf0\xff" * 12000  # 1 s at 24 kHz
         failed = await _transcribe(ws, speech)
         assert failed["type"] == "conversation.item.input_audio_transcription.failed", failed
-        assert "exceeded 3 s" in failed["error"]["message"]
+        assert "exceeded 6 s" in failed["error"]["message"]
         t_failed = time.monotonic()
         saw_not_ready = False
         while (await http.get("/readyz")).status_code != 200:
