@@ -271,7 +271,9 @@ def write_docs(run: dict[str, Any]) -> None:
     doc = DOC.read_text()
     body = (
         f"**{run['label']}**: code at `{run['commit']}`, {run['date']}, {run['hardware']}; load average at "
-        f"start {run['load']}. Command: `{run['command']}`. Medians of {run['repeats']} run(s) per attack.\n\n"
+        f"start {run['load']}. Command: `{run['command']}`. Medians of {run['repeats']} run(s) per attack."
+        + (f" {run['note']}." if run.get("note") else "")
+        + "\n\n"
         + "\n".join(results_table(run["summary"]))
     )
     doc = replace_block(doc, run["label"], body)
