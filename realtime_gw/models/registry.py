@@ -140,11 +140,8 @@ def build_tts(config: GatewayConfig) -> StageWorker:
     return _stage(backend, config, max_batch=1, max_active=config.worker_max_active, max_backlog=25)
 
 
-def build_workers(config: GatewayConfig) -> Workers:
-    from realtime_gw.models.speech.vad_silero import SileroVadBackend
-
-    tts = build_tts(config)
-    asr = _stage(
+def build_asr(config: GatewayConfig) -> StageWorker:
+    return _stage(
         _cpu_backend(
             "asr", functools.partial(pocketsphinx_backend, config.asr_slots), "asr-pocketsphinx", config
         ),
@@ -153,29 +150,75 @@ def build_workers(config: GatewayConfig) -> Workers:
         max_active=config.asr_slots,  # one decoder per request: a full pool refuses at submit
         admit=utterance_bound(config.asr_max_utterance_s),
     )
+
+
+def build_vad(config: GatewayConfig) -> StageWorker:
+    from realtime_gw.models.speech.vad_silero import SileroVadBackend
+
     # Silero stays in-thread: onnxruntime releases the GIL while it runs, one batched call per 32 ms
     # window costs ~1 ms, and a process hop on every window of every session would cost more than that.
-    vad = _worker(
+    return _worker(
         "vad", SileroVadBackend(), config, max_batch=config.vad_max_batch, max_active=config.worker_max_active
     )
-    workers = Workers(tts=tts, asr=asr, vad=vad)
+
+
+def build_turn(config: GatewayConfig) -> StageWorker:
     from realtime_gw.models.speech.turn_smart import TURN_MAX_BATCH, SmartTurnBackend
 
     # In-thread like Silero: onnxruntime releases the GIL; one batched call (~50 ms) per step.
-    workers.turn = _worker(
+    return _worker(
         "turn", SmartTurnBackend(), config, max_batch=TURN_MAX_BATCH, max_active=config.worker_max_active
     )
-    if config.policy != "none":
-        from realtime_gw.models.policy.factory import build_policy_backend
 
-        workers.policy = _worker(
-            "policy",
-            build_policy_backend(config),
-            config,
-            device=config.policy_device,
-            max_batch=config.policy_max_batch,
-            max_wait_ms=config.policy_max_wait_ms,
-            max_active=config.openpi_max_sessions * 2,
-        )
-    workers.all = [w for w in (tts, asr, vad, workers.turn, workers.policy) if w is not None]
+
+def build_policy(config: GatewayConfig) -> StageWorker:
+    from realtime_gw.models.policy.factory import build_policy_backend
+
+    return _worker(
+        "policy",
+        build_policy_backend(config),
+        config,
+        device=config.policy_device,
+        max_batch=config.policy_max_batch,
+        max_wait_ms=config.policy_max_wait_ms,
+        max_active=config.openpi_max_sessions * 2,
+    )
+
+
+STAGE_BUILDERS: dict[str, Callable[[GatewayConfig], StageWorker]] = {
+    "tts": build_tts,
+    "asr": build_asr,
+    "vad": build_vad,
+    "turn": build_turn,
+    "policy": build_policy,
+}
+
+
+def build_stage(role: str, config: GatewayConfig) -> StageWorker:
+    """One stage's worker, here (also what a Ray stage actor runs: ``models/remote/actor.py``)."""
+    return STAGE_BUILDERS[role](config)
+
+
+def build_workers(config: GatewayConfig) -> Workers:
+    """Every stage the config asks for; those named in ``remote_stages`` are served by Ray actors
+    shared with other front-ends (``models/remote``), the rest run here."""
+    remote: list[str] = []
+    if config.remote_stages:
+        from realtime_gw.models.remote import remote_roles
+
+        remote = remote_roles(config)
+
+    def stage(role: str) -> StageWorker:
+        if role in remote:
+            from realtime_gw.models.remote import remote_stage
+
+            return remote_stage(role, config, build_stage)  # type: ignore[return-value]  # StageWorker's interface
+        return build_stage(role, config)
+
+    workers = Workers(tts=stage("tts"), asr=stage("asr"), vad=stage("vad"), turn=stage("turn"))
+    if config.policy != "none":
+        workers.policy = stage("policy")
+    workers.all = [
+        w for w in (workers.tts, workers.asr, workers.vad, workers.turn, workers.policy) if w is not None
+    ]
     return workers

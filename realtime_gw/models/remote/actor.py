@@ -91,6 +91,7 @@ class StageActor:
         self.frontends: dict[str, _Frontend] = {}
         self.expired: set[str] = set()
         self._started: asyncio.Task[None] | None = None
+        self._reaper: asyncio.Future[None] | None = None
 
     async def _ready(self) -> None:
         """Started on the first call (an async actor's loop runs only once a call arrives): the warm-up,
@@ -101,7 +102,7 @@ class StageActor:
 
     async def _start(self) -> None:
         await self.worker.start(warmup=self.config.warmup)
-        asyncio.ensure_future(self._reap())
+        self._reaper = asyncio.ensure_future(self._reap())
         log.info("stage actor %s (%s) ready", self.role, self.worker.name)
 
     # -- the front-ends' calls ---------------------------------------------------------------------

@@ -284,6 +284,7 @@ class RemoteStage:
                 replica, f"{self.name}: this front-end's lease on replica {replica.index} expired"
             )
         replica.incarnation = batch.incarnation
+        backlogged = False
         for sid, outputs, done, error in batch.results:
             entry = self._entries.get(sid)
             if entry is None or entry.replica is not replica:
@@ -291,6 +292,10 @@ class RemoteStage:
             entry.stream._deliver(outputs, done, error)
             if done or error is not None:
                 self._forget(sid)
+            elif not entry.paused and entry.stream.backlog >= self.max_backlog:
+                backlogged = True
+        if backlogged:
+            self.wake()  # the sender tells the replica to pause those streams
         replica.load, replica.ready = batch.load, batch.load.ready
         self._export(replica)
         if batch.load.free_slots:
