@@ -64,6 +64,8 @@ class HostedBackend(Backend[S], Protocol):
     and after a hang or a crash it is ``reset`` (the host is killed and started afresh) instead of
     having its states released one by one."""
 
+    def start(self) -> None: ...
+
     def iterate(self, iteration: Iteration) -> IterationResult: ...
 
     def reset(self) -> None: ...
@@ -72,7 +74,7 @@ class HostedBackend(Backend[S], Protocol):
 
 
 def is_hosted(backend: object) -> bool:
-    return all(callable(getattr(backend, m, None)) for m in ("iterate", "reset", "close"))
+    return all(callable(getattr(backend, m, None)) for m in ("start", "iterate", "reset", "close"))
 
 
 @dataclass(slots=True)

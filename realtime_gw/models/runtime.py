@@ -223,6 +223,8 @@ class StageWorker:
         self._wake_event = asyncio.Event()
         self._slot_freed = asyncio.Event()
         loop = asyncio.get_running_loop()
+        if self.hosted:  # its child runs from the start, warm or not: nothing spawns on the event loop later
+            await loop.run_in_executor(self._thread, self.backend.start)  # type: ignore[attr-defined]
         if warmup:
             await loop.run_in_executor(self._thread, self.backend.warmup)
         self.ready = True
