@@ -26,10 +26,13 @@ from hypothesis import strategies as st
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.records.voice import TtsFrame, VadProbs
 from realtime_gw.sessions.events import (
+    AskTurn,
     AudioDelivered,
     AwaitDelivery,
+    CancelAsr,
     CancelResponse,
     Close,
+    FeedAsr,
     FeedVad,
     Limits,
     PlaybackStarted,
@@ -38,6 +41,7 @@ from realtime_gw.sessions.events import (
     ResponseFinished,
     ResponseTextDelta,
     Send,
+    StartAsr,
     StartResponse,
     StartVad,
     StopVad,
@@ -79,6 +83,7 @@ class Driver:
     audio_seq: dict[str, int] = field(default_factory=dict)
     awaiting: list[AwaitDelivery] = field(default_factory=list)
     transcribes: list[Transcribe] = field(default_factory=list)
+    asr_streams: set[str] = field(default_factory=set)
     vad: dict[int, float] = field(default_factory=dict)
     """VAD stream id -> ms of windows reported so far (stopped streams stay: their results are stale)."""
     items: list[str] = field(default_factory=list)
@@ -142,6 +147,13 @@ class Driver:
                 assert e.stream_id in self.vad or e.stream_id == 0  # close() stops "stream 0" (none) too
             elif isinstance(e, FeedVad):
                 assert e.stream_id in self.vad
+            elif isinstance(e, StartAsr):
+                assert e.item_id not in self.asr_streams, "ASR streams are keyed by a new item id"
+                self.asr_streams.add(e.item_id)
+            elif isinstance(e, (FeedAsr, CancelAsr)):
+                assert e.item_id in self.asr_streams
+            elif isinstance(e, AskTurn):
+                assert len(e.pcm) % 2 == 0
             elif isinstance(e, Close):
                 assert self.s.closed
             else:
