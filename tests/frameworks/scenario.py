@@ -30,9 +30,9 @@ def forecast(city: str) -> str:
 
 
 def latest_text(body: dict[str, Any]) -> str:
-    """The newest user (or, as pipecat appends typed turns, system) text of a chat request."""
+    """The newest user text of a chat request ("" before the user said anything)."""
     for message in reversed(body["messages"]):
-        if message["role"] in ("user", "system") and message.get("content"):
+        if message["role"] == "user" and message.get("content"):
             content = message["content"]
             if isinstance(content, list):
                 return " ".join(p["text"] for p in content if p.get("type") == "text")
@@ -40,14 +40,19 @@ def latest_text(body: dict[str, Any]) -> str:
     return ""
 
 
+GREETING = "Hello! How can I help?"
+
+
 def weather_agent(body: dict[str, Any]) -> Reply:
     """The model behind every framework test: calls ``get_weather`` when asked about the weather and
-    the tool is offered, speaks the tool's result when it comes back, tells a story when asked, and
-    otherwise repeats what it heard."""
+    the tool is offered, speaks the tool's result when it comes back, tells a story when asked, greets
+    when nobody spoke yet, and otherwise repeats what it heard."""
     last = body["messages"][-1]
     if last["role"] == "tool":
         return Reply(f"The weather service says {json.loads(last['content'])['forecast']}.")
     text = latest_text(body)
+    if not text:
+        return Reply(GREETING)
     offered = {t["function"]["name"] for t in body.get("tools", [])}
     if "weather" in text.lower() and "get_weather" in offered:
         return Reply(tool_calls=[ToolCallReply("get_weather", json.dumps({"city": "Paris"}))])
@@ -177,13 +182,21 @@ async def barge_in_turn(driver: Driver, tap: RealtimeTap, chat: ChatServer) -> N
     await speak_turn(driver, tap, BARGE_IN)
     started = await tap.wait_for("input_audio_buffer.speech_started", first_audio)
     interrupted = await tap.wait_for("response.done", first_audio)
-    assert interrupted > started and tap.event(interrupted)["response"]["status"] == "cancelled"
-    heard = await tap.wait_for("conversation.item.input_audio_transcription.completed", started)
+    status = tap.event(interrupted)["response"]["status"]
+    assert interrupted > started and status == "cancelled", (
+        f"the answer ({status}) to {latest_text(chat.requests[-1])!r} ended before the speech over it"
+    )
+    heard = await tap.wait_for(
+        "conversation.item.input_audio_transcription.completed",
+        started,
+        item_id=tap.event(started)["item_id"],
+    )
     reply = await tap.wait_for("response.done", interrupted + 1, status="completed")
     said = tap.event(heard)["transcript"]
     assert said.strip(), "the barge-in speech was heard"
-    assert transcript_of(tap, tap.event(reply)["response"]["id"]) == f"You said {said}"
-    assert latest_text(chat.requests[-1]) == said
+    replied = transcript_of(tap, tap.event(reply)["response"]["id"])
+    assert replied == f"You said {said}", (replied, said)
+    assert latest_text(chat.requests[-1]) == said, (chat.requests[-1]["messages"][-2:], said)
 
 
 async def run_scenario(driver: Driver, tap: RealtimeTap, chat: ChatServer) -> None:

@@ -17,6 +17,7 @@ from pipecat.frames.frames import (
     FunctionCallResultFrame,
     InputAudioRawFrame,
     InterruptionWorkerFrame,
+    LLMRunFrame,
     TTSAudioRawFrame,
 )
 from pipecat.pipeline.pipeline import Pipeline
@@ -31,7 +32,15 @@ from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 
 from tests.chat_server import ChatServer
 from tests.conftest import LiveServer
-from tests.frameworks.scenario import RATE, check_clean_run, forecast, run_scenario, speak_turn
+from tests.frameworks.scenario import (
+    GREETING,
+    RATE,
+    check_clean_run,
+    forecast,
+    run_scenario,
+    speak_turn,
+    transcript_of,
+)
 from tests.frameworks.tap import RealtimeTap
 
 WEATHER = FunctionSchema(
@@ -105,7 +114,11 @@ async def test_pipecat_tools_interrupt_and_barge_in(chat: ChatServer, gateway: L
         )
         runner = asyncio.create_task(PipelineRunner(handle_sigint=False).run(task))
         try:
-            await tap.wait_for("session.updated")
+            # as pipecat's examples start: the bot speaks first, which sets the conversation up
+            # (context and tools) before the user's first turn
+            await task.queue_frame(LLMRunFrame())
+            greeted = await tap.wait_for("response.done")
+            assert transcript_of(tap, tap.event(greeted)["response"]["id"]) == GREETING
             await run_scenario(PipecatDriver(task, tap), tap, chat)
             assert not runner.done(), "the pipeline is still running"
             assert llm._websocket is not None, "pipecat's connection is alive"
