@@ -39,6 +39,9 @@ BLOCK_BYTES = 2 * ASR_RATE // 10
 """100 ms of 16 kHz PCM16: the unit ``process_raw`` is fed in."""
 CMN_PRIME_BYTES = ASR_RATE
 """The first half second of an utterance sets its cepstral mean (the first words wait for it)."""
+MAX_BLOCKS_PER_STEP = 10
+"""A step decodes at most 1 s of a stream's audio: a stream that fell behind (a busy box) catches up
+over several steps, so no step grows past the worker's deadline and other streams get their turn."""
 MIN_UTTERANCE_BYTES = 2 * ASR_RATE // 10
 """Under 100 ms no word fits, and the search errors on a too-short utterance."""
 
@@ -119,7 +122,10 @@ class PocketsphinxAsrBackend:
         return AsrState(slot=slot, decoder=self._decoders[slot], resampler=resampler, whole=whole)
 
     def has_work(self, state: AsrState) -> bool:
-        return state.whole is not None  # a one-shot request decodes in its first step
+        if state.whole is not None:
+            return True  # a one-shot request decodes in its first step
+        primed = state.in_utterance or len(state.pending) >= CMN_PRIME_BYTES
+        return state.ended or (primed and len(state.pending) >= BLOCK_BYTES)  # audio left from a step
 
     def step(self, work: list[tuple[AsrState, list[Any]]]) -> list[StepResult]:
         results = []
@@ -145,11 +151,11 @@ class PocketsphinxAsrBackend:
                 state.pending += state.resampler.push(bytes(item))
             else:
                 raise TypeError(f"ASR input must be PCM16 bytes, got {type(item).__name__}")
-        if state.ended:
+        if state.ended and len(state.pending) <= MAX_BLOCKS_PER_STEP * BLOCK_BYTES:
             return StepResult(outputs=[AsrResult(self._finish(state))], done=True)
-        if not state.in_utterance and len(state.pending) < CMN_PRIME_BYTES:
+        if not state.in_utterance and len(state.pending) < CMN_PRIME_BYTES and not state.ended:
             return StepResult()
-        if not self._decode_blocks(state):
+        if not self._decode_blocks(state, MAX_BLOCKS_PER_STEP):
             return StepResult()
         hyp = state.decoder.hyp()
         text = hyp.hypstr.strip() if hyp is not None else ""
@@ -169,11 +175,13 @@ class PocketsphinxAsrBackend:
         d.start_utt()
         state.in_utterance = True
 
-    def _decode_blocks(self, state: AsrState) -> int:
-        """Decode every whole block pending; returns the bytes decoded."""
+    def _decode_blocks(self, state: AsrState, max_blocks: int | None = None) -> int:
+        """Decode the whole blocks pending (at most ``max_blocks``); returns the bytes decoded."""
         if not state.in_utterance:
             self._start(state)
         full = len(state.pending) - len(state.pending) % BLOCK_BYTES
+        if max_blocks is not None:
+            full = min(full, max_blocks * BLOCK_BYTES)
         for i in range(0, full, BLOCK_BYTES):
             state.decoder.process_raw(
                 bytes(state.pending[i : i + BLOCK_BYTES]), no_search=False, full_utt=False

@@ -19,7 +19,8 @@ def chunks(pcm: bytes, rate: int, ms: int) -> list[bytes]:
 
 
 def decode_stream(asr: Any, pcm: bytes, rate: int, chunk_ms: int) -> list[AsrResult]:
-    """Drive the backend directly, one step per pushed chunk, then END_OF_INPUT."""
+    """Drive the backend directly, one step per pushed chunk, then END_OF_INPUT (and steps while it
+    has work, as the worker does)."""
     state = asr.open(AsrStreamRequest(sample_rate=rate))
     outputs: list[AsrResult] = []
     try:
@@ -27,9 +28,13 @@ def decode_stream(asr: Any, pcm: bytes, rate: int, chunk_ms: int) -> list[AsrRes
             result = asr.step([(state, [chunk])])[0]
             assert not result.done and result.error is None
             outputs += result.outputs
-        [final] = asr.step([(state, [END_OF_INPUT])])
-        assert final.done and final.error is None
-        return outputs + final.outputs
+        [result] = asr.step([(state, [END_OF_INPUT])])
+        while not result.done:  # a stream behind by over a second catches up over several steps
+            assert result.error is None and asr.has_work(state)
+            outputs += result.outputs
+            [result] = asr.step([(state, [])])
+        assert result.error is None
+        return outputs + result.outputs
     finally:
         asr.release(state)
 
