@@ -4,6 +4,7 @@ chat server, real speech for server-VAD barge-ins, and the end-of-run checks on 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -65,6 +66,12 @@ def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in body["messages"] if m["role"] == "tool"]
 
 
+@functools.lru_cache(maxsize=16)
+def speech(text: str) -> bytes:
+    """Piper's speech for ``text`` (the same sentences come back in every framework's run)."""
+    return synthesize(text, RATE)
+
+
 async def speak(
     send: Callable[[bytes], Awaitable[None]],
     text: str,
@@ -75,7 +82,7 @@ async def speak(
     """Real speech (Piper) through the framework's own audio input, in 100 ms chunks at ``pace`` x
     real time, then silence as a live microphone keeps sending until ``heard()`` (the turn ended:
     semantic VAD may wait seconds for it)."""
-    pcm = await asyncio.to_thread(synthesize, text, RATE)
+    pcm = await asyncio.to_thread(speech, text)
     chunk = RATE * 2 // 10
     silence = b"\x00" * chunk
     for start in range(0, len(pcm), chunk):
