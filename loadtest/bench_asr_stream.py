@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import websockets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +43,9 @@ RATE = 24000
 CHUNK_MS = 40
 SESSION = {
     "type": "realtime",
-    "audio": {"input": {"transcription": {"model": "pocketsphinx"}, "turn_detection": {"type": "server_vad"}}},
+    "audio": {
+        "input": {"transcription": {"model": "pocketsphinx"}, "turn_detection": {"type": "server_vad"}}
+    },
 }
 
 
@@ -56,7 +59,9 @@ async def speak(ws: Any, pcm: bytes) -> None:
         await asyncio.sleep(max(0.0, start + (i + n) / (RATE * 2) - time.monotonic()))
 
 
-async def session(server: LiveServer, speech: bytes, turns: int, rng: random.Random) -> list[dict[str, float]]:
+async def session(
+    server: LiveServer, speech: bytes, turns: int, rng: random.Random
+) -> list[dict[str, float]]:
     """One user: ``turns`` spoken turns, each answered before the next; per-turn latencies in ms."""
     out: list[dict[str, float]] = []
     async with websockets.connect(server.ws + "/v1/realtime", max_size=None) as ws:
@@ -99,6 +104,21 @@ async def load(server: LiveServer, sessions: int, turns: int, speech: bytes) -> 
     return [r for rs in results for r in rs]
 
 
+def wait_for_spares(server: LiveServer, timeout: float = 300.0) -> None:
+    """A gateway that warms spare child processes after /readyz: measure once they are warm, not
+    while they take the CPU."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        spares = [
+            line
+            for line in httpx.get(server.http + "/metrics", timeout=5).text.splitlines()
+            if line.startswith("realtime_gw_backend_spare_ready{")
+        ]
+        if all(line.endswith(" 1.0") for line in spares):
+            return
+        time.sleep(1.0)
+
+
 def row(label: str, sessions: int, turns: list[dict[str, float]]) -> dict[str, Any]:
     stt = [t["stt_ms"] for t in turns]
     lat = [t["turn_ms"] for t in turns]
@@ -119,14 +139,21 @@ def main() -> None:
     ap.add_argument("--sessions", default="1,20")
     ap.add_argument("--turns", type=int, default=3, help="turns per session")
     ap.add_argument("--server-args", default="--policy none --asr-slots 20")
+    ap.add_argument("--after-args", default="", help="extra flags for this checkout's gateway only")
     ap.add_argument("--write", action="store_true", help="append the table to docs/benchmarks.md")
     args = ap.parse_args()
     speech = synthesize(TEXT, RATE)
     counts = [int(n) for n in args.sessions.split(",")]
     rows: list[dict[str, Any]] = []
-    for label, root in (("before (one-shot on commit)", Path(args.before)), ("after (streaming)", ROOT)):
-        server = start_server(*args.server_args.split(), name="bench-asr", code_root=root, timeout=300)
+    runs = (
+        ("before (one-shot on commit)", Path(args.before), ""),
+        ("after (streaming)", ROOT, args.after_args),
+    )
+    for label, root, extra in runs:
+        flags = (args.server_args + " " + extra).split()
+        server = start_server(*flags, name="bench-asr", code_root=root, timeout=300)
         try:
+            wait_for_spares(server)
             for n in counts:
                 rows.append(row(label, n, asyncio.run(load(server, n, args.turns, speech))))
                 print(json.dumps(rows[-1]), flush=True)

@@ -39,8 +39,8 @@ BLOCK_BYTES = 2 * ASR_RATE // 10
 """100 ms of 16 kHz PCM16: the unit ``process_raw`` is fed in."""
 CMN_PRIME_BYTES = ASR_RATE
 """The first half second of an utterance sets its cepstral mean (the first words wait for it)."""
-MAX_BLOCKS_PER_STEP = 10
-"""A step decodes at most 1 s of a stream's audio: a stream that fell behind (a busy box) catches up
+MAX_BLOCKS_PER_STEP = 5
+"""A step decodes at most 0.5 s of a stream's audio: a stream that fell behind (a busy box) catches up
 over several steps, so no step grows past the worker's deadline and other streams get their turn."""
 MIN_UTTERANCE_BYTES = 2 * ASR_RATE // 10
 """Under 100 ms no word fits, and the search errors on a too-short utterance."""
