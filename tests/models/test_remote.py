@@ -148,15 +148,13 @@ async def test_a_silent_frontend_loses_its_streams_within_its_lease(
     assert shared[0].target.load().active == 0
 
 
-async def test_a_slow_reader_pauses_its_stream_on_the_actor(make_actors: Actors, frontend: Frontend) -> None:
+async def test_the_actor_runs_a_stream_only_a_window_ahead_of_its_reader(make_actors: Actors, frontend: Frontend) -> None:
     replicas = make_actors(1)
     stage = await frontend(replicas)
     stream = stage.submit(Req(n=None))
-    await asyncio.sleep(0.3)  # nobody reads: the front-end's backlog fills, the actor stops the stream
+    await asyncio.sleep(0.3)  # nobody reads: ``max_backlog`` outputs unread, the actor stops the stream
     made = replicas[0].target.frontends[stage.frontend_id].streams[1].state.made
-    await asyncio.sleep(0.2)
-    assert replicas[0].target.frontends[stage.frontend_id].streams[1].state.made == made
-    assert made <= 2 * stage.max_backlog  # the backlog, plus steps taken before the pause arrived
+    assert made == stage.max_backlog
     got = []
     async for x in stream:
         got.append(x)

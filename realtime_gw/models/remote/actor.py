@@ -26,6 +26,10 @@ from realtime_gw.models.runtime import StageWorker, Stream
 
 log = logging.getLogger(__name__)
 
+REMOTE_DESCRIBED = (*DESCRIBED, "spec")
+"""Backend attributes a front-end reads: a hosted backend's, and the policy's ``spec`` (the robot
+socket's session is built from it)."""
+
 
 class _Frontend:
     """One front-end's streams on this actor and the results waiting for its next poll."""
@@ -44,12 +48,14 @@ class _Frontend:
 
 
 class _Relay(Stream[Any]):
-    """A stream whose results go straight to its front-end's outbox (not buffered here); ``paused``
-    while the front-end's own backlog for it is full."""
+    """A stream whose results go straight to its front-end's outbox (not buffered here). It advances
+    only while fewer than ``max_backlog`` of its outputs are unread (``posted - taken``), the window a
+    local stream's own buffer gives."""
 
     frontend: _Frontend | None = None
     sid = 0
-    paused = False
+    posted = 0
+    taken = 0
     _early: tuple[list[Any], bool, str | None] | None = None
 
     def bind(self, frontend: _Frontend, sid: int) -> None:
@@ -63,13 +69,14 @@ class _Relay(Stream[Any]):
             return
         if done or error is not None:
             self.finished = True
+        self.posted += len(outputs)
         if self.frontend is None:
             self._early = (outputs, done, error)
         else:
             self.frontend.post(self.sid, outputs, done, error)
 
     def _runnable(self, backend: Backend[Any]) -> bool:
-        return not self.paused and super()._runnable(backend)
+        return self.posted - self.taken < self._max_backlog and super()._runnable(backend)
 
 
 class StageActor:
@@ -109,7 +116,7 @@ class StageActor:
     async def describe(self) -> Described:
         await self._ready()
         backend = self.worker.backend
-        attributes = {a: getattr(backend, a) for a in DESCRIBED if hasattr(backend, a)}
+        attributes = {a: getattr(backend, a) for a in REMOTE_DESCRIBED if hasattr(backend, a)}
         return Described(self.incarnation, self.worker.name, self.worker.max_backlog, attributes)
 
     async def send(self, frontend_id: str, msg: Outbound) -> list[tuple[int, str]]:
@@ -133,11 +140,10 @@ class StageActor:
         for sid in msg.cancels:
             if (stream := frontend.streams.pop(sid, None)) is not None:
                 stream.cancel()
-        for sids, paused in ((msg.paused, True), (msg.resumed, False)):
-            for sid in sids:
-                if (stream := frontend.streams.get(sid)) is not None:
-                    stream.paused = paused
-        if msg.resumed:
+        for sid, taken in msg.acks:
+            if (stream := frontend.streams.get(sid)) is not None:
+                stream.taken = max(stream.taken, taken)
+        if msg.acks:
             self.worker.wake()
         return refused
 

@@ -77,7 +77,10 @@ class _Entry:
     """The replica accepted it: its slot shows in the replica's reported load."""
     taken: list[Any] = field(default_factory=list)
     """Inputs sent with the open: given back to the stream if the replica refuses it."""
-    paused: bool = False
+    received: int = 0
+    """Outputs delivered to the stream; ``received - backlog`` of them its reader has taken."""
+    acked: int = 0
+    """What the replica was last told the reader has taken."""
 
 
 @dataclass(eq=False)
@@ -101,6 +104,7 @@ class RemoteStage:
         self.backend: Any = SimpleNamespace(name=self.name)
         """The hosted backend's described attributes (``voices`` for ``accepted_voices``)."""
         self.max_backlog = 64
+        self.ack_every = 16
         self.restarts = 0
         self._entries: dict[int, _Entry] = {}
         self._sids = itertools.count(1)
@@ -128,6 +132,9 @@ class RemoteStage:
         first = described[0]
         self.backend = SimpleNamespace(name=first.name, **first.attributes)
         self.max_backlog = first.max_backlog
+        # Reads are acknowledged a quarter window at a time: a stream never waits on an ack while a
+        # quarter of its window is left, and there is one ack per quarter window, not per output.
+        self.ack_every = max(1, self.max_backlog // 4)
         # A first poll that does not wait: each replica's load, so ``ready`` and routing hold at once.
         batches = await asyncio.gather(
             *(r.actor.next_batch.remote(self.frontend_id, 0.0) for r in self.replicas)
@@ -204,10 +211,10 @@ class RemoteStage:
             elif s.pending:
                 msg.inputs.append((sid, s.pending))
                 s.pending = []
-            paused = s.backlog >= self.max_backlog
-            if paused != e.paused:
-                e.paused = paused
-                (msg.paused if paused else msg.resumed).append(sid)
+            taken = e.received - s.backlog
+            if taken - e.acked >= self.ack_every:
+                msg.acks.append((sid, taken))
+                e.acked = taken
         return {r: (m, o) for r, (m, o) in messages.items() if m}
 
     async def _send(self, replica: _Replica, msg: Outbound, opened: list[_Entry]) -> None:
@@ -284,18 +291,16 @@ class RemoteStage:
                 replica, f"{self.name}: this front-end's lease on replica {replica.index} expired"
             )
         replica.incarnation = batch.incarnation
-        backlogged = False
         for sid, outputs, done, error in batch.results:
             entry = self._entries.get(sid)
             if entry is None or entry.replica is not replica:
                 continue  # cancelled here meanwhile
             entry.stream._deliver(outputs, done, error)
+            entry.received += len(outputs)
             if done or error is not None:
                 self._forget(sid)
-            elif not entry.paused and entry.stream.backlog >= self.max_backlog:
-                backlogged = True
-        if backlogged:
-            self.wake()  # the sender tells the replica to pause those streams
+        if batch.load.ready and not replica.ready:
+            log.info("%s: replica %d ready (incarnation %s)", self.name, replica.index, batch.incarnation[:8])
         replica.load, replica.ready = batch.load, batch.load.ready
         self._export(replica)
         if batch.load.free_slots:

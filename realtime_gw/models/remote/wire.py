@@ -20,12 +20,13 @@ class Outbound:
     """(sid, request, inputs pushed so far)"""
     inputs: list[tuple[int, list[Any]]] = field(default_factory=list)
     cancels: list[int] = field(default_factory=list)
-    paused: list[int] = field(default_factory=list)
-    """Streams whose front-end backlog is full: the worker stops advancing them (flow control)."""
-    resumed: list[int] = field(default_factory=list)
+    acks: list[tuple[int, int]] = field(default_factory=list)
+    """(sid, outputs its reader has taken so far): flow control. The worker advances a stream only
+    while fewer than its ``max_backlog`` outputs are unread (in flight or buffered at the front-end),
+    as a local worker does with its own buffer."""
 
     def __bool__(self) -> bool:
-        return bool(self.opens or self.inputs or self.cancels or self.paused or self.resumed)
+        return bool(self.opens or self.inputs or self.cancels or self.acks)
 
 
 @dataclass(slots=True)

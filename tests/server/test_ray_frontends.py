@@ -1,0 +1,138 @@
+"""Two gateway front-ends (separate processes, different ports) share one remote TTS actor (tone) and
+one remote policy actor (noop) on a local Ray cluster: openai-SDK voice turns and openpi-client robots
+through both at once; the TTS actor killed mid-response; a front-end killed with its stream open."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+from tests.conftest import LiveServer
+from tests.server.ray_cluster import local_ray, stage_actor, start_front_ends, stop_front_ends
+from tests.server.test_openpi_harness import droid_obs
+from tests.server.test_realtime_sdk import audio_of, collect_until, connect, is_done, recv, text_turn
+
+pytest.importorskip("ray")
+
+LONG_TEXT = "This reply is long enough to be cut in the middle by a worker that dies. " * 4
+
+
+@pytest.fixture(scope="module")
+def front_ends() -> Iterator[list[LiveServer]]:
+    with local_ray() as address:
+        servers = start_front_ends(address, 2)
+        try:
+            yield servers
+        finally:
+            stop_front_ends(servers)
+
+
+def robot_turns(server: LiveServer, n: int = 3) -> list[np.ndarray]:
+    policy = WebsocketClientPolicy(host="127.0.0.1", port=server.port)
+    try:
+        return [policy.infer(droid_obs(i))["actions"] for i in range(n)]
+    finally:
+        policy._ws.close()
+
+
+async def voice_turn(server: LiveServer, text: str) -> list[Any]:
+    async with connect(server) as conn:
+        return await text_turn(conn, text)
+
+
+async def test_voice_and_robots_through_both_front_ends_at_once(front_ends: list[LiveServer]) -> None:
+    turns = [voice_turn(s, f"Hello from front end {i}. How are you today?") for i, s in enumerate(front_ends)]
+    robots = [asyncio.to_thread(robot_turns, s) for s in front_ends]
+    results = await asyncio.gather(*turns, *robots)
+    for events in results[:2]:
+        done = [e for e in events if is_done(e)]
+        assert [d.response.status for d in done] == ["completed"]
+        assert len(audio_of(events)) > 24000  # over half a second of tone, through the Ray hop
+    for actions in results[2:]:
+        assert all(a.ndim == 2 and np.isfinite(a).all() for a in actions)
+    for server in front_ends:
+        assert httpx.get(server.http + "/readyz").json()["workers"]["remote-tts"] is True
+        assert server.metric("realtime_gw_remote_worker_ready", 'worker="remote-tts"') == 1
+        assert server.metric("realtime_gw_remote_worker_frontends", 'worker="remote-policy"') == 2
+        slots = server.metric("realtime_gw_remote_worker_free_slots", 'worker="remote-tts"')
+        assert slots > 0
+
+
+async def test_killing_the_tts_actor_fails_each_response_once_and_serves_again(
+    front_ends: list[LiveServer],
+) -> None:
+    import ray
+
+    async def cut_short(server: LiveServer, speaking: asyncio.Event) -> list[Any]:
+        async with connect(server) as conn:
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": LONG_TEXT}],
+                }
+            )
+            await conn.response.create()
+            events = await collect_until(conn, lambda e: e.type == "response.output_audio.delta")
+            speaking.set()
+            events += await collect_until(conn, is_done, timeout=30)
+            with pytest.raises(asyncio.TimeoutError):  # exactly one response.done: nothing follows it
+                events.append(await recv(conn, timeout=1.0))
+            return events
+
+    speaking = [asyncio.Event(), asyncio.Event()]
+    sessions = [asyncio.create_task(cut_short(s, e)) for s, e in zip(front_ends, speaking, strict=True)]
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in speaking)), 30)
+    ray.kill(stage_actor("tts"), no_restart=False)  # Ray restarts it (max_restarts)
+    killed_at = time.monotonic()
+
+    async def serves_again(server: LiveServer) -> float:
+        while True:
+            events = await voice_turn(server, "Back again.")
+            if [e.response.status for e in events if is_done(e)] == ["completed"] and audio_of(events):
+                return time.monotonic() - killed_at
+            assert time.monotonic() - killed_at < 5.0, "no new session worked within 5 s of the kill"
+            await asyncio.sleep(0.1)
+
+    *cut, back = await asyncio.gather(*sessions, asyncio.gather(*(serves_again(s) for s in front_ends)))
+    for events in cut:
+        done = [e for e in events if is_done(e)]
+        assert [d.response.status for d in done] == ["failed"], [e.type for e in events]
+        assert [e for e in events if e.type == "error"], "the failure is announced with an error event"
+    print(f"new sessions served {max(back):.2f} s after the kill")
+
+
+async def test_a_killed_front_end_frees_its_slots_on_the_actor(front_ends: list[LiveServer]) -> None:
+    tts = stage_actor("tts")
+    victim = front_ends[1]
+    async with connect(victim) as conn:
+        await conn.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": LONG_TEXT}]}
+        )
+        await conn.response.create()
+        await collect_until(conn, lambda e: e.type == "response.output_audio.delta")
+        load = await tts.load.remote()
+        assert load.active == 1 and load.frontends == 2
+        victim.proc.send_signal(signal.SIGKILL)  # no goodbye: only its lease can tell
+        killed_at = time.monotonic()
+        while (load := await tts.load.remote()).active:
+            assert time.monotonic() - killed_at < 3.0, "the dead front-end's stream still holds its slot"
+            await asyncio.sleep(0.05)
+    freed = time.monotonic() - killed_at
+    print(f"dead front-end's slot freed after {freed:.2f} s")
+    assert load.frontends == 1
+    policy = stage_actor("policy")
+    while (await policy.load.remote()).frontends != 1:  # its lease there ends as well
+        assert time.monotonic() - killed_at < 3.0, "the dead front-end is still a client of the policy"
+        await asyncio.sleep(0.05)
+    # the survivor still speaks
+    events = await voice_turn(front_ends[0], "Still here.")
+    assert [e.response.status for e in events if is_done(e)] == ["completed"]
