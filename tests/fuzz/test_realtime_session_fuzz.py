@@ -97,7 +97,8 @@ class Driver:
 
     # -- feeding ------------------------------------------------------------------------------------------
     def feed(self, event: object) -> list[Any]:
-        live = (self.s.response.id, self.s.response.epoch) if self.s.response is not None else None
+        slots = [self.s.responses, *self.s.side.slots.values()]  # the main response and any out-of-band ones
+        live = {(slot.live.id, slot.live.epoch) for slot in slots if slot.live is not None}
         was_closed = self.s.closed
         effects = self.s.handle(event, self.now)
         self.calls += 1
@@ -118,8 +119,8 @@ class Driver:
         assert not missing, f"responses without response.done after close: {missing}"
 
     # -- the invariants -----------------------------------------------------------------------------------
-    def check(self, event: object, effects: list[Any], live: tuple[str, int] | None) -> None:
-        if isinstance(event, WORKER_RESULTS) and (event.response_id, event.epoch) != live:
+    def check(self, event: object, effects: list[Any], live: set[tuple[str, int]] | None) -> None:
+        if isinstance(event, WORKER_RESULTS) and (event.response_id, event.epoch) not in (live or set()):
             assert effects == [], f"a stale {type(event).__name__} produced {effects}"
         for e in effects:
             if isinstance(e, Send):
@@ -127,10 +128,11 @@ class Driver:
             elif isinstance(e, StartResponse):
                 assert e.response_id in self.created and e.response_id not in self.done, e.response_id
                 assert e.response_id not in self.started, f"{e.response_id} started twice"
-                assert self.s.response is not None and (self.s.response.id, self.s.response.epoch) == (
-                    e.response_id,
-                    e.epoch,
-                ), "a response starts under its live epoch"
+                side = self.s.side.get(e.response_id)  # an out-of-band response beside the main one
+                live = side.live if side is not None else self.s.response
+                assert live is not None and (live.id, live.epoch) == (e.response_id, e.epoch), (
+                    "a response starts under its live epoch"
+                )
                 self.started[e.response_id] = e
             elif isinstance(e, CancelResponse):
                 assert e.response_id in self.created
