@@ -47,9 +47,14 @@ class Batch:
 
     incarnation: str
     """Changes when Ray restarts the actor: every stream the front-end had there is gone."""
+    record: int
+    """Which record of this front-end the actor answers from (a new one after a lease expired)."""
+    seq: int
+    """1, 2, ... per record: a front-end keeps two polls in flight and applies their answers in order."""
     load: Load
-    results: list[tuple[int, list[Any], bool, str | None]] = field(default_factory=list)
-    """(sid, outputs, done, error) in the order the worker produced them."""
+    results: list[tuple[int, list[Any], bool, str | None, float]] = field(default_factory=list)
+    """(sid, outputs, done, error, posted_at) in the order the worker produced them; ``posted_at`` is
+    the actor's wall clock when the step handed them over (the hop's delay is measured from it)."""
     lost: bool = False
     """The front-end's lease had expired: its streams there were ended."""
 

@@ -1,0 +1,212 @@
+"""The Ray hop: what serving a stage from a Ray actor (``remote_stages``) costs against in process.
+
+1. Worker level, in this process: the tone TTS as an in-process ``StageWorker`` and as a remote stage
+   (one Ray actor), N concurrent streams per round (two sentences each): time to first audio (submit ->
+   first frame in the stream) and, through the hop, each frame's delivery delay (the actor's step
+   handed it over -> it is in the front-end's stream; in process that delay is nil by construction).
+2. Gateway level: sessions sustained (tone TTS, p95 frame lateness <= 20 ms, no errors; the text-turn
+   loop of ``bench_realtime.py``) by one gateway in process, by one front-end whose TTS is the shared
+   actor, and by two front-ends sharing that actor (sessions split between them).
+
+    .venv/bin/python loadtest/bench_ray_hop.py            # full run (~4 min on 2 cores)
+    .venv/bin/python loadtest/bench_ray_hop.py --quick    # smoke run
+
+Everything shares one machine (client, front-ends, Ray, the actor); compare rows of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from loadtest.bench_realtime import Stats, hardware, pct, turns_load  # noqa: E402
+from realtime_gw.config import GatewayConfig  # noqa: E402
+from realtime_gw.models.registry import build_stage  # noqa: E402
+from realtime_gw.models.remote import remote_stage  # noqa: E402
+from realtime_gw.models.remote.client import RemoteStage  # noqa: E402
+from realtime_gw.records.voice import TtsRequest  # noqa: E402
+from tests.conftest import LiveServer, start_server, stop_server  # noqa: E402
+from tests.server.ray_cluster import local_ray, start_front_ends, stop_front_ends  # noqa: E402
+
+TEXT = "Please open the door for me. I would like a cup of coffee."
+CONFIG = GatewayConfig(tts="tone", policy="none", remote_stages="tts", ray_num_cpus=0.5)
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.ttfa_ms: list[float] = []
+        self.delivery_ms: list[float] = []
+        """Per frame, through the hop only."""
+        self.frames = 0
+
+
+async def streams_round(stage: Any, n: int, out: Worker) -> None:
+    async def one() -> None:
+        t0 = time.perf_counter()
+        stream = stage.submit(TtsRequest(voice="tone"))
+        stream.push(TEXT)
+        stream.close_input()
+        first = None
+        async for _ in stream:
+            out.frames += 1
+            if first is None:
+                first = time.perf_counter() - t0
+                out.ttfa_ms.append(first * 1000)
+
+    await asyncio.gather(*(one() for _ in range(n)))
+
+
+def record_delivery(out: Worker) -> Any:
+    """Wrap the front-end's batch handler: each frame's delay from the actor's hand-over to here."""
+    original = RemoteStage._apply  # in seq order, after the two polls are merged
+
+    def recording(self: RemoteStage, replica: Any, batch: Any) -> None:
+        now = time.time()
+        for _sid, outputs, _done, _error, posted_at in batch.results:
+            out.delivery_ms += [(now - posted_at) * 1000] * len(outputs)
+        original(self, replica, batch)
+
+    RemoteStage._apply = recording  # type: ignore[method-assign]
+    return original
+
+
+async def worker_level(streams: int, rounds: int) -> tuple[Worker, Worker]:
+    local, remote = Worker(), Worker()
+    in_process = build_stage("tts", CONFIG)
+    await in_process.start()
+    hop = remote_stage("tts", CONFIG, build_stage)
+    await hop.start()
+    original = record_delivery(remote)
+    try:
+        for _ in range(2):  # warm both paths (Ray's first calls, the actor's first steps)
+            await streams_round(in_process, streams, Worker())
+            await streams_round(hop, streams, Worker())
+        remote.delivery_ms.clear()
+        for _ in range(rounds):  # interleaved: both see the same background load
+            await streams_round(in_process, streams, local)
+            await streams_round(hop, streams, remote)
+    finally:
+        RemoteStage._apply = original  # type: ignore[method-assign]
+        await hop.stop()
+        await in_process.stop()
+    return local, remote
+
+
+async def split_load(servers: list[LiveServer], sessions: int, seconds: float) -> Stats:
+    """``sessions`` text-turn sessions spread over ``servers``; one merged ``Stats``."""
+    shares = [sessions // len(servers) + (i < sessions % len(servers)) for i in range(len(servers))]
+    parts = await asyncio.gather(*(turns_load(s, k, seconds) for s, k in zip(servers, shares, strict=True)))
+    merged = Stats()
+    for p in parts:
+        merged.ttfa_ms += p.ttfa_ms
+        merged.lateness_ms += p.lateness_ms
+        merged.turns += p.turns
+        merged.errors += p.errors
+    return merged
+
+
+async def sustained(
+    label: str, servers: list[LiveServer], levels: list[int], seconds: float, out: Any
+) -> int:
+    best = 0
+    for n in levels:
+        s = await split_load(servers, n, seconds)
+        late = pct(s.lateness_ms, 95)
+        out(
+            f"| {label} | {n} | {s.turns} | {pct(s.ttfa_ms, 50):.0f} | {pct(s.ttfa_ms, 95):.0f} | "
+            f"{late:.1f} | {s.errors} |"
+        )
+        if late > 20.0 or s.errors:
+            break
+        best = n
+    return best
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--streams", type=int, default=64)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    rounds = 3 if args.quick else 15
+    seconds = 5.0 if args.quick else 8.0
+    levels = [16, 64] if args.quick else [16, 32, 64, 96, 128, 192, 256]
+    lines: list[str] = []
+
+    def out(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    flags = ("--policy", "none", "--tts", "tone", "--max-sessions", "1024", "--cpu-backends-in-process")
+    with local_ray() as address:
+        local, remote = await worker_level(args.streams, rounds)
+        out(f"Worker level: {args.streams} concurrent tone-TTS streams per round, {rounds} rounds each way")
+        out("")
+        out(
+            "| path | streams | frames | TTFA p50 ms | TTFA p95 ms | delivery p50 ms | delivery p95 ms | delivery p99 ms |"
+        )
+        out("|---|---|---|---|---|---|---|---|")
+        out(
+            f"| in process | {args.streams} | {local.frames} | {pct(local.ttfa_ms, 50):.2f} | "
+            f"{pct(local.ttfa_ms, 95):.2f} | 0 | 0 | 0 |"
+        )
+        out(
+            f"| Ray actor | {args.streams} | {remote.frames} | {pct(remote.ttfa_ms, 50):.2f} | "
+            f"{pct(remote.ttfa_ms, 95):.2f} | {pct(remote.delivery_ms, 50):.2f} | "
+            f"{pct(remote.delivery_ms, 95):.2f} | {pct(remote.delivery_ms, 99):.2f} |"
+        )
+        added = pct(remote.ttfa_ms, 95) - pct(local.ttfa_ms, 95)
+        ratio = pct(remote.ttfa_ms, 95) / max(pct(local.ttfa_ms, 95), 1e-9)
+        out("")
+        out(
+            f"Added by the hop at p95: TTFA +{added:.2f} ms (x{ratio:.2f}); frame delivery "
+            f"{pct(remote.delivery_ms, 95):.2f} ms (goal <= 3 ms)"
+        )
+        out("")
+        out("| gateway | sessions | turns | TTFA p50 ms | TTFA p95 ms | lateness p95 ms | errors |")
+        out("|---|---|---|---|---|---|---|")
+        single = start_server(*flags, name="bench-ray-in-process")
+        try:
+            best_local = await sustained("in process", [single], levels, seconds, out)
+        finally:
+            stop_server(single)
+        front_ends = start_front_ends(address, 1, *flags, "--remote-stages", "tts")
+        try:
+            best_one = await sustained("1 front-end + TTS actor", front_ends, levels, seconds, out)
+            front_ends += start_front_ends(address, 1, *flags, "--remote-stages", "tts")
+            best_two = await sustained("2 front-ends + TTS actor", front_ends, levels, seconds, out)
+        finally:
+            stop_front_ends(front_ends)
+        out("")
+        out(
+            f"Sessions sustained (tone TTS, p95 lateness <= 20 ms, no errors): in process {best_local}, "
+            f"1 front-end {best_one}, 2 front-ends {best_two} "
+            f"(2 vs 1: x{best_two / max(best_one, 1):.2f}; 1 front-end vs in process: x{best_one / max(best_local, 1):.2f})"
+        )
+
+    if not args.no_write:
+        with (ROOT / "docs" / "benchmarks.md").open("a") as f:
+            f.write(
+                f"\n## Ray hop: remote stage workers ({dt.date.today().isoformat()})\n\n"
+                f"- Hardware: {hardware()}; no GPU; a local Ray (no dashboard), the actor at 0.5 CPU\n"
+                f"- Command: `.venv/bin/python loadtest/bench_ray_hop.py{' --quick' if args.quick else ''}`\n"
+                "- Worker level: streams submitted together, two sentences each (~44 frames); TTFA = submit ->\n"
+                "  first frame in the stream; delivery = the actor's step handed the frame over -> it is in the\n"
+                "  front-end's stream (wall clocks of one machine). Gateway level: `bench_realtime.py`'s text-turn\n"
+                "  loop; lateness = arrival after the frame's real-time playback slot. Client, front-ends, Ray and\n"
+                "  the actor share the machine (and its 2 cores with whatever else runs).\n\n"
+                + "\n".join(lines)
+                + "\n"
+            )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
