@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from realtime_gw.config import GatewayConfig
-from realtime_gw.models.remote.client import RemoteStage
-from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, WorkerFault
+from realtime_gw.models.remote.client import RemoteStage, _Entry
+from realtime_gw.models.remote.wire import Batch, Load
+from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, Stream, WorkerFault
 from tests.models.remote_fakes import LocalActor, toy_stage
 from tests.models.toy_backends import Req
 
@@ -148,7 +149,9 @@ async def test_a_silent_frontend_loses_its_streams_within_its_lease(
     assert shared[0].target.load().active == 0
 
 
-async def test_the_actor_runs_a_stream_only_a_window_ahead_of_its_reader(make_actors: Actors, frontend: Frontend) -> None:
+async def test_the_actor_runs_a_stream_only_a_window_ahead_of_its_reader(
+    make_actors: Actors, frontend: Frontend
+) -> None:
     replicas = make_actors(1)
     stage = await frontend(replicas)
     stream = stage.submit(Req(n=None))
@@ -162,3 +165,22 @@ async def test_the_actor_runs_a_stream_only_a_window_ahead_of_its_reader(make_ac
             break
     assert got == list(range(1, made + 4))
     stream.cancel()
+
+
+async def test_crossing_poll_answers_are_applied_in_the_actors_order() -> None:
+    stage = RemoteStage("toy", [object()])  # never started: answers are handed in directly
+    replica = stage.replicas[0]
+    s: Stream[Any] = Stream(stage, Req(), 64)  # type: ignore[arg-type]
+    stage._entries[1] = _Entry(1, s, replica, opened=True, confirmed=True)
+    load = Load(ready=True, free_slots=1, max_active=1)
+
+    def answer(seq: int, outputs: list[int], done: bool = False, record: int = 1) -> Batch:
+        return Batch("inc", record, seq, load, [(1, outputs, done, None, 0.0)])
+
+    stage._receive(replica, answer(2, [3, 4]))  # crossed the answer before it: waits
+    assert s.backlog == 0
+    stage._receive(replica, answer(1, [1, 2]))
+    stage._receive(replica, answer(1, [5], record=2))  # the actor's next record of this front-end
+    stage._receive(replica, answer(3, [99], record=1))  # a late answer of the old record: dropped
+    stage._receive(replica, answer(2, [6], done=True, record=2))
+    assert await s.collect() == [1, 2, 3, 4, 5, 6]
