@@ -40,7 +40,7 @@ class Sizes:
     noise_s: float = 8.0
     bomb_frames: int = 3
     bomb_inflated_mb: float = 15.5
-    plain_appends: int = 3
+    plain_appends: int = 1
     plain_append_mb: float = 15.5
     stream_text_chars: int = 20_000
     huge_input_text_mb: float = 0.5

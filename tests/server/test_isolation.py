@@ -136,13 +136,16 @@ OUTCOMES: dict[str, Callable[[dict[str, Any]], None]] = {
         rebinding,
     )
 }
-NOT_LANDED: dict[str, str] = {
+NOT_LANDED: dict[str, str] = {}
+"""Attacks whose fix had not landed when this was written: name -> the missing piece (strict xfail)."""
+STALLS_NEAR_THE_FLOOR: dict[str, str] = {
     "deflate_bombs": (
-        "deflate is off, but plain 15.5 MB appends still delay the bystander: frames 80-960 ms late, "
-        "/healthz 530 ms, RSS +340 MB (2026-12-03, 14c59b3, loaded box)"
+        "deflate is off, but one plain 15.5 MB append still holds the event loop ~0.3-0.5 s here "
+        "(bystander /healthz 439 ms against a 400 ms bound; 1.25 s at the full size: docs/reliability.md), "
+        "so this passes or fails by scheduling noise; not strict until big frames leave the loop"
     ),
 }
-"""Attacks whose fix had not landed when this was written: name -> the missing piece (strict xfail)."""
+"""Known residual stalls close to the noise floor: xfail, not strict (a strict xfail would flip with load)."""
 STUCK_NOT_LANDED = ""
 
 
@@ -151,6 +154,8 @@ STUCK_NOT_LANDED = ""
     [
         pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=NOT_LANDED[name]))
         if name in NOT_LANDED
+        else pytest.param(name, marks=pytest.mark.xfail(strict=False, reason=STALLS_NEAR_THE_FLOOR[name]))
+        if name in STALLS_NEAR_THE_FLOOR
         else name
         for name in OUTCOMES
     ],
