@@ -8,9 +8,10 @@ within a worker step) and is cancelled by ``input_audio_buffer.clear``, a droppe
 newer turn or the end of the session. Its item id is the one ``speech_started`` announced, so the
 deltas and the committed item agree.
 
-Deltas carry the words of each partial hypothesis but its last (the one most likely to change),
-once the words sent so far are still its beginning: sent words cannot be taken back. The final
-delta carries what the transcript adds to them; ``.completed`` has the whole transcript.
+Deltas carry the words of each partial hypothesis but its last (the one most likely to change) past
+the number already sent. Sent words cannot be taken back: where the recogniser later revises one,
+the deltas keep it and go on with the words after it. The final delta carries the transcript's words
+past those sent; ``.completed`` has the whole transcript.
 
 A commit without a stream (a turn that began without one, an idle timeout) transcribes its audio in
 one shot. ``Transcribe`` always carries the committed audio, so the transport falls back to one shot
@@ -92,7 +93,7 @@ class Transcriber:
         if s is None or not wanted:
             return []
         stable = ev.text.split()[:-1]
-        if len(stable) <= len(s.sent) or stable[: len(s.sent)] != s.sent:
+        if len(stable) <= len(s.sent):
             return []
         new = stable[len(s.sent) :]
         delta = (" " if s.sent else "") + " ".join(new)
@@ -105,8 +106,7 @@ class Transcriber:
         s = self.ending.pop(ev.item_id, None)
         if s is None or not s.sent:
             return effects
-        words = (ev.text or "").split()
-        rest = words[len(s.sent) :] if words[: len(s.sent)] == s.sent else []
+        rest = (ev.text or "").split()[len(s.sent) :]
         out: list[Effect] = []
         for e in effects:
             if isinstance(e, Send) and isinstance(e.event, rt.ConversationItemInputAudioTranscriptionDeltaEvent):

@@ -67,9 +67,10 @@ def test_server_vad_turn_streams_while_speaking_and_commits_under_the_announced_
     assert deltas(s.handle(TranscriptionDelta(start.item_id, "what is"), 0.5)) == ["what"]
     assert deltas(s.handle(TranscriptionDelta(start.item_id, "what is the weather"), 0.6)) == [" is the"]
     assert deltas(s.handle(TranscriptionDelta(start.item_id, "what is the whether"), 0.7)) == []
-    assert (
-        deltas(s.handle(TranscriptionDelta(start.item_id, "what it"), 0.8)) == []
-    )  # revised: nothing unsent
+    assert deltas(s.handle(TranscriptionDelta(start.item_id, "what it"), 0.8)) == []  # nothing unsent
+    # A revised word already sent ("the" -> "a") is not taken back; the words after it still stream.
+    revised = TranscriptionDelta(start.item_id, "what is a weather like in")
+    assert deltas(s.handle(revised, 0.9)) == [" weather like"]
 
     stopped = vad(s, 640.0, [0.9] * 20 + [0.0] * 20)
     assert kinds(stopped)[:2] == ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed"]
@@ -77,7 +78,7 @@ def test_server_vad_turn_streams_while_speaking_and_commits_under_the_announced_
     assert tr.streamed and tr.item_id == start.item_id and tr.pcm
     assert not of(stopped, StartResponse), "the response waits for the transcript"
     done = s.handle(TranscriptionDone(start.item_id, "what is the weather like in paris"), 1.0)
-    assert deltas(done) == [" weather like in paris"]  # only what the deltas had not said
+    assert deltas(done) == [" in paris"]  # only what the deltas had not said
     (completed,) = [
         e for e in sent(done) if isinstance(e, rt.ConversationItemInputAudioTranscriptionCompletedEvent)
     ]
