@@ -33,7 +33,7 @@ def silence(ms: int) -> bytes:
 
 
 async def test_transcript_deltas_arrive_while_the_user_speaks(voice_server: LiveServer) -> None:
-    text = "Could you tell me what the weather will be like in Paris tomorrow morning?"
+    text = "I would like to book a table for two people tomorrow evening."
     speech = synthesize(text, RATE)
     assert 2.5 <= len(speech) / (RATE * 2) <= 4.0  # a ~3 s utterance
     audio_in = {"transcription": {"model": "pocketsphinx"}, "turn_detection": {"type": "server_vad"}}
