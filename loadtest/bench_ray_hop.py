@@ -166,7 +166,8 @@ async def sustained(
 ) -> int:
     best = 0
     for n in levels:
-        s = await split_load(servers, n, seconds)
+        # turns_load starts a session every 50 ms: the run lasts the ramp plus ``seconds`` of full load
+        s = await split_load(servers, n, seconds + n * 0.05)
         late = pct(s.lateness_ms, 95)
         out(
             f"| {label} | {n} | {s.turns} | {pct(s.ttfa_ms, 50):.0f} | {pct(s.ttfa_ms, 95):.0f} | "
@@ -186,8 +187,8 @@ async def main() -> None:
     ap.add_argument("--worker-only", action="store_true", help="skip the gateway-level part")
     args = ap.parse_args()
     rounds = 3 if args.quick else 15
-    seconds = 5.0 if args.quick else 8.0
-    levels = [16, 64] if args.quick else [16, 32, 64, 96, 128, 192, 256, 384]
+    seconds = 5.0 if args.quick else 6.0
+    levels = [16, 64] if args.quick else [16, 64, 128, 192, 256, 384]
     lines: list[str] = []
 
     def out(line: str) -> None:
@@ -255,7 +256,8 @@ async def main() -> None:
                 f"\n## Ray hop: remote stage workers ({dt.date.today().isoformat()})\n\n"
                 f"- Hardware: {hardware()}; no GPU; a local Ray (no dashboard), the actor at 0.5 CPU\n"
                 f"- Command: `.venv/bin/python loadtest/bench_ray_hop.py{' --quick' if args.quick else ''}`\n"
-                "- Worker level: streams submitted together, two sentences each (~44 frames); TTFA = submit ->\n"
+                "- Worker level: streams submitted together (tone: two sentences, ~44 frames; the frame-per-step\n"
+                "  stand-in: 25 frames); TTFA = submit ->\n"
                 "  first frame in the stream; delivery = the actor's step handed the frame over -> it is in the\n"
                 "  front-end's stream (wall clocks of one machine). Gateway level: `bench_realtime.py`'s text-turn\n"
                 "  loop; lateness = arrival after the frame's real-time playback slot. Client, front-ends, Ray and\n"
