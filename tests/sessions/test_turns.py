@@ -28,7 +28,16 @@ from realtime_gw.sessions.events import (
 from realtime_gw.sessions.realtime import RealtimeSession
 from realtime_gw.sessions.settings import SessionSettings
 from realtime_gw.sessions.turns import Interrupt, Turns, UserTurn
-from tests.sessions.test_realtime_session import FRAME, decode, done_of, kinds, of, sent, start_response, user_text
+from tests.sessions.test_realtime_session import (
+    FRAME,
+    decode,
+    done_of,
+    kinds,
+    of,
+    sent,
+    start_response,
+    user_text,
+)
 
 WINDOW = 32.0
 SECOND = b"\x00\x00" * 24000
