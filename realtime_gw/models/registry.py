@@ -141,6 +141,20 @@ def build_tts(config: GatewayConfig) -> StageWorker:
 
 
 def build_asr(config: GatewayConfig) -> StageWorker:
+    if config.asr == "kyutai":
+        from realtime_gw.models.speech.asr_kyutai import build_kyutai_asr
+
+        # A GPU stage (in-thread, CUDA graphs): every stream holds a slot and all advance each step,
+        # so slots = batch = admission limit, as for the codec TTS.
+        return _worker(
+            "asr",
+            build_kyutai_asr(config),
+            config,
+            device=config.asr_device,
+            max_batch=config.asr_max_batch,
+            max_active=config.asr_max_batch,
+            admit=utterance_bound(config.asr_max_utterance_s),
+        )
     return _stage(
         _cpu_backend(
             "asr", functools.partial(pocketsphinx_backend, config.asr_slots), "asr-pocketsphinx", config

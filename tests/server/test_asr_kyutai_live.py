@@ -1,0 +1,49 @@
+"""``--asr kyutai`` end to end (tiny config, random init: the words are noise, the event flow is real):
+a manual turn streams to the GPU-style slot stage while it is appended and its transcription completes
+under the committed item's id; a second session after the first one left gets a slot again."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+
+import pytest
+
+from tests.audio_tools import synthesize
+from tests.conftest import LiveServer, start_server, stop_server
+from tests.server.test_realtime_sdk import collect_until, connect
+
+RATE = 24000
+
+
+@pytest.fixture(scope="module")
+def kyutai_server() -> Iterator[LiveServer]:
+    server = start_server(
+        "--policy", "none", "--tts", "tone", "--api-key", "test-key",
+        "--asr", "kyutai", "--asr-config", "tiny", "--asr-max-batch", "2", "--asr-flush-s", "0.3",
+        name="kyutai",
+    )  # fmt: skip
+    yield server
+    stop_server(server)
+
+
+async def test_a_manual_turn_is_transcribed_by_the_streaming_stage(kyutai_server: LiveServer) -> None:
+    speech = synthesize("Please turn on the lights.", RATE)
+    audio_in = {"transcription": {"model": "kyutai"}, "turn_detection": None}
+    for _ in range(3):  # more turns than slots: each stream gives its slot back
+        async with connect(kyutai_server, audio={"input": audio_in}, output_modalities=["text"]) as conn:
+            step = RATE * 2 // 10
+            for i in range(0, len(speech), step):
+                await conn.input_audio_buffer.append(audio=base64.b64encode(speech[i : i + step]).decode())
+            await conn.input_audio_buffer.commit()
+            events = await collect_until(
+                conn, lambda e: e.type.startswith("conversation.item.input_audio_transcription.") and
+                not e.type.endswith(".delta"), timeout=60,
+            )  # fmt: skip
+        names = [e.type for e in events]
+        assert "error" not in names, names
+        done = events[-1]
+        assert done.type == "conversation.item.input_audio_transcription.completed", done
+        committed = next(e for e in events if e.type == "input_audio_buffer.committed")
+        assert done.item_id == committed.item_id
+        assert isinstance(done.transcript, str)
