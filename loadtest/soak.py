@@ -148,7 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=3, help="max turns per connection (then reconnect)")
     ap.add_argument("--start-jitter", action="store_true", help="stagger each user's first turn over --think")
     ap.add_argument("--robot-hz", type=float, default=10)
-    ap.add_argument("--server-args", default="--policy noop", help="extra `realtime-gw serve` flags")
+    ap.add_argument(
+        "--server-args",
+        # the load comes from one address: the per-address connection cap would stop it at 64
+        default="--policy noop --max-connections-per-client 0",
+        help="extra `realtime-gw serve` flags",
+    )
     ap.add_argument("--api-key", default="soak-key")
     ap.add_argument("--wav", default=None, help="utterance to speak (default: Piper says --text)")
     ap.add_argument("--text", default=DEFAULT_TEXT)
