@@ -32,7 +32,11 @@ from realtime_gw.config import GatewayConfig
 log = logging.getLogger(__name__)
 
 WS_PING_INTERVAL_S = 20.0
-WS_PING_TIMEOUT_S = 20.0
+WS_PING_TIMEOUT_S = 120.0
+"""Long on purpose: uvicorn stops reading a socket between our reads, so while a session is slowed
+by backpressure (input audio budget: up to ~32 s for one 15 MiB append at 10x real time) the client's
+pong waits behind its own audio. A dead peer is still found (and idle sessions end by their idle
+timeout); a throttled client is not cut off as if it were dead."""
 
 
 class ConnectionGuard:

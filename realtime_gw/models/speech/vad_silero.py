@@ -30,6 +30,10 @@ WINDOW = 512
 """Samples per window at 16 kHz (32 ms)."""
 CONTEXT = 64
 WINDOW_MS = 1000.0 * WINDOW / VAD_RATE
+MAX_WINDOWS_PER_STEP = 32
+"""Windows (~1 s of audio) one stream is scored per step: a client that sends minutes of audio at
+once is worked off over several steps (``has_work``) instead of one long step that every other
+session's VAD waits behind."""
 
 
 def silero_onnx_path() -> Path:
@@ -81,7 +85,7 @@ class SileroVadBackend:
         return VadState(request=request, resampler=StreamingResampler(request.sample_rate, VAD_RATE))
 
     def has_work(self, state: VadState) -> bool:
-        return False  # every full window is scored in the step that received it
+        return state.fifo.size >= WINDOW  # a backlog past MAX_WINDOWS_PER_STEP
 
     def release(self, state: VadState) -> None:
         state.fifo = np.zeros(0, dtype=np.float32)
@@ -123,17 +127,17 @@ class SileroVadBackend:
             if p:
                 start = (state.windows_done - len(p)) * WINDOW_MS
                 outputs.append(VadProbs(start_ms=start, window_ms=WINDOW_MS, probs=p))
-            results.append(StepResult(outputs=outputs, done=state.ended))
+            results.append(StepResult(outputs=outputs, done=state.ended and state.fifo.size < WINDOW))
         return results
 
-    def score(self, states: list[VadState]) -> dict[int, list[float]]:
-        """Scores every full window of every state: one batched ONNX call per round.
+    def score(self, states: list[VadState], max_rounds: int = MAX_WINDOWS_PER_STEP) -> dict[int, list[float]]:
+        """Scores up to ``max_rounds`` full windows of every state: one batched ONNX call per round.
 
         Round r takes the r-th pending window of each state that still has one, so streams with
         more buffered audio just take part in more rounds. Returns probs keyed by ``id(state)``.
         """
         out: dict[int, list[float]] = {id(s): [] for s in states}
-        while True:
+        for _ in range(max_rounds):
             ready = [s for s in states if s.fifo.size >= WINDOW]
             if not ready:
                 return out
@@ -149,6 +153,7 @@ class SileroVadBackend:
                 s.fifo = s.fifo[WINDOW:]
                 s.windows_done += 1
                 out[id(s)].append(float(prob[row, 0]))
+        return out
 
     def warmup(self) -> None:
         state = self.open(VadRequest(sample_rate=VAD_RATE))

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime_gw.models.speech.vad_silero import WINDOW_MS, silero_onnx_path
+from realtime_gw.models.speech.vad_silero import MAX_WINDOWS_PER_STEP, WINDOW_MS, silero_onnx_path
 from realtime_gw.protocols.audio import resample
 from realtime_gw.records.voice import VadProbs, VadRequest
 
@@ -55,8 +55,18 @@ def drive_alone(vad: Any, chunks: list[bytes]) -> list[float]:
     for c in chunks:
         [r] = vad.step([(state, [c])])
         probs += [p for out in r.outputs for p in out.probs]
+    probs += drain(vad, [state])[0]
     vad.release(state)
     return probs
+
+
+def drain(vad: Any, states: list[Any]) -> list[list[float]]:
+    """Step states with no new input while they have a backlog (the worker does this via has_work)."""
+    out: list[list[float]] = [[] for _ in states]
+    while any(vad.has_work(s) for s in states):
+        for acc, r in zip(out, vad.step([(s, []) for s in states]), strict=True):
+            acc += [p for o in r.outputs for p in o.probs]
+    return out
 
 
 def test_batched_equals_per_stream(vad: Any, speech_24k: bytes) -> None:
@@ -76,6 +86,8 @@ def test_batched_equals_per_stream(vad: Any, speech_24k: bytes) -> None:
         results = vad.step([(s, [chunks[i]]) for s, chunks in zip(states, streams, strict=True)])
         for acc, r in zip(batched, results, strict=True):
             acc += [p for out in r.outputs for p in out.probs]
+    for acc, rest in zip(batched, drain(vad, states), strict=True):
+        acc += rest
     for s in states:
         vad.release(s)
     for a, b in zip(alone, batched, strict=True):
@@ -100,9 +112,12 @@ def drive_alone_closed(vad: Any, pcm: bytes) -> list[float]:
 
     state = vad.open(VadRequest(sample_rate=16000))
     [r] = vad.step([(state, [pcm, END_OF_INPUT])])
-    assert r.done
+    probs = [p for out in r.outputs for p in out.probs]
+    while not r.done:  # a long clip is scored over several steps
+        [r] = vad.step([(state, [])])
+        probs += [p for out in r.outputs for p in out.probs]
     vad.release(state)
-    return [p for out in r.outputs for p in out.probs]
+    return probs
 
 
 async def test_long_lived_until_end_of_input(vad: Any, start_worker: Any) -> None:
@@ -127,3 +142,24 @@ async def test_long_lived_until_end_of_input(vad: Any, start_worker: Any) -> Non
     with pytest.raises(StopAsyncIteration):
         await next_output()
     assert w.active_count == 0
+
+
+def test_a_long_push_is_scored_over_several_bounded_steps(vad: Any, speech_24k: bytes) -> None:
+    """Minutes of audio in one append must not make one long step every session's VAD waits behind:
+    a stream is scored at most MAX_WINDOWS_PER_STEP windows per step, the rest on later steps, with the
+    same probabilities as without the bound."""
+    pcm = resample(speech_24k, 24000, 16000) * 4
+    state = vad.open(VadRequest(sample_rate=16000))
+    [first] = vad.step([(state, [pcm])])
+    assert len(first.outputs[0].probs) == MAX_WINDOWS_PER_STEP and not first.done
+    assert vad.has_work(state)
+    rest = drain(vad, [state])[0]
+    vad.release(state)
+    reference = vad.open(VadRequest(sample_rate=16000))
+    unbounded = vad.score([reference], max_rounds=10**6)  # nothing fed yet: feed, then score all
+    assert unbounded[id(reference)] == []
+    vad._feed(reference, [pcm])
+    expected = vad.score([reference], max_rounds=10**6)[id(reference)]
+    vad.release(reference)
+    assert len(expected) == len(pcm) // 2 // 512 > 2 * MAX_WINDOWS_PER_STEP
+    np.testing.assert_allclose(first.outputs[0].probs + rest, expected, atol=1e-6)
