@@ -11,7 +11,7 @@ import pytest
 
 from tests.audio_tools import synthesize
 from tests.conftest import LiveServer, start_server, stop_server
-from tests.server.test_realtime_sdk import collect_until, connect
+from tests.server.realtime_sdk_client import collect_until, connect
 
 RATE = 24000
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from tests.audio_tools import synthesize, wer
 from tests.conftest import LiveServer
-from tests.server.test_realtime_sdk import collect_until, connect
+from tests.server.realtime_sdk_client import collect_until, connect
 
 RATE = 24000
 CHUNK_MS = 40

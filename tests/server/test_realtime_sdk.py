@@ -6,8 +6,6 @@ import asyncio
 import base64
 import random
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -16,58 +14,16 @@ from openai import AsyncOpenAI
 
 from tests.audio_tools import synthesize, transcribe, wer
 from tests.conftest import LiveServer
-from tests.server.sdk_events import validate
-
-FRAME_BYTES = 1920 * 2
-
-
-@asynccontextmanager
-async def connect(server: LiveServer, **session: Any) -> AsyncIterator[Any]:
-    client = AsyncOpenAI(base_url=server.http + "/v1", api_key="test-key")
-    async with client.realtime.connect(model="gpt-realtime") as conn:
-        first = await recv(conn)
-        assert first.type == "session.created"
-        if session:
-            await conn.session.update(session={"type": "realtime", **session})
-            updated = await recv(conn)
-            assert updated.type == "session.updated", updated
-        yield conn
-
-
-async def recv(conn: Any, timeout: float = 30.0) -> Any:
-    """Next server event, validated against the SDK's pydantic models (not just constructed)."""
-    return validate(await asyncio.wait_for(conn.recv_bytes(), timeout))
-
-
-async def collect_until(conn: Any, stop: Callable[[Any], bool], timeout: float = 60.0) -> list[Any]:
-    events: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while True:
-        ev = await recv(conn, max(0.1, deadline - time.monotonic()))
-        events.append(ev)
-        if stop(ev):
-            return events
-
-
-def types(events: list[Any]) -> list[str]:
-    return [e.type for e in events]
-
-
-def audio_of(events: list[Any]) -> bytes:
-    return b"".join(base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta")
-
-
-def is_done(ev: Any) -> bool:
-    return ev.type == "response.done"
-
-
-async def text_turn(conn: Any, text: str) -> list[Any]:
-    await conn.conversation.item.create(
-        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-    )
-    await conn.response.create()
-    return await collect_until(conn, is_done)
-
+from tests.server.realtime_sdk_client import (
+    FRAME_BYTES,
+    audio_of,
+    collect_until,
+    connect,
+    is_done,
+    recv,
+    text_turn,
+    types,
+)
 
 SENTENCES = [
     "Please open the door for me.",
@@ -212,9 +168,9 @@ async def test_cancel_mid_stream_stops_audio(voice_server: LiveServer) -> None:
         # Nothing of that response arrives afterwards; the session still works.
         after = await text_turn(conn, "My phone is on the table.")
     response_id = rest[-1].response.id
-    assert all(
-        getattr(e, "response_id", None) != response_id for e in after
-    ), "no event of the cancelled response after its response.done"
+    assert all(getattr(e, "response_id", None) != response_id for e in after), (
+        "no event of the cancelled response after its response.done"
+    )
     assert sum(1 for e in before + rest if e.type == "response.done") == 1
     assert after[-1].response.status == "completed"
 
@@ -224,8 +180,16 @@ async def test_cancel_mid_stream_stops_audio(voice_server: LiveServer) -> None:
     [
         ("{not json", "invalid_json", None),
         ('{"type": "bogus.event", "event_id": "evt_bad"}', "invalid_event_type", "type"),
-        ('{"type": "input_audio_buffer.append", "audio": "@@not base64@@", "event_id": "evt_bad"}', "invalid_value", "audio"),
-        ('{"type": "input_audio_buffer.commit", "event_id": "evt_bad"}', "input_audio_buffer_commit_empty", None),
+        (
+            '{"type": "input_audio_buffer.append", "audio": "@@not base64@@", "event_id": "evt_bad"}',
+            "invalid_value",
+            "audio",
+        ),
+        (
+            '{"type": "input_audio_buffer.commit", "event_id": "evt_bad"}',
+            "input_audio_buffer_commit_empty",
+            None,
+        ),
         (
             '{"type": "session.update", "event_id": "evt_bad", "session": {"type": "realtime",'
             ' "audio": {"input": {"format": {"type": "audio/opus"}}}}}',
@@ -271,7 +235,11 @@ async def test_disconnect_mid_response_frees_worker_state(voice_server: LiveServ
     active = lambda: voice_server.metric("realtime_gw_worker_active_requests", f'worker="{tts_worker}"')  # noqa: E731
     async with connect(voice_server, audio={"input": {"turn_detection": None}}) as conn:
         await conn.conversation.item.create(
-            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": " ".join(SENTENCES * 3)}]}
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": " ".join(SENTENCES * 3)}],
+            }
         )
         await conn.response.create()
         await collect_until(conn, lambda e: e.type == "response.output_audio.delta")

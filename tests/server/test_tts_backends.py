@@ -16,7 +16,7 @@ import pytest
 import soundfile
 
 from tests.conftest import LiveServer, start_server, stop_server
-from tests.server.test_realtime_sdk import FRAME_BYTES, collect_until, connect, is_done, text_turn
+from tests.server.realtime_sdk_client import FRAME_BYTES, collect_until, connect, is_done, text_turn
 
 TEXT = "Please open the door for me. I would like a cup of coffee."
 
@@ -36,7 +36,9 @@ def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
     shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts_tiny", ckpt)
     gen = json.loads((ckpt / "generation_config.json").read_text())
     # greedy: the same text gives the same codes, so every response format has the same length
-    (ckpt / "generation_config.json").write_text(json.dumps({**gen, "do_sample": False, "subtalker_dosample": False}))
+    (ckpt / "generation_config.json").write_text(
+        json.dumps({**gen, "do_sample": False, "subtalker_dosample": False})
+    )
     server = start_server(
         "--policy", "none", "--api-key", "test-key", "--tts", "qwen3", "--tts-path", str(ckpt),
         "--tts-voice", "ryan", name="qwen3",
@@ -90,7 +92,11 @@ def test_speech_formats(backend_server: LiveServer) -> None:
         return resp
 
     raw = post(response_format="pcm").content
-    sse_lines = [json.loads(x[5:]) for x in post(response_format="pcm", stream_format="sse").text.splitlines() if x.startswith("data:")]
+    sse_lines = [
+        json.loads(x[5:])
+        for x in post(response_format="pcm", stream_format="sse").text.splitlines()
+        if x.startswith("data:")
+    ]
     sse = b"".join(base64.b64decode(e["audio"]) for e in sse_lines if e["type"] == "speech.audio.delta")
     wav, rate = soundfile.read(io.BytesIO(post(response_format="wav").content), dtype="int16")
     assert rate == 24000 and sse_lines[-1]["type"] == "speech.audio.done"
