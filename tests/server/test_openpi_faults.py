@@ -15,7 +15,7 @@ from realtime_gw.config import GatewayConfig
 from realtime_gw.models.policy.factory import policy_spec
 from realtime_gw.models.policy.noop import NoopRunner
 from realtime_gw.records.policy import PolicyRequest
-from tests.server.test_openpi_harness import droid_obs, serve, wait_for
+from tests.server.openpi_harness import droid_obs, serve, wait_for
 
 
 class ExplodingRunner(NoopRunner):

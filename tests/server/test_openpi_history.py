@@ -9,7 +9,7 @@ import pytest
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from realtime_gw.config import GatewayConfig
-from tests.server.test_openpi_harness import API_KEY, Served, droid_obs, serve, tiny_runner
+from tests.server.openpi_harness import API_KEY, Served, droid_obs, serve, tiny_runner
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 from realtime_gw.models.policy.noop import NoopRunner
 from realtime_gw.records.policy import PolicyRequest, PolicySpec
 from realtime_gw.server.openpi_local import LocalPolicy
-from tests.server.test_openpi_harness import droid_obs
+from tests.server.openpi_harness import droid_obs
 
 
 class ExplodingRunner(NoopRunner):
@@ -24,7 +24,9 @@ class ExplodingRunner(NoopRunner):
 
 
 def local() -> LocalPolicy:
-    return LocalPolicy(ExplodingRunner(PolicySpec(model="noop", action_horizon=10, action_dim=8, state_dim=8)))
+    return LocalPolicy(
+        ExplodingRunner(PolicySpec(model="noop", action_horizon=10, action_dim=8, state_dim=8))
+    )
 
 
 def test_replies_errors_and_no_streaming() -> None:

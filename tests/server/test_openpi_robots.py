@@ -18,8 +18,8 @@ from realtime_gw.client.openpi import sample_observation
 from realtime_gw.config import GatewayConfig
 from realtime_gw.server.openpi_local import LocalPolicy
 from tests.openpi_examples import ACTION_DIMS, EXAMPLES
-from tests.server.test_openpi_harness import Served, serve, tiny_runner
-from tests.server.test_openpi_stock import _connect, stock_server
+from tests.server.openpi_harness import Served, serve, tiny_runner
+from tests.server.openpi_stock_server import connect_stock, stock_server
 
 H = 10
 
@@ -36,7 +36,7 @@ def robot(request: pytest.FixtureRequest) -> Iterator[tuple[str, Served, int]]:
 def test_openpi_examples_through_openpi_client_and_the_stock_server(robot: tuple[str, Served, int]) -> None:
     name, gw, stock_port = robot
     ours = WebsocketClientPolicy(host="127.0.0.1", port=gw.port)
-    stock = _connect(stock_port)
+    stock = connect_stock(stock_port)
     meta = ours.get_server_metadata()
     assert meta == stock.get_server_metadata()
     assert meta["policy_server_config"]["robot"] == name

@@ -13,8 +13,15 @@ from openpi_client import msgpack_numpy
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from realtime_gw.config import GatewayConfig
-from tests.server.test_openpi_harness import API_KEY, Served, droid_obs, serve, tiny_runner, wait_for
-from tests.server.test_openpi_ws import _raw
+from tests.server.openpi_harness import (
+    API_KEY,
+    Served,
+    droid_obs,
+    raw_connection,
+    serve,
+    tiny_runner,
+    wait_for,
+)
 
 H = 10
 
@@ -47,7 +54,7 @@ def test_rtc_in_request_reply_mode_with_the_stock_client(gw: Served) -> None:
 
 
 def test_streamed_chunks_arrive_in_order_without_gaps(gw: Served) -> None:
-    conn = _raw(gw)
+    conn = raw_connection(gw)
     conn.send(msgpack_numpy.packb({"endpoint": "stream_stop"}))
     assert "no stream is running" in _recv(conn)
     control_hz, s = 10.0, 5
@@ -105,7 +112,7 @@ def test_streamed_chunks_arrive_in_order_without_gaps(gw: Served) -> None:
 
 
 def test_disconnect_while_streaming_frees_everything(gw: Served) -> None:
-    conn = _raw(gw)
+    conn = raw_connection(gw)
     conn.send(msgpack_numpy.packb({"endpoint": "stream_start", "control_hz": 50}))
     assert _recv(conn)["status"] == "stream started"
     conn.send(msgpack_numpy.packb(droid_obs(1)))

@@ -12,7 +12,6 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-import websockets.sync.client as ws_client
 from openpi_client import msgpack_numpy
 from openpi_client.action_chunk_broker import ActionChunkBroker
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
@@ -23,11 +22,12 @@ from realtime_gw.config import GatewayConfig
 from realtime_gw.models.policy.factory import policy_spec
 from realtime_gw.server import openpi_ws
 from tests.server import fakes
-from tests.server.test_openpi_harness import (
+from tests.server.openpi_harness import (
     API_KEY,
     Served,
     batch_histogram,
     droid_obs,
+    raw_connection,
     serve,
     tiny_runner,
     wait_for,
@@ -140,14 +140,6 @@ def test_eight_robots_batched_each_get_their_own_answer(gw: Served) -> None:
     assert batched_steps >= 1 and steps < 8, f"{steps} steps for 8 robots, {batched_steps} with batch > 1"
 
 
-def _raw(gw: Served, key: str = API_KEY) -> Any:
-    conn = ws_client.connect(
-        gw.url, additional_headers={"Authorization": f"Api-Key {key}"}, max_size=None, compression=None
-    )
-    msgpack_numpy.unpackb(conn.recv())  # metadata
-    return conn
-
-
 def _ask(conn: Any, frame: bytes) -> Any:
     conn.send(frame)
     reply = conn.recv(timeout=30)
@@ -167,7 +159,7 @@ def test_bad_input_gets_exact_errors_and_the_server_keeps_serving(gw: Served) ->
     thread = threading.Thread(target=healthy_robot)
     thread.start()
     pack = msgpack_numpy.packb
-    conn = _raw(gw)
+    conn = raw_connection(gw)
     object_array = msgpack.packb(
         {"observation/state": {b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "|O", b"shape": [1]}}
     )
@@ -221,7 +213,7 @@ def test_bad_input_gets_exact_errors_and_the_server_keeps_serving(gw: Served) ->
 
 
 def test_client_disconnect_mid_inference_frees_everything(gw: Served) -> None:
-    conn = _raw(gw)
+    conn = raw_connection(gw)
     conn.send(msgpack_numpy.packb(droid_obs(9)))
     conn.close()  # gone before the reply
     assert wait_for(lambda: gw.gateway.sessions["openpi"] == 0)

@@ -16,9 +16,9 @@ import pytest
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from tests.conftest import LiveServer
+from tests.server.openpi_harness import droid_obs
 from tests.server.ray_cluster import local_ray, stage_actor, start_front_ends, stop_front_ends
-from tests.server.test_openpi_harness import droid_obs
-from tests.server.test_realtime_sdk import audio_of, collect_until, connect, is_done, recv, text_turn
+from tests.server.realtime_sdk_client import audio_of, collect_until, connect, is_done, recv, text_turn
 
 pytest.importorskip("ray")
 

@@ -22,7 +22,7 @@ from realtime_gw.models.policy.pi0_fast import FastPi0Runner
 from realtime_gw.records.policy import PolicyRequest
 from tests.models.policy.checkpoints import save_checkpoint, save_tokenizer
 from tests.openpi_examples import make_aloha_example
-from tests.server.test_openpi_harness import serve
+from tests.server.openpi_harness import serve
 
 TOL = 1e-4
 

@@ -1,4 +1,5 @@
-"""Helpers for the OpenPI socket tests: in-process gateways (uvicorn in a thread) and DROID-like observations.
+"""Helpers for the OpenPI socket tests: in-process gateways (uvicorn in a thread), DROID-like observations
+and raw socket connections.
 
 The gateway is built with ``create_app(config, workers=...)`` holding only the policy worker (the voice
 fields get an unstarted placeholder worker), so these tests never load Piper, pocketsphinx or Silero.
@@ -7,7 +8,6 @@ fields get an unstarted placeholder worker), so these tests never load Piper, po
 from __future__ import annotations
 
 import functools
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import uvicorn
+import websockets.sync.client as ws_client
+from openpi_client import msgpack_numpy
 from prometheus_client import REGISTRY
 
 from realtime_gw.app import Gateway, create_app
@@ -25,6 +27,7 @@ from realtime_gw.models import faults
 from realtime_gw.models.policy.backend import PolicyBackend, PolicyRunner
 from realtime_gw.models.registry import Workers
 from realtime_gw.models.runtime import StageWorker, StepResult
+from tests.conftest import free_port
 
 API_KEY = "robot-key"
 CAMERAS = ("observation/exterior_image_1_left", "observation/wrist_image_left")
@@ -49,12 +52,6 @@ class _Unused:
 
     def warmup(self) -> None:
         pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -166,3 +163,12 @@ def wait_for(predicate: Any, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return bool(predicate())
+
+
+def raw_connection(gw: Served, key: str = API_KEY) -> Any:
+    """A plain WebSocket to the policy socket, past the metadata frame, for hand-built frames."""
+    conn = ws_client.connect(
+        gw.url, additional_headers={"Authorization": f"Api-Key {key}"}, max_size=None, compression=None
+    )
+    msgpack_numpy.unpackb(conn.recv())  # metadata
+    return conn
