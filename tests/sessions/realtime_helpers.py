@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.sessions.events import Limits, Send, StartResponse
+from realtime_gw.records.voice import VadProbs
+from realtime_gw.sessions.events import Limits, Send, StartResponse, VadResult
 from realtime_gw.sessions.realtime import RealtimeSession
 from tests.server.sdk_events import validate
 
@@ -60,3 +61,71 @@ def respond(s: RealtimeSession, **response: Any) -> tuple[StartResponse, list[An
     starts = [e for e in effects if isinstance(e, StartResponse)]
     assert len(starts) == 1, types(effects)
     return starts[0], effects
+
+
+FRAME = b"\x01\x00" * 1920  # 80 ms of 24 kHz PCM16
+
+
+def decode(raw: str) -> Any:
+    ev = rt.decode_client_event(raw)
+    assert not isinstance(ev, rt.ErrorEvent), ev
+    return ev
+
+
+def sent(effects: list[Any]) -> list[rt.ServerEvent]:
+    return [e.event for e in effects if isinstance(e, Send)]
+
+
+def kinds(effects: list[Any]) -> list[str]:
+    return [type(ev).__struct_config__.tag for ev in sent(effects)]  # type: ignore[attr-defined]
+
+
+def of(effects: list[Any], cls: type) -> list[Any]:
+    return [e for e in effects if isinstance(e, cls)]
+
+
+def done_of(effects: list[Any]) -> rt.ResponseDoneEvent:
+    """The one response.done among ``effects``."""
+    (done,) = [ev for ev in sent(effects) if isinstance(ev, rt.ResponseDoneEvent)]
+    return done
+
+
+def new_session(manual: bool = True) -> RealtimeSession:
+    s = RealtimeSession("sess_test", Limits(max_input_buffer_bytes=48000 * 10, voices=frozenset({"default"})))
+    s.start(0.0)
+    if manual:
+        s.handle(
+            decode('{"type":"session.update","session":{"audio":{"input":{"turn_detection":null}}}}'), 0.0
+        )
+    return s
+
+
+def user_text(s: RealtimeSession, text: str) -> list[Any]:
+    return s.handle(
+        decode(
+            '{"type":"conversation.item.create","item":{"type":"message","role":"user",'
+            f'"content":[{{"type":"input_text","text":"{text}"}}]}}}}'
+        ),
+        0.0,
+    )
+
+
+def start_response(s: RealtimeSession) -> StartResponse:
+    effects = s.handle(decode('{"type":"response.create"}'), 0.0)
+    (start,) = of(effects, StartResponse)
+    return start
+
+
+WINDOW = 32.0  # ms of audio per VAD probability
+
+
+def vad(s: RealtimeSession, start_ms: float, probs: list[float], now: float = 0.0) -> list[Any]:
+    """VAD results for the session's current stream: one probability per ``WINDOW`` from ``start_ms``."""
+    return s.handle(VadResult(VadProbs(start_ms, WINDOW, probs), s.vad_stream), now)
+
+
+def speech(ms: float) -> list[float]:
+    return [0.9] * int(ms / WINDOW)
+
+
+SILENCE = [0.0] * 20  # 640 ms, longer than the default 500 ms silence duration

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.records.voice import TtsFrame, VadProbs
+from realtime_gw.records.voice import TtsFrame
 from realtime_gw.sessions.duplex import Decision, DuplexSettings, Overlap, OverlapPolicy, Playback
 from realtime_gw.sessions.events import (
     AudioDelivered,
@@ -17,12 +17,9 @@ from realtime_gw.sessions.events import (
     ResponseAudio,
     ResponseFinished,
     StartResponse,
-    VadResult,
 )
 from realtime_gw.sessions.realtime import RealtimeSession
-from tests.sessions.test_realtime_session import FRAME, decode, kinds, of, sent, user_text
-
-WINDOW = 32.0
+from tests.sessions.realtime_helpers import FRAME, SILENCE, decode, kinds, of, sent, speech, user_text, vad
 
 
 def session(duplex: bool) -> RealtimeSession:
@@ -42,17 +39,6 @@ def speaking_response(s: RealtimeSession, frames: int = 25, at: float = 10.0) ->
         s.handle(ResponseAudio(r, e, TtsFrame(FRAME, text=text)), at)
     s.handle(PlaybackStarted(r, at), at)
     return start
-
-
-def vad(s: RealtimeSession, start_ms: float, probs: list[float], now: float) -> list[Any]:
-    return s.handle(VadResult(VadProbs(start_ms, WINDOW, probs), s.vad_stream), now)
-
-
-def speech(ms: float) -> list[float]:
-    return [0.9] * int(ms / WINDOW)
-
-
-SILENCE = [0.0] * 20  # 640 ms, longer than the default 500 ms silence duration
 
 
 def decisions(effects: list[Any]) -> list[str]:
@@ -90,11 +76,19 @@ def test_barge_in_cancels_and_truncates_to_what_was_played() -> None:
 def test_acks_bound_the_truncation() -> None:
     s = session(duplex=True)
     start = speaking_response(s, at=10.0)
-    ack = s.handle(decode(f'{{"type":"playback.ack","response_id":"{start.response_id}","played_ms":400}}'), 10.9)
+    ack = s.handle(
+        decode(f'{{"type":"playback.ack","response_id":"{start.response_id}","played_ms":400}}'), 10.9
+    )
     (acked,) = sent(ack)
-    assert isinstance(acked, rt.PlaybackAcknowledgedEvent) and acked.played_ms == 400 and acked.audio_ms == 2000
+    assert (
+        isinstance(acked, rt.PlaybackAcknowledgedEvent) and acked.played_ms == 400 and acked.audio_ms == 2000
+    )
     # a stale, smaller ack does not move the ledger back
-    older = sent(s.handle(decode(f'{{"type":"playback.ack","response_id":"{start.response_id}","played_ms":200}}'), 10.95))
+    older = sent(
+        s.handle(
+            decode(f'{{"type":"playback.ack","response_id":"{start.response_id}","played_ms":200}}'), 10.95
+        )
+    )
     assert older[0].played_ms == 400  # type: ignore[attr-defined]
     playback = s.playbacks[start.response_id]
     # the client reported 400 ms at 10.9 s, so at 11.0 s it has heard about 500 ms, not the 1000 ms clock
@@ -107,10 +101,14 @@ def test_ack_errors() -> None:
     err = sent(s.handle(decode('{"type":"playback.ack","response_id":"resp_nope","played_ms":1}'), 10))[0]
     assert err.error.code == "unknown_response" and err.error.param == "response_id"  # type: ignore[attr-defined]
     err = sent(
-        s.handle(decode(f'{{"type":"playback.ack","response_id":"{start.response_id}","played_ms":99999}}'), 10)
+        s.handle(
+            decode(f'{{"type":"playback.ack","response_id":"{start.response_id}","played_ms":99999}}'), 10
+        )
     )[0]
     assert err.error.param == "played_ms"  # type: ignore[attr-defined]
-    assert isinstance(rt.decode_client_event('{"type":"playback.ack","response_id":"r","played_ms":-1}'), rt.ErrorEvent)
+    assert isinstance(
+        rt.decode_client_event('{"type":"playback.ack","response_id":"r","played_ms":-1}'), rt.ErrorEvent
+    )
 
 
 def test_short_backchannel_is_dropped_and_response_continues() -> None:
@@ -184,7 +182,9 @@ def test_session_close_sends_closed_and_closes() -> None:
 
 
 def test_policy_thresholds_directly() -> None:
-    policy = OverlapPolicy(DuplexSettings(overlap_short_ack_ms=700, overlap_barge_in_ms=1200, echo_guard_ms=400))
+    policy = OverlapPolicy(
+        DuplexSettings(overlap_short_ack_ms=700, overlap_barge_in_ms=1200, echo_guard_ms=400)
+    )
     assert policy.end(Overlap(0, echo=False), 699) is Decision.DROP
     assert policy.end(Overlap(0, echo=False), 701) is Decision.LISTEN
     o = policy.begin(0, assistant_turn_ms=1000)

@@ -19,9 +19,7 @@ from realtime_gw.sessions.events import (
 )
 from realtime_gw.sessions.realtime import RealtimeSession
 from realtime_gw.sessions.turns import Interrupt
-from tests.sessions.realtime_helpers import client, errors, events, respond, say, session, types
-
-FRAME = b"\x01\x00" * 1920  # 80 ms
+from tests.sessions.realtime_helpers import FRAME, client, errors, events, respond, say, session, types
 
 
 def speaking(s: RealtimeSession, frames: int = 10) -> tuple[StartResponse, str]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from realtime_gw.protocols import realtime as rt
@@ -18,7 +16,6 @@ from realtime_gw.sessions.events import (
     ResponseAudio,
     ResponseFinished,
     ResponseTextDelta,
-    Send,
     StartAsr,
     StartResponse,
     StartVad,
@@ -29,56 +26,17 @@ from realtime_gw.sessions.events import (
     VadResult,
 )
 from realtime_gw.sessions.realtime import RealtimeSession
-
-FRAME = b"\x01\x00" * 1920
-
-
-def decode(raw: str) -> Any:
-    ev = rt.decode_client_event(raw)
-    assert not isinstance(ev, rt.ErrorEvent), ev
-    return ev
-
-
-def sent(effects: list[Any]) -> list[rt.ServerEvent]:
-    return [e.event for e in effects if isinstance(e, Send)]
-
-
-def kinds(effects: list[Any]) -> list[str]:
-    return [type(ev).__struct_config__.tag for ev in sent(effects)]  # type: ignore[attr-defined]
-
-
-def of(effects: list[Any], cls: type) -> list[Any]:
-    return [e for e in effects if isinstance(e, cls)]
-
-
-def done_of(effects: list[Any]) -> rt.ResponseDoneEvent:
-    """The one response.done among ``effects``."""
-    (done,) = [ev for ev in sent(effects) if isinstance(ev, rt.ResponseDoneEvent)]
-    return done
-
-
-def new_session(manual: bool = True) -> RealtimeSession:
-    s = RealtimeSession("sess_test", Limits(max_input_buffer_bytes=48000 * 10, voices=frozenset({"default"})))
-    s.start(0.0)
-    if manual:
-        s.handle(decode('{"type":"session.update","session":{"audio":{"input":{"turn_detection":null}}}}'), 0.0)
-    return s
-
-
-def user_text(s: RealtimeSession, text: str) -> list[Any]:
-    return s.handle(
-        decode(
-            '{"type":"conversation.item.create","item":{"type":"message","role":"user",'
-            f'"content":[{{"type":"input_text","text":"{text}"}}]}}}}'
-        ),
-        0.0,
-    )
-
-
-def start_response(s: RealtimeSession) -> StartResponse:
-    effects = s.handle(decode('{"type":"response.create"}'), 0.0)
-    (start,) = of(effects, StartResponse)
-    return start
+from tests.sessions.realtime_helpers import (
+    FRAME,
+    decode,
+    done_of,
+    kinds,
+    new_session,
+    of,
+    sent,
+    start_response,
+    user_text,
+)
 
 
 def test_start_sends_session_created_and_default_vad() -> None:
@@ -91,7 +49,9 @@ def test_start_sends_session_created_and_default_vad() -> None:
 def test_manual_mode_stops_vad_and_echoes_null_turn_detection() -> None:
     s = RealtimeSession("sess_x", Limits())
     s.start(0.0)
-    effects = s.handle(decode('{"type":"session.update","session":{"audio":{"input":{"turn_detection":null}}}}'), 0)
+    effects = s.handle(
+        decode('{"type":"session.update","session":{"audio":{"input":{"turn_detection":null}}}}'), 0
+    )
     assert of(effects, StopVad)
     (updated,) = sent(effects)
     assert updated.session.audio["input"]["turn_detection"] is None  # type: ignore[attr-defined]
@@ -223,7 +183,12 @@ def test_vad_results_of_a_replaced_stream_are_dropped() -> None:
     s = RealtimeSession("sess_v", Limits())
     s.start(0.0)
     old = s.vad_stream
-    s.handle(decode('{"type":"session.update","session":{"audio":{"input":{"format":{"type":"audio/pcm","rate":16000}}}}}'), 0)
+    s.handle(
+        decode(
+            '{"type":"session.update","session":{"audio":{"input":{"format":{"type":"audio/pcm","rate":16000}}}}}'
+        ),
+        0,
+    )
     assert s.vad_stream != old
     assert s.handle(VadResult(VadProbs(0.0, 32.0, [0.9] * 5), old), 0) == []
 
@@ -243,7 +208,12 @@ def test_speech_during_response_interrupts_it() -> None:
 def test_idle_timeout_triggers_a_response() -> None:
     s = RealtimeSession("sess_v", Limits(), now=0.0)
     s.start(0.0)
-    s.handle(decode('{"type":"session.update","session":{"audio":{"input":{"turn_detection":{"type":"server_vad","idle_timeout_ms":5000}}}}}'), 0)
+    s.handle(
+        decode(
+            '{"type":"session.update","session":{"audio":{"input":{"turn_detection":{"type":"server_vad","idle_timeout_ms":5000}}}}}'
+        ),
+        0,
+    )
     assert s.handle(Tick(), 4.0) == []
     effects = s.handle(Tick(), 5.5)
     assert kinds(effects)[0] == "input_audio_buffer.timeout_triggered"
@@ -261,11 +231,15 @@ def test_items_create_retrieve_delete_and_errors() -> None:
     ]
     err = sent(s.handle(decode('{"type":"conversation.item.delete","item_id":"nope"}'), 0))[0]
     assert err.error.code == "item_delete_invalid_item_id"  # type: ignore[attr-defined]
-    err = sent(s.handle(decode('{"type":"conversation.item.create","item":{"type":"mcp_call","id":"m"}}'), 0))[0]
+    err = sent(
+        s.handle(decode('{"type":"conversation.item.create","item":{"type":"mcp_call","id":"m"}}'), 0)
+    )[0]
     assert err.error.param == "item.type"  # type: ignore[attr-defined]
     err = sent(
         s.handle(
-            decode('{"type":"conversation.item.create","item":{"type":"message","role":"user","content":[{"type":"output_audio"}]}}'),
+            decode(
+                '{"type":"conversation.item.create","item":{"type":"message","role":"user","content":[{"type":"output_audio"}]}}'
+            ),
             0,
         )
     )[0]
@@ -287,28 +261,59 @@ def test_truncate_keeps_only_heard_words() -> None:
     s.handle(AudioDelivered(r, start.epoch), 0)
     item_id = s.conversation.entries()[-1].item.id
     # 1600 ms of audio: first sentence 0-800 ms, second 800-1600 ms; heard up to 1200 ms
-    too_far = s.handle(decode(f'{{"type":"conversation.item.truncate","item_id":"{item_id}","content_index":0,"audio_end_ms":1700}}'), 0)
+    too_far = s.handle(
+        decode(
+            f'{{"type":"conversation.item.truncate","item_id":"{item_id}","content_index":0,"audio_end_ms":1700}}'
+        ),
+        0,
+    )
     assert sent(too_far)[0].audio_end_ms == 1600, "clamped to the audio generated, not refused"  # type: ignore[attr-defined]
-    ok = s.handle(decode(f'{{"type":"conversation.item.truncate","item_id":"{item_id}","content_index":0,"audio_end_ms":1200}}'), 0)
+    ok = s.handle(
+        decode(
+            f'{{"type":"conversation.item.truncate","item_id":"{item_id}","content_index":0,"audio_end_ms":1200}}'
+        ),
+        0,
+    )
     assert kinds(ok) == ["conversation.item.truncated"]
     assert s.conversation.get(item_id).item.content[0].transcript == "One two three four. Five six"
     user_item = s.conversation.entries()[0].item.id
-    err = s.handle(decode(f'{{"type":"conversation.item.truncate","item_id":"{user_item}","content_index":0,"audio_end_ms":0}}'), 0)
+    err = s.handle(
+        decode(
+            f'{{"type":"conversation.item.truncate","item_id":"{user_item}","content_index":0,"audio_end_ms":0}}'
+        ),
+        0,
+    )
     assert sent(err)[0].error.code == "invalid_item"  # type: ignore[attr-defined]
 
 
 def test_unsupported_formats_are_rejected_without_changing_state() -> None:
     s = new_session()
-    err = sent(s.handle(decode('{"type":"session.update","session":{"audio":{"input":{"format":{"type":"audio/pcm","rate":44100}}}}}'), 0))[0]
+    err = sent(
+        s.handle(
+            decode(
+                '{"type":"session.update","session":{"audio":{"input":{"format":{"type":"audio/pcm","rate":44100}}}}}'
+            ),
+            0,
+        )
+    )[0]
     assert err.error.param == "session.audio.input.format"  # type: ignore[attr-defined]
     assert s.settings.input_rate == 24000
-    err = sent(s.handle(decode('{"type":"session.update","session":{"audio":{"output":{"format":{"type":"audio/opus"}}}}}'), 0))[0]
+    err = sent(
+        s.handle(
+            decode(
+                '{"type":"session.update","session":{"audio":{"output":{"format":{"type":"audio/opus"}}}}}'
+            ),
+            0,
+        )
+    )[0]
     assert err.error.param == "session.audio.output.format.type"  # type: ignore[attr-defined]
 
 
 def test_g711_output_is_encoded_at_8khz() -> None:
     s = new_session()
-    s.handle(decode('{"type":"session.update","session":{"audio":{"output":{"format":{"type":"audio/pcmu"}}}}}'), 0)
+    s.handle(
+        decode('{"type":"session.update","session":{"audio":{"output":{"format":{"type":"audio/pcmu"}}}}}'), 0
+    )
     user_text(s, "hi")
     start = start_response(s)
     out = s.handle(ResponseAudio(start.response_id, start.epoch, TtsFrame(FRAME * 3)), 0)

@@ -25,7 +25,7 @@ from realtime_gw.sessions.events import (
 )
 from realtime_gw.sessions.responses import Phase, ResponsePhaseError, Responses
 from realtime_gw.sessions.settings import SessionSettings
-from tests.sessions.test_realtime_session import (
+from tests.sessions.realtime_helpers import (
     FRAME,
     decode,
     kinds,
@@ -51,9 +51,13 @@ def test_phases_of_a_spoken_turn() -> None:
     (start,) = of(s.handle(TranscriptionDone(item_id, "hello"), 0), StartResponse)
     assert s.responses.phase is Phase.GENERATING
     s.handle(ResponseAudio(start.response_id, start.epoch, TtsFrame(FRAME, text="Hi.")), 0)
-    assert s.handle(ResponseFinished(start.response_id, start.epoch), 0) == [AwaitDelivery(start.response_id, start.epoch)]
+    assert s.handle(ResponseFinished(start.response_id, start.epoch), 0) == [
+        AwaitDelivery(start.response_id, start.epoch)
+    ]
     assert s.responses.phase is Phase.DELIVERING
-    assert dones(s.handle(AudioDelivered(start.response_id, start.epoch), 0))[0].response.status == "completed"
+    assert (
+        dones(s.handle(AudioDelivered(start.response_id, start.epoch), 0))[0].response.status == "completed"
+    )
     assert s.responses.phase is Phase.IDLE and s.response is None
     s.close()
     assert s.responses.phase is Phase.CLOSED and s.closed
@@ -64,7 +68,9 @@ def test_illegal_transitions_raise_a_clear_error() -> None:
     with pytest.raises(ResponsePhaseError, match="cannot cancel"):
         responses.cancel("client_cancelled")
     responses.close()
-    with pytest.raises(ResponsePhaseError, match=r"cannot create a response while the response slot is closed"):
+    with pytest.raises(
+        ResponsePhaseError, match=r"cannot create a response while the response slot is closed"
+    ):
         responses.create(rt.ResponseParams(), SessionSettings())
     with pytest.raises(ResponsePhaseError, match="closed -> closed is not a transition"):
         responses.close()
@@ -91,7 +97,9 @@ def test_a_refused_start_fails_the_response_as_server_busy_with_one_done() -> No
     s = new_session()
     user_text(s, "hi")
     start = start_response(s)
-    out = s.handle(ResponseRefused(start.response_id, start.epoch, "tts-tone: no free slot (8 requests active)"), 0)
+    out = s.handle(
+        ResponseRefused(start.response_id, start.epoch, "tts-tone: no free slot (8 requests active)"), 0
+    )
     err = sent(out)[0]
     assert isinstance(err, rt.ErrorEvent)
     assert err.error.code == "server_busy" and err.error.type == "server_error"
@@ -131,7 +139,12 @@ def test_out_of_band_input_is_the_context_even_when_the_output_joins_the_convers
 
 def test_a_system_item_is_not_taken_for_the_instructions() -> None:
     s = new_session()
-    s.handle(decode('{"type":"conversation.item.create","item":{"type":"message","role":"system","content":[{"type":"input_text","text":"Rule."}]}}'), 0)
+    s.handle(
+        decode(
+            '{"type":"conversation.item.create","item":{"type":"message","role":"system","content":[{"type":"input_text","text":"Rule."}]}}'
+        ),
+        0,
+    )
     user_text(s, "hi")
     start = start_response(s)
     assert [(m.role, m.content) for m in start.messages] == [("system", "Rule."), ("user", "hi")]
@@ -139,12 +152,16 @@ def test_a_system_item_is_not_taken_for_the_instructions() -> None:
 
 def test_g711_output_ends_with_the_resampler_tail() -> None:
     s = new_session()
-    s.handle(decode('{"type":"session.update","session":{"audio":{"output":{"format":{"type":"audio/pcmu"}}}}}'), 0)
+    s.handle(
+        decode('{"type":"session.update","session":{"audio":{"output":{"format":{"type":"audio/pcmu"}}}}}'), 0
+    )
     user_text(s, "hi")
     start = start_response(s)
     frames = [s.handle(ResponseAudio(start.response_id, start.epoch, TtsFrame(FRAME)), 0) for _ in range(3)]
     finished = s.handle(ResponseFinished(start.response_id, start.epoch), 0)
-    deltas = [ev for out in [*frames, finished] for ev in sent(out) if isinstance(ev, rt.ResponseAudioDeltaEvent)]
+    deltas = [
+        ev for out in [*frames, finished] for ev in sent(out) if isinstance(ev, rt.ResponseAudioDeltaEvent)
+    ]
     assert [d.seq for d in deltas] == [0, 1, 2, 3], "the tail is one more delta, in sequence"
     assert sum(len(d.delta) for d in deltas) == 3 * 640  # 3 x 80 ms at 8 kHz, nothing withheld
     assert finished[-1] == AwaitDelivery(start.response_id, start.epoch)

@@ -12,9 +12,7 @@ from realtime_gw.sessions.events import (
     ResponseTextDelta,
     Send,
 )
-from tests.sessions.realtime_helpers import client, errors, events, respond, say, session
-
-FRAME = b"\x01\x00" * 1920
+from tests.sessions.realtime_helpers import FRAME, client, errors, events, respond, say, session
 
 
 def test_two_out_of_band_responses_while_one_is_live() -> None:

@@ -15,9 +15,17 @@ from realtime_gw.sessions.events import (
     ResponseToolCall,
     ResponseUsage,
 )
-from tests.sessions.realtime_helpers import WEATHER, client, errors, events, respond, say, session, types
-
-FRAME = b"\x01\x00" * 1920
+from tests.sessions.realtime_helpers import (
+    FRAME,
+    WEATHER,
+    client,
+    errors,
+    events,
+    respond,
+    say,
+    session,
+    types,
+)
 
 
 def test_tools_are_validated_echoed_and_sent_with_the_response() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.records.voice import VadProbs
 from realtime_gw.sessions.events import (
     AskTurn,
     CancelAsr,
@@ -20,12 +19,10 @@ from realtime_gw.sessions.events import (
     TranscriptionDelta,
     TranscriptionDone,
     TurnVerdict,
-    VadResult,
 )
 from realtime_gw.sessions.realtime import RealtimeSession
-from tests.sessions.test_realtime_session import decode, kinds, of, sent
+from tests.sessions.realtime_helpers import decode, kinds, of, sent, vad
 
-WINDOW = 32.0
 MS = 48  # bytes per ms of 24 kHz PCM16
 TRANSCRIBE = '"transcription":{"model":"pocketsphinx"}'
 
@@ -40,10 +37,6 @@ def session(turn_detection: str = '{"type":"server_vad"}', transcription: bool =
 
 def append(s: RealtimeSession, ms: int, now: float = 0.0) -> list[Any]:
     return s.handle(rt.InputAudioBufferAppendEvent(audio=b"\x01\x00" * 24 * ms), now)
-
-
-def vad(s: RealtimeSession, start_ms: float, probs: list[float], now: float = 0.0) -> list[Any]:
-    return s.handle(VadResult(VadProbs(start_ms, WINDOW, probs), s.vad_stream), now)
 
 
 def deltas(effects: list[Any]) -> list[str]:

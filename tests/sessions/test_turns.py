@@ -28,18 +28,21 @@ from realtime_gw.sessions.events import (
 from realtime_gw.sessions.realtime import RealtimeSession
 from realtime_gw.sessions.settings import SessionSettings
 from realtime_gw.sessions.turns import Interrupt, Turns, UserTurn
-from tests.sessions.test_realtime_session import (
+from tests.sessions.realtime_helpers import (
     FRAME,
+    SILENCE,
+    WINDOW,
     decode,
     done_of,
     kinds,
     of,
     sent,
+    speech,
     start_response,
     user_text,
+    vad,
 )
 
-WINDOW = 32.0
 SECOND = b"\x00\x00" * 24000
 
 
@@ -52,22 +55,14 @@ def vad_session(limits: Limits | None = None, duplex: bool = False) -> RealtimeS
     return s
 
 
-def vad(s: RealtimeSession, start_ms: float, probs: list[float], now: float = 0.0) -> list[Any]:
-    return s.handle(VadResult(VadProbs(start_ms, WINDOW, probs), s.vad_stream), now)
-
-
-def speech(ms: float) -> list[float]:
-    return [0.9] * int(ms / WINDOW)
-
-
-SILENCE = [0.0] * 20
-
-
 # -- a VAD stream the transport cannot (re)open -------------------------------------------------------
 def test_vad_that_cannot_open_is_reported_once_and_turns_fall_back_to_manual_commits() -> None:
     s = vad_session()
     idle = '{"type":"server_vad","idle_timeout_ms":1000}'
-    s.handle(decode(f'{{"type":"session.update","session":{{"audio":{{"input":{{"turn_detection":{idle}}}}}}}}}'), 0)
+    s.handle(
+        decode(f'{{"type":"session.update","session":{{"audio":{{"input":{{"turn_detection":{idle}}}}}}}}}'),
+        0,
+    )
     stream = s.vad_stream
     out = s.handle(VadUnavailable(stream, "vad: no free slot"), 0)
     (err,) = sent(out)
@@ -96,15 +91,24 @@ def test_vad_lost_mid_turn_leaves_the_turn_to_the_client() -> None:
     committed = sent(s.handle(decode('{"type":"input_audio_buffer.commit"}'), 0))[0]
     assert committed.item_id == started[0].item_id  # type: ignore[attr-defined]
     user_text(s, "hi")
-    assert of(s.handle(decode('{"type":"response.create"}'), 0), StartResponse) == [], "waits for the transcript only"
+    assert of(s.handle(decode('{"type":"response.create"}'), 0), StartResponse) == [], (
+        "waits for the transcript only"
+    )
 
 
 def test_setting_turn_detection_again_retries_vad() -> None:
     s = vad_session()
     lost = s.vad_stream
     s.handle(VadUnavailable(lost, "vad: no free slot"), 0)
-    assert not of(s.handle(decode('{"type":"session.update","session":{"instructions":"Be brief."}}'), 0), StartVad)
-    retry = s.handle(decode('{"type":"session.update","session":{"audio":{"input":{"turn_detection":{"type":"server_vad"}}}}}'), 0)
+    assert not of(
+        s.handle(decode('{"type":"session.update","session":{"instructions":"Be brief."}}'), 0), StartVad
+    )
+    retry = s.handle(
+        decode(
+            '{"type":"session.update","session":{"audio":{"input":{"turn_detection":{"type":"server_vad"}}}}}'
+        ),
+        0,
+    )
     (start,) = of(retry, StartVad)
     assert start.stream_id not in (0, lost) and s.vad_stream == start.stream_id
     assert of(s.handle(rt.InputAudioBufferAppendEvent(audio=SECOND), 0), FeedVad)
@@ -113,7 +117,12 @@ def test_setting_turn_detection_again_retries_vad() -> None:
 def test_vad_unavailable_for_a_replaced_stream_is_stale() -> None:
     s = vad_session()
     old = s.vad_stream
-    s.handle(decode('{"type":"session.update","session":{"audio":{"input":{"format":{"type":"audio/pcm","rate":16000}}}}}'), 0)
+    s.handle(
+        decode(
+            '{"type":"session.update","session":{"audio":{"input":{"format":{"type":"audio/pcm","rate":16000}}}}}'
+        ),
+        0,
+    )
     assert s.vad_stream != old
     assert s.handle(VadUnavailable(old, "vad: no free slot"), 0) == []
     assert s.vad_stream != 0
@@ -160,7 +169,9 @@ def test_a_listened_turn_is_not_answered_twice_after_its_response_is_cancelled()
     s.handle(ResponseAudio(start.response_id, start.epoch, TtsFrame(FRAME, text="Sure.")), 12.0)
     s.handle(ResponseFinished(start.response_id, start.epoch), 12.0)
     done = s.handle(AudioDelivered(start.response_id, start.epoch), 12.1)
-    assert kinds(done)[-2:] == ["response.done", "rate_limits.updated"] and "response.created" not in kinds(done)
+    assert kinds(done)[-2:] == ["response.done", "rate_limits.updated"] and "response.created" not in kinds(
+        done
+    )
     assert s.response is None
 
 
@@ -179,7 +190,12 @@ def test_a_full_conversation_during_barge_in_keeps_the_cancelled_response_done()
 def test_a_full_conversation_when_answering_after_a_response_keeps_its_done() -> None:
     s = vad_session(Limits(max_items=3))
     no_interrupt = '{"type":"server_vad","interrupt_response":false}'
-    s.handle(decode(f'{{"type":"session.update","session":{{"audio":{{"input":{{"turn_detection":{no_interrupt}}}}}}}}}'), 0)
+    s.handle(
+        decode(
+            f'{{"type":"session.update","session":{{"audio":{{"input":{{"turn_detection":{no_interrupt}}}}}}}}}'
+        ),
+        0,
+    )
     start = speaking_response(s)
     turn = vad(s, 0.0, speech(300) + SILENCE, now=10.5)  # committed (3 items: full), answered later
     assert "input_audio_buffer.committed" in kinds(turn) and "response.created" not in kinds(turn)
