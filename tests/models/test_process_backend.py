@@ -16,8 +16,8 @@ import pytest
 from realtime_gw.models.faults import FaultyFactory
 from realtime_gw.models.process_backend import ProcessBackend
 from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, StageWorker, WorkerFault
-from tests.models.test_runtime import wait_for
 from tests.models.toy_backends import Req, SlotToy
+from tests.models.waiting import wait_for
 
 StartHosted = Callable[..., Awaitable[StageWorker]]
 

@@ -10,14 +10,7 @@ import pytest
 
 from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, WorkerFault
 from tests.models.toy_backends import Req, Toy
-
-
-async def wait_for(cond: Any, timeout: float = 1.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
+from tests.models.waiting import wait_for
 
 
 async def test_batches_across_concurrent_streams(start_worker: Any) -> None:
