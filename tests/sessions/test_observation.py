@@ -16,8 +16,7 @@ from realtime_gw.sessions.observation import (
     parse_stream_start,
     session_id_of,
 )
-
-EXT1, WRIST = "observation/exterior_image_1_left", "observation/wrist_image_left"
+from tests.sessions.policy_helpers import EXT1, WRIST
 
 
 def spec(**kw: Any) -> PolicySpec:

@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime_gw.records.policy import PolicySpec
 from realtime_gw.sessions.openpi import (
     CancelPolicy,
     CloseSocket,
@@ -25,24 +24,7 @@ from realtime_gw.sessions.openpi import (
     Wakeup,
 )
 from realtime_gw.sessions.policy import SendError, SendReply
-
-H, A = 10, 2
-EXT1, WRIST = "observation/exterior_image_1_left", "observation/wrist_image_left"
-
-
-def spec() -> PolicySpec:
-    return PolicySpec(model="test", action_horizon=H, action_dim=A, state_dim=3)
-
-
-def obs(i: int = 0, **extra: Any) -> dict[str, Any]:
-    o: dict[str, Any] = {
-        EXT1: np.full((4, 6, 3), i, np.uint8),
-        WRIST: np.full((4, 6, 3), i, np.uint8),
-        "observation/state": np.full(3, float(i)),
-        "prompt": "stack the blocks",
-    }
-    o.update(extra)
-    return o
+from tests.sessions.policy_helpers import A, H, obs, spec
 
 
 def actions(value: float = 0.0) -> np.ndarray:

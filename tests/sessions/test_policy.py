@@ -15,12 +15,9 @@ from realtime_gw.sessions.policy import (
     SendReply,
     server_metadata,
 )
+from tests.sessions.policy_helpers import EXT1, WRIST
 
-EXT1, WRIST, EXT2 = (
-    "observation/exterior_image_1_left",
-    "observation/wrist_image_left",
-    "observation/exterior_image_2_left",
-)
+EXT2 = "observation/exterior_image_2_left"
 
 
 def spec(**kw: Any) -> PolicySpec:
@@ -162,7 +159,10 @@ def test_max_robots_per_connection() -> None:
         (obs(num_inference_steps=101), "'num_inference_steps' must be an integer from 1 to 100, got 101"),
         (obs(session_id=""), "'session_id' must be a string of 1 to 128 characters, got ''"),
         (obs(session_id=7), "'session_id' must be a string of 1 to 128 characters, got 7"),
-        ({"endpoint": "infer"}, "unknown endpoint 'infer'; the endpoints are 'reset', 'stream_start', 'stream_stop'"),
+        (
+            {"endpoint": "infer"},
+            "unknown endpoint 'infer'; the endpoints are 'reset', 'stream_start', 'stream_stop'",
+        ),
     ],
 )
 def test_validation_messages(msg: Any, message: str) -> None:

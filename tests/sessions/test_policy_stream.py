@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime_gw.records.policy import PolicyRequest, PolicySpec
+from realtime_gw.records.policy import PolicyRequest
 from realtime_gw.sessions.observation import StreamSettings
 from realtime_gw.sessions.policy import (
     Infer,
@@ -17,24 +17,7 @@ from realtime_gw.sessions.policy import (
     StartStream,
 )
 from realtime_gw.sessions.policy_stream import RunChunk, StopStream, StreamScheduler, StreamSession
-
-H, A = 10, 2
-EXT1, WRIST = "observation/exterior_image_1_left", "observation/wrist_image_left"
-
-
-def spec() -> PolicySpec:
-    return PolicySpec(model="test", action_horizon=H, action_dim=A, state_dim=3)
-
-
-def obs(i: int = 0, **extra: Any) -> dict[str, Any]:
-    o: dict[str, Any] = {
-        EXT1: np.full((4, 6, 3), i, np.uint8),
-        WRIST: np.full((4, 6, 3), i, np.uint8),
-        "observation/state": np.full(3, float(i)),
-        "prompt": "stack the blocks",
-    }
-    o.update(extra)
-    return o
+from tests.sessions.policy_helpers import A, H, obs, spec
 
 
 def req(i: int) -> PolicyRequest:
