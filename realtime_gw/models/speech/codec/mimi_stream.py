@@ -15,17 +15,17 @@ Like the talker, a step covers slots ``[0, B)`` with an ``active`` mask: inactiv
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from realtime_gw.models.speech.codec.streaming import (
+    ConvOp,
+    ConvProgram,
     FusedScaledLayer,
     RingTransformer,
     SlotStates,
-    causal_conv_step,
     strict_fp32,
     transposed_conv_step,
 )
@@ -68,21 +68,12 @@ def codebook_tables(quantizer: Any, num_codebooks: int) -> torch.Tensor:
     return torch.stack(tables)
 
 
-@dataclass
-class _Op:
-    kind: str  # "conv" | "convt" | "res" | "fn"
-    module: Any
-    state: int = -1  # index into the decoder's state list; -1 = stateless
-    replicate: bool = False
-    sub: list[_Op] | None = None
-    shortcut: _Op | None = None
-
-
-class StreamingMimiDecoder:
+class StreamingMimiDecoder(ConvProgram):
     def __init__(self, mimi: Any, slots: int, num_codebooks: int) -> None:
         from transformers.models.mimi.modeling_mimi import MimiConv1d, MimiConvTranspose1d, MimiResnetBlock
 
-        self._types = (MimiConv1d, MimiConvTranspose1d, MimiResnetBlock)
+        self.conv_type, self.residual_type = MimiConv1d, MimiResnetBlock
+        self.transposed_type = MimiConvTranspose1d
         cfg = mimi.config
         if not cfg.use_causal_conv:
             raise ValueError("streaming decode needs a causal Mimi (use_causal_conv=True)")
@@ -100,8 +91,8 @@ class StreamingMimiDecoder:
         self.table = tables.reshape(-1, tables.shape[-1]).contiguous()  # (K*N, hidden)
         self.offsets = torch.arange(num_codebooks, device=dev) * self.codebook_size
         self.states = SlotStates(slots, dev)
-        self.up_op = self._compile(self.upsample) if self.upsample is not None else None
-        self.ops = [self._compile(layer) for layer in seanet.layers]
+        self.up_op = self.compile(self.upsample) if self.upsample is not None else None
+        self.ops = [self.compile(layer) for layer in seanet.layers]
         self.positions_per_frame = self.upsample.conv.stride[0] if self.upsample is not None else 1
         self.hop = self.positions_per_frame * math.prod(cfg.upsampling_ratios)
         # decoder transformer: ring K/V with absolute positions per column
@@ -122,56 +113,30 @@ class StreamingMimiDecoder:
         self.audio_out = torch.zeros(slots, self.hop, device=dev)
 
     # -- plan ----------------------------------------------------------------------------------------------
-    def _new_state(self, channels: int, length: int) -> int:
-        return self.states.new(channels, length)
+    def conv_context(self, layer: Any) -> int:
+        c = layer.conv
+        if c.stride[0] != 1 or c.padding[0] != 0:
+            raise NotImplementedError("streaming decode supports stride-1, unpadded decoder convs only")
+        return (c.kernel_size[0] - 1) * c.dilation[0]
 
-    def _compile(self, layer: nn.Module) -> _Op:
-        conv1d, convt, resblock = self._types
-        if isinstance(layer, conv1d):
-            c = layer.conv
-            if c.stride[0] != 1 or c.padding[0] != 0:
-                raise NotImplementedError("streaming decode supports stride-1, unpadded decoder convs only")
-            ctx = (c.kernel_size[0] - 1) * c.dilation[0]
-            if layer.pad_mode not in ("constant", "replicate"):
-                raise NotImplementedError(f"pad_mode {layer.pad_mode!r} cannot stream")
-            state = self._new_state(c.in_channels, ctx) if ctx > 0 else -1
-            return _Op("conv", layer, state, replicate=layer.pad_mode == "replicate")
-        if isinstance(layer, convt):
-            c = layer.conv
-            k, s = c.kernel_size[0], c.stride[0]
-            if layer.padding_left != 0 or layer.padding_right != k - s or c.padding[0] != 0:
-                raise NotImplementedError("streaming decode needs trim_right_ratio == 1 transposed convs")
-            state = self._new_state(c.out_channels, k - s) if k > s else -1
-            return _Op("convt", layer, state)
-        if isinstance(layer, resblock):
-            sub = [self._compile(m) for m in layer.block]
-            short = self._compile(layer.shortcut) if isinstance(layer.shortcut, conv1d) else None
-            return _Op("res", layer, sub=sub, shortcut=short)
-        return _Op("fn", layer)
-
-    # -- slots ---------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def reset(self, slots: torch.Tensor) -> None:
-        """Fresh streams in ``slots`` (a device index tensor): one kernel per state tensor, any count."""
-        self.states.reset(slots)
-        self.ring.reset(slots)
+    def compile(self, layer: nn.Module) -> ConvOp:
+        """The shared conv/residual/module ops plus ``"convt"``: a transposed conv with its overlap state."""
+        if not isinstance(layer, self.transposed_type):
+            return super().compile(layer)
+        c = layer.conv
+        k, s = c.kernel_size[0], c.stride[0]
+        if layer.padding_left != 0 or layer.padding_right != k - s or c.padding[0] != 0:
+            raise NotImplementedError("streaming decode needs trim_right_ratio == 1 transposed convs")
+        state = self.states.new(c.out_channels, k - s) if k > s else -1
+        return ConvOp("convt", layer, state)
 
     # -- the step ------------------------------------------------------------------------------------------
-    def _run(self, op: _Op, x: torch.Tensor, b: int, act: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
-        if op.kind == "fn":
-            return op.module(x)
-        if op.kind == "res":
-            assert op.sub is not None
-            y = x
-            for s in op.sub:
-                y = self._run(s, y, b, act, fresh)
-            res = self._run(op.shortcut, x, b, act, fresh) if op.shortcut is not None else x
-            return res + y
-        conv = op.module.conv
-        if op.kind == "conv":
-            st = self.states[op.state][:b] if op.state >= 0 else None
-            return causal_conv_step(conv, x, st, act, fresh if op.replicate else None)
-        return transposed_conv_step(conv, x, self.states[op.state][:b] if op.state >= 0 else None, act)
+    def run(
+        self, op: ConvOp, x: torch.Tensor, b: int, act: torch.Tensor, fresh: torch.Tensor
+    ) -> torch.Tensor:
+        if op.kind == "convt":
+            return transposed_conv_step(op.module.conv, x, self.state_of(op, b), act)
+        return super().run(op, x, b, act, fresh)
 
     def step(self, b: int, codes: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """Decode one frame for slots ``[0, b)``: codes ``(b, K)`` -> audio ``(b, hop)`` float32.
@@ -188,10 +153,10 @@ class StreamingMimiDecoder:
         idx = codes[:, : self.num_codebooks].clamp(0, self.codebook_size - 1) + self.offsets
         x = self.table[idx].sum(dim=1)[:, :, None]  # (b, hidden, 1)
         if self.up_op is not None:
-            x = self._run(self.up_op, x, b, act, fresh)
+            x = self.run(self.up_op, x, b, act, fresh)
         x = self.ring(x.transpose(1, 2), b, active).transpose(1, 2)
         for op in self.ops:
-            x = self._run(op, x, b, act, fresh)
+            x = self.run(op, x, b, act, fresh)
         audio = x[:, 0]
         self.audio_out[:b] = audio
         return audio

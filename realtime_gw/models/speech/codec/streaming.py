@@ -110,6 +110,75 @@ def transposed_conv_step(
 
 
 @dataclass
+class ConvOp:
+    """One step of a compiled conv stack: a causal conv (``"conv"``), a residual block (``"res"``: ``sub``
+    then ``shortcut``), a stateless module (``"fn"``) or a kind a program adds (the decoder's ``"convt"``)."""
+
+    kind: str
+    module: Any
+    state: int = -1  # index into the program's slot states; -1 = no context
+    replicate: bool = False
+    sub: list[ConvOp] | None = None
+    shortcut: ConvOp | None = None
+
+
+class ConvProgram:
+    """A Mimi-style conv stack (causal convs, residual blocks, plain modules) compiled into ``ConvOp`` s with
+    per-slot state, next to a ``RingTransformer``. Subclasses set the attributes, say how long a conv's left
+    context is (``conv_context``, raising for convs they cannot stream), and may add op kinds by extending
+    ``compile`` and ``run``."""
+
+    states: SlotStates
+    ring: RingTransformer
+    conv_type: type[nn.Module]
+    residual_type: type[nn.Module]
+
+    def conv_context(self, layer: Any) -> int:
+        raise NotImplementedError
+
+    def compile(self, layer: nn.Module) -> ConvOp:
+        if isinstance(layer, self.conv_type):
+            ctx = self.conv_context(layer)
+            pad_mode = layer.pad_mode
+            if pad_mode not in ("constant", "replicate"):
+                raise NotImplementedError(f"pad_mode {pad_mode!r} cannot stream")
+            state = self.states.new(layer.conv.in_channels, ctx) if ctx > 0 else -1
+            return ConvOp("conv", layer, state, replicate=pad_mode == "replicate")
+        if isinstance(layer, self.residual_type):
+            sub = [self.compile(m) for m in layer.block]
+            short = self.compile(layer.shortcut) if isinstance(layer.shortcut, self.conv_type) else None
+            return ConvOp("res", layer, sub=sub, shortcut=short)
+        return ConvOp("fn", layer)
+
+    @torch.no_grad()
+    def reset(self, slots: torch.Tensor) -> None:
+        """Fresh streams in ``slots`` (a device index tensor): one kernel per state tensor, any count."""
+        self.states.reset(slots)
+        self.ring.reset(slots)
+
+    def state_of(self, op: ConvOp, b: int) -> torch.Tensor | None:
+        return self.states[op.state][:b] if op.state >= 0 else None
+
+    def run(
+        self, op: ConvOp, x: torch.Tensor, b: int, act: torch.Tensor, fresh: torch.Tensor
+    ) -> torch.Tensor:
+        """``op`` on this frame's ``x`` for slots ``[0, b)``; ``fresh`` marks rows with no samples yet."""
+        if op.kind == "fn":
+            return op.module(x)
+        if op.kind == "res":
+            assert op.sub is not None
+            y = x
+            for s in op.sub:
+                y = self.run(s, y, b, act, fresh)
+            res = self.run(op.shortcut, x, b, act, fresh) if op.shortcut is not None else x
+            return res + y
+        if op.kind == "conv":
+            st = self.state_of(op, b)
+            return causal_conv_step(op.module.conv, x, st, act, fresh if op.replicate else None)
+        raise ValueError(f"unknown op kind {op.kind!r}")
+
+
+@dataclass
 class FusedScaledLayer:
     """A pre-norm transformer layer with layer scales (Mimi's, the Qwen3-TTS codec's) regrouped for decode:
     one QKV GEMM, the layer scales fused into the residual adds (``addcmul``)."""

@@ -14,17 +14,15 @@ keep their state and their codes are garbage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from realtime_gw.models.speech.codec.streaming import (
+    ConvProgram,
     FusedScaledLayer,
     RingTransformer,
     SlotStates,
-    causal_conv_step,
     strict_fp32,
 )
 
@@ -43,23 +41,13 @@ def mimi_encoder_parts(mimi: Any) -> tuple[Any, Any, Any]:
     return mimi.encoder, mimi.encoder_transformer, mimi.downsample
 
 
-@dataclass
-class _Op:
-    kind: str  # "conv" | "res" | "fn"
-    module: Any
-    state: int = -1  # index into the slot states; -1 = no context (kernel == stride)
-    replicate: bool = False
-    sub: list[_Op] | None = None
-    shortcut: _Op | None = None
-
-
-class StreamingMimiEncoder:
+class StreamingMimiEncoder(ConvProgram):
     """``step(b, pcm, active)``: PCM ``(b, 1920)`` float in [-1, 1) -> codes ``(b, K)`` for slots ``[0, b)``."""
 
     def __init__(self, mimi: Any, slots: int, num_codebooks: int) -> None:
         from transformers.models.mimi.modeling_mimi import MimiConv1d, MimiResnetBlock
 
-        self._types = (MimiConv1d, MimiResnetBlock)
+        self.conv_type, self.residual_type = MimiConv1d, MimiResnetBlock
         cfg = mimi.config
         if not cfg.use_causal_conv:
             raise ValueError("streaming encode needs a causal Mimi (use_causal_conv=True)")
@@ -76,8 +64,8 @@ class StreamingMimiEncoder:
         self.device = dev
         seanet, transformer, downsample = mimi_encoder_parts(mimi)
         self.states = SlotStates(slots, dev)
-        self.ops = [self._compile(layer) for layer in seanet.layers]
-        self.down = self._compile(downsample)
+        self.ops = [self.compile(layer) for layer in seanet.layers]
+        self.down = self.compile(downsample)
         window = int(transformer.config.sliding_window or 0)
         if not window:
             raise ValueError("streaming encode needs a sliding-window encoder transformer")
@@ -94,22 +82,11 @@ class StreamingMimiEncoder:
         self._quantizer_tables(mimi.quantizer)
 
     # -- plan ----------------------------------------------------------------------------------------------
-    def _compile(self, layer: nn.Module) -> _Op:
-        conv1d, resblock = self._types
-        if isinstance(layer, conv1d):
-            c = layer.conv
-            if c.padding[0] != 0:
-                raise NotImplementedError("streaming encode supports unpadded encoder convs only")
-            if layer.pad_mode not in ("constant", "replicate"):
-                raise NotImplementedError(f"pad_mode {layer.pad_mode!r} cannot stream")
-            ctx = int(layer.padding_total)  # effective kernel - stride: the left context of the next frame
-            state = self.states.new(c.in_channels, ctx) if ctx > 0 else -1
-            return _Op("conv", layer, state, replicate=layer.pad_mode == "replicate")
-        if isinstance(layer, resblock):
-            sub = [self._compile(m) for m in layer.block]
-            short = self._compile(layer.shortcut) if isinstance(layer.shortcut, conv1d) else None
-            return _Op("res", layer, sub=sub, shortcut=short)
-        return _Op("fn", layer)
+    def conv_context(self, layer: Any) -> int:
+        if layer.conv.padding[0] != 0:
+            raise NotImplementedError("streaming encode supports unpadded encoder convs only")
+        # effective kernel - stride: the left context of the next frame (0 = none, kernel == stride)
+        return int(layer.padding_total)
 
     @torch.no_grad()
     def _quantizer_tables(self, quantizer: Any) -> None:
@@ -126,26 +103,7 @@ class StreamingMimiEncoder:
         self.embed = torch.stack(tables).contiguous()  # (K, N, D)
         self.embed_sq = (self.embed * self.embed).sum(-1)  # (K, N)
 
-    # -- slots ---------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def reset(self, slots: torch.Tensor) -> None:
-        self.states.reset(slots)
-        self.ring.reset(slots)
-
     # -- the step ------------------------------------------------------------------------------------------
-    def _run(self, op: _Op, x: torch.Tensor, b: int, act: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
-        if op.kind == "fn":
-            return op.module(x)
-        if op.kind == "res":
-            assert op.sub is not None
-            y = x
-            for s in op.sub:
-                y = self._run(s, y, b, act, fresh)
-            res = self._run(op.shortcut, x, b, act, fresh) if op.shortcut is not None else x
-            return res + y
-        st = self.states[op.state][:b] if op.state >= 0 else None
-        return causal_conv_step(op.module.conv, x, st, act, fresh if op.replicate else None)
-
     def _quantize(self, latent: torch.Tensor) -> torch.Tensor:
         """Split RVQ of ``latent (b, hidden)``: the semantic and the acoustic RVQ both start from the latent."""
         codes = []
@@ -166,7 +124,7 @@ class StreamingMimiEncoder:
             fresh = (self.ring.pos[:b] == 0)[:, None, None]
             x = pcm[:, None, :]
             for op in self.ops:
-                x = self._run(op, x, b, act, fresh)
+                x = self.run(op, x, b, act, fresh)
             x = self.ring(x.transpose(1, 2), b, active).transpose(1, 2)
-            x = self._run(self.down, x, b, act, fresh)  # (b, hidden, 1)
+            x = self.run(self.down, x, b, act, fresh)  # (b, hidden, 1)
             return self._quantize(x[:, :, 0])
