@@ -1,0 +1,416 @@
+"""The whole voice pipeline on one GPU, end to end through the real /v1/realtime socket.
+
+Starts one gateway (Kyutai streaming ASR and Qwen3 TTS on the GPU, Silero VAD and Smart Turn on onnxruntime's
+CPU provider, the echo responder) and drives it with N concurrent sessions, each a microphone streaming 80 ms
+PCM16 frames paced at real time: a recorded utterance (loadtest/data/voice_turn_24k.wav, Piper, ~2 s), then
+silence, with server VAD; it listens to the spoken echo reply to its end, thinks 1-3 s (random phase) and speaks
+again. Per turn: ``input_audio_buffer.speech_stopped`` -> first ``response.output_audio.delta`` (turn latency),
+and end of the utterance's audio -> first delta (which adds the VAD's silence wait); per reply frame: lateness
+against real-time playback from the reply's first frame. GPU step times come from the gateway's
+``realtime_gw_worker_step_seconds`` histogram (read before and after each load level).
+
+    python3 loadtest/bench_voice_gpu.py --device cuda --sessions 1 64 256 --search 384 512 --run-s 30
+    .venv/bin/python loadtest/bench_voice_gpu.py --tiny --sessions 1 2 --run-s 8     # CPU smoke run
+
+The load comes from client processes (``--client-procs``) separate from the gateway's one process, so the client's
+JSON and base64 work does not share the gateway's event loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+import wave
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+UTTERANCE = ROOT / "loadtest" / "data" / "voice_turn_24k.wav"
+FRAME_MS = 80
+RATE = 24000
+FRAME_BYTES = RATE * 2 * FRAME_MS // 1000
+STEP_METRIC = "realtime_gw_worker_step_seconds"
+REAL_TIME_LATE_P95_MS = 20.0
+
+
+@dataclass
+class TurnStats:
+    turn_ms: list[float] = field(default_factory=list)
+    """speech_stopped event -> first reply audio frame."""
+    end_of_audio_ms: list[float] = field(default_factory=list)
+    """last utterance frame sent -> first reply audio frame (adds the VAD's silence wait)."""
+    lateness_ms: list[float] = field(default_factory=list)
+    turns: int = 0
+    missed: int = 0
+    """utterances that got no reply (no speech_stopped, or no audio) before the next one was due."""
+    errors: list[str] = field(default_factory=list)
+    mic_late_ms: list[float] = field(default_factory=list)
+    """how late the client's own mic frames went out (client-side CPU check)."""
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return round(s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))], 2)
+
+
+def load_utterance(path: Path) -> bytes:
+    with wave.open(str(path), "rb") as w:
+        if (w.getframerate(), w.getnchannels(), w.getsampwidth()) != (RATE, 1, 2):
+            raise SystemExit(f"{path}: want 24 kHz mono PCM16")
+        pcm = w.readframes(w.getnframes())
+    return pcm + b"\x00" * (-len(pcm) % FRAME_BYTES)
+
+
+# ---------------------------------------------------------------- client (one process drives many sessions)
+
+
+async def session_loop(port: int, pcm: bytes, deadline: float, stats: TurnStats, seed: int) -> None:
+    import websockets
+
+    rng = random.Random(seed)
+    silence = b"\x00" * FRAME_BYTES
+    frames = [pcm[i : i + FRAME_BYTES] for i in range(0, len(pcm), FRAME_BYTES)]
+    queue: list[bytes] = []
+    utterance_end: list[float] = []
+    async with websockets.connect(
+        f"ws://127.0.0.1:{port}/v1/realtime", max_size=None, ping_interval=None
+    ) as ws:
+        first = json.loads(await ws.recv())
+        if first["type"] != "session.created":
+            raise RuntimeError(f"first event {first['type']}")
+        session = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}
+        await ws.send(json.dumps({"type": "session.update", "session": session}))
+        running = True
+
+        async def mic() -> None:
+            next_at = time.monotonic()
+            while running:
+                now = time.monotonic()
+                stats.mic_late_ms.append(max(0.0, (now - next_at) * 1000))
+                chunk = queue.pop(0) if queue else silence
+                msg = {"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()}
+                await ws.send(json.dumps(msg))
+                if chunk is not silence and not queue:
+                    utterance_end.append(time.monotonic())
+                next_at += FRAME_MS / 1000
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+        mic_task = asyncio.create_task(mic())
+        try:
+            await asyncio.sleep(rng.uniform(0.0, 3.0))  # random phase: sessions do not speak in step
+            while time.monotonic() + len(pcm) / (RATE * 2) + 2.0 < deadline:
+                utterance_end.clear()
+                queue.extend(frames)
+                stopped: float | None = None
+                first_frame: float | None = None
+                turn_deadline = min(time.monotonic() + len(pcm) / (RATE * 2) + 20.0, deadline + 3.0)
+                while time.monotonic() < turn_deadline:
+                    try:
+                        raw = await asyncio.wait_for(
+                            ws.recv(), timeout=max(0.01, turn_deadline - time.monotonic())
+                        )
+                    except TimeoutError:
+                        break
+                    ev = json.loads(raw)
+                    now = time.monotonic()
+                    kind = ev["type"]
+                    if kind == "input_audio_buffer.speech_stopped":
+                        stopped = now
+                    elif kind == "response.output_audio.delta":
+                        if first_frame is None:
+                            first_frame = now
+                            if stopped is not None:
+                                stats.turn_ms.append((now - stopped) * 1000)
+                            if utterance_end:
+                                stats.end_of_audio_ms.append((now - utterance_end[0]) * 1000)
+                        due = first_frame + ev.get("seq", 0) * FRAME_MS / 1000
+                        stats.lateness_ms.append(max(0.0, (now - due) * 1000))
+                    elif kind == "response.done":
+                        if first_frame is not None:
+                            stats.turns += 1
+                            break
+                    elif kind == "error":
+                        stats.errors.append(ev.get("error", {}).get("message", "?")[:120])
+                if first_frame is None:
+                    stats.missed += 1
+                await asyncio.sleep(rng.uniform(1.0, 3.0))  # the user thinks
+        finally:
+            running = False
+            mic_task.cancel()
+
+
+async def client_main(port: int, sessions: int, seconds: float, seed: int) -> TurnStats:
+    stats = TurnStats()
+    pcm = load_utterance(UTTERANCE)
+    deadline = time.monotonic() + seconds
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(i * 0.004)  # a ramp, not one burst of handshakes
+        await session_loop(port, pcm, deadline, stats, seed * 100003 + i)
+
+    results = await asyncio.gather(*(one(i) for i in range(sessions)), return_exceptions=True)
+    stats.errors += [f"session: {r!r}"[:160] for r in results if isinstance(r, BaseException)]
+    return stats
+
+
+def run_client_worker(args: argparse.Namespace) -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    stats = asyncio.run(client_main(args.port, args.client_sessions, args.run_s, args.seed))
+    sys.stdout.write(json.dumps(asdict(stats)))
+
+
+# ---------------------------------------------------------------- orchestration
+
+
+def step_histograms(port: int) -> dict[str, dict[float, float]]:
+    """worker -> {bucket upper bound: cumulative count} of the step-time histogram."""
+    out: dict[str, dict[float, float]] = {}
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
+        if not line.startswith(STEP_METRIC + "_bucket{"):
+            continue
+        labels, value = line.rsplit(" ", 1)
+        fields = dict(
+            kv.split("=", 1) for kv in labels[labels.index("{") + 1 : labels.rindex("}")].split(",")
+        )
+        worker = fields.get("worker", fields.get("stage", "?")).strip('"')
+        le = fields["le"].strip('"')
+        out.setdefault(worker, {})[float("inf") if le == "+Inf" else float(le)] = float(value)
+    return out
+
+
+def bucket_quantile(cum: dict[float, float], q: float) -> float | None:
+    """Prometheus-style quantile (linear inside the bucket) in ms."""
+    bounds = sorted(cum)
+    total = cum[bounds[-1]] if bounds else 0
+    if total <= 0:
+        return None
+    rank, prev_b, prev_c = q * total, 0.0, 0.0
+    for b in bounds:
+        if cum[b] >= rank:
+            if b == float("inf"):
+                return round(prev_b * 1000, 2)
+            frac = (rank - prev_c) / max(cum[b] - prev_c, 1e-9)
+            return round((prev_b + (b - prev_b) * frac) * 1000, 2)
+        prev_b, prev_c = b, cum[b]
+    return None
+
+
+def step_summary(
+    before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]
+) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for worker, cum in after.items():
+        delta = {b: c - before.get(worker, {}).get(b, 0.0) for b, c in cum.items()}
+        steps = delta.get(float("inf"), 0.0)
+        if steps:
+            summary[worker] = {
+                "steps": int(steps),
+                "p50_ms": bucket_quantile(delta, 0.5),
+                "p95_ms": bucket_quantile(delta, 0.95),
+            }
+    return summary
+
+
+def start_gateway(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen[bytes]:
+    batch = str(args.max_batch)
+    cmd = [sys.executable, "-m", "realtime_gw", "serve", "--port", str(port), "--policy", "none"]
+    cmd += ["--tts", "qwen3", "--tts-config", "tiny" if args.tiny else args.tts_config]
+    cmd += ["--asr", "kyutai", "--asr-config", "tiny" if args.tiny else args.asr_config]
+    cmd += ["--tts-device", args.device, "--asr-device", args.device, "--tts-max-batch", batch]
+    cmd += [
+        "--asr-max-batch",
+        batch,
+        "--vad-max-batch",
+        batch,
+        "--max-sessions",
+        str(max(1024, args.max_batch)),
+    ]
+    cmd += ["--max-connections-per-client", "0", "--worker-max-active", str(max(1024, args.max_batch))]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    print("gateway:", " ".join(cmd[1:]), flush=True)
+    return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+
+
+def wait_ready(proc: subprocess.Popen[bytes], port: int, timeout: float, log: Path) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            raise SystemExit(f"gateway exited {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return time.monotonic() - t0
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"gateway not ready after {timeout}s:\n{log.read_text(errors='replace')[-4000:]}")
+
+
+def run_level(args: argparse.Namespace, port: int, sessions: int) -> dict[str, Any]:
+    procs = max(1, min(args.client_procs, sessions))
+    shares = [sessions // procs + (1 if i < sessions % procs else 0) for i in range(procs)]
+    before = step_histograms(port)
+    t0 = time.monotonic()
+    workers = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--client-worker", "--port", str(port), "--client-sessions", str(n)]
+            + ["--run-s", str(args.run_s), "--seed", str(sessions * 1000 + i)],
+            stdout=subprocess.PIPE,
+        )
+        for i, n in enumerate(shares)
+    ]
+    merged = TurnStats()
+    for w in workers:
+        out, _ = w.communicate(timeout=args.run_s + 120)
+        part = (
+            json.loads(out or b"{}") if w.returncode == 0 else {"errors": [f"client exited {w.returncode}"]}
+        )
+        for key, value in part.items():
+            current = getattr(merged, key)
+            setattr(merged, key, current + value)
+    wall = time.monotonic() - t0
+    steps = step_summary(before, step_histograms(port))
+    late95 = pct(merged.lateness_ms, 95)
+    turn95 = pct(merged.turn_ms, 95)
+    real_time = (
+        late95 is not None
+        and late95 <= REAL_TIME_LATE_P95_MS
+        and turn95 is not None
+        and turn95 <= args.turn_bound_ms
+        and merged.missed <= max(1, merged.turns // 50)
+    )
+    return {
+        "sessions": sessions,
+        "client_procs": procs,
+        "wall_s": round(wall, 1),
+        "turns": merged.turns,
+        "replies_started": len(merged.end_of_audio_ms),
+        "missed": merged.missed,
+        "turn_ms_p50": pct(merged.turn_ms, 50),
+        "turn_ms_p95": turn95,
+        "end_of_audio_ms_p50": pct(merged.end_of_audio_ms, 50),
+        "end_of_audio_ms_p95": pct(merged.end_of_audio_ms, 95),
+        "late_ms_p50": pct(merged.lateness_ms, 50),
+        "late_ms_p95": late95,
+        "late_ms_max": pct(merged.lateness_ms, 100),
+        "frames": len(merged.lateness_ms),
+        "client_mic_late_ms_p95": pct(merged.mic_late_ms, 95),
+        "gpu_steps": steps,
+        "errors": len(merged.errors),
+        "error_samples": sorted(set(merged.errors))[:5],
+        "real_time": real_time,
+    }
+
+
+def gpu_name() -> str:
+    try:
+        return subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "none"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tts-config", default="0.6b")
+    p.add_argument("--asr-config", default="1b")
+    p.add_argument("--tiny", action="store_true", help="tiny model shapes (CPU smoke run)")
+    p.add_argument("--sessions", type=int, nargs="+", default=[1, 64, 256])
+    p.add_argument(
+        "--search", type=int, nargs="*", default=[], help="more N, in order; stops at the first not real time"
+    )
+    p.add_argument("--max-batch", type=int, default=0, help="ASR/TTS/VAD batch = slots (default: largest N)")
+    p.add_argument("--run-s", type=float, default=30.0)
+    p.add_argument(
+        "--turn-bound-ms", type=float, default=500.0, help="turn latency p95 bound for 'real time'"
+    )
+    p.add_argument("--client-procs", type=int, default=4)
+    p.add_argument("--ready-timeout-s", type=float, default=400.0)
+    p.add_argument(
+        "--budget-s", type=float, default=0.0, help="skip levels that would end past this (0: none)"
+    )
+    p.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "test-artifacts")))
+    p.add_argument("--client-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--client-sessions", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.client_worker:
+        run_client_worker(args)
+        return
+    t_start = time.monotonic()
+    args.max_batch = args.max_batch or max([*args.sessions, *args.search])
+    sys.path.insert(0, str(ROOT))
+    from tests.conftest import free_port
+
+    port = free_port()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "gateway.log"
+    gw = start_gateway(args, port, log)
+    try:
+        ready_s = wait_ready(gw, port, args.ready_timeout_s, log)
+        print(f"ready in {ready_s:.1f} s", flush=True)
+        levels: list[dict[str, Any]] = []
+        plan = [(n, False) for n in args.sessions] + [(n, True) for n in args.search]
+        for n, searching in plan:
+            if args.budget_s and time.monotonic() - t_start + args.run_s + 15 > args.budget_s:
+                print(f"skip N={n}: time budget", flush=True)
+                continue
+            level = run_level(args, port, n)
+            levels.append(level)
+            print(json.dumps(level), flush=True)
+            if searching and not level["real_time"]:
+                break
+        real = [lv["sessions"] for lv in levels if lv["real_time"]]
+        result = {
+            "bench": "voice_gpu",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "gpu": gpu_name(),
+            "python": platform.python_version(),
+            "weights": "random-init at the published shapes",
+            "tts": f"qwen3 {'tiny' if args.tiny else args.tts_config}",
+            "asr": f"kyutai {'tiny' if args.tiny else args.asr_config}",
+            "vad": "silero onnxruntime CPU",
+            "device": args.device,
+            "max_batch": args.max_batch,
+            "run_s": args.run_s,
+            "ready_s": round(ready_s, 1),
+            "largest_real_time_n": max(real) if real else None,
+            "levels": levels,
+        }
+        print(json.dumps(result, indent=1))
+        (out / "bench_voice_gpu.json").write_text(json.dumps(result, indent=1))
+    finally:
+        gw.terminate()
+        try:
+            gw.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            gw.kill()
+
+
+if __name__ == "__main__":
+    main()
