@@ -320,10 +320,33 @@ def run_level(args: argparse.Namespace, port: int, sessions: int) -> dict[str, A
     }
 
 
+def markdown_table(result: dict[str, Any]) -> str:
+    """The docs/benchmarks.md table of one run."""
+    rows = [
+        "| N | turns (replies started / missed) | turn p50 / p95 (ms) | end of audio -> 1st frame p50 / p95 (ms) "
+        "| late p50 / p95 / max (ms) | ASR step p50 / p95 | TTS step p50 / p95 | VAD step p50 / p95 | real time |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for lv in result["levels"]:
+        steps = lv["gpu_steps"]
+
+        def step(prefix: str, steps: dict[str, Any] = steps) -> str:
+            s = next((v for k, v in steps.items() if k.startswith(prefix)), None)
+            return f"{s['p50_ms']} / {s['p95_ms']}" if s else "-"
+
+        rows.append(
+            f"| {lv['sessions']} | {lv['turns']} ({lv['replies_started']} / {lv['missed']}) "
+            f"| {lv['turn_ms_p50']} / {lv['turn_ms_p95']} | {lv['end_of_audio_ms_p50']} / {lv['end_of_audio_ms_p95']} "
+            f"| {lv['late_ms_p50']} / {lv['late_ms_p95']} / {lv['late_ms_max']} | {step('asr')} | {step('tts')} "
+            f"| {step('vad')} | {'yes' if lv['real_time'] else 'no'} |"
+        )
+    return "\n".join(rows)
+
+
 def gpu_name() -> str:
     try:
         return subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            ["nvidia-smi", "--query-gpu=name,memory.used", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -404,6 +427,7 @@ def main() -> None:
         }
         print(json.dumps(result, indent=1))
         (out / "bench_voice_gpu.json").write_text(json.dumps(result, indent=1))
+        print(markdown_table(result))
     finally:
         gw.terminate()
         try:
