@@ -174,7 +174,8 @@ def run_client_worker(args: argparse.Namespace) -> None:
     except ImportError:
         pass
     stats = asyncio.run(client_main(args.port, args.client_sessions, args.run_s, args.seed))
-    sys.stdout.write(json.dumps(asdict(stats)))
+    # a file, not stdout: the event loop leaves stdout non-blocking, and a large write to a pipe is cut short
+    Path(args.result_file).write_text(json.dumps(asdict(stats)))
 
 
 # ---------------------------------------------------------------- orchestration
@@ -231,7 +232,9 @@ def step_summary(
 
 def start_gateway(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen[bytes]:
     batch = str(args.max_batch)
-    cmd = [sys.executable, "-m", "realtime_gw", "serve", "--port", str(port), "--policy", "none"]
+    # The gateway runs through this file's --serve-gateway shim: it warms the stages one after another (see
+    # serve_with_sequential_warmup); the flags are the gateway's own.
+    cmd = [sys.executable, __file__, "--serve-gateway", "serve", "--port", str(port), "--policy", "none"]
     cmd += ["--tts", "qwen3", "--tts-config", "tiny" if args.tiny else args.tts_config]
     cmd += ["--asr", "kyutai", "--asr-config", "tiny" if args.tiny else args.asr_config]
     cmd += ["--tts-device", args.device, "--asr-device", args.device, "--tts-max-batch", batch]
@@ -272,17 +275,18 @@ def run_level(args: argparse.Namespace, port: int, sessions: int) -> dict[str, A
     workers = [
         subprocess.Popen(
             [sys.executable, __file__, "--client-worker", "--port", str(port), "--client-sessions", str(n)]
-            + ["--run-s", str(args.run_s), "--seed", str(sessions * 1000 + i)],
-            stdout=subprocess.PIPE,
+            + ["--run-s", str(args.run_s), "--seed", str(sessions * 1000 + i)]
+            + ["--result-file", str(Path(args.out) / f"client-{sessions}-{i}.json")],
         )
         for i, n in enumerate(shares)
     ]
     merged = TurnStats()
-    for w in workers:
-        out, _ = w.communicate(timeout=args.run_s + 120)
-        part = (
-            json.loads(out or b"{}") if w.returncode == 0 else {"errors": [f"client exited {w.returncode}"]}
-        )
+    for i, w in enumerate(workers):
+        w.wait(timeout=args.run_s + 120)
+        result_file = Path(args.out) / f"client-{sessions}-{i}.json"
+        ok = w.returncode == 0 and result_file.exists()
+        part = json.loads(result_file.read_text()) if ok else {"errors": [f"client exited {w.returncode}"]}
+        result_file.unlink(missing_ok=True)
         for key, value in part.items():
             current = getattr(merged, key)
             setattr(merged, key, current + value)
@@ -355,7 +359,29 @@ def gpu_name() -> str:
         return "none"
 
 
+def serve_with_sequential_warmup(argv: list[str]) -> None:
+    """``realtime-gw`` with ``argv``, its workers warmed one after another instead of concurrently.
+
+    Workaround, not a fix: ``Workers.start`` warms every stage at once on its own thread, and with two CUDA
+    stages (Kyutai ASR, Qwen3 TTS) one thread's ``torch.cuda.graph`` entry calls ``torch.cuda.synchronize()``
+    while the other thread is capturing, which CUDA refuses (cudaErrorStreamCaptureUnsupported): the gateway
+    exits at start-up. The fix belongs in realtime_gw (serialize graph capture across stages)."""
+    sys.path.insert(0, str(ROOT))
+    from realtime_gw.cli import main as gateway_main
+    from realtime_gw.models.registry import Workers
+
+    async def start_one_by_one(self: Workers, warmup: bool = True) -> None:
+        for worker in self.all:
+            await worker.start(warmup=warmup)
+
+    Workers.start = start_one_by_one  # type: ignore[method-assign]
+    gateway_main(argv)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--serve-gateway"]:
+        serve_with_sequential_warmup(sys.argv[2:])
+        return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tts-config", default="0.6b")
@@ -380,6 +406,7 @@ def main() -> None:
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--client-sessions", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--result-file", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.client_worker:
         run_client_worker(args)
