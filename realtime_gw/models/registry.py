@@ -30,8 +30,17 @@ class Workers:
         return all(w.ready for w in self.all)
 
     async def start(self, warmup: bool = True) -> None:
-        # Warm-ups run concurrently, each on its own worker thread.
-        await asyncio.gather(*(w.start(warmup=warmup) for w in self.all))
+        """Warm-ups run concurrently, each on its own worker thread, except CUDA stages: those go one
+        after another, because while one thread captures a CUDA graph another's device-wide sync (or
+        work on the legacy default stream) aborts the capture (cudaErrorStreamCaptureUnsupported), so
+        two GPU stages warming up together stopped the gateway at start."""
+        cuda = [w for w in self.all if str(getattr(w, "device", "cpu")).startswith("cuda")]
+
+        async def one_by_one() -> None:
+            for w in cuda:
+                await w.start(warmup=warmup)
+
+        await asyncio.gather(one_by_one(), *(w.start(warmup=warmup) for w in self.all if w not in cuda))
 
     async def stop(self) -> None:
         await asyncio.gather(*(w.stop() for w in self.all), return_exceptions=True)

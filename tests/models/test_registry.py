@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.process_backend import ProcessBackend
-from realtime_gw.models.registry import build_tts, build_workers, utterance_bound
+from realtime_gw.models.registry import Workers, build_tts, build_workers, utterance_bound
 from realtime_gw.records.voice import AsrRequest, TtsRequest
 
 
@@ -38,3 +41,34 @@ def test_a_commit_longer_than_the_bound_is_refused_with_the_reason() -> None:
 @pytest.mark.parametrize("rate", [0, -8000])
 def test_bad_rates_are_left_to_the_backend(rate: int) -> None:
     assert utterance_bound(1.0)(AsrRequest(pcm=b"\0\0" * 100, sample_rate=rate)) is None
+
+
+class _Warming:
+    """A worker look-alike that records which warm-ups overlap."""
+
+    def __init__(self, device: str, log: list[tuple[str, str]]) -> None:
+        self.device = device
+        self.log = log
+        self.name = f"{device}-{len(log)}"
+
+    async def start(self, warmup: bool = True) -> None:
+        self.log.append(("start", self.device))
+        await asyncio.sleep(0.05)
+        self.log.append(("end", self.device))
+
+
+async def test_cuda_stages_warm_up_one_at_a_time_cpu_stages_alongside() -> None:
+    log: list[tuple[str, str]] = []
+    stages: list[Any] = [_Warming(d, log) for d in ("cuda", "cuda:0", "cpu", "cpu")]
+    workers = Workers(tts=stages[0], asr=stages[1], vad=stages[2], all=stages)
+    await workers.start()
+    running, cuda_at_once, cpu_overlapped_cuda = set(), 0, False
+    for i, (what, device) in enumerate(log):
+        if what == "start":
+            running.add((device, i))
+            cuda_now = sum(d.startswith("cuda") for d, _ in running)
+            cuda_at_once = max(cuda_at_once, cuda_now)
+            cpu_overlapped_cuda |= cuda_now > 0 and any(d == "cpu" for d, _ in running)
+        else:
+            running.discard(next(r for r in running if r[0] == device))
+    assert cuda_at_once == 1 and cpu_overlapped_cuda
