@@ -232,9 +232,8 @@ def step_summary(
 
 def start_gateway(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen[bytes]:
     batch = str(args.max_batch)
-    # The gateway runs through this file's --serve-gateway shim: it warms the stages one after another (see
-    # serve_with_sequential_warmup); the flags are the gateway's own.
-    cmd = [sys.executable, __file__, "--serve-gateway", "serve", "--port", str(port), "--policy", "none"]
+    # The gateway warms its CUDA stages one after another (Workers.start), so both may share the GPU.
+    cmd = [sys.executable, "-m", "realtime_gw", "serve", "--port", str(port), "--policy", "none"]
     cmd += ["--tts", "qwen3", "--tts-config", "tiny" if args.tiny else args.tts_config]
     cmd += ["--asr", "kyutai", "--asr-config", "tiny" if args.tiny else args.asr_config]
     cmd += ["--tts-device", args.device, "--asr-device", args.device, "--tts-max-batch", batch]
@@ -359,29 +358,7 @@ def gpu_name() -> str:
         return "none"
 
 
-def serve_with_sequential_warmup(argv: list[str]) -> None:
-    """``realtime-gw`` with ``argv``, its workers warmed one after another instead of concurrently.
-
-    Workaround, not a fix: ``Workers.start`` warms every stage at once on its own thread, and with two CUDA
-    stages (Kyutai ASR, Qwen3 TTS) one thread's ``torch.cuda.graph`` entry calls ``torch.cuda.synchronize()``
-    while the other thread is capturing, which CUDA refuses (cudaErrorStreamCaptureUnsupported): the gateway
-    exits at start-up. The fix belongs in realtime_gw (serialize graph capture across stages)."""
-    sys.path.insert(0, str(ROOT))
-    from realtime_gw.cli import main as gateway_main
-    from realtime_gw.models.registry import Workers
-
-    async def start_one_by_one(self: Workers, warmup: bool = True) -> None:
-        for worker in self.all:
-            await worker.start(warmup=warmup)
-
-    Workers.start = start_one_by_one  # type: ignore[method-assign]
-    gateway_main(argv)
-
-
 def main() -> None:
-    if sys.argv[1:2] == ["--serve-gateway"]:
-        serve_with_sequential_warmup(sys.argv[2:])
-        return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tts-config", default="0.6b")
