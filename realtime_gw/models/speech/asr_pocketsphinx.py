@@ -247,8 +247,10 @@ class PocketsphinxAsrBackend:
         # One real decode per decoder: a second of low noise, so each slot has run its search once.
         rng = np.random.default_rng(0)
         clip = (rng.standard_normal(ASR_RATE) * 100).astype("<i2").tobytes()
-        states = [self.open(AsrRequest(pcm=clip, sample_rate=ASR_RATE)) for _ in range(self.slots)]
-        try:
+        states: list[AsrState] = []
+        try:  # slots taken before an open fails (another request holds one) come back too
+            for _ in range(self.slots):
+                states.append(self.open(AsrRequest(pcm=clip, sample_rate=ASR_RATE)))
             self.step([(s, []) for s in states])
         finally:
             for s in states:

@@ -146,3 +146,16 @@ async def _next_iteration(worker: Any) -> None:
     import asyncio
 
     await asyncio.sleep(0.01)
+
+
+def test_warmup_gives_back_the_slots_it_took_when_one_is_busy() -> None:
+    from realtime_gw.models.speech.asr_pocketsphinx import PocketsphinxAsrBackend
+
+    asr = PocketsphinxAsrBackend(slots=2)
+    held = asr.open(AsrStreamRequest(sample_rate=16000))
+    with pytest.raises(NoFreeSlot):
+        asr.warmup()  # one slot is busy: warm-up cannot take them all
+    asr.release(held)
+    both = [asr.open(AsrStreamRequest(sample_rate=16000)) for _ in range(2)]  # nothing leaked
+    for s in both:
+        asr.release(s)
