@@ -65,7 +65,8 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Longest realtime session (OpenAI's limit is 60 min): `error` `session_expired`, then close 1000.
     0 = no limit."""
     speech_idle_timeout_s: float = 300.0
-    """A speech stream with no client event for this long (and nothing being spoken) is closed 1000."""
+    """A speech stream with no client event for this long (and nothing being spoken): `error`
+    `session_expired`, then close 1000. 0 = no limit."""
     speech_max_session_s: float = 3600.0
     """Longest speech stream: `error` `session_expired`, then close 1000. 0 = no limit."""
     speech_max_pending_chars: int = 16 * 1024
@@ -152,7 +153,7 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     In-process, a long decode stalls the event loop and a hung step cannot be killed."""
     cpu_backend_spare: bool = True
     """Keep a second child per CPU worker built and warmed, so a killed step's worker is back at once
-    (~0.1 s) instead of after a fresh start and warm-up (2-10 s on a busy 2-core box). Costs that
+    (~0.2 s) instead of after a fresh start and warm-up (2-10 s on a busy 2-core box). Costs that
     backend's memory twice: ~440 MB for pocketsphinx with 4 slots, ~180 MB for Piper."""
     asr_max_utterance_s: float = 60.0
     """Longest committed utterance transcribed; a longer one fails its transcription with a clear error

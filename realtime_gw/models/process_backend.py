@@ -14,7 +14,8 @@ A step past the worker's deadline is handled by the supervisor calling ``reset``
 every slot it held is free again.
 
 The child's side (``BackendHost``) knows nothing of pipes: it maps ids to states and runs
-``run_iteration``. Another transport (a Ray actor, for the scale-out issue) can host it unchanged.
+``run_iteration``. (A Ray stage actor does not use it: it hosts a whole ``StageWorker``, so the streams
+of every front-end share one batch; see ``models/remote/actor.py``.)
 """
 
 from __future__ import annotations
