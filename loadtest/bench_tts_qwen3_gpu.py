@@ -229,6 +229,8 @@ async def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
     )
     t = time.perf_counter()
     backend.warmup()
+    gc.collect()  # as the gateway does once its stages are warm (registry.freeze_heap; not imported:
+    gc.freeze()  # the registry pulls the config's msgspec, which the bare GPU machine lacks)
     r.update(
         slots=slots,
         graphs=backend.engine.graph_count,

@@ -21,7 +21,6 @@ speaker's prompt is prefilled at warm-up (its K/V cached), so a stream's first s
 
 from __future__ import annotations
 
-import gc
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -169,11 +168,6 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         with torch.no_grad():
             self.engine.cache_prompts(prompts[: self.engine.free_slots])
         super().warmup()
-        # What is alive now (torch.compile's and transformers' objects) lives as long as the process:
-        # frozen, a full collection skips it. Unfrozen, one took 230-290 ms on the H200 machine and
-        # delayed every stream's frame at once (loadtest/bench_tts_qwen3_gpu.py measures the pauses).
-        gc.collect()
-        gc.freeze()
 
     def resolve_voice(self, voice: str) -> str:
         v = voice.lower()
