@@ -149,6 +149,64 @@ def _attend_gemm(
     return torch.bmm(probs, v3).view(b, kvh, n, d)
 
 
+# -- layer passes over a static KV cache ----------------------------------------------------------------------
+def layers_at_positions(
+    layers: Sequence[Any],
+    h: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: Sequence[torch.Tensor],
+    v_cache: Sequence[torch.Tensor],
+    col: torch.Tensor,
+    length: int,
+    mask_add: torch.Tensor,
+) -> torch.Tensor:
+    """One decode step of ``layers`` for rows ``[0, b)``: each row's K/V is written at its column ``col``
+    (b,) of the caches (by scatter: rows sit at different positions), attention reads ``[0, length)``."""
+    b = h.shape[0]
+    for i, layer in enumerate(layers):
+        kc, vc = k_cache[i][:b], v_cache[i][:b]
+        idx = col.view(b, 1, 1, 1).expand(b, kc.shape[1], 1, kc.shape[3])
+
+        def write(
+            k: torch.Tensor,
+            v: torch.Tensor,
+            kc: torch.Tensor = kc,
+            vc: torch.Tensor = vc,
+            idx: torch.Tensor = idx,
+        ) -> None:
+            kc.scatter_(2, idx, k)
+            vc.scatter_(2, idx, v)
+
+        h = layer(h, cos, sin, write, kc[:, :, :length], vc[:, :, :length], mask_add)
+    return h
+
+
+def layers_over_span(
+    layers: Sequence[Any],
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: Sequence[torch.Tensor],
+    v_cache: Sequence[torch.Tensor],
+    start: int,
+    end: int,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """``layers`` over positions ``[start, end)``, the same for every row (a code predictor's pass):
+    K/V written into that span of the caches, attention over ``[0, end)``."""
+    b = x.shape[0]
+    for j, layer in enumerate(layers):
+        kc, vc = k_cache[j][:b], v_cache[j][:b]
+
+        def write(k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor = kc, vc: torch.Tensor = vc) -> None:
+            kc[:, :, start:end] = k
+            vc[:, :, start:end] = v
+
+        x = layer(x, cos, sin, write, kc[:, :, :end], vc[:, :, :end], mask)
+    return x
+
+
 # -- CUDA graphs ---------------------------------------------------------------------------------------------
 class GraphCapture:
     """Captures CUDA graphs for one owner on ``device``: one memory pool and one capture stream for all

@@ -31,6 +31,8 @@ from realtime_gw.models.kernels import (
     apply_rope,
     attend,
     fuse_linears,
+    layers_at_positions,
+    layers_over_span,
     linear_add,
     qkv_heads,
     rope_cos_sin,
@@ -269,22 +271,9 @@ class TalkerRuntime:
         l0 = self.layers[0]
         mask = (self.positions[None, :length] <= pos[:, None])[:, None, :]  # (b, 1, length)
         mask_add = additive_mask(mask, l0.kv_heads, l0.heads // l0.kv_heads, x.dtype)
-        h = x[:, None, :]
-        for i, layer in enumerate(self.layers):
-            kc, vc = self.k_cache[i][:b], self.v_cache[i][:b]
-            idx = col.view(b, 1, 1, 1).expand(b, kc.shape[1], 1, kc.shape[3])
-
-            def write(
-                k: torch.Tensor,
-                v: torch.Tensor,
-                kc: torch.Tensor = kc,
-                vc: torch.Tensor = vc,
-                idx: torch.Tensor = idx,
-            ) -> None:
-                kc.scatter_(2, idx, k)
-                vc.scatter_(2, idx, v)
-
-            h = layer(h, cos, sin, write, kc[:, :, :length], vc[:, :, :length], mask_add)
+        h = layers_at_positions(
+            self.layers, x[:, None, :], cos, sin, self.k_cache, self.v_cache, col, length, mask_add
+        )
         norm = self.talker.model.norm
         return F.rms_norm(h[:, 0], (self.hidden,), norm.weight, norm.variance_epsilon)
 
@@ -311,21 +300,9 @@ class TalkerRuntime:
             s = x.shape[1]
             end = start + s
             cos, sin = self.p_cos[None, start:end, None], self.p_sin[None, start:end, None]
-            for j, layer in enumerate(self.p_layers):
-                kc, vc = self.pk_cache[j][:b], self.pv_cache[j][:b]
-
-                def write(
-                    k: torch.Tensor,
-                    v: torch.Tensor,
-                    kc: torch.Tensor = kc,
-                    vc: torch.Tensor = vc,
-                    start: int = start,
-                    end: int = end,
-                ) -> None:
-                    kc[:, :, start:end] = k
-                    vc[:, :, start:end] = v
-
-                x = layer(x, cos, sin, write, kc[:, :, :end], vc[:, :, :end], self.p_masks[i])
+            x = layers_over_span(
+                self.p_layers, x, cos, sin, self.pk_cache, self.pv_cache, start, end, self.p_masks[i]
+            )
             pn = t.predictor.norm
             hp = F.rms_norm(x[:, -1], (self.hidden,), pn.weight, pn.variance_epsilon)
             code = self._sample(t.predictor_heads[i](hp).float(), noise, i + 1)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from realtime_gw.models.kernels import additive_mask, rope_cos_sin
+from realtime_gw.models.kernels import additive_mask, layers_at_positions, layers_over_span, rope_cos_sin
 from realtime_gw.models.speech.codec.talker import FusedQwen3Layer
 from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint
 
@@ -208,29 +208,15 @@ class Qwen3TalkerRuntime:
         l0 = self.layers[0]
         mask = (self.positions[None, :length] <= pos[:, None])[:, None, :]
         mask_add = additive_mask(mask, l0.kv_heads, l0.heads // l0.kv_heads, x.dtype)
-        h = x[:, None, :]
-        for i, layer in enumerate(self.layers):
-            kc, vc = self.k_cache[i][:b], self.v_cache[i][:b]
-            idx = col.view(b, 1, 1, 1).expand(b, kc.shape[1], 1, kc.shape[3])
-
-            def write(
-                k: torch.Tensor,
-                v: torch.Tensor,
-                kc: torch.Tensor = kc,
-                vc: torch.Tensor = vc,
-                idx: torch.Tensor = idx,
-            ) -> None:
-                kc.scatter_(2, idx, k)
-                vc.scatter_(2, idx, v)
-
-            h = layer(h, cos, sin, write, kc[:, :, :length], vc[:, :, :length], mask_add)
+        h = layers_at_positions(
+            self.layers, x[:, None, :], cos, sin, self.k_cache, self.v_cache, col, length, mask_add
+        )
         norm = self.t.model.norm
         return F.rms_norm(h[:, 0], (self.hidden,), norm.weight, norm.variance_epsilon)
 
     def predict_codes(self, h: torch.Tensor, code0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Codebooks 1..K-1 for a frame; returns codes ``(b, K)`` and the sum of the frame's 16 embeddings."""
         cp, sp = self.t.code_predictor, self.sampling
-        b = h.shape[0]
         e0 = self.t.model.codec_embedding(code0)
         embs, codes = [e0], [code0]
         x = cp.small_to_mtp_projection(torch.stack([h, e0], dim=1))
@@ -238,21 +224,9 @@ class Qwen3TalkerRuntime:
         for i in range(self.num_codebooks - 1):
             end = start + x.shape[1]
             cos, sin = self.p_cos[None, start:end, None], self.p_sin[None, start:end, None]
-            for j, layer in enumerate(self.p_layers):
-                kc, vc = self.pk_cache[j][:b], self.pv_cache[j][:b]
-
-                def write(
-                    k: torch.Tensor,
-                    v: torch.Tensor,
-                    kc: torch.Tensor = kc,
-                    vc: torch.Tensor = vc,
-                    start: int = start,
-                    end: int = end,
-                ) -> None:
-                    kc[:, :, start:end] = k
-                    vc[:, :, start:end] = v
-
-                x = layer(x, cos, sin, write, kc[:, :, :end], vc[:, :, :end], self.p_masks[i])
+            x = layers_over_span(
+                self.p_layers, x, cos, sin, self.pk_cache, self.pv_cache, start, end, self.p_masks[i]
+            )
             pn = cp.model.norm
             hp = F.rms_norm(x[:, -1], (x.shape[-1],), pn.weight, pn.variance_epsilon)
             code = sample(cp.lm_head[i](hp).float(), sp.sub_do_sample, sp.sub_temperature, sp.sub_top_k)
