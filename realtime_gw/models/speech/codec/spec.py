@@ -110,28 +110,32 @@ def full_spec() -> CodecSpec:
     )
 
 
+TINY_MIMI: dict[str, Any] = {
+    "hidden_size": 32,
+    "num_filters": 4,
+    "codebook_size": 64,
+    "codebook_dim": 16,
+    "vector_quantization_hidden_dimension": 16,
+    "num_semantic_quantizers": 1,
+    "upsample_groups": 32,
+    "num_hidden_layers": 2,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "sliding_window": 5,
+}
+"""A toy Mimi (transformers' ``MimiConfig`` fields) for CPU tests: the real structure at toy widths, a
+5-position sliding window so tests wrap the ring; each user sets its ``num_quantizers``."""
+
+
 def tiny_spec() -> CodecSpec:
     """Toy widths, same structure; the decoder's sliding window is 5 positions so tests wrap the ring."""
     return CodecSpec(
         name="tiny",
         talker=_qwen3(64, 128, 2, 4, 2, 16, vocab=72),
         predictor=_qwen3(64, 128, 1, 4, 2, 16, vocab=1),
-        mimi={
-            "hidden_size": 32,
-            "num_filters": 4,
-            "codebook_size": 64,
-            "codebook_dim": 16,
-            "vector_quantization_hidden_dimension": 16,
-            "num_quantizers": 16,
-            "num_semantic_quantizers": 1,
-            "upsample_groups": 32,
-            "num_hidden_layers": 2,
-            "intermediate_size": 64,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 8,
-            "sliding_window": 5,
-        },
+        mimi={**TINY_MIMI, "num_quantizers": 16},
         text_vocab=259,
         text_hidden=32,
         num_codebooks=16,

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from realtime_gw.models.speech.codec.spec import TINY_MIMI
+
 SAMPLE_RATE = 24000
 FRAME_SAMPLES = 1920
 
@@ -101,22 +103,7 @@ def stt_1b() -> NamedConfig:
 
 
 def stt_tiny() -> NamedConfig:
-    codec = {
-        "hidden_size": 32,
-        "num_filters": 4,
-        "codebook_size": 64,
-        "codebook_dim": 16,
-        "vector_quantization_hidden_dimension": 16,
-        "num_quantizers": 8,
-        "num_semantic_quantizers": 1,
-        "upsample_groups": 32,
-        "num_hidden_layers": 2,
-        "intermediate_size": 64,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 8,
-        "sliding_window": 5,
-    }
+    codec = {**TINY_MIMI, "num_quantizers": 8}
     model = _kyutai(
         vocab=260, hidden=64, layers=2, heads=4, kv=2, ffn=128, k=8, codebook=64, window=6, bos=259, pad=0,
         codec=codec,
