@@ -157,16 +157,18 @@ def layers_at_positions(
     sin: torch.Tensor,
     k_cache: Sequence[torch.Tensor],
     v_cache: Sequence[torch.Tensor],
-    col: torch.Tensor,
+    cols: torch.Tensor,
     length: int,
     mask_add: torch.Tensor,
 ) -> torch.Tensor:
-    """One decode step of ``layers`` for rows ``[0, b)``: each row's K/V is written at its column ``col``
-    (b,) of the caches (by scatter: rows sit at different positions), attention reads ``[0, length)``."""
+    """``layers`` for rows ``[0, b)`` whose queries sit at different positions: row r's K/V are written at
+    its cache columns ``cols[r]`` (``(b,)`` for one position a row, ``(b, S)`` for S), by scatter;
+    attention reads columns ``[0, length)``."""
     b = h.shape[0]
+    cols = cols.view(b, -1)
     for i, layer in enumerate(layers):
         kc, vc = k_cache[i][:b], v_cache[i][:b]
-        idx = col.view(b, 1, 1, 1).expand(b, kc.shape[1], 1, kc.shape[3])
+        idx = cols[:, None, :, None].expand(b, kc.shape[1], cols.shape[1], kc.shape[3])
 
         def write(
             k: torch.Tensor,

@@ -23,6 +23,7 @@ from realtime_gw.models.kernels import (
     apply_rope,
     attend,
     fuse_linears,
+    layers_at_positions,
     qkv_heads,
     rope_cos_sin,
 )
@@ -285,20 +286,6 @@ class RingTransformer:
         mask_add = additive_mask(mask, l0.kv_heads, l0.heads // l0.kv_heads, x.dtype)
         cos, sin = rope_cos_sin(qpos, self.inv_freq, self.rope_scale, x.dtype)
         cos, sin = cos[:, :, None], sin[:, :, None]  # (b, S, 1, D): broadcast over heads
-        for i, layer in enumerate(self.layers):
-            kr, vr = self.k_ring[i][:b], self.v_ring[i][:b]
-            idx = cols[:, None, :, None].expand(b, kr.shape[1], s, kr.shape[3])
-
-            def write(
-                k: torch.Tensor,
-                v: torch.Tensor,
-                kr: torch.Tensor = kr,
-                vr: torch.Tensor = vr,
-                idx: torch.Tensor = idx,
-            ) -> None:
-                kr.scatter_(2, idx, k)
-                vr.scatter_(2, idx, v)
-
-            x = layer(x, cos, sin, write, kr[:, :, : self.ring], vr[:, :, : self.ring], mask_add)
+        x = layers_at_positions(self.layers, x, cos, sin, self.k_ring, self.v_ring, cols, self.ring, mask_add)
         self.pos[:b].add_(active.long() * s)
         return x
