@@ -10,9 +10,11 @@ everything back, once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Literal
+
+from starlette.websockets import WebSocket
 
 from realtime_gw.server.auth import Refusal, presented_key
 from realtime_gw.server.gateway import Gateway
@@ -53,7 +55,8 @@ class Admission:
         cap = self._kind_cap()
         if cap is not None and sessions[self.kind] >= cap:
             return Refusal(
-                "session_limit_reached", f"{_KIND_NAMES[self.kind]} session limit reached ({cap}); retry later"
+                "session_limit_reached",
+                f"{_KIND_NAMES[self.kind]} session limit reached ({cap}); retry later",
             )
         limit = self.gateway.config.max_sessions
         if sum(sessions.values()) >= limit:
@@ -84,3 +87,25 @@ class Admission:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.leave()
+
+
+async def admit_socket(
+    ws: WebSocket,
+    admission: Admission,
+    refusal_event: Callable[[Refusal], str],
+    subprotocol: str | None = None,
+) -> bool:
+    """The voice sockets' handshake: a bad key or origin is refused before it (close 1008); a full
+    server after it, with the protocol's own error event (``refusal_event``) and close 1013, so the
+    client can read why. True when the session is taken (the caller then leaves it)."""
+    refusal = admission.check(ws.headers)
+    if refusal is not None:
+        await ws.close(code=1008, reason=refusal.message)
+        return False
+    await ws.accept(subprotocol=subprotocol)
+    refusal = admission.enter()
+    if refusal is None:
+        return True
+    await ws.send_text(refusal_event(refusal))
+    await ws.close(code=1013, reason=refusal.code.replace("_", " "))
+    return False

@@ -31,7 +31,8 @@ from realtime_gw.records.voice import (
     VadRequest,
 )
 from realtime_gw.server import auth
-from realtime_gw.server.admission import Admission
+from realtime_gw.server.admission import Admission, admit_socket
+from realtime_gw.server.auth import Refusal
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.listening import Listening
 from realtime_gw.server.metrics import FRAME_LATENESS, TTFA
@@ -393,7 +394,9 @@ def reply_event(e: StartResponse, piece: ReplyPiece) -> ResponseTextDelta | Resp
     return ResponseTextDelta(e.response_id, e.epoch, piece)
 
 
-async def submit_with_retry(worker: StageWorker, request: Any, patience_s: float = ASR_PATIENCE_S) -> Stream[Any]:
+async def submit_with_retry(
+    worker: StageWorker, request: Any, patience_s: float = ASR_PATIENCE_S
+) -> Stream[Any]:
     """Utterances are short: when every decoder is busy, wait a moment for one instead of failing
     the transcription (bounded: the worker itself never queues). Woken when a request leaves the
     worker, not by polling."""
@@ -426,20 +429,18 @@ def _limits(gateway: Gateway, model: str) -> Limits:
 async def realtime_endpoint(ws: WebSocket) -> None:
     gateway: Gateway = ws.app.state.gateway
     admission = Admission(gateway, "realtime")
-    refusal = admission.check(ws.headers)
-    if refusal is not None:
-        await ws.close(code=1008, reason=refusal.message)
-        return
+
+    def refused(r: Refusal) -> str:
+        return rt.encode_server_event(rt.error_event(r.message, code=r.code, type="server_error")).decode()
+
     subprotocol = "realtime" if "realtime" in auth.offered_subprotocols(ws.headers) else None
-    await ws.accept(subprotocol=subprotocol)
-    refusal = admission.enter()
-    if refusal is not None:
-        error = rt.error_event(refusal.message, code=refusal.code, type="server_error")
-        await ws.send_text(rt.encode_server_event(error).decode())
-        await ws.close(code=1013, reason=refusal.code.replace("_", " "))
+    if not await admit_socket(ws, admission, refused, subprotocol):
         return
     model = ws.query_params.get("model") or "realtime-gw"
-    duplex = ws.scope["path"].rstrip("/").endswith("/duplex") or ws.query_params.get("duplex") in ("1", "true")
+    duplex = ws.scope["path"].rstrip("/").endswith("/duplex") or ws.query_params.get("duplex") in (
+        "1",
+        "true",
+    )
     session = RealtimeSession(
         "sess_" + secrets.token_hex(8), _limits(gateway, model), time.monotonic(), duplex=duplex
     )

@@ -28,7 +28,8 @@ from realtime_gw.models.runtime import NoFreeSlot, Stream, WorkerFault
 from realtime_gw.protocols import speech as sp
 from realtime_gw.protocols.audio import SPEED_ERROR, Reframer, speed_in_range
 from realtime_gw.records.voice import OUTPUT_RATE, TtsFrame, TtsRequest
-from realtime_gw.server.admission import Admission
+from realtime_gw.server.admission import Admission, admit_socket
+from realtime_gw.server.auth import Refusal
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.limits import Lifetime
 
@@ -70,17 +71,11 @@ class _Closed(Exception):
 async def speech_stream_endpoint(ws: WebSocket) -> None:
     gateway: Gateway = ws.app.state.gateway
     admission = Admission(gateway, "speech")
-    refusal = admission.check(ws.headers)
-    if refusal is not None:
-        await ws.close(code=1008, reason=refusal.message)
-        return
-    await ws.accept()
-    refusal = admission.enter()
-    if refusal is not None:
-        await ws.send_text(
-            msgspec.json.encode(sp.StreamError(message=refusal.message, code=refusal.code)).decode()
-        )
-        await ws.close(code=1013, reason=refusal.code.replace("_", " "))
+
+    def refused(r: Refusal) -> str:
+        return msgspec.json.encode(sp.StreamError(message=r.message, code=r.code)).decode()
+
+    if not await admit_socket(ws, admission, refused):
         return
     with admission:
         await SpeechStream(ws, gateway).run()
