@@ -8,9 +8,12 @@ within a worker step) and is cancelled by ``input_audio_buffer.clear``, a droppe
 newer turn or the end of the session. Its item id is the one ``speech_started`` announced, so the
 deltas and the committed item agree.
 
-Deltas carry the words of each partial hypothesis but its last (the one most likely to change) past
-the number already sent. Sent words cannot be taken back: where the recogniser later revises one,
-the deltas keep it and go on with the words after it. The final delta carries the transcript's words
+Deltas carry the words two consecutive partial hypotheses agree on, each without its last word (the
+one most likely to change: "to" may yet become "tomorrow"), past the number already sent. Agreement
+of two hypotheses over different lengths of audio ("local agreement", as in whisper-streaming) keeps
+the deltas within a word or two of the transcript however the audio was chunked; the last word alone
+(the simpler rule) let a third of the words differ. Sent words cannot be taken back: where the
+recogniser later revises one, the deltas keep it and go on with the words after it. The final delta carries the transcript's words
 past those sent; ``.completed`` has the whole transcript.
 
 A commit without a stream (a turn that began without one, an idle timeout) transcribes its audio in
@@ -42,6 +45,8 @@ class TurnStream:
     rate: int
     sent: list[str] = field(default_factory=list)
     """Words already sent as deltas."""
+    heard: list[str] = field(default_factory=list)
+    """The last partial hypothesis but its last word."""
 
 
 class Transcriber:
@@ -92,7 +97,9 @@ class Transcriber:
         s = self._stream(ev.item_id)
         if s is None or not wanted:
             return []
-        stable = ev.text.split()[:-1]
+        words = ev.text.split()[:-1]
+        stable = _common_prefix(s.heard, words)
+        s.heard = words
         if len(stable) <= len(s.sent):
             return []
         new = stable[len(s.sent) :]
@@ -121,3 +128,10 @@ class Transcriber:
         if self.live is not None and self.live.item_id == item_id:
             return self.live
         return self.ending.get(item_id)
+
+
+def _common_prefix(a: list[str], b: list[str]) -> list[str]:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]

@@ -56,14 +56,19 @@ def test_server_vad_turn_streams_while_speaking_and_commits_under_the_announced_
     fed = append(s, 1000)
     assert of(fed, FeedAsr) == [FeedAsr(start.item_id, b"\x01\x00" * 24 * 1000)] and of(fed, FeedVad)
 
-    # Partial hypotheses: every word but the last goes out, once, while the user is still speaking.
-    assert deltas(s.handle(TranscriptionDelta(start.item_id, "what is"), 0.5)) == ["what"]
-    assert deltas(s.handle(TranscriptionDelta(start.item_id, "what is the weather"), 0.6)) == [" is the"]
-    assert deltas(s.handle(TranscriptionDelta(start.item_id, "what is the whether"), 0.7)) == []
-    assert deltas(s.handle(TranscriptionDelta(start.item_id, "what it"), 0.8)) == []  # nothing unsent
-    # A revised word already sent ("the" -> "a") is not taken back; the words after it still stream.
-    revised = TranscriptionDelta(start.item_id, "what is a weather like in")
-    assert deltas(s.handle(revised, 0.9)) == [" weather like"]
+    # Partial hypotheses: a word goes out, once, when two consecutive hypotheses agree on it and it is
+    # not the last of either, while the user is still speaking.
+    def partial(text: str, now: float) -> list[str]:
+        return deltas(s.handle(TranscriptionDelta(start.item_id, text), now))
+
+    assert partial("what is", 0.5) == []  # one hypothesis: nothing agreed yet
+    assert partial("what is the weather", 0.6) == ["what"]
+    assert partial("what is the whether", 0.7) == [" is the"]
+    assert partial("what it", 0.8) == []  # nothing unsent
+    # A revised word already sent ("the" -> "a") is not taken back; the words after it stream once two
+    # hypotheses agree on them.
+    assert partial("what is a weather like in", 0.9) == []
+    assert partial("what is a weather like in paris", 0.95) == [" weather like"]
 
     stopped = vad(s, 640.0, [0.9] * 20 + [0.0] * 20)
     assert kinds(stopped)[:2] == ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed"]
