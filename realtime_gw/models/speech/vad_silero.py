@@ -7,7 +7,11 @@ window), the LSTM state ``[2, B, 128]`` and ``sr``; it returns ``[B, 1]`` probab
 state. Rows are independent, so every stream's next window goes into one batched call.
 
 Streams are long-lived (one per session, fed as the client's audio arrives) and finish only after
-``END_OF_INPUT``.
+``END_OF_INPUT``. Every stream is resampled to 16 kHz, so the wheel's 8 kHz branch is never used.
+
+``SileroVadStreams`` is what every Silero backend shares (resampling, the window FIFO, rounds of windows,
+results); a backend supplies only the network call for those rounds: ``SileroVadBackend`` here
+(onnxruntime, CPU), ``vad_silero_torch.TorchSileroVadBackend`` (torch, CUDA or CPU).
 """
 
 from __future__ import annotations
@@ -36,19 +40,24 @@ once is worked off over several steps (``has_work``) instead of one long step th
 session's VAD waits behind."""
 
 
-def silero_onnx_path() -> Path:
-    """The ONNX file inside the installed ``silero_vad`` package (found without importing it)."""
-    # importlib.resources.files("silero_vad") would import the package (and torch); find_spec on a
-    # top-level name only locates it.
+def silero_data_path(name: str) -> Path:
+    """A model file inside the installed ``silero_vad`` package's ``data`` folder (found without
+    importing the package)."""
+    # importlib.resources.files("silero_vad") would import the package (and torch, and set torch's
+    # thread count); find_spec on a top-level name only locates it.
     from importlib.util import find_spec
 
     spec = find_spec("silero_vad")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the silero-vad package is not installed")
-    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.onnx"
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / name
     if not path.is_file():
-        raise RuntimeError(f"silero_vad.onnx not found at {path}")
+        raise RuntimeError(f"{name} not found at {path}")
     return path
+
+
+def silero_onnx_path() -> Path:
+    return silero_data_path("silero_vad.onnx")
 
 
 @dataclass(eq=False)
@@ -59,25 +68,21 @@ class VadState:
     """16 kHz float samples not yet scored."""
     context: np.ndarray = field(default_factory=lambda: np.zeros(CONTEXT, dtype=np.float32))
     lstm: np.ndarray = field(default_factory=lambda: np.zeros((2, 128), dtype=np.float32))
+    """(h, c) of the decoder's LSTM, for backends that keep it on the host (onnxruntime)."""
+    slot: int = -1
+    """Row of the backend's state tensors, for backends that keep (h, c) on a device (torch)."""
     windows_done: int = 0
     ended: bool = False
 
 
-class SileroVadBackend:
+Round = tuple[list[VadState], np.ndarray]
+"""One round of windows: the states that take part, and their network inputs ``[n, 64 + 512]``."""
+
+
+class SileroVadStreams:
+    """The stage-worker backend every Silero VAD shares; subclasses implement ``run_rounds``."""
+
     name = "vad-silero"
-
-    def __init__(self, model_path: str | Path | None = None, intra_op_threads: int = 1) -> None:
-        import onnxruntime
-
-        opts = onnxruntime.SessionOptions()
-        # The model is tiny; one thread avoids contention with the other workers' threads.
-        opts.intra_op_num_threads = intra_op_threads
-        opts.inter_op_num_threads = 1
-        path = str(model_path or silero_onnx_path())
-        self._session = onnxruntime.InferenceSession(
-            path, sess_options=opts, providers=["CPUExecutionProvider"]
-        )
-        self._sr = np.array(VAD_RATE, dtype=np.int64)
 
     def open(self, request: VadRequest) -> VadState:
         if request.sample_rate <= 0:
@@ -131,29 +136,18 @@ class SileroVadBackend:
         return results
 
     def score(self, states: list[VadState], max_rounds: int = MAX_WINDOWS_PER_STEP) -> dict[int, list[float]]:
-        """Scores up to ``max_rounds`` full windows of every state: one batched ONNX call per round.
-
-        Round r takes the r-th pending window of each state that still has one, so streams with
-        more buffered audio just take part in more rounds. Returns probs keyed by ``id(state)``.
-        """
+        """Scores up to ``max_rounds`` full windows of every state. Returns probs keyed by ``id(state)``."""
+        rounds = take_rounds(states, max_rounds)
         out: dict[int, list[float]] = {id(s): [] for s in states}
-        for _ in range(max_rounds):
-            ready = [s for s in states if s.fifo.size >= WINDOW]
-            if not ready:
-                return out
-            x = np.empty((len(ready), CONTEXT + WINDOW), dtype=np.float32)
-            for row, s in enumerate(ready):
-                x[row, :CONTEXT] = s.context
-                x[row, CONTEXT:] = s.fifo[:WINDOW]
-            lstm = np.stack([s.lstm for s in ready], axis=1)
-            prob, new_state = self._session.run(None, {"input": x, "state": lstm, "sr": self._sr})
-            for row, s in enumerate(ready):
-                s.context = x[row, -CONTEXT:].copy()
-                s.lstm = np.ascontiguousarray(new_state[:, row, :])
-                s.fifo = s.fifo[WINDOW:]
-                s.windows_done += 1
-                out[id(s)].append(float(prob[row, 0]))
+        for (ready, _), probs in zip(rounds, self.run_rounds(rounds), strict=True):
+            for s, p in zip(ready, probs.tolist(), strict=True):
+                out[id(s)].append(p)
         return out
+
+    def run_rounds(self, rounds: list[Round]) -> list[np.ndarray]:
+        """The network over ``rounds`` in order (round r + 1 continues round r's LSTM states): one
+        ``[n]`` array of speech probabilities per round."""
+        raise NotImplementedError
 
     def warmup(self) -> None:
         state = self.open(VadRequest(sample_rate=VAD_RATE))
@@ -161,6 +155,54 @@ class SileroVadBackend:
         if not result.outputs or len(result.outputs[0].probs) != 2:
             raise RuntimeError(f"{self.name}: warm-up produced no probabilities")
         self.release(state)
+
+
+def take_rounds(states: list[VadState], max_rounds: int) -> list[Round]:
+    """Takes up to ``max_rounds`` full windows off each state's FIFO. Round r holds the r-th pending
+    window of each state that still has one, so streams with more buffered audio just take part in more
+    rounds; a row's input is the state's 64-sample context, then the window. The states' FIFOs, contexts
+    and window counts advance here."""
+    rounds: list[Round] = []
+    for _ in range(max_rounds):
+        ready = [s for s in states if s.fifo.size >= WINDOW]
+        if not ready:
+            break
+        x = np.empty((len(ready), CONTEXT + WINDOW), dtype=np.float32)
+        for row, s in enumerate(ready):
+            x[row, :CONTEXT] = s.context
+            x[row, CONTEXT:] = s.fifo[:WINDOW]
+            s.context = x[row, -CONTEXT:].copy()
+            s.fifo = s.fifo[WINDOW:]
+            s.windows_done += 1
+        rounds.append((ready, x))
+    return rounds
+
+
+class SileroVadBackend(SileroVadStreams):
+    """The ONNX model on onnxruntime's CPU provider: one batched call per round."""
+
+    def __init__(self, model_path: str | Path | None = None, intra_op_threads: int = 1) -> None:
+        import onnxruntime
+
+        opts = onnxruntime.SessionOptions()
+        # The model is tiny; one thread avoids contention with the other workers' threads.
+        opts.intra_op_num_threads = intra_op_threads
+        opts.inter_op_num_threads = 1
+        path = str(model_path or silero_onnx_path())
+        self._session = onnxruntime.InferenceSession(
+            path, sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+        self._sr = np.array(VAD_RATE, dtype=np.int64)
+
+    def run_rounds(self, rounds: list[Round]) -> list[np.ndarray]:
+        out = []
+        for ready, x in rounds:
+            lstm = np.stack([s.lstm for s in ready], axis=1)
+            prob, new_state = self._session.run(None, {"input": x, "state": lstm, "sr": self._sr})
+            for row, s in enumerate(ready):
+                s.lstm = np.ascontiguousarray(new_state[:, row, :])
+            out.append(prob[:, 0])
+        return out
 
 
 def _to_float(pcm16: bytes) -> np.ndarray:
