@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,9 @@ _SHAPES = {
 def load_silero_weights(path: str | Path | None = None) -> dict[str, torch.Tensor]:
     """The 16 kHz network's tensors from the wheel's TorchScript file, keyed without the ``_model.``
     prefix; raises if the file's layout is not the one ``SileroVadNet`` computes."""
-    module = torch.jit.load(str(path or silero_data_path("silero_vad.jit")), map_location="cpu")
+    with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript loading; the wheel ships .jit
+        warnings.simplefilter("ignore", DeprecationWarning)
+        module = torch.jit.load(str(path or silero_data_path("silero_vad.jit")), map_location="cpu")
     prefix = "_model."
     weights = {
         k[len(prefix) :]: v.detach().clone() for k, v in module.state_dict().items() if k.startswith(prefix)
@@ -125,12 +128,19 @@ class TorchSileroVadBackend(SileroVadStreams):
         slots: int = 256,
         max_batch: int = 256,
         cuda_graphs: bool | None = None,
+        pad_to_buckets: bool | None = None,
         model_path: str | Path | None = None,
     ) -> None:
+        """``cuda_graphs``: default on CUDA. ``pad_to_buckets``: run each round at its batch bucket's rows
+        (scratch rows padding it), as the graphs do; default with graphs, and eagerly it checks the
+        padding on the CPU."""
         self.device = torch.device(device)
         self.slots = slots
         self.max_batch = max_batch
         self.use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self.pad_to_buckets = self.use_graphs if pad_to_buckets is None else pad_to_buckets
+        if self.use_graphs and not self.pad_to_buckets:
+            raise ValueError("CUDA graphs run at batch-bucket shapes: pad_to_buckets cannot be off with them")
         self.net = SileroVadNet(load_silero_weights(model_path), self.device)
         self.batch_buckets = pow2_buckets(max_batch, 1)
         self._free = list(range(slots))
@@ -259,8 +269,8 @@ class TorchSileroVadBackend(SileroVadStreams):
             out[r][lo:hi] = self.h_probs[i, : hi - lo].numpy()
 
     def _rows(self, n: int) -> int:
-        """Batch rows a round of ``n`` streams runs: its graph bucket, or exactly ``n`` when eager."""
-        return bucket_for(self.batch_buckets, n) if self.use_graphs else n
+        """Batch rows a launch of ``n`` streams runs: its bucket, or exactly ``n``."""
+        return bucket_for(self.batch_buckets, n) if self.pad_to_buckets else n
 
     def warmup(self) -> None:
         self.capture_all()

@@ -10,22 +10,8 @@ import pytest
 
 from realtime_gw.models.speech.vad_silero import MAX_WINDOWS_PER_STEP, WINDOW_MS, silero_onnx_path
 from realtime_gw.protocols.audio import resample
-from realtime_gw.records.voice import VadProbs, VadRequest
-
-
-async def run_vad(worker: Any, pcm: bytes, rate: int, chunk_bytes: int = 1600) -> list[float]:
-    """Push ``pcm`` in chunks, close, and check the windows come back contiguous from 0 ms."""
-    s = worker.submit(VadRequest(sample_rate=rate))
-    for i in range(0, len(pcm), chunk_bytes):
-        s.push(pcm[i : i + chunk_bytes])
-        await asyncio.sleep(0)  # let the worker take chunks as they come, like a live session
-    s.close_input()
-    probs: list[float] = []
-    for out in await s.collect():
-        assert isinstance(out, VadProbs) and out.window_ms == WINDOW_MS
-        assert out.start_ms == pytest.approx(len(probs) * WINDOW_MS)
-        probs += out.probs
-    return probs
+from realtime_gw.records.voice import VadRequest
+from tests.models.speech.vad_streams import drain, drive_alone, run_vad
 
 
 async def test_speech_high_silence_low(vad: Any, start_worker: Any, speech_24k: bytes) -> None:
@@ -47,26 +33,6 @@ async def test_other_rates(vad: Any, start_worker: Any, speech_24k: bytes) -> No
     for rate in (8000, 16000, 48000):
         probs = await run_vad(w, resample(speech_24k, 24000, rate), rate)
         assert np.mean(np.array(probs) > 0.5) > 0.5, rate
-
-
-def drive_alone(vad: Any, chunks: list[bytes]) -> list[float]:
-    state = vad.open(VadRequest(sample_rate=16000))
-    probs: list[float] = []
-    for c in chunks:
-        [r] = vad.step([(state, [c])])
-        probs += [p for out in r.outputs for p in out.probs]
-    probs += drain(vad, [state])[0]
-    vad.release(state)
-    return probs
-
-
-def drain(vad: Any, states: list[Any]) -> list[list[float]]:
-    """Step states with no new input while they have a backlog (the worker does this via has_work)."""
-    out: list[list[float]] = [[] for _ in states]
-    while any(vad.has_work(s) for s in states):
-        for acc, r in zip(out, vad.step([(s, []) for s in states]), strict=True):
-            acc += [p for o in r.outputs for p in o.probs]
-    return out
 
 
 def test_batched_equals_per_stream(vad: Any, speech_24k: bytes) -> None:
