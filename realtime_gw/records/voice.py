@@ -95,6 +95,9 @@ ReplyPiece = str | ToolCallDelta | ChatUsage
 class TtsRequest:
     voice: str = "default"
     speed: float = 1.0
+    instructions: str | None = None
+    """How to speak, in words (OpenAI's ``instructions``): backends that take a description use it
+    (Qwen3-TTS VoiceDesign: the voice; CustomVoice: the style); others ignore it."""
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""Qwen3-TTS backend (``--tts qwen3``): a published Qwen3-TTS-12Hz CustomVoice checkpoint, streaming.
+"""Qwen3-TTS backend (``--tts qwen3``): a published Qwen3-TTS-12Hz checkpoint, streaming.
 
 Same contract as the other TTS backends (``tts_base``): text in pieces, then ``END_OF_INPUT``; 24 kHz
 PCM16 ``TtsFrame`` deltas of 1920 samples, the last ``final=True`` (it may be empty). Every step advances
@@ -13,10 +13,22 @@ emits codec EOS (allowed from the third frame on, once every text token was fed)
 ``max_frames_per_token * tokens + tail_frames`` frames (random-init weights never learned EOS: they stop
 after ``tail_frames``), capped by the slot length.
 
-Voices are the checkpoint's CustomVoice speakers (``voice`` selects one, case-insensitive); "default"
-and OpenAI's voice names map onto speakers by ``OPENAI_SPEAKERS`` (else the default speaker). ``language``
-("auto" or one of the checkpoint's) is a backend setting. ``speed`` is validated, not applied. Every
-speaker's prompt is prefilled at warm-up (its K/V cached), so a stream's first step is one frame step.
+Voices depend on the checkpoint kind (``tts_model_type``):
+
+- CustomVoice: the checkpoint's speakers (``voice`` selects one, case-insensitive); "default" and
+  OpenAI's voice names map onto speakers by ``OPENAI_SPEAKERS`` (else the default speaker). A request's
+  ``instructions`` (else the server's ``instructions``) is the reference's ``instruct`` (speaking style),
+  except at 0.6B, where the reference ignores it.
+- VoiceDesign: the voice is a description (``instruct``): the request's ``instructions``, else the named
+  design's (``designs``: name -> description, ``--tts-voice-design``) that ``voice`` selects, else the
+  server's ``instructions``; "default" and OpenAI names select the default design (or none).
+- Base: voices cloned from recordings at start-up (``clones``: name -> ``path.wav``,
+  ``--tts-voice-clone``; ``qwen3/voices.py``): ``voice`` selects one, "default" and OpenAI names the
+  default. ``instructions`` does not apply (the reference's clone prompt has none).
+
+``language`` ("auto" or one of the checkpoint's) is a backend setting. ``speed`` is validated, not applied.
+Every voice's prompt is prefilled at warm-up (its K/V cached), so a stream's first step is one frame step;
+a request with its own ``instructions`` prefills its prompt at its first step (then cached too).
 """
 
 from __future__ import annotations
@@ -31,8 +43,9 @@ import torch
 from realtime_gw.models.runtime import StepResult
 from realtime_gw.models.speech.codec.text import TextFeed, TextTokenizer
 from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint, load_checkpoint, random_checkpoint
-from realtime_gw.models.speech.qwen3.engine import Qwen3Engine, build_prompt
+from realtime_gw.models.speech.qwen3.engine import Prompt, Qwen3Engine, build_prompt
 from realtime_gw.models.speech.qwen3.talker import Sampling
+from realtime_gw.models.speech.qwen3.voices import clone_vector
 from realtime_gw.models.speech.tts_base import OPENAI_VOICES, FrameTtsLoop, TtsBackendBase
 from realtime_gw.models.tokenizers import ByteTokenizer, HfTokenizer, has_tokenizer_files
 from realtime_gw.records.voice import TtsFrame, TtsRequest
@@ -60,6 +73,8 @@ GPU_DECODER_PRECISION = "tf32"
 docs/benchmarks.md; CPU runs stay float32 (the parity tests)."""
 QWEN_ROLE_IDS = [151644, 77091, 198]
 """``<|im_start|>assistant\\n`` in Qwen's vocabulary (random init has no tokenizer files)."""
+MAX_INSTRUCT_TOKENS = 512
+"""An ``instructions`` text's most tokens (also at most half the slot length)."""
 
 
 @dataclass(eq=False)
@@ -95,6 +110,9 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         checkpoint: Qwen3TtsCheckpoint | None = None,
         decoder_precision: str | None = None,
         fuse_snake: bool | None = None,
+        instructions: str | None = None,
+        designs: dict[str, str] | None = None,
+        clones: dict[str, str] | None = None,
     ) -> None:
         cuda = device.startswith("cuda")
         dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
@@ -116,18 +134,14 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
             else self.tokenizer.encode("<|im_start|>assistant\n")
         )
         self.ck = ck
-        self.voices = tuple(sorted(ck.speakers()))
-        if not self.voices:
-            raise ValueError(
-                "tts-qwen3: the checkpoint has no CustomVoice speakers (Base/VoiceDesign unsupported)"
-            )
-        self.default_voice = (
-            (voice or "").lower()
-            if (voice or "").lower() in self.voices
-            else ("vivian" if "vivian" in self.voices else self.voices[0])
-        )
+        self.kind = ck.kind
+        self.instructions = instructions or ""
+        self.max_instruct_tokens = min(MAX_INSTRUCT_TOKENS, max_positions // 2)
+        self.designs: dict[str, str] = {}
+        self.clone_vectors: dict[str, tuple[float, ...]] = {}
+        self._set_voices(voice, designs or {}, clones or {})
         self.language = language
-        build_prompt(ck, self.role_ids, self.default_voice, language)  # unknown language fails here
+        self._prompt(self.default_voice, None)  # unknown language fails here
         self.tts_eos = int(ck.config["tts_eos_token_id"])
         self.tts_pad = int(ck.config["tts_pad_token_id"])
         self.codec_eos = int(ck.talker_config["codec_eos_token_id"])
@@ -152,7 +166,9 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
             "fused_snake": fuse_snake,
             "slots": slots,
             "tokenizer": self.tokenizer.name,
+            "kind": self.kind,
             "speakers": list(self.voices),
+            "instructions": self.instructions if ck.takes_instruct() else "not applied to this checkpoint",
             "language": language,
             "frame_rate_hz": 12.5,
             "max_frames": max_positions,
@@ -164,10 +180,41 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
     def warmup(self) -> None:
         """Every speaker's prompt K/V (in the backend's language) computed now, so no stream's first step
         runs a prefill; then the graphs and a short utterance (``FrameTtsLoop.warmup``)."""
-        prompts = [build_prompt(self.ck, self.role_ids, v, self.language) for v in self.voices]
+        voices = self.voices if self.kind != "voice_design" else (*self.voices, "default")
+        prompts = [self._prompt(v, None) for v in voices]
         with torch.no_grad():
             self.engine.cache_prompts(prompts[: self.engine.free_slots])
         super().warmup()
+
+    def _set_voices(self, voice: str | None, designs: dict[str, str], clones: dict[str, str]) -> None:
+        """The voices of this checkpoint kind (see the module doc); clones' x-vectors computed here."""
+        kind, ck = self.kind, self.ck
+        if designs and kind != "voice_design":
+            raise ValueError(f"--tts-voice-design needs a VoiceDesign checkpoint (this one is {kind})")
+        if clones and kind != "base":
+            raise ValueError(f"--tts-voice-clone needs a Base checkpoint (this one is {kind})")
+        if kind == "custom_voice":
+            self.voices = tuple(sorted(ck.speakers()))
+            if not self.voices:
+                raise ValueError("tts-qwen3: the CustomVoice checkpoint has no speakers")
+        elif kind == "voice_design":
+            self.designs = {k.lower(): v for k, v in designs.items()}
+            self.voices = tuple(sorted(self.designs))
+        else:
+            if not clones:
+                raise ValueError(
+                    "tts-qwen3: a Base checkpoint clones voices from recordings: register at least one "
+                    "with --tts-voice-clone NAME=path.wav"
+                )
+            self.clone_vectors = {k.lower(): clone_vector(ck, spec) for k, spec in clones.items()}
+            self.voices = tuple(sorted(self.clone_vectors))
+        v = (voice or "").lower()
+        if v in self.voices:
+            self.default_voice = v
+        elif kind == "voice_design":
+            self.default_voice = "default"  # the server's instructions alone
+        else:
+            self.default_voice = "vivian" if "vivian" in self.voices else self.voices[0]
 
     def resolve_voice(self, voice: str) -> str:
         v = voice.lower()
@@ -176,14 +223,33 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         if v == "default":
             return self.default_voice
         if v in OPENAI_VOICES:
-            mapped = OPENAI_SPEAKERS.get(v, "")
+            mapped = OPENAI_SPEAKERS.get(v, "") if self.kind == "custom_voice" else ""
             return mapped if mapped in self.voices else self.default_voice
         return super().resolve_voice(voice)
+
+    def instruct_ids(self, instructions: str | None) -> tuple[int, ...]:
+        """``<|im_start|>user\\n{instructions}<|im_end|>\\n`` tokenized (the reference's instruct text), or
+        none for an empty one; ValueError past ``max_instruct_tokens``."""
+        if not instructions:
+            return ()
+        ids = tuple(self.tokenizer.encode(f"<|im_start|>user\n{instructions}<|im_end|>\n"))
+        if len(ids) > self.max_instruct_tokens:
+            raise ValueError(f"instructions are {len(ids)} tokens; at most {self.max_instruct_tokens}")
+        return ids
+
+    def _prompt(self, voice: str, instructions: str | None) -> Prompt:
+        """The prompt of a resolved ``voice`` with a request's ``instructions`` (None: the default)."""
+        ck, kind = self.ck, self.kind
+        text = instructions or (self.designs.get(voice) if kind == "voice_design" else None) or self.instructions
+        instruct = self.instruct_ids(text) if ck.takes_instruct() else ()
+        speaker = voice if kind == "custom_voice" else None
+        vector = self.clone_vectors.get(voice, ()) if kind == "base" else ()
+        return build_prompt(ck, self.role_ids, speaker, self.language, instruct, vector)
 
     # -- Backend protocol ------------------------------------------------------------------------------
     def open(self, request: TtsRequest) -> Qwen3TtsState:
         voice, _ = self.check_request(request)
-        prompt = build_prompt(self.ck, self.role_ids, voice, self.language)
+        prompt = self._prompt(voice, request.instructions)
         slot = self.engine.alloc_prompt(prompt)  # NoFreeSlot when full
         return Qwen3TtsState(request=request, slot=slot, text=TextFeed(self.tokenizer))
 

@@ -2,8 +2,9 @@
 
 Layout (what ``Qwen3TTSModel.from_pretrained`` reads)::
 
-    config.json               model_type "qwen3_tts": talker_config (+ code_predictor_config), token ids
-    model.safetensors         "talker.*" (and "speaker_encoder.*" in Base checkpoints, unused here)
+    config.json               model_type "qwen3_tts", tts_model_type (custom_voice | voice_design | base):
+                              talker_config (+ code_predictor_config), token ids, speaker_encoder_config
+    model.safetensors         "talker.*" (and "speaker_encoder.*" in Base checkpoints: ``speaker.py``)
     generation_config.json    sampling defaults (do_sample, top_k, temperature, repetition_penalty, ...)
     tokenizer files           the Qwen2 BPE text tokenizer (vocab.json/merges.txt or tokenizer.json)
     speech_tokenizer/         the 12 Hz codec: config.json (model_type "qwen3_tts_tokenizer_12hz") and
@@ -25,9 +26,12 @@ import torch
 from torch import nn
 
 from realtime_gw.models.speech.qwen3.modules import CodecDecoder, Talker, randomize_decoder
+from realtime_gw.models.speech.qwen3.speaker import SpeakerEncoder
 
 INIT_SEED = 0
 SPEAKERS = ("vivian", "serena", "uncle_fu", "dylan", "eric", "ryan", "aiden", "ono_anna", "sohee")
+KINDS = ("custom_voice", "voice_design", "base")
+"""``tts_model_type``: named speakers (+ optional instruct), a voice described in words, a cloned voice."""
 LANGUAGES = ("chinese", "english", "german", "italian", "portuguese", "spanish", "japanese", "korean",
              "french", "russian")
 
@@ -43,6 +47,19 @@ class Qwen3TtsCheckpoint:
     decoder: nn.Module
     generation: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    speaker_encoder: SpeakerEncoder | None = None
+    """Base checkpoints only: reference audio -> x-vector (float32)."""
+
+    @property
+    def kind(self) -> str:
+        return str(self.config.get("tts_model_type", "custom_voice"))
+
+    def takes_instruct(self) -> bool:
+        """Whether an ``instruct`` text conditions the voice: VoiceDesign always (it is the voice), Base
+        never, CustomVoice except at 0.6B (the reference drops it when ``tts_model_size in "0b6"``)."""
+        if self.kind == "voice_design":
+            return True
+        return self.kind == "custom_voice" and str(self.config.get("tts_model_size", "")) not in "0b6"
 
     @property
     def talker_config(self) -> dict[str, Any]:
@@ -97,11 +114,19 @@ def load_checkpoint(path: str | Path, device: str, dtype: torch.dtype) -> Qwen3T
     for f in sorted((root / "speech_tokenizer").glob("*.safetensors")):
         codec_state.update(load_file(str(f), device="cpu"))
     decoder.load_state_dict(_prefixed(codec_state, "decoder."), strict=True)
+    kind = config.get("tts_model_type", "custom_voice")
+    if kind not in KINDS:
+        raise ValueError(f"{root}/config.json: tts_model_type {kind!r}, expected one of {', '.join(KINDS)}")
+    speaker_encoder = None
+    if kind == "base":
+        speaker_encoder = SpeakerEncoder(config["speaker_encoder_config"])
+        speaker_encoder.load_state_dict(_prefixed(state, "speaker_encoder."), strict=True)
+        speaker_encoder.eval()
     gen_path = root / "generation_config.json"
     generation = _read_json(gen_path) if gen_path.exists() else {}
     return Qwen3TtsCheckpoint(
         config, codec_config, talker.to(device=device, dtype=dtype).eval(),
-        decoder.to(device=device, dtype=torch.float32).eval(), generation, root,
+        decoder.to(device=device, dtype=torch.float32).eval(), generation, root, speaker_encoder,
     )
 
 

@@ -19,25 +19,37 @@ import torch
 from realtime_gw.models.speech.codec.slots import SlotEngine
 from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint
 from realtime_gw.models.speech.qwen3.decoder import StreamingQwen3Decoder
-from realtime_gw.models.speech.qwen3.talker import Qwen3TalkerRuntime, Sampling
+from realtime_gw.models.speech.qwen3.talker import VECTOR_POSITION, Qwen3TalkerRuntime, Sampling
 
 NO_CODEC = -1
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """The prefill of one stream: per position a text id and a codec id (``NO_CODEC`` = text only)."""
+    """The prefill of one stream: per position a text id and a codec id (``NO_CODEC`` = text only,
+    ``VECTOR_POSITION`` = the codec part is ``vector``, a cloned voice's x-vector)."""
 
     text_ids: tuple[int, ...]
     codec_ids: tuple[int, ...]
+    vector: tuple[float, ...] = ()
 
     def __len__(self) -> int:
         return len(self.text_ids)
 
 
-def build_prompt(ck: Qwen3TtsCheckpoint, role_ids: list[int], speaker: str | None, language: str) -> Prompt:
-    """The reference's streaming-mode prompt for CustomVoice, less its last position (first text token +
-    codec BOS: the first frame step's input). ``role_ids``: ``<|im_start|>assistant\\n`` tokenized."""
+def build_prompt(
+    ck: Qwen3TtsCheckpoint,
+    role_ids: list[int],
+    speaker: str | None,
+    language: str,
+    instruct_ids: tuple[int, ...] = (),
+    vector: tuple[float, ...] = (),
+) -> Prompt:
+    """The reference's streaming-mode prompt, less its last position (first text token + codec BOS: the
+    first frame step's input). ``role_ids``: ``<|im_start|>assistant\\n`` tokenized. ``speaker``: a
+    CustomVoice speaker, or ``vector``: a Base x-vector in the speaker's place, or neither (VoiceDesign).
+    ``instruct_ids``: ``<|im_start|>user\\n{instruct}<|im_end|>\\n`` tokenized, text-only positions
+    ahead of everything (the reference's ``generate`` with ``instruct_ids``), or none."""
     c = ck.talker_config
     lang = language.lower()
     languages = ck.languages()
@@ -60,12 +72,17 @@ def build_prompt(ck: Qwen3TtsCheckpoint, role_ids: list[int], speaker: str | Non
         codec = [c["codec_nothink_id"], c["codec_think_bos_id"], c["codec_think_eos_id"]]
     else:
         codec = [c["codec_think_id"], c["codec_think_bos_id"], lang_id, c["codec_think_eos_id"]]
+    if spk_id is not None and vector:
+        raise ValueError("a prompt has a speaker or an x-vector, not both")
     if spk_id is not None:
         codec.append(spk_id)
+    elif vector:
+        codec.append(VECTOR_POSITION)
     codec += [c["codec_pad_id"]]  # then codec BOS, which rides on the first frame step
     cfg = ck.config
-    text = [*role_ids, *[cfg["tts_pad_token_id"]] * (len(codec) - 1), cfg["tts_bos_token_id"]]
-    return Prompt(tuple(int(t) for t in text), (*[NO_CODEC] * len(role_ids), *(int(x) for x in codec)))
+    text = [*instruct_ids, *role_ids, *[cfg["tts_pad_token_id"]] * (len(codec) - 1), cfg["tts_bos_token_id"]]
+    head = [NO_CODEC] * (len(instruct_ids) + len(role_ids))
+    return Prompt(tuple(int(t) for t in text), (*head, *(int(x) for x in codec)), tuple(vector))
 
 
 class Qwen3Engine(SlotEngine):
@@ -150,8 +167,15 @@ class Qwen3Engine(SlotEngine):
             codec[i, : len(p)] = torch.as_tensor(p.codec_ids)
         lengths = torch.as_tensor([len(p) for p in new], dtype=torch.long)
         dev = self.device
+        vectors = None
+        if any(p.vector for p in new):
+            vectors = torch.zeros(len(new), self.talker.hidden)
+            for i, p in enumerate(new):
+                if p.vector:
+                    vectors[i] = torch.as_tensor(p.vector)
+            vectors = vectors.to(dev)
         slots = [scratch[p] for p in new]
-        self.talker.prefill(self._index(slots), text.to(dev), codec.to(dev), lengths.to(dev))
+        self.talker.prefill(self._index(slots), text.to(dev), codec.to(dev), lengths.to(dev), vectors)
         for p, slot in zip(new, slots, strict=True):
             self._prompt_kv[p] = self.talker.export_prompt(slot, len(p))
         while len(self._prompt_kv) > max(self.prompt_cache, len(new)):  # this call's prompts are newest

@@ -31,6 +31,9 @@ from realtime_gw.models.kernels import additive_mask, layers_at_positions, layer
 from realtime_gw.models.speech.codec.talker import FusedQwen3Layer
 from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint
 
+VECTOR_POSITION = -2
+"""A prompt position whose codec part is a given vector (a Base checkpoint's x-vector), not an embedding."""
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -140,15 +143,25 @@ class Qwen3TalkerRuntime:
     # -- slots -------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def prefill(
-        self, slots: torch.Tensor, text_ids: torch.Tensor, codec_ids: torch.Tensor, lengths: torch.Tensor
+        self,
+        slots: torch.Tensor,
+        text_ids: torch.Tensor,
+        codec_ids: torch.Tensor,
+        lengths: torch.Tensor,
+        vectors: torch.Tensor | None = None,
     ) -> None:
         """Prompts ``(n, P)`` of new streams into ``slots``: position i's input is ``text_embed(text_ids)``
-        plus ``codec_embedding(codec_ids)`` where ``codec_ids >= 0``. Writes K/V for positions ``[0, P)``
+        plus ``codec_embedding(codec_ids)`` where ``codec_ids >= 0``, plus row r's ``vectors[r]`` where
+        ``codec_ids == VECTOR_POSITION`` (nothing where it is -1: text only). Writes K/V for positions ``[0, P)``
         (those past a row's length are never read: masked until overwritten), sets position = length, the
         next input's codec part to BOS, and clears the codebook-0 history."""
         n, plen = text_ids.shape
         emb = self.t.model.codec_embedding(codec_ids.clamp(min=0))
-        x = self.text_embed(text_ids) + torch.where((codec_ids >= 0)[..., None], emb, torch.zeros_like(emb))
+        codec = torch.where((codec_ids >= 0)[..., None], emb, torch.zeros_like(emb))
+        if vectors is not None:
+            at = (codec_ids == VECTOR_POSITION)[..., None]
+            codec = torch.where(at, vectors[:, None, :].to(codec.dtype), codec)
+        x = self.text_embed(text_ids) + codec
         pos = torch.arange(plen, device=x.device)
         cos, sin = rope_cos_sin(pos, self.inv_freq, 1.0, x.dtype)
         cos, sin = cos[None, :, None], sin[None, :, None]

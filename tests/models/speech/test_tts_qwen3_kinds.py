@@ -1,0 +1,194 @@
+"""Qwen3-TTS VoiceDesign and Base checkpoints (and CustomVoice ``instruct``) against the reference package.
+
+``tests/fixtures/qwen3_tts_tiny_voice_design``, ``qwen3_tts_tiny_base``, ``qwen3_tts_tiny_clone.wav`` and
+``qwen3_tts_tiny_kinds_ref.npz`` come from ``tests/fixtures/make_qwen3_tts.py kinds`` (``qwen-tts`` 0.1.1,
+random weights): the reference's ``generate`` codes for instruct prompts and an x-vector clone, and the
+clone WAV's log-mels and x-vector from its ``extract_speaker_embedding``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint, load_checkpoint
+from realtime_gw.models.speech.qwen3.engine import Qwen3Engine, build_prompt
+from realtime_gw.models.speech.qwen3.speaker import log_mel, mel_filterbank, speaker_embedding
+from realtime_gw.models.speech.qwen3.talker import Sampling
+from realtime_gw.models.speech.tts_qwen3 import Qwen3TtsBackend
+from realtime_gw.records.voice import TtsRequest
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+CLONE_WAV = FIXTURES / "qwen3_tts_tiny_clone.wav"
+INSTRUCT = "A warm, low voice, speaking slowly."  # make_qwen3_tts.INSTRUCT
+
+
+@pytest.fixture(scope="module")
+def ref() -> Any:
+    return np.load(FIXTURES / "qwen3_tts_tiny_kinds_ref.npz")
+
+
+@pytest.fixture(scope="module")
+def design() -> Qwen3TtsCheckpoint:
+    return load_checkpoint(FIXTURES / "qwen3_tts_tiny_voice_design", "cpu", torch.float32)
+
+
+@pytest.fixture(scope="module")
+def base() -> Qwen3TtsCheckpoint:
+    return load_checkpoint(FIXTURES / "qwen3_tts_tiny_base", "cpu", torch.float32)
+
+
+@pytest.fixture(scope="module")
+def custom() -> Qwen3TtsCheckpoint:
+    return load_checkpoint(FIXTURES / "qwen3_tts_tiny", "cpu", torch.float32)
+
+
+def _clone_vector(base: Qwen3TtsCheckpoint) -> tuple[float, ...]:
+    assert base.speaker_encoder is not None
+    wav, rate = soundfile.read(CLONE_WAV, dtype="float32")
+    assert rate == 24000
+    return tuple(speaker_embedding(base.speaker_encoder, wav).tolist())
+
+
+def _codes(ck: Qwen3TtsCheckpoint, ref: Any, seed: int, do_sample: bool, **prompt: Any) -> np.ndarray:
+    """Our engine's codes for the reference's text (streaming mode, 23 frames) under ``seed``."""
+    ids = [int(x) for x in ref["text_ids"]]
+    role, text = ids[:3], ids[3:-5]
+    sampling = Sampling.from_generation(ck.generation, do_sample=do_sample, sub_do_sample=do_sample)
+    eng = Qwen3Engine(ck, 2, max_positions=96, sampling=sampling, cuda_graphs=False)
+    slot = eng.alloc_prompt(build_prompt(ck, role, **prompt))
+    torch.manual_seed(seed)
+    got = []
+    for k in range(23):  # the reference ran max_new_tokens=24 and emitted no EOS: it keeps 23 frames
+        tok = text[k] if k < len(text) else ck.config["tts_eos_token_id" if k == len(text) else "tts_pad_token_id"]
+        codes, _ = eng.step([slot], [tok], [k >= 2])
+        got.append(codes[0])
+    return np.stack(got)
+
+
+# -- VoiceDesign, CustomVoice instruct -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("case", "language", "do_sample", "seed", "instruct"),
+    [
+        ("design_greedy_english", "english", False, 0, True),
+        ("design_topk_auto", "auto", True, 99, True),
+        ("design_greedy_no_instruct", "english", False, 0, False),
+    ],
+)
+def test_voice_design_codes_equal_reference(
+    design: Qwen3TtsCheckpoint, ref: Any, case: str, language: str, do_sample: bool, seed: int, instruct: bool
+) -> None:
+    """The voice description rides ahead of the prompt as text-only positions, as the reference's
+    ``generate(instruct_ids=...)`` puts it: same codes, greedy and top-k under the same seed."""
+    ids = tuple(int(x) for x in ref["instruct_ids"]) if instruct else ()
+    want = ref[f"codes_{case}"]
+    assert want.shape == (23, 16)
+    got = _codes(design, ref, seed, do_sample, speaker=None, language=language, instruct_ids=ids)
+    assert np.array_equal(got, want)
+
+
+def test_custom_voice_instruct_codes_equal_reference(custom: Qwen3TtsCheckpoint, ref: Any) -> None:
+    ids = tuple(int(x) for x in ref["instruct_ids"])
+    assert custom.takes_instruct()  # "tiny" is not a 0.6B size: the reference passes the instruct on
+    got = _codes(custom, ref, 3, True, speaker="ryan", language="english", instruct_ids=ids)
+    assert np.array_equal(got, ref["codes_custom_instruct_ryan"])
+
+
+def test_instruct_tokens_equal_reference(design: Qwen3TtsCheckpoint, ref: Any) -> None:
+    """The backend tokenizes a description as the reference's ``_build_instruct_text`` does."""
+    backend = Qwen3TtsBackend(checkpoint=design, slots=1, max_positions=128, cuda_graphs=False)
+    assert backend.instruct_ids(INSTRUCT) == tuple(int(x) for x in ref["instruct_ids"])
+    assert backend.instruct_ids("") == () and backend.instruct_ids(None) == ()
+
+
+# -- Base: speaker encoder and x-vector clone -----------------------------------------------------------------
+def test_log_mel_and_xvector_equal_reference(base: Qwen3TtsCheckpoint, ref: Any) -> None:
+    """The clone WAV's 128 Slaney log-mels (our filterbank, no librosa) and the ECAPA-TDNN x-vector
+    (``speaker_encoder.*`` loaded strictly) equal the reference's ``extract_speaker_embedding``."""
+    wav, _ = soundfile.read(CLONE_WAV, dtype="float32")
+    mel = log_mel(torch.from_numpy(wav)).T.numpy()
+    assert mel.shape == ref["clone_mel"].shape
+    assert np.abs(mel - ref["clone_mel"]).max() <= 1e-5
+    vec = np.asarray(_clone_vector(base), dtype=np.float32)
+    want = ref["clone_xvector"]
+    assert vec.shape == want.shape == (base.talker_config["hidden_size"],)
+    assert np.abs(vec - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
+    fb = mel_filterbank(24000, 1024, 128, 0.0, 12000.0)
+    assert fb.dtype == np.float32 and fb.shape == (128, 513) and (fb.sum(axis=1) > 0).all()
+
+
+@pytest.mark.parametrize(
+    ("case", "language", "do_sample", "seed"),
+    [("clone_greedy_english", "english", False, 0), ("clone_topk_auto", "auto", True, 5)],
+)
+def test_clone_codes_equal_reference(
+    base: Qwen3TtsCheckpoint, ref: Any, case: str, language: str, do_sample: bool, seed: int
+) -> None:
+    """x-vector-only cloning: the vector sits where a CustomVoice speaker's codec embedding would."""
+    vec = _clone_vector(base)
+    got = _codes(base, ref, seed, do_sample, speaker=None, language=language, vector=vec)
+    assert np.array_equal(got, ref[f"codes_{case}"])
+
+
+def test_prompt_takes_speaker_or_vector(custom: Qwen3TtsCheckpoint) -> None:
+    with pytest.raises(ValueError, match="not both"):
+        build_prompt(custom, [1, 2, 3], "ryan", "english", vector=(0.0,) * 32)
+
+
+# -- the backend over each kind ------------------------------------------------------------------------------
+def _backend(ck: Qwen3TtsCheckpoint, **kw: Any) -> Qwen3TtsBackend:
+    return Qwen3TtsBackend(
+        checkpoint=ck, slots=2, max_positions=128, cuda_graphs=False, max_frames_per_token=2,
+        sampling=Sampling(do_sample=False, sub_do_sample=False), **kw,
+    )  # fmt: skip
+
+
+def test_voice_design_backend_instructions(design: Qwen3TtsCheckpoint) -> None:
+    """A request's ``instructions`` is the voice's description; without one, the named design's or the
+    server default's; different descriptions give different audio, the same one the same audio."""
+    b = _backend(design, instructions="A bright, quick voice.", designs={"narrator": INSTRUCT})
+    assert b.kind == "voice_design" and b.voices == ("narrator",)
+    assert b.resolve_voice("alloy") == "default" and b.resolve_voice("narrator") == "narrator"
+    text = "Hello there world."
+    by_request = b.synthesize(text, TtsRequest(instructions=INSTRUCT))
+    by_voice = b.synthesize(text, TtsRequest(voice="narrator"))
+    by_default = b.synthesize(text, TtsRequest())
+    assert len(by_request) > 0 and by_request == by_voice and by_default != by_request
+    with pytest.raises(ValueError, match="instructions"):
+        b.open(TtsRequest(instructions="word " * 200))
+
+
+def test_base_backend_clones_registered_voices(base: Qwen3TtsCheckpoint) -> None:
+    b = _backend(base, clones={"anna": str(CLONE_WAV)})
+    assert b.kind == "base" and b.voices == ("anna",) and b.default_voice == "anna"
+    assert b.resolve_voice("default") == "anna" and b.resolve_voice("alloy") == "anna"
+    assert b.clone_vectors["anna"] == _clone_vector(base)
+    assert len(b.synthesize("Hello there world.", TtsRequest(voice="anna"))) > 0
+    with pytest.raises(ValueError, match="--tts-voice-clone"):
+        _backend(base)
+    with pytest.raises(ValueError, match="transcript"):
+        _backend(base, clones={"anna": f"{CLONE_WAV}:Hello there."})
+
+
+def test_kind_mismatches_refused(custom: Qwen3TtsCheckpoint, design: Qwen3TtsCheckpoint) -> None:
+    with pytest.raises(ValueError, match="Base"):
+        _backend(custom, clones={"anna": str(CLONE_WAV)})
+    with pytest.raises(ValueError, match="VoiceDesign"):
+        _backend(custom, designs={"narrator": INSTRUCT})
+    with pytest.raises(ValueError, match="Base"):
+        _backend(design, clones={"anna": str(CLONE_WAV)})
+
+
+def test_resampled_recording_xvector_equals_reference(base: Qwen3TtsCheckpoint, ref: Any) -> None:
+    """A 16 kHz recording is resampled to 24 kHz as the reference does (soxr HQ, librosa's length)."""
+    from realtime_gw.models.speech.qwen3.voices import clone_vector, read_clone_audio
+
+    audio = read_clone_audio(str(FIXTURES / "qwen3_tts_tiny_clone_16k.wav"))
+    assert audio.dtype == np.float32 and audio.shape == (14400,)
+    vec = np.asarray(clone_vector(base, str(FIXTURES / "qwen3_tts_tiny_clone_16k.wav")), dtype=np.float32)
+    want = ref["clone16_xvector"]
+    assert np.abs(vec - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
