@@ -1,16 +1,20 @@
-"""A ``StageActor`` behind Ray's call syntax in this process (``handle.method.remote(...)`` awaitable),
-with every argument and answer pickled as Ray would, and a ``kill`` that behaves like a Ray actor dying
-and being restarted: calls in flight fail, the next calls reach a fresh instance."""
+"""A ``StageActor`` behind Ray's call syntax in this process (``handle.method.remote(...)`` awaitable;
+an async-generator method called with ``.options(num_returns="streaming")`` gives an async iterator of
+awaitables, as Ray's ``ObjectRefGenerator``), with every argument and answer pickled as Ray would, and a
+``kill`` that behaves like a Ray actor dying and being restarted: calls in flight fail, the next calls
+reach a fresh instance."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import pickle
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.remote.actor import StageActor
+from realtime_gw.models.remote.client import RemoteStage
 from realtime_gw.models.runtime import StageWorker
 from tests.models.toy_backends import Toy
 
@@ -28,7 +32,7 @@ def toy_stage(max_active: int = 4) -> Callable[[str, GatewayConfig], StageWorker
 
 class LocalActor:
     def __init__(self, build: Callable[[str, GatewayConfig], StageWorker], config: GatewayConfig) -> None:
-        self._make = lambda: StageActor(build, "toy", config)
+        self._make = lambda: StageActor(build, "tts", config)  # the toy stage in the TTS role
         self.target = self._make()
         self._in_flight: set[asyncio.Future[Any]] = set()
         self._killed: set[asyncio.Future[Any]] = set()
@@ -52,8 +56,35 @@ class _Method:
     def __init__(self, actor: LocalActor, name: str) -> None:
         self.actor, self.name = actor, name
 
-    def remote(self, *args: Any) -> asyncio.Future[Any]:
-        return asyncio.ensure_future(self._call(pickle.loads(pickle.dumps(args))))
+    def options(self, **_ray_options: Any) -> _Method:
+        return self
+
+    def remote(self, *args: Any) -> Any:
+        args = pickle.loads(pickle.dumps(args))
+        if inspect.isasyncgenfunction(getattr(self.actor.target, self.name)):
+            return self._stream(args)
+        return asyncio.ensure_future(self._call(args))
+
+    async def _stream(self, args: tuple[Any, ...]) -> AsyncIterator[asyncio.Future[Any]]:
+        """Each item as a ready future (Ray yields ``ObjectRef`` s); the actor's death fails the stream."""
+        items = aiter(getattr(self.actor.target, self.name)(*args))
+        while True:
+            call = asyncio.ensure_future(anext(items))
+            self.actor._in_flight.add(call)
+            try:
+                item = await call
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if call not in self.actor._killed:
+                    raise
+                raise ActorDied(f"actor died during {self.name}") from None
+            finally:
+                self.actor._killed.discard(call)
+                self.actor._in_flight.discard(call)
+            answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            answer.set_result(pickle.loads(pickle.dumps(item)))
+            yield answer
 
     async def _call(self, args: tuple[Any, ...]) -> Any:
         call = asyncio.ensure_future(getattr(self.actor.target, self.name)(*args))
@@ -68,3 +99,36 @@ class _Method:
             self.actor._killed.discard(call)
             self.actor._in_flight.discard(call)
         return pickle.loads(pickle.dumps(answer))
+
+
+class Cluster:
+    """Toy-stage replicas (``LocalActor``) and started front-ends (``RemoteStage``) of one test; ``close``
+    stops the front-ends and kills the replicas."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.actors: list[LocalActor] = []
+        self.stages: list[RemoteStage] = []
+
+    def replicas(self, n: int = 1, max_active: int = 4) -> list[LocalActor]:
+        self.actors += [LocalActor(toy_stage(max_active), self.config) for _ in range(n)]
+        return self.actors[-n:]
+
+    async def frontend(
+        self, replicas: list[LocalActor], settings: dict[str, Any] | None = None
+    ) -> RemoteStage:
+        stage = RemoteStage("toy", replicas, settings)
+        await stage.start()
+        self.stages.append(stage)
+        return stage
+
+    async def serve(self, n: int = 1, max_active: int = 4) -> tuple[RemoteStage, list[LocalActor]]:
+        """``n`` fresh replicas and one front-end on them."""
+        replicas = self.replicas(n, max_active)
+        return await self.frontend(replicas), replicas
+
+    async def close(self) -> None:
+        for stage in self.stages:
+            await stage.stop()
+        for actor in self.actors:
+            await actor.kill(restart=False)

@@ -5,56 +5,29 @@ tests/server/test_ray_frontends.py."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 
-from realtime_gw.config import GatewayConfig
-from realtime_gw.models.remote.client import RemoteStage, _Entry
-from realtime_gw.models.remote.wire import Batch, Load
-from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, Stream, WorkerFault
-from tests.models.remote_fakes import LocalActor, toy_stage
+from realtime_gw.config import ConfigError, GatewayConfig
+from realtime_gw.models.remote.routing import actor_config, stage_settings
+from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, WorkerFault
+from tests.models.remote_fakes import Cluster
 from tests.models.toy_backends import Req
 
 CONFIG = GatewayConfig(policy="none", ray_lease_s=0.3)
 
-Frontend = Callable[..., Any]
-Actors = Callable[..., list[LocalActor]]
-
 
 @pytest.fixture
-async def make_actors() -> AsyncIterator[Actors]:
-    """``make_actors(n, max_active)``: replicas of a toy stage; killed at teardown."""
-    made: list[LocalActor] = []
-
-    def _make(n: int, max_active: int = 4) -> list[LocalActor]:
-        made.extend(LocalActor(toy_stage(max_active), CONFIG) for _ in range(n))
-        return made[-n:]
-
-    yield _make
-    for actor in made:
-        await actor.kill(restart=False)
+async def cluster() -> AsyncIterator[Cluster]:
+    made = Cluster(CONFIG)
+    yield made
+    await made.close()
 
 
-@pytest.fixture
-async def frontend() -> AsyncIterator[Frontend]:
-    """``await frontend(actors)``: a started ``RemoteStage``; stopped at teardown."""
-    stages: list[RemoteStage] = []
-
-    async def _start(actors: list[LocalActor]) -> RemoteStage:
-        stage = RemoteStage("toy", actors)
-        await stage.start()
-        stages.append(stage)
-        return stage
-
-    yield _start
-    for stage in stages:
-        await stage.stop()
-
-
-async def test_streams_run_remotely_as_locally(make_actors: Actors, frontend: Frontend) -> None:
-    stage = await frontend(make_actors(1))
+async def test_streams_run_remotely_as_locally(cluster: Cluster) -> None:
+    stage, _ = await cluster.serve()
     assert stage.ready and stage.backend.voices == ("toy-voice",) and stage.max_active == 4
     counted = stage.submit(Req(n=3))
     echoed = stage.submit(Req(n=None))
@@ -65,19 +38,16 @@ async def test_streams_run_remotely_as_locally(make_actors: Actors, frontend: Fr
     assert await echoed.collect() == ["a", "b", END_OF_INPUT]
 
 
-async def test_two_frontends_share_one_actor(make_actors: Actors, frontend: Frontend) -> None:
-    shared = make_actors(1)
-    one, two = await frontend(shared), await frontend(shared)
+async def test_two_frontends_share_one_actor(cluster: Cluster) -> None:
+    shared = cluster.replicas(1)
+    one, two = await cluster.frontend(shared), await cluster.frontend(shared)
     a, b = one.submit(Req(n=2)), two.submit(Req(n=3))
     assert await asyncio.gather(a.collect(), b.collect()) == [[1, 2], [1, 2, 3]]
     assert shared[0].target.load().frontends == 2
 
 
-async def test_new_streams_go_to_the_replica_with_most_free_slots(
-    make_actors: Actors, frontend: Frontend
-) -> None:
-    replicas = make_actors(2)
-    stage = await frontend(replicas)
+async def test_new_streams_go_to_the_replica_with_most_free_slots(cluster: Cluster) -> None:
+    stage, replicas = await cluster.serve(2)
     endless = [stage.submit(Req(n=None)) for _ in range(4)]
     await asyncio.sleep(0.3)  # opened, and both replicas' loads reported back
     assert [r.target.load().active for r in replicas] == [2, 2]
@@ -85,9 +55,9 @@ async def test_new_streams_go_to_the_replica_with_most_free_slots(
         s.cancel()
 
 
-async def test_a_full_replica_passes_the_stream_to_the_next(make_actors: Actors, frontend: Frontend) -> None:
-    replicas = make_actors(2, max_active=1)
-    other, stage = await frontend(replicas), await frontend(replicas)
+async def test_a_full_replica_passes_the_stream_to_the_next(cluster: Cluster) -> None:
+    replicas = cluster.replicas(2, max_active=1)
+    other, stage = await cluster.frontend(replicas), await cluster.frontend(replicas)
     held = other.submit(Req(n=None))
     await asyncio.sleep(0.1)
     # ``stage`` still believes both replicas are free: the first it tries may refuse; it goes on.
@@ -100,11 +70,8 @@ async def test_a_full_replica_passes_the_stream_to_the_next(make_actors: Actors,
     mine.cancel()
 
 
-async def test_a_dead_replica_fails_its_streams_and_new_ones_go_to_the_live_one(
-    make_actors: Actors, frontend: Frontend
-) -> None:
-    replicas = make_actors(2)
-    stage = await frontend(replicas)
+async def test_a_dead_replica_fails_its_streams_and_new_ones_go_to_the_live_one(cluster: Cluster) -> None:
+    stage, replicas = await cluster.serve(2)
     streams = [stage.submit(Req(n=None)) for _ in range(2)]
     await asyncio.sleep(0.2)
     await replicas[0].kill(restart=False)
@@ -116,44 +83,51 @@ async def test_a_dead_replica_fails_its_streams_and_new_ones_go_to_the_live_one(
     streams[1].cancel()
 
 
-async def test_a_restarted_replica_fails_the_old_streams_and_serves_again(
-    make_actors: Actors, frontend: Frontend
-) -> None:
-    replicas = make_actors(1)
-    stage = await frontend(replicas)
+async def test_a_restarted_replica_fails_the_old_streams_and_serves_again(cluster: Cluster) -> None:
+    stage, replicas = await cluster.serve()
     old = stage.submit(Req(n=None))
     await asyncio.sleep(0.1)
     await replicas[0].kill(restart=True)
     with pytest.raises(WorkerFault):
         await asyncio.wait_for(old.collect(), 5)
-    for _ in range(50):  # back once its next poll answers
+    for _ in range(50):  # back once its result stream is open again
         if stage.ready:
             break
         await asyncio.sleep(0.1)
     assert await stage.submit(Req(n=1)).collect() == [1]
 
 
-async def test_a_silent_frontend_loses_its_streams_within_its_lease(
-    make_actors: Actors, frontend: Frontend
-) -> None:
-    shared = make_actors(1)
-    gone = await frontend(shared)
+async def test_a_silent_frontend_loses_its_streams_within_its_lease(cluster: Cluster) -> None:
+    shared = cluster.replicas(1)
+    gone = await cluster.frontend(shared)
     for _ in range(3):
         gone.submit(Req(n=None))
     await asyncio.sleep(0.1)
     assert shared[0].target.streams_of(gone.frontend_id) == 3
-    for task in gone._tasks:  # dies without a word: no more polls, no leave
+    for task in gone._tasks:  # dies without a word: no more heartbeats, no leave
         task.cancel()
     await asyncio.sleep(CONFIG.ray_lease_s * 1.5)
     assert shared[0].target.streams_of(gone.frontend_id) == 0
     assert shared[0].target.load().active == 0
 
 
-async def test_the_actor_runs_a_stream_only_a_window_ahead_of_its_reader(
-    make_actors: Actors, frontend: Frontend
+async def test_a_frontend_back_after_its_lease_expired_fails_its_streams_and_serves_again(
+    cluster: Cluster,
 ) -> None:
-    replicas = make_actors(1)
-    stage = await frontend(replicas)
+    stage, replicas = await cluster.serve()
+    stalled = stage.submit(Req(n=None))
+    await asyncio.sleep(0.1)
+    sender = stage._tasks[0]
+    sender.cancel()  # no heartbeat: the actor ends this front-end's streams and its result stream
+    with pytest.raises(WorkerFault, match="lease on replica 0 expired"):
+        await asyncio.wait_for(stalled.collect(), 5)
+    assert replicas[0].target.load().active == 0
+    stage._tasks[0] = asyncio.create_task(stage._send_loop())  # it speaks again
+    assert await asyncio.wait_for(stage.submit(Req(n=2)).collect(), 5) == [1, 2]
+
+
+async def test_the_actor_runs_a_stream_only_a_window_ahead_of_its_reader(cluster: Cluster) -> None:
+    stage, replicas = await cluster.serve()
     stream = stage.submit(Req(n=None))
     await asyncio.sleep(0.3)  # nobody reads: ``max_backlog`` outputs unread, the actor stops the stream
     made = replicas[0].target.frontends[stage.frontend_id].streams[1].state.made
@@ -167,20 +141,21 @@ async def test_the_actor_runs_a_stream_only_a_window_ahead_of_its_reader(
     stream.cancel()
 
 
-async def test_crossing_poll_answers_are_applied_in_the_actors_order() -> None:
-    stage = RemoteStage("toy", [object()])  # never started: answers are handed in directly
-    replica = stage.replicas[0]
-    s: Stream[Any] = Stream(stage, Req(), 64)  # type: ignore[arg-type]
-    stage._entries[1] = _Entry(1, s, replica, opened=True, confirmed=True)
-    load = Load(ready=True, free_slots=1, max_active=1)
+async def test_a_frontend_with_other_stage_settings_refuses_to_start(cluster: Cluster) -> None:
+    replicas = cluster.replicas(1)
+    other = msgspec.structs.replace(CONFIG, tts_max_batch=CONFIG.tts_max_batch + 1, api_key="secret")
+    with pytest.raises(ConfigError, match=f"tts_max_batch={CONFIG.tts_max_batch + 1} here"):
+        await cluster.frontend(replicas, settings=stage_settings("tts", other))
+    # front-end-only fields (port, API keys, limits) may differ
+    same = msgspec.structs.replace(CONFIG, port=9999, api_key="secret", max_sessions=3)
+    stage = await cluster.frontend(replicas, settings=stage_settings("tts", same))
+    assert await stage.submit(Req(n=1)).collect() == [1]
 
-    def answer(seq: int, outputs: list[int], done: bool = False, record: int = 1) -> Batch:
-        return Batch("inc", record, seq, load, [(1, outputs, done, None, 0.0)])
 
-    stage._receive(replica, answer(2, [3, 4]))  # crossed the answer before it: waits
-    assert s.backlog == 0
-    stage._receive(replica, answer(1, [1, 2]))
-    stage._receive(replica, answer(1, [5], record=2))  # the actor's next record of this front-end
-    stage._receive(replica, answer(3, [99], record=1))  # a late answer of the old record: dropped
-    stage._receive(replica, answer(2, [6], done=True, record=2))
-    assert await s.collect() == [1, 2, 3, 4, 5, 6]
+def test_actors_get_no_secrets_and_settings_hold_none() -> None:
+    config = msgspec.structs.replace(CONFIG, api_key="k1", api_keys=["k2"], responder_api_key="k3")
+    sent = actor_config(config)
+    assert (sent.api_key, sent.api_keys, sent.responder_api_key) == (None, [], None)
+    assert sent.tts == config.tts and sent.policy_device == config.policy_device
+    for role in ("tts", "asr", "vad", "turn", "policy"):
+        assert not {"k1", "k2", "k3"} & {str(v) for v in stage_settings(role, config).values()}

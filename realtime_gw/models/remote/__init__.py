@@ -15,15 +15,16 @@ from typing import Any
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.remote.client import RemoteStage
-from realtime_gw.models.remote.routing import connect, remote_roles, stage_actors
+from realtime_gw.models.remote.routing import connect, remote_roles, stage_actors, stage_settings
 
 __all__ = ["RemoteStage", "remote_roles", "remote_stage"]
 
 
 def remote_stage(role: str, config: GatewayConfig, build: Callable[[str, GatewayConfig], Any]) -> RemoteStage:
     """The front-end's handle on ``role``'s actors, created in the cluster if this is the first
-    front-end to ask (they warm up while the front-end starts; ``RemoteStage.start`` waits for them). ``build`` (``registry.build_stage``) is
-    what each actor calls to build its worker."""
+    front-end to ask (they warm up while the front-end starts; ``RemoteStage.start`` waits for them,
+    and refuses actors built from other stage settings). ``build`` (``registry.build_stage``) is what
+    each actor calls to build its worker."""
     try:
         import ray  # noqa: F401
     except ImportError:
@@ -31,4 +32,5 @@ def remote_stage(role: str, config: GatewayConfig, build: Callable[[str, Gateway
 
         raise ConfigError("remote_stages needs Ray: pip install 'realtime-gw[ray]'") from None
     connect(config)
-    return RemoteStage(role, stage_actors(role, config, build))
+    settings = stage_settings(role, config)
+    return RemoteStage(role, stage_actors(role, config, build), settings, config.ray_namespace)
