@@ -13,11 +13,31 @@ it). A stream takes exactly the reference ``generate``'s steps: ``frames(prefix 
 (its first token, at position 0, needs no audio), so it yields the same tokens (tests compare them);
 ``flush_s`` shortens the tail for a sooner transcript.
 A one-shot ``AsrRequest`` (the whole utterance as ``pcm``) runs the same way, its audio pushed at open.
+
+Catch-up. Once its input has ended, a stream's remaining frames (queued audio, then the flush's silence)
+need no client audio, so it need not wait one full-batch step per frame (at 256 streams 7 flush frames x
+~18 ms). After the main batched step, up to ``catchup_steps`` sub-steps advance the ending streams alone,
+one frame each, at a small batch bucket: batch buckets cover slots ``[0, B)``, so ending streams are first
+moved into slots ``[0, catchup_slots)`` (``engine.exchange`` swaps whole slot rows with a talking stream
+or a free slot there; either way nothing of either stream changes but its row). Why whole-frame
+sub-steps and not the flush encoded in one call: the LM is autoregressive on its own text tokens
+(position ``p`` reads the token predicted at ``p - 1``), so each flush frame costs one sequential LM step
+whatever the encoder does; the causal Mimi encoder could take the silence frames in one call, but only
+through a second, multi-frame encoder path (other shapes, other float reductions, other graphs) to save
+the encoder's share of a small-batch step. The sub-steps run the very per-frame program (the same CUDA
+graph per (batch, length) bucket), so every row's arithmetic and every token are those without catch-up
+(the tests compare them, and with ``generate``'s). Bounds: at most ``catchup_steps`` sub-steps per
+worker step, and none started once the step (main + sub-steps so far + one more, timed by the last one)
+would pass ``catchup_budget_s``, so the main cadence stays inside the 80 ms frame; ending streams beyond
+the catch-up slots flush one frame per main step and move in as slots free (fewest frames left first).
+A stream with ``R`` frames left at ``END_OF_INPUT`` then ends after ``ceil(R / (1 + catchup_steps))``
+worker steps instead of ``R``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,13 +94,31 @@ class KyutaiAsrBackend:
         cuda_graphs: bool | None = None,
         checkpoint: KyutaiCheckpoint | None = None,
         flush_s: float | None = None,
+        catchup_slots: int = 8,
+        catchup_steps: int = 7,
+        catchup_budget_s: float | None = 0.05,
     ) -> None:
         """``checkpoint``: already loaded weights (tests and benchmarks share one load); else load here.
         ``flush_s``: silence run after the audio at ``END_OF_INPUT``; None = the reference's
         ``audio_delay_seconds + 1``. Shorter (down to the delay) gives the transcript sooner; the tokens
-        are then the reference's first ones (the LM is causal), the last words may be cut."""
+        are then the reference's first ones (the LM is causal), the last words may be cut.
+        ``catchup_slots`` / ``catchup_steps`` / ``catchup_budget_s``: ending streams' catch-up (module
+        docstring): the low slots it runs in, its sub-steps per worker step (0 = off), and the worker step's
+        time after which no sub-step starts (None = no time bound)."""
         if slots < 1:
             raise ValueError("slots must be >= 1")
+        if catchup_slots < 1 or catchup_steps < 0 or (catchup_budget_s is not None and catchup_budget_s < 0):
+            raise ValueError(
+                f"catch-up needs slots >= 1, steps >= 0, budget >= 0; got {catchup_slots}, {catchup_steps},"
+                f" {catchup_budget_s}"
+            )
+        self.catchup_slots = min(catchup_slots, slots)
+        self.catchup_steps = catchup_steps
+        self.catchup_budget_s = catchup_budget_s
+        self._substep_s = 0.0
+        """Duration of the last catch-up sub-step: the estimate of the next one."""
+        self._holders: dict[int, KyutaiAsrState] = {}
+        """The open stream in each slot (catch-up swaps streams between slots)."""
         dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
         ck = checkpoint or load(config, path, device, dtype)
         self.checkpoint = ck
@@ -108,6 +146,7 @@ class KyutaiAsrBackend:
             "audio_delay_s": self.timing.audio_delay_s,
             "flush_s": self.flush_samples / SAMPLE_RATE,
             "cuda_graphs": self.engine.use_graphs,
+            "catchup": {"slots": self.catchup_slots, "steps": catchup_steps, "budget_s": catchup_budget_s},
         }
         if ck.random_init:
             self.info["note"] = "random-init weights: real architecture and cost, but transcripts are noise"
@@ -127,6 +166,7 @@ class KyutaiAsrBackend:
         if pcm is not None and len(pcm) % 2:
             raise ValueError(f"PCM16 data must have an even number of bytes, got {len(pcm)}")
         state = KyutaiAsrState(slot=self.engine.alloc(), resampler=resampler)  # NoFreeSlot when full
+        self._holders[state.slot] = state
         if self.timing.prefix_samples:
             self._add_audio(state, bytes(2 * self.timing.prefix_samples))
         if pcm is not None:  # a one-shot request: its audio, then the end
@@ -137,8 +177,9 @@ class KyutaiAsrBackend:
         return not state.done and (bool(state.frames) or self._flushing(state))
 
     def step(self, work: list[tuple[KyutaiAsrState, list[Any]]]) -> list[StepResult]:
+        start = time.perf_counter()
         results: dict[int, StepResult] = {}
-        run: list[tuple[int, KyutaiAsrState, bytes]] = []
+        run: list[tuple[int, KyutaiAsrState]] = []
         for i, (state, inputs) in enumerate(work):
             try:
                 self._ingest(state, inputs)
@@ -152,22 +193,19 @@ class KyutaiAsrBackend:
             elif state.total_steps == 0:  # no audio at all: nothing to transcribe
                 state.done = True
                 results[i] = StepResult(outputs=[AsrResult("", final=True)], done=True)
-            elif state.frames:
-                run.append((i, state, state.frames.popleft()))
-            elif self._flushing(state):
-                run.append((i, state, _SILENCE))
+            elif state.frames or self._flushing(state):
+                run.append((i, state))
             else:
                 results[i] = StepResult()  # waiting for audio
-        if run:
-            pcm = np.frombuffer(b"".join(f for _, _, f in run), dtype="<i2").reshape(len(run), FRAME_SAMPLES)
-            tokens, _codes = self.engine.step([s.slot for _, s, _ in run], pcm)
-            for (i, state, _), tok in zip(run, tokens.tolist(), strict=True):
-                results[i] = self._advance(state, int(tok))
+        self._run_frames(run, results)
+        if self.catchup_steps:
+            self._catch_up([(i, s) for i, s in run if self._flushing(s)], results, start)
         return [results[i] for i in range(len(work))]
 
     def release(self, state: KyutaiAsrState) -> None:
         if not state.released:
             state.released = True
+            self._holders.pop(state.slot, None)
             self.engine.free(state.slot)
 
     def warmup(self) -> None:
@@ -185,6 +223,62 @@ class KyutaiAsrBackend:
             self.release(state)
 
     # -- internals -------------------------------------------------------------------------------------
+    def _run_frames(self, run: list[tuple[int, KyutaiAsrState]], results: dict[int, StepResult]) -> None:
+        """One batched frame for each listed stream (its next queued frame, else flush silence); each
+        stream's outputs are appended to what this worker step already gave it."""
+        if not run:
+            return
+        frames = [s.frames.popleft() if s.frames else _SILENCE for _, s in run]
+        pcm = np.frombuffer(b"".join(frames), dtype="<i2").reshape(len(run), FRAME_SAMPLES)
+        tokens, _codes = self.engine.step([s.slot for _, s in run], pcm)
+        for (i, state), tok in zip(run, tokens.tolist(), strict=True):
+            r = self._advance(state, int(tok))
+            if (before := results.get(i)) is not None:
+                r = StepResult(outputs=before.outputs + r.outputs, done=r.done)
+            results[i] = r
+
+    def _catch_up(
+        self, ending: list[tuple[int, KyutaiAsrState]], results: dict[int, StepResult], start: float
+    ) -> None:
+        """Sub-steps for the ending streams of this step, in slots ``[0, catchup_slots)`` (module docstring)."""
+        for _ in range(self.catchup_steps):
+            budget = self.catchup_budget_s
+            if budget is not None and time.perf_counter() - start + self._substep_s > budget:
+                return
+            self._move_in(ending)
+            ending = [(i, s) for i, s in ending if not s.done]
+            live = [(i, s) for i, s in ending if s.slot < self.catchup_slots]
+            if not live:
+                return
+            t = time.perf_counter()
+            self._run_frames(live, results)
+            self._substep_s = time.perf_counter() - t
+
+    def _move_in(self, ending: list[tuple[int, KyutaiAsrState]]) -> None:
+        """Swap ending streams outside the catch-up slots (fewest frames left first) with the free or
+        talking slots inside them."""
+        outside = sorted(
+            (s for _, s in ending if s.slot >= self.catchup_slots and not s.done), key=self._frames_left
+        )
+        if not outside:
+            return
+        targets = [t for t in range(self.catchup_slots) if not self._catching_up(self._holders.get(t))]
+        pairs = list(zip((s.slot for s in outside), targets, strict=False))
+        self.engine.exchange(pairs)
+        for a, b in pairs:
+            held_a, held_b = self._holders.pop(a, None), self._holders.pop(b, None)
+            for slot, state in ((b, held_a), (a, held_b)):
+                if state is not None:
+                    state.slot = slot
+                    self._holders[slot] = state
+
+    def _catching_up(self, state: KyutaiAsrState | None) -> bool:
+        return state is not None and self._flushing(state) and not state.done
+
+    def _frames_left(self, state: KyutaiAsrState) -> int:
+        assert state.total_steps is not None
+        return state.total_steps - state.steps
+
     def _add_audio(self, state: KyutaiAsrState, pcm24k: bytes) -> None:
         state.samples += len(pcm24k) // 2
         state.frames.extend(state.reframer.push(pcm24k))
@@ -239,11 +333,16 @@ class KyutaiAsrBackend:
 
 def build_kyutai_asr(config: Any) -> KyutaiAsrBackend:
     """The backend the gateway config asks for (``asr_config``, ``asr_path``, ``asr_device``, ``asr_max_batch``,
-    ``asr_flush_s``): slots = batch = admission limit, so a full worker refuses at submit instead of queueing."""
+    ``asr_flush_s``, ``asr_catchup_*``): slots = batch = admission limit, so a full worker refuses at submit
+    instead of queueing."""
+    budget_ms = config.asr_catchup_budget_ms
     return KyutaiAsrBackend(
         config=config.asr_config,
         path=config.asr_path,
         device=config.asr_device,
         slots=config.asr_max_batch,
         flush_s=config.asr_flush_s,
+        catchup_slots=config.asr_catchup_slots,
+        catchup_steps=config.asr_catchup_steps,
+        catchup_budget_s=budget_ms / 1e3 if budget_ms > 0 else None,
     )

@@ -20,6 +20,7 @@ from realtime_gw.models.speech.kyutai.config import FRAME_SAMPLES
 from realtime_gw.models.speech.kyutai.engine import KyutaiAsrEngine
 from realtime_gw.models.tokenizers import HfTokenizer
 from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest
+from tests.models.speech.kyutai_streams import reference_tokens, speechlike
 
 FRAMES = 14
 """Longer than both tiny windows (LM: 6 positions; encoder transformer: 5 positions = 2.5 frames)."""
@@ -30,29 +31,13 @@ def ck() -> KyutaiCheckpoint:
     return random_checkpoint("tiny", "cpu", torch.float32)
 
 
-def _speechlike(seed: int, frames: int) -> np.ndarray:
-    """PCM16 noise with a moving envelope (so codes change frame to frame)."""
-    rng = np.random.default_rng(seed)
-    n = frames * FRAME_SAMPLES
-    env = 0.2 + 0.8 * np.abs(np.sin(np.linspace(0, 3 * np.pi, n)))
-    return (rng.standard_normal(n) * 6000 * env).clip(-32768, 32767).astype(np.int16)
-
-
-def _reference_tokens(ck: KyutaiCheckpoint, pcm: np.ndarray) -> list[int]:
-    """``generate`` on the audio padded as the reference's feature extractor pads it; BOS dropped."""
-    audio = np.concatenate([pcm, np.zeros(ck.timing.flush_samples, np.int16)]).astype(np.float32) / 32768
-    with torch.no_grad():
-        out = ck.model.generate(input_values=torch.from_numpy(audio)[None, None])
-    return out[0, 1:].tolist()
-
-
 def _frames(pcm: np.ndarray) -> np.ndarray:
     return pcm.reshape(-1, FRAME_SAMPLES)
 
 
 # -- the engine ----------------------------------------------------------------------------------------
 def test_streaming_codes_and_tokens_equal_the_reference(ck: KyutaiCheckpoint) -> None:
-    pcm = _speechlike(1, FRAMES)
+    pcm = speechlike(1, FRAMES)
     eng = KyutaiAsrEngine(ck.model, 3)
     slot = eng.alloc()
     assert slot == 0
@@ -70,7 +55,7 @@ def test_streaming_codes_and_tokens_equal_the_reference(ck: KyutaiCheckpoint) ->
         ref_codes = ck.model.codec_model.encode(audio).audio_codes[0].T.numpy()
     np.testing.assert_array_equal(np.stack(codes), ref_codes[:steps])
     assert len(set(map(tuple, codes))) > steps // 2, "codes vary frame to frame"
-    assert tokens == _reference_tokens(ck, pcm)
+    assert tokens == reference_tokens(ck, pcm)
 
 
 def test_lm_length_buckets_equal_the_reference() -> None:
@@ -87,17 +72,17 @@ def test_lm_length_buckets_equal_the_reference() -> None:
     eng = KyutaiAsrEngine(ck.model, 2)
     assert eng.len_buckets == [64, 128, 130]
     slot = eng.alloc()
-    pcm = _speechlike(8, 55)  # + the flush: 68 positions
+    pcm = speechlike(8, 55)  # + the flush: 68 positions
     padded = np.concatenate([pcm, np.zeros(ck.timing.flush_samples, np.int16)])
     steps = len(padded) // FRAME_SAMPLES - 1
     tokens = [eng.bos_token] + [
         int(eng.step([slot], f[None])[0][0]) for f in _frames(padded[: steps * FRAME_SAMPLES])
     ]
-    assert tokens == _reference_tokens(ck, pcm)
+    assert tokens == reference_tokens(ck, pcm)
 
 
 def test_streams_joining_and_leaving_mid_utterance_do_not_disturb_each_other(ck: KyutaiCheckpoint) -> None:
-    clips = {name: _frames(_speechlike(seed, 10)) for seed, name in enumerate("abc", start=2)}
+    clips = {name: _frames(speechlike(seed, 10)) for seed, name in enumerate("abc", start=2)}
     solo = {}
     for name, frames in clips.items():
         eng = KyutaiAsrEngine(ck.model, 1)
@@ -139,10 +124,10 @@ def test_save_pretrained_directory_loads_the_same_model(ck: KyutaiCheckpoint, tm
     assert not loaded.random_init and str(tmp_path) in loaded.description
     saved = hf.state_dict()
     assert all(torch.equal(v, saved[k]) for k, v in loaded.model.state_dict().items())
-    pcm = _speechlike(5, 6)
+    pcm = speechlike(5, 6)
     ref = KyutaiCheckpoint(hf.eval(), loaded.tokenizer, loaded.timing, "", False)
     tokens = _run(KyutaiAsrBackend(checkpoint=loaded, slots=1), pcm)[1]
-    assert tokens == _reference_tokens(ref, pcm)
+    assert tokens == reference_tokens(ref, pcm)
 
     _save_word_tokenizer(tmp_path)  # a tokenizer next to the weights decodes the text
     backend = KyutaiAsrBackend(checkpoint=load("tiny", str(tmp_path), "cpu", torch.float32), slots=1)
@@ -192,9 +177,9 @@ def _run(
 def test_stream_gives_partials_then_the_reference_transcript(ck: KyutaiCheckpoint) -> None:
     backend = KyutaiAsrBackend(checkpoint=ck, slots=2)
     cfg = ck.model.config
-    pcm = _speechlike(3, 9)
+    pcm = speechlike(3, 9)
     outputs, tokens = _run(backend, pcm)
-    assert tokens == _reference_tokens(ck, pcm)
+    assert tokens == reference_tokens(ck, pcm)
     *partials, final = outputs
     assert all(isinstance(r, AsrResult) for r in outputs)
     assert final.final and not any(r.final for r in partials)
@@ -209,7 +194,7 @@ def test_stream_gives_partials_then_the_reference_transcript(ck: KyutaiCheckpoin
 
 def test_resampled_one_shot_and_empty_requests(ck: KyutaiCheckpoint) -> None:
     backend = KyutaiAsrBackend(checkpoint=ck, slots=1)
-    pcm16k = _speechlike(4, 6)[: 6 * FRAME_SAMPLES * 2 // 3]  # 0.48 s at 16 kHz
+    pcm16k = speechlike(4, 6)[: 6 * FRAME_SAMPLES * 2 // 3]  # 0.48 s at 16 kHz
     outputs, tokens = _run(backend, pcm16k, rate=16000)
     expected = (6 * FRAME_SAMPLES + ck.timing.flush_samples) // FRAME_SAMPLES  # reference's token count
     assert len(tokens) == expected and outputs[-1].final
@@ -229,8 +214,8 @@ def test_resampled_one_shot_and_empty_requests(ck: KyutaiCheckpoint) -> None:
 
 
 def test_shorter_flush_gives_the_reference_tokens_sooner(ck: KyutaiCheckpoint) -> None:
-    pcm = _speechlike(9, 8)
-    ref = _reference_tokens(ck, pcm)
+    pcm = speechlike(9, 8)
+    ref = reference_tokens(ck, pcm)
     backend = KyutaiAsrBackend(checkpoint=ck, slots=1, flush_s=ck.timing.audio_delay_s)
     outputs, tokens = _run(backend, pcm)
     assert len(tokens) == (8 * FRAME_SAMPLES + backend.flush_samples) // FRAME_SAMPLES < len(ref)
@@ -256,7 +241,7 @@ def test_full_backend_refuses_and_release_frees(ck: KyutaiCheckpoint) -> None:
 async def test_worker_streams_and_cancel_frees_the_slot(ck: KyutaiCheckpoint, start_worker: Any) -> None:
     backend = KyutaiAsrBackend(checkpoint=ck, slots=2)
     w = await start_worker(backend, max_batch=2, max_active=2)
-    pcm = _speechlike(6, 8)
+    pcm = speechlike(6, 8)
     alone = _run(KyutaiAsrBackend(checkpoint=ck, slots=1), pcm)[0][-1]
     talking, cancelled = w.submit(AsrStreamRequest(24000)), w.submit(AsrStreamRequest(24000))
     with pytest.raises(NoFreeSlot):
