@@ -196,7 +196,7 @@ class TorchSileroVadBackend(SileroVadStreams):
             yield
 
     def _round(self, b: int) -> None:
-        """Rows ``[0, b)`` of ``d_x``/``d_idx``: one window each, their slots' state advanced, probs in ``d_prob``."""
+        """Rows ``[0, b)`` of ``d_x``/``d_idx``, a window each: (h, c) advanced, probs in ``d_prob``."""
         idx = self.d_idx[:b]
         prob, h, c = self.net(self.d_x[:b], self.h.index_select(0, idx), self.c.index_select(0, idx))
         self.h.index_copy_(0, idx, h)
@@ -239,7 +239,7 @@ class TorchSileroVadBackend(SileroVadStreams):
     def _run_launches(
         self, rounds: list[Round], launches: list[tuple[int, int, int]], out: list[np.ndarray]
     ) -> None:
-        # Every launch's inputs into pinned staging first; the previous batch ended in a sync, so reusing it is safe.
+        # Every launch's inputs into pinned staging first (the previous batch ended in a sync: reuse is safe).
         for i, (r, lo, hi) in enumerate(launches):
             ready, x = rounds[r]
             b = self._rows(hi - lo)
@@ -259,10 +259,8 @@ class TorchSileroVadBackend(SileroVadStreams):
                     with strict_fp32(self.device):
                         self._round(b)
                 self.d_probs[i, :b].copy_(self.d_prob[:b])
-            rows = max(hi - lo for _, lo, hi in launches)
-            self.h_probs[: len(launches), :rows].copy_(
-                self.d_probs[: len(launches), :rows], non_blocking=True
-            )
+            # Whole rows: a contiguous copy stays asynchronous (a strided one goes via a pageable temporary).
+            self.h_probs[: len(launches)].copy_(self.d_probs[: len(launches)], non_blocking=True)
             if self._stream is not None:
                 self._stream.synchronize()
         for i, (r, lo, hi) in enumerate(launches):
