@@ -34,7 +34,9 @@ def browser(tmp_path: Path) -> Iterator[Any]:
     from selenium.webdriver.chrome.service import Service
 
     mic = tmp_path / "mic.wav"
-    write_wav(mic, silence(600, 24000) + synthesize(SPOKEN, 24000) + silence(1500, 24000), 24000)
+    # 3 s of silence first: the capture starts when Chromium opens the device, before the page's session is
+    # configured (seconds on a loaded box); words spoken before that are never sent, as with a real user.
+    write_wav(mic, silence(3000, 24000) + synthesize(SPOKEN, 24000) + silence(1500, 24000), 24000)
     opts = Options()
     opts.binary_location = CHROMIUM or ""
     for flag in (
