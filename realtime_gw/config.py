@@ -112,12 +112,21 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     For ``codec`` also its slot count: the most streams synthesising at once (64 suits a GPU)."""
     tts_path: str | None = None
     """`codec`: local weight directory (see realtime_gw/models/speech/codec/spec.py); `qwen3`: a published
-    Qwen3-TTS-12Hz CustomVoice checkpoint directory (see models/speech/qwen3/checkpoint.py); None = random init."""
+    Qwen3-TTS-12Hz checkpoint directory, CustomVoice, VoiceDesign or Base (see models/speech/qwen3/checkpoint.py);
+    None = random init."""
     tts_config: Literal["tiny", "full", "0.6b", "1.7b"] = "tiny"
     """Random-init shape. `codec`: `tiny` (CPU tests) or `full` (Qwen3-TTS-0.6B-shaped). `qwen3`: `0.6b`
     (also `full`/`tiny`) or `1.7b`, the published shapes."""
     tts_language: str = "auto"
     """`qwen3`: the language of speech ("auto" or one of the checkpoint's, e.g. "english")."""
+    tts_instructions: str | None = None
+    """`qwen3`: how to speak, in words, when a request gives no `instructions` (realtime sessions never
+    do): a VoiceDesign checkpoint's default voice description; a CustomVoice checkpoint's style (1.7B)."""
+    tts_voice_design: list[str] = msgspec.field(default_factory=list)
+    """`qwen3` VoiceDesign: named voices, `NAME=description` each; `voice: NAME` selects one."""
+    tts_voice_clone: list[str] = msgspec.field(default_factory=list)
+    """`qwen3` Base: voices cloned at start-up from recordings, `NAME=path.wav` each (x-vector mode);
+    `voice: NAME` selects one."""
     tts_device: str = "cpu"
     asr: Literal["pocketsphinx", "kyutai"] = "pocketsphinx"
     asr_slots: int = 4

@@ -131,6 +131,7 @@ def build_tts(config: GatewayConfig) -> StageWorker:
         )
         return _worker("tts", codec, config, device=config.tts_device, max_batch=slots, max_active=slots)
     if config.tts == "qwen3":
+        from realtime_gw.models.speech.qwen3.voices import parse_voice_specs
         from realtime_gw.models.speech.tts_qwen3 import Qwen3TtsBackend
 
         slots = config.tts_max_batch
@@ -141,6 +142,9 @@ def build_tts(config: GatewayConfig) -> StageWorker:
             slots=slots,
             voice=config.tts_voice,
             language=config.tts_language,
+            instructions=config.tts_instructions,
+            designs=parse_voice_specs(config.tts_voice_design, "--tts-voice-design"),
+            clones=parse_voice_specs(config.tts_voice_clone, "--tts-voice-clone"),
         )
         return _worker("tts", qwen, config, device=config.tts_device, max_batch=slots, max_active=slots)
     if config.tts == "tone":

@@ -14,6 +14,8 @@ import soundfile
 from realtime_gw.protocols.audio import FRAME_SAMPLES, OUTPUT_RATE, SPEED_ERROR, speed_in_range
 
 RESPONSE_FORMATS = ("wav", "pcm", "flac")
+MAX_INSTRUCTIONS_CHARS = 4096
+"""``instructions`` (how to speak, in words) longer than this are refused (OpenAI's limit is 4096 too)."""
 
 
 class SpeechRequest(msgspec.Struct, kw_only=True):
@@ -52,6 +54,9 @@ def check_speech_request(req: SpeechRequest, voices: frozenset[str], max_chars: 
         raise SpeechInputError("stream_format 'sse' carries pcm or wav, not flac", "stream_format")
     if not speed_in_range(req.speed):
         raise SpeechInputError(SPEED_ERROR, "speed")
+    if req.instructions is not None and len(req.instructions) > MAX_INSTRUCTIONS_CHARS:
+        limit = MAX_INSTRUCTIONS_CHARS
+        raise SpeechInputError(f"instructions are longer than {limit} characters", "instructions")
 
 
 def wav_header(sample_rate: int = OUTPUT_RATE, data_bytes: int = 0xFFFFFFFF - 36) -> bytes:
@@ -85,6 +90,8 @@ class StreamEvent(msgspec.Struct, tag_field="type", kw_only=True):
 class SessionConfig(StreamEvent, tag="session.config"):
     voice: str = "default"
     speed: float = 1.0
+    instructions: str | None = None
+    """How to speak, in words, as ``POST /v1/audio/speech``'s (backends that take a description use it)."""
     response_format: Literal["pcm"] = "pcm"
 
 

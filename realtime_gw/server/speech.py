@@ -61,7 +61,8 @@ async def speech_endpoint(request: Request) -> Response:
     except sp.SpeechInputError as e:
         return openai_error(400, str(e), param=e.param, code=e.code)
     try:
-        stream = gateway.workers.tts.submit(TtsRequest(voice=req.voice, speed=req.speed))
+        request = TtsRequest(voice=req.voice, speed=req.speed, instructions=req.instructions)
+        stream = gateway.workers.tts.submit(request)
     except NoFreeSlot as e:
         return openai_error(503, str(e), code="server_busy")
     stream.push(req.input)

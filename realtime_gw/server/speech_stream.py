@@ -218,6 +218,9 @@ class SpeechStream:
                 )
             elif not speed_in_range(ev.speed):
                 self.error(SPEED_ERROR, param="speed")
+            elif ev.instructions is not None and len(ev.instructions) > sp.MAX_INSTRUCTIONS_CHARS:
+                limit = sp.MAX_INSTRUCTIONS_CHARS
+                self.error(f"instructions are longer than {limit} characters", param="instructions")
             else:
                 self.session = ev
         elif isinstance(ev, sp.InputText):
@@ -312,7 +315,9 @@ class SpeechStream:
         """PCM of one segment (an async iterator); errors become error events, the utterance goes on."""
         try:
             self.tts = self.gateway.workers.tts.submit(
-                TtsRequest(voice=self.session.voice, speed=self.session.speed)
+                TtsRequest(
+                    voice=self.session.voice, speed=self.session.speed, instructions=self.session.instructions
+                )
             )
         except NoFreeSlot as e:
             await self.send_audio(sp.StreamError(message=str(e), code="server_busy"))

@@ -64,7 +64,11 @@ def _codes(ck: Qwen3TtsCheckpoint, ref: Any, seed: int, do_sample: bool, **promp
     torch.manual_seed(seed)
     got = []
     for k in range(23):  # the reference ran max_new_tokens=24 and emitted no EOS: it keeps 23 frames
-        tok = text[k] if k < len(text) else ck.config["tts_eos_token_id" if k == len(text) else "tts_pad_token_id"]
+        tok = (
+            text[k]
+            if k < len(text)
+            else ck.config["tts_eos_token_id" if k == len(text) else "tts_pad_token_id"]
+        )
         codes, _ = eng.step([slot], [tok], [k >= 2])
         got.append(codes[0])
     return np.stack(got)

@@ -30,7 +30,9 @@ def _hz_to_mel(f: np.ndarray) -> np.ndarray:
     f = np.asarray(f, dtype=np.float64)
     f_sp, min_log_hz = 200.0 / 3, 1000.0
     min_log_mel, logstep = min_log_hz / f_sp, np.log(6.4) / 27.0
-    return np.where(f >= min_log_hz, min_log_mel + np.log(np.maximum(f, 1e-10) / min_log_hz) / logstep, f / f_sp)
+    return np.where(
+        f >= min_log_hz, min_log_mel + np.log(np.maximum(f, 1e-10) / min_log_hz) / logstep, f / f_sp
+    )
 
 
 def _mel_to_hz(m: np.ndarray) -> np.ndarray:
@@ -85,7 +87,9 @@ class Res2Net(nn.Module):
     def __init__(self, channels: int, scale: int, k: int, dilation: int) -> None:
         super().__init__()
         self.scale = scale
-        self.blocks = nn.ModuleList(Tdnn(channels // scale, channels // scale, k, dilation) for _ in range(scale - 1))
+        self.blocks = nn.ModuleList(
+            Tdnn(channels // scale, channels // scale, k, dilation) for _ in range(scale - 1)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         parts: list[torch.Tensor] = []
@@ -135,7 +139,9 @@ class AttentiveStatsPool(nn.Module):
         n = x.shape[-1]
         uniform = torch.ones(x.shape[0], 1, n, dtype=x.dtype, device=x.device)
         mean, std = _stats(x, uniform / uniform.sum(dim=2, keepdim=True))
-        context = torch.cat([x, mean.unsqueeze(2).expand(-1, -1, n), std.unsqueeze(2).expand(-1, -1, n)], dim=1)
+        context = torch.cat(
+            [x, mean.unsqueeze(2).expand(-1, -1, n), std.unsqueeze(2).expand(-1, -1, n)], dim=1
+        )
         attention = torch.softmax(self.conv(torch.tanh(self.tdnn(context))), dim=2)
         mean, std = _stats(x, attention)
         return torch.cat((mean, std), dim=1).unsqueeze(2)
@@ -148,7 +154,9 @@ class SpeakerEncoder(nn.Module):
         super().__init__()
         ch, ks, dil = c["enc_channels"], c["enc_kernel_sizes"], c["enc_dilations"]
         if not len(ch) == len(ks) == len(dil):
-            raise ValueError("speaker_encoder_config: enc_channels, enc_kernel_sizes, enc_dilations differ in length")
+            raise ValueError(
+                "speaker_encoder_config: enc_channels, enc_kernel_sizes, enc_dilations differ in length"
+            )
         self.config = c
         blocks: list[nn.Module] = [Tdnn(c["mel_dim"], ch[0], ks[0], dil[0])]
         blocks += [

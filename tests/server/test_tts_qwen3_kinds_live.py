@@ -1,0 +1,111 @@
+"""A live gateway over the tiny Qwen3-TTS VoiceDesign and Base checkpoints (tests/fixtures, greedy):
+``instructions`` on ``POST /v1/audio/speech`` describe the voice; voices registered at start-up
+(``--tts-voice-design``, ``--tts-voice-clone``) are selected by ``voice``, over HTTP and ``/v1/realtime``."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer, start_server, stop_server
+from tests.server.realtime_sdk_client import FRAME_BYTES, connect, text_turn
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+TEXT = "Please open the door."
+WARM = "A warm, low voice, speaking slowly."
+BRIGHT = "A bright, quick voice."
+
+
+def _greedy_copy(name: str, tmp: Path) -> Path:
+    """The fixture checkpoint (its speech_tokenizer link resolved) with greedy sampling, so the same text
+    and voice give the same audio."""
+    ckpt = tmp / name
+    shutil.copytree(FIXTURES / name, ckpt)
+    gen = json.loads((ckpt / "generation_config.json").read_text())
+    (ckpt / "generation_config.json").write_text(
+        json.dumps({**gen, "do_sample": False, "subtalker_dosample": False})
+    )
+    return ckpt
+
+
+@pytest.fixture(scope="module")
+def design_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    ckpt = _greedy_copy("qwen3_tts_tiny_voice_design", tmp_path_factory.mktemp("design"))
+    server = start_server(
+        "--policy", "none", "--api-key", "test-key", "--tts", "qwen3", "--tts-path", str(ckpt),
+        "--tts-instructions", BRIGHT, "--tts-voice-design", json.dumps([f"narrator={WARM}"]),
+        name="qwen3-design",
+    )  # fmt: skip
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def clone_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    ckpt = _greedy_copy("qwen3_tts_tiny_base", tmp_path_factory.mktemp("base"))
+    wav = FIXTURES / "qwen3_tts_tiny_clone.wav"
+    server = start_server(
+        "--policy", "none", "--api-key", "test-key", "--tts", "qwen3", "--tts-path", str(ckpt),
+        "--tts-voice-clone", json.dumps([f"anna={wav}"]), name="qwen3-clone",
+    )  # fmt: skip
+    yield server
+    stop_server(server)
+
+
+def _speech(server: LiveServer, **body: str) -> httpx.Response:
+    return httpx.post(
+        server.http + "/v1/audio/speech",
+        json={"input": TEXT, "response_format": "pcm", **body},
+        headers={"Authorization": "Bearer test-key"},
+        timeout=120,
+    )
+
+
+def _pcm(server: LiveServer, **body: str) -> bytes:
+    resp = _speech(server, **body)
+    assert resp.status_code == 200, resp.text
+    assert len(resp.content) > 0 and len(resp.content) % 2 == 0
+    return resp.content
+
+
+def test_speech_instructions_describe_the_voice(design_server: LiveServer) -> None:
+    """``instructions`` is the voice: a named design speaks as its description given inline; another
+    description, or none (the server's ``--tts-instructions``), speaks differently."""
+    warm = _pcm(design_server, instructions=WARM)
+    assert _pcm(design_server, voice="narrator") == warm
+    assert _pcm(design_server, voice="alloy", instructions=WARM) == warm
+    bright = _pcm(design_server)
+    assert bright != warm
+    assert _pcm(design_server, instructions=BRIGHT) == bright
+
+
+def test_speech_instructions_bounded(design_server: LiveServer) -> None:
+    resp = _speech(design_server, instructions="x" * 5000)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["param"] == "instructions"
+
+
+async def test_realtime_speaks_a_designed_voice(design_server: LiveServer) -> None:
+    """Realtime sessions pick a registered design by ``voice`` (their ``instructions`` are the LLM's)."""
+    audio = {"input": {"turn_detection": None}, "output": {"voice": "narrator"}}
+    async with connect(design_server, audio=audio) as conn:
+        events = await text_turn(conn, "Thank you.")
+    assert events[-1].response.status == "completed"
+    sizes = [len(base64.b64decode(e.delta)) for e in events if e.type == "response.output_audio.delta"]
+    assert sizes and all(s == FRAME_BYTES for s in sizes[:-1])
+
+
+def test_speech_speaks_a_cloned_voice(clone_server: LiveServer) -> None:
+    """``voice: anna`` is the recording registered with ``--tts-voice-clone``; OpenAI names and
+    "default" map to it (the only clone); other names are refused."""
+    anna = _pcm(clone_server, voice="anna")
+    assert _pcm(clone_server, voice="default") == anna
+    assert _pcm(clone_server, voice="alloy") == anna
+    resp = _speech(clone_server, voice="nobody")
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "voice"
