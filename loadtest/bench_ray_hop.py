@@ -11,8 +11,13 @@
    loop of ``bench_realtime.py``) by one gateway in process, by one front-end whose TTS is the shared
    actor, and by two front-ends sharing that actor (sessions split between them).
 
+With ``--tts codec`` the worker level runs the registry's codec TTS instead of the two stand-ins (full
+shape by default, random init: real cost, noise audio), in process and in a Ray actor holding one GPU
+(``ray_num_gpus`` 1 for a CUDA stage), 64 streams (its slots) per round; no gateway level.
+
     .venv/bin/python loadtest/bench_ray_hop.py            # full run (~4 min on 2 cores)
     .venv/bin/python loadtest/bench_ray_hop.py --quick    # smoke run
+    .venv/bin/python loadtest/bench_ray_hop.py --tts codec --tts-device cuda   # the H200 row (~2 min)
 
 Everything shares one machine (client, front-ends, Ray, the actor); compare rows of the same run.
 """
@@ -95,10 +100,22 @@ class Worker:
         self.frames = 0
 
 
+def gpu(device: str) -> str:
+    if not device.startswith("cuda"):
+        return "no GPU"
+    import torch
+
+    return f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+
+
+def codec_stage(role: str, config: GatewayConfig) -> StageWorker:
+    return build_stage(role, config)
+
+
 async def streams_round(stage: Any, n: int, out: Worker) -> None:
     async def one() -> None:
         t0 = time.perf_counter()
-        stream = stage.submit(TtsRequest(voice="tone"))
+        stream = stage.submit(TtsRequest(voice=stage.backend.voices[0]))
         stream.push(TEXT)
         stream.close_input()
         first = None
@@ -125,11 +142,13 @@ def record_delivery(out: Worker) -> Any:
     return original
 
 
-async def worker_level(build: Any, streams: int, rounds: int) -> tuple[Worker, Worker]:
+async def worker_level(
+    build: Any, streams: int, rounds: int, base: GatewayConfig = CONFIG
+) -> tuple[Worker, Worker]:
     local, remote = Worker(), Worker()
-    in_process = build("tts", CONFIG)
+    in_process = build("tts", base)
     await in_process.start()
-    config = msgspec.structs.replace(CONFIG, ray_namespace=f"bench-{build.__name__}")  # its own actor
+    config = msgspec.structs.replace(base, ray_namespace=f"bench-{build.__name__}")  # its own actor
     hop = RemoteStage("tts", stage_actors("tts", config, build))
     await hop.start()
     original = record_delivery(remote)
@@ -185,7 +204,26 @@ async def main() -> None:
     ap.add_argument("--streams", type=int, default=64)
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--worker-only", action="store_true", help="skip the gateway-level part")
+    ap.add_argument(
+        "--tts",
+        choices=("stand-ins", "codec"),
+        default="stand-ins",
+        help="worker level: the tone TTS and the frame-per-step stand-in (CPU), or the codec TTS",
+    )
+    ap.add_argument("--tts-device", default="cpu", help="--tts codec: e.g. cuda")
+    ap.add_argument("--tts-config", default=None, help="--tts codec: full (default on CUDA) or tiny")
     args = ap.parse_args()
+    workers: list[tuple[str, Any, GatewayConfig]] = [
+        ("tone, a sentence per step", tone_stage, CONFIG),
+        ("frame per step, 10 ms", frame_step_stage, CONFIG),
+    ]
+    if args.tts == "codec":
+        shape = args.tts_config or ("full" if args.tts_device.startswith("cuda") else "tiny")
+        codec = msgspec.structs.replace(
+            CONFIG, tts="codec", tts_device=args.tts_device, tts_config=shape, tts_max_batch=args.streams
+        )
+        workers = [(f"codec TTS ({shape}) on {args.tts_device}", codec_stage, codec)]
+        args.worker_only = True
     rounds = 3 if args.quick else 15
     seconds = 5.0 if args.quick else 6.0
     levels = [16, 64] if args.quick else [16, 64, 128, 192, 256, 384]
@@ -209,11 +247,8 @@ async def main() -> None:
             "delivery p99 ms | TTFA p95 added |"
         )
         out("|---|---|---|---|---|---|---|---|---|")
-        for label, build in (
-            ("tone, a sentence per step", tone_stage),
-            ("frame per step, 10 ms", frame_step_stage),
-        ):
-            local, remote = await worker_level(build, args.streams, rounds)
+        for label, build, config in workers:
+            local, remote = await worker_level(build, args.streams, rounds, config)
             added = pct(remote.ttfa_ms, 95) - pct(local.ttfa_ms, 95)
             ratio = pct(remote.ttfa_ms, 95) / max(pct(local.ttfa_ms, 95), 1e-9)
             out(
@@ -254,8 +289,9 @@ async def main() -> None:
         with (ROOT / "docs" / "benchmarks.md").open("a") as f:
             f.write(
                 f"\n## Ray hop: remote stage workers ({dt.date.today().isoformat()})\n\n"
-                f"- Hardware: {hardware()}; no GPU; a local Ray (no dashboard), the actor at 0.5 CPU\n"
-                f"- Command: `.venv/bin/python loadtest/bench_ray_hop.py{' --quick' if args.quick else ''}`\n"
+                f"- Hardware: {hardware()}; {gpu(args.tts_device)}; a local Ray (no dashboard), the actor at"
+                " 0.5 CPU\n"
+                f"- Command: `.venv/bin/python {' '.join(sys.argv)}`\n"
                 "- Worker level: streams submitted together (tone: two sentences, ~44 frames; the frame-per-step\n"
                 "  stand-in: 25 frames); TTFA = submit ->\n"
                 "  first frame in the stream; delivery = the actor's step handed the frame over -> it is in the\n"

@@ -1,11 +1,14 @@
 """Two gateway front-ends (separate processes, different ports) share one remote TTS actor (tone) and
 one remote policy actor (noop) on a local Ray cluster: openai-SDK voice turns and openpi-client robots
-through both at once; the TTS actor killed mid-response; a front-end killed with its stream open."""
+through both at once; the TTS actor killed mid-response; the policy actor killed under busy robots; a
+third front-end with other TTS settings refused; a front-end killed with its stream open."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,31 +17,62 @@ import httpx
 import numpy as np
 import pytest
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
+from websockets.exceptions import InvalidStatus
 
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, start_server
 from tests.server.openpi_harness import droid_obs
-from tests.server.ray_cluster import local_ray, stage_actor, start_front_ends, stop_front_ends
+from tests.server.ray_cluster import (
+    FRONT_END_FLAGS,
+    local_ray,
+    stage_actor,
+    start_front_ends,
+    stop_front_ends,
+)
 from tests.server.realtime_sdk_client import audio_of, collect_until, connect, is_done, recv, text_turn
 
 pytest.importorskip("ray")
 
 LONG_TEXT = "This reply is long enough to be cut in the middle by a worker that dies. " * 4
+API_KEY = "test-key"
+"""The front-ends' key (the SDK helper sends it); it must never reach an actor."""
 
 
 @pytest.fixture(scope="module")
-def front_ends() -> Iterator[list[LiveServer]]:
+def ray_address() -> Iterator[str]:
     with local_ray() as address:
-        servers = start_front_ends(address, 2)
-        try:
-            yield servers
-        finally:
-            stop_front_ends(servers)
+        yield address
+
+
+@pytest.fixture(scope="module")
+def front_ends(ray_address: str) -> Iterator[list[LiveServer]]:
+    servers = start_front_ends(ray_address, 2, "--api-key", API_KEY)
+    try:
+        yield servers
+    finally:
+        stop_front_ends(servers)
 
 
 def robot_turns(server: LiveServer, n: int = 3) -> list[np.ndarray]:
-    policy = WebsocketClientPolicy(host="127.0.0.1", port=server.port)
+    policy = WebsocketClientPolicy(host="127.0.0.1", port=server.port, api_key=API_KEY)
     try:
         return [policy.infer(droid_obs(i))["actions"] for i in range(n)]
+    finally:
+        policy._ws.close()
+
+
+def robot_until_refused(server: LiveServer, started: threading.Event) -> str:
+    """A robot inferring back to back until the gateway refuses one; the refusal's text."""
+    policy = WebsocketClientPolicy(host="127.0.0.1", port=server.port, api_key=API_KEY)
+    try:
+        for i in itertools.count():
+            try:
+                policy.infer(droid_obs(i))
+            except Exception as e:  # openpi-client raises RuntimeError with the server's text frame
+                return f"{type(e).__name__}: {e}"
+            if i == 2:
+                started.set()
+            assert i < 100_000, "the robot was never refused"
+        raise AssertionError("unreachable")
     finally:
         policy._ws.close()
 
@@ -108,6 +142,56 @@ async def test_killing_the_tts_actor_fails_each_response_once_and_serves_again(
         assert [d.response.status for d in done] == ["failed"], [e.type for e in events]
         assert [e for e in events if e.type == "error"], "the failure is announced with an error event"
     print(f"new sessions served {max(back):.2f} s after the kill")
+
+
+async def test_killing_the_policy_actor_gives_busy_robots_a_clear_error_and_they_work_again(
+    front_ends: list[LiveServer],
+) -> None:
+    import ray
+
+    started = [threading.Event() for _ in front_ends]
+    robots = [
+        asyncio.create_task(asyncio.to_thread(robot_until_refused, s, e))
+        for s, e in zip(front_ends, started, strict=True)
+    ]
+    assert await asyncio.to_thread(lambda: all(e.wait(30) for e in started)), "robots did not start"
+    ray.kill(stage_actor("policy"), no_restart=False)  # Ray restarts it
+    killed_at = time.monotonic()
+    refusals = await asyncio.wait_for(asyncio.gather(*robots), 30)
+    for text in refusals:
+        # In flight: the fault (text frame, then 1011); between two observations: a busy reply.
+        assert "remote-policy" in text, text
+        assert "worker replica 0 died" in text or "no replica is ready" in text or "unreachable" in text, text
+
+    def works_again(server: LiveServer) -> float:
+        while True:
+            try:
+                actions = robot_turns(server, 2)
+                assert all(np.isfinite(a).all() for a in actions)
+                return time.monotonic() - killed_at
+            except (RuntimeError, InvalidStatus):  # "policy busy" / 503 "still warming up": retry
+                assert time.monotonic() - killed_at < 15.0, "robots not served within 15 s of the kill"
+                time.sleep(0.2)
+
+    back = await asyncio.gather(*(asyncio.to_thread(works_again, s) for s in front_ends))
+    print(f"robots refused with: {refusals}; served again {max(back):.2f} s after the kill")
+
+
+async def test_actors_hold_no_api_key_and_a_front_end_with_other_stage_settings_is_refused(
+    front_ends: list[LiveServer], ray_address: str
+) -> None:
+    for role in ("tts", "policy"):
+        held = await stage_actor(role).__ray_call__.remote(
+            lambda actor: (actor.config.api_key, actor.config.api_keys)
+        )
+        assert held == (None, []), f"the {role} actor holds the front-end's API key"
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="differs from the running tts actors") as refused:
+        start_server(
+            *FRONT_END_FLAGS, "--ray-address", ray_address, "--tts-max-batch", "3", name="ray-front-end-odd"
+        )
+    assert "tts_max_batch=3 here" in str(refused.value)
+    print(f"odd front-end refused after {time.monotonic() - started:.1f} s")
 
 
 async def test_a_killed_front_end_frees_its_slots_on_the_actor(front_ends: list[LiveServer]) -> None:
