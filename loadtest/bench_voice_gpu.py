@@ -1,12 +1,13 @@
 """The whole voice pipeline on one GPU, end to end through the real /v1/realtime socket.
 
-Starts one gateway (Kyutai streaming ASR and Qwen3 TTS on the GPU, Silero VAD and Smart Turn on onnxruntime's
-CPU provider, the echo responder) and drives it with N concurrent sessions, each a microphone streaming 80 ms
-PCM16 frames paced at real time: a recorded utterance (loadtest/data/voice_turn_24k.wav, Piper, ~2 s), then
-silence, with server VAD; it listens to the spoken echo reply to its end, thinks 1-3 s (random phase) and speaks
-again. Per turn: ``input_audio_buffer.speech_stopped`` -> first ``response.output_audio.delta`` (turn latency),
-and end of the utterance's audio -> first delta (which adds the VAD's silence wait); per reply frame: lateness
-against real-time playback from the reply's first frame. GPU step times come from the gateway's
+Starts one gateway (Kyutai streaming ASR, Qwen3 TTS and Silero VAD on the GPU; ``--vad-device onnx`` keeps
+Silero on onnxruntime's CPU provider, as before; Smart Turn stays on onnxruntime's CPU provider; the echo
+responder) and drives it with N concurrent sessions, each a microphone streaming 80 ms PCM16 frames paced at
+real time: a recorded utterance (loadtest/data/voice_turn_24k.wav, Piper, ~2 s), then silence, with server VAD;
+it listens to the spoken echo reply to its end, thinks 1-3 s (random phase) and speaks again. Per turn:
+``input_audio_buffer.speech_stopped`` -> first ``response.output_audio.delta`` (turn latency), and end of the
+utterance's audio -> first delta (which adds the VAD's silence wait); per reply frame: lateness against
+real-time playback from the reply's first frame. GPU step times come from the gateway's
 ``realtime_gw_worker_step_seconds`` histogram (read before and after each load level).
 
     python3 loadtest/bench_voice_gpu.py --device cuda --sessions 1 64 256 --search 384 512 --run-s 30
@@ -230,6 +231,10 @@ def step_summary(
     return summary
 
 
+def vad_device(args: argparse.Namespace) -> str:
+    return args.vad_device or args.device
+
+
 def start_gateway(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen[bytes]:
     batch = str(args.max_batch)
     # The gateway warms its CUDA stages one after another (Workers.start), so both may share the GPU.
@@ -237,6 +242,8 @@ def start_gateway(args: argparse.Namespace, port: int, log: Path) -> subprocess.
     cmd += ["--tts", "qwen3", "--tts-config", "tiny" if args.tiny else args.tts_config]
     cmd += ["--asr", "kyutai", "--asr-config", "tiny" if args.tiny else args.asr_config]
     cmd += ["--tts-device", args.device, "--asr-device", args.device, "--tts-max-batch", batch]
+    if vad_device(args) != "onnx":
+        cmd += ["--vad-device", vad_device(args)]
     cmd += [
         "--asr-max-batch",
         batch,
@@ -364,6 +371,9 @@ def main() -> None:
     p.add_argument("--tts-config", default="0.6b")
     p.add_argument("--asr-config", default="1b")
     p.add_argument("--tiny", action="store_true", help="tiny model shapes (CPU smoke run)")
+    p.add_argument(
+        "--vad-device", default=None, help="Silero's torch device (default: --device); onnx = onnxruntime CPU"
+    )
     p.add_argument("--sessions", type=int, nargs="+", default=[1, 64, 256])
     p.add_argument(
         "--search", type=int, nargs="*", default=[], help="more N, in order; stops at the first not real time"
@@ -421,7 +431,9 @@ def main() -> None:
             "weights": "random-init at the published shapes",
             "tts": f"qwen3 {'tiny' if args.tiny else args.tts_config}",
             "asr": f"kyutai {'tiny' if args.tiny else args.asr_config}",
-            "vad": "silero onnxruntime CPU",
+            "vad": "silero onnxruntime CPU"
+            if vad_device(args) == "onnx"
+            else f"silero torch {vad_device(args)}",
             "device": args.device,
             "max_batch": args.max_batch,
             "run_s": args.run_s,

@@ -146,6 +146,10 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sooner, the last word possibly cut."""
     vad: Literal["silero"] = "silero"
     vad_max_batch: int = 64
+    vad_device: str | None = None
+    """Silero VAD in torch on this device (`cuda`, `cuda:1`, `cpu`): every session's next window in one
+    batched forward, CUDA graphs on CUDA (models/speech/vad_silero_torch.py). None = onnxruntime's CPU
+    provider (no torch import), right for CPU-only deployments; give `cuda` when ASR and TTS are on a GPU."""
     responder: Literal["echo", "openai"] = "echo"
     responder_url: str = "http://127.0.0.1:8001/v1"
     responder_model: str = "default"

@@ -190,6 +190,22 @@ def build_asr(config: GatewayConfig) -> StageWorker:
 
 
 def build_vad(config: GatewayConfig) -> StageWorker:
+    if config.vad_device:
+        from realtime_gw.models.speech.vad_silero_torch import TorchSileroVadBackend
+
+        # In-thread like the other torch stages: a slot (h, c row) per open stream, up to the worker's
+        # admission limit; a round batches up to vad_max_batch streams (one graph bucket each on CUDA).
+        silero = TorchSileroVadBackend(
+            config.vad_device, slots=config.worker_max_active, max_batch=config.vad_max_batch
+        )
+        return _worker(
+            "vad",
+            silero,
+            config,
+            device=config.vad_device,
+            max_batch=config.vad_max_batch,
+            max_active=config.worker_max_active,
+        )
     from realtime_gw.models.speech.vad_silero import SileroVadBackend
 
     # Silero stays in-thread: onnxruntime releases the GIL while it runs, one batched call per 32 ms

@@ -135,3 +135,17 @@ async def test_serves_through_a_worker_like_onnxruntime(
     assert max(speech) > 0.9 and np.mean(np.array(speech) > 0.5) > 0.5
     np.testing.assert_allclose(speech, expected, atol=TOLERANCE, rtol=0)
     assert ours.active_count == 0 and backend.free_slots == 4
+
+
+def test_vad_device_selects_the_torch_backend() -> None:
+    from realtime_gw.config import GatewayConfig
+    from realtime_gw.models.registry import build_vad
+    from realtime_gw.models.speech.vad_silero import SileroVadBackend
+
+    default = build_vad(GatewayConfig(policy="none"))
+    assert isinstance(default.backend, SileroVadBackend) and default.device == "cpu"
+    worker = build_vad(GatewayConfig(policy="none", vad_device="cpu", vad_max_batch=16, worker_max_active=40))
+    backend = worker.backend
+    assert isinstance(backend, TorchSileroVadBackend) and worker.device == "cpu"
+    assert (backend.slots, backend.max_batch, worker.max_batch, worker.max_active) == (40, 16, 16, 40)
+    assert not backend.use_graphs  # graphs on CUDA only
