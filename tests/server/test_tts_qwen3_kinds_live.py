@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import websockets
 
 from tests.conftest import LiveServer, start_server, stop_server
 from tests.server.realtime_sdk_client import FRAME_BYTES, connect, text_turn
@@ -89,6 +90,28 @@ def test_speech_instructions_bounded(design_server: LiveServer) -> None:
     resp = _speech(design_server, instructions="x" * 5000)
     assert resp.status_code == 400
     assert resp.json()["error"]["param"] == "instructions"
+
+
+async def test_speech_socket_takes_instructions(design_server: LiveServer) -> None:
+    """The speech WebSocket's ``session.config`` carries ``instructions`` as the HTTP body does: one
+    sentence, one segment, the same audio."""
+    headers = {"Authorization": "Bearer test-key"}
+    async with websockets.connect(
+        design_server.ws + "/v1/audio/speech/stream", additional_headers=headers
+    ) as ws:
+        await ws.send(json.dumps({"type": "session.config", "instructions": WARM}))
+        await ws.send(json.dumps({"type": "input.text", "text": TEXT}))
+        await ws.send(json.dumps({"type": "input.done"}))
+        frames = []
+        while True:
+            msg = await ws.recv()
+            if isinstance(msg, bytes):
+                frames.append(msg)
+            elif json.loads(msg)["type"] == "audio.done":
+                break
+            else:
+                assert json.loads(msg)["type"] == "audio.start", msg
+    assert b"".join(frames) == _pcm(design_server, instructions=WARM)
 
 
 async def test_realtime_speaks_a_designed_voice(design_server: LiveServer) -> None:

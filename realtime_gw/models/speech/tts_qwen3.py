@@ -137,6 +137,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         self.kind = ck.kind
         self.instructions = instructions or ""
         self.max_instruct_tokens = min(MAX_INSTRUCT_TOKENS, max_positions // 2)
+        self._instruct_cache: dict[str, tuple[int, ...]] = {}
         self.designs: dict[str, str] = {}
         self.clone_vectors: dict[str, tuple[float, ...]] = {}
         self._set_voices(voice, designs or {}, clones or {})
@@ -232,7 +233,12 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         none for an empty one; ValueError past ``max_instruct_tokens``."""
         if not instructions:
             return ()
-        ids = tuple(self.tokenizer.encode(f"<|im_start|>user\n{instructions}<|im_end|>\n"))
+        ids = self._instruct_cache.get(instructions)
+        if ids is None:
+            ids = tuple(self.tokenizer.encode(f"<|im_start|>user\n{instructions}<|im_end|>\n"))
+            if len(self._instruct_cache) >= 256:  # bounded: requests bring their own texts
+                self._instruct_cache.clear()
+            self._instruct_cache[instructions] = ids
         if len(ids) > self.max_instruct_tokens:
             raise ValueError(f"instructions are {len(ids)} tokens; at most {self.max_instruct_tokens}")
         return ids

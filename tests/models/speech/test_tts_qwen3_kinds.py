@@ -196,3 +196,13 @@ def test_resampled_recording_xvector_equals_reference(base: Qwen3TtsCheckpoint, 
     vec = np.asarray(clone_vector(base, str(FIXTURES / "qwen3_tts_tiny_clone_16k.wav")), dtype=np.float32)
     want = ref["clone16_xvector"]
     assert np.abs(vec - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
+
+
+def test_voice_specs_parse() -> None:
+    from realtime_gw.models.speech.qwen3.voices import parse_voice_specs
+
+    specs = parse_voice_specs(["Anna=/v/anna.wav", "bob = /v/b.wav:Hi: there"], "--tts-voice-clone")
+    assert specs == {"anna": "/v/anna.wav", "bob": "/v/b.wav:Hi: there"}
+    for bad in (["anna"], ["=x.wav"], ["anna="], ["a=1.wav", "A=2.wav"]):
+        with pytest.raises(ValueError, match="--tts-voice-clone"):
+            parse_voice_specs(bad, "--tts-voice-clone")
