@@ -13,12 +13,19 @@ Prints JSON (also to ``--json``):
   reads 750 positions, the worst case), with CUDA graphs and eager, and an eager encoder/LM split;
 - ``realtime_streams``: the largest batch whose worst-case p95 step stays under 80 ms (every stream then
   keeps up with real time);
+- ``catchup_check``: tokens of staggered streams (joining, ending together, more ending than catch-up
+  slots) through the backend with catch-up vs without: the fraction equal (1.0 expected);
 - ``e2e`` (``--e2e N``): N streams through a real ``StageWorker``, each pushing 80 ms of audio every 80 ms
-  for ``--utterance-s``; latency of the first partial, and from END_OF_INPUT to the final transcript,
-  with the reference's flush (delay + 1 s of silence) and a shorter one (``--flush-s``).
+  for ``--utterance-s``; latency of the first partial, and from END_OF_INPUT to the final transcript (ms
+  and worker steps), with the reference's flush (delay + 1 s of silence) and a shorter one (``--flush-s``),
+  each with catch-up off and on (``--catchup-steps``: sub-steps per worker step, 0 = off), for two
+  arrival patterns (``--arrivals``): ``staggered`` (N sessions talking turn after turn, their ends spread
+  evenly: ~N / utterance frames turns end per step) and ``aligned`` (all N end in the same step: then
+  the flush is N x frames of work whatever the batching, a throughput bound); worker step p50/p95/max.
 
     python3 loadtest/bench_asr_kyutai_gpu.py --json asr.json              # on a CUDA machine
     python3 loadtest/bench_asr_kyutai_gpu.py --config tiny --device cpu --batches 1 4 --steps 3 --e2e 2  # dry run
+    python3 loadtest/bench_asr_kyutai_gpu.py --batches --e2e 256 --flush-s 0.56  # e2e rows only
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from realtime_gw.models.speech.asr_kyutai import KyutaiAsrBackend  # noqa: E402
 from realtime_gw.models.speech.kyutai.checkpoint import random_checkpoint  # noqa: E402
 from realtime_gw.models.speech.kyutai.engine import KyutaiAsrEngine  # noqa: E402
 from realtime_gw.records.voice import AsrStreamRequest  # noqa: E402
+from tests.models.speech.kyutai_streams import Turn, drive  # noqa: E402
 
 FRAME = 1920
 FRAME_S = 0.08
@@ -170,20 +178,68 @@ def bench_batches(eng: KyutaiAsrEngine, args: argparse.Namespace) -> list[dict[s
     return rows
 
 
-async def e2e(backend: KyutaiAsrBackend, n: int, utterance_s: float) -> dict[str, Any]:
-    """N concurrent streams, 80 ms of audio every 80 ms each, then END_OF_INPUT (the user stopped)."""
+def catchup_check(ck: Any, streams: int = 24) -> dict[str, Any]:
+    """The same staggered streams (joining over 12 steps, ending in groups above talking ones, so packed
+    into the low slots) with catch-up off and on, stepped directly: the fraction of equal tokens."""
+    audio = noise(streams, 12, seed=3)
+    runs = []
+    for substeps in (0, 7):
+        backend = KyutaiAsrBackend(
+            checkpoint=ck, slots=streams, catchup_steps=substeps, catchup_budget_s=None, flush_s=0.56
+        )
+        turns = [Turn(audio[i, : 4 + i % 8].reshape(-1), start=i // 2) for i in range(streams)]
+        drive(backend, turns)
+        runs.append(([t.tokens for t in turns], [t.final_step - t.end_step + 1 for t in turns]))  # type: ignore[operator]
+    (plain, plain_steps), (fast, fast_steps) = runs
+    pairs = [(a, b) for x, y in zip(plain, fast, strict=True) for a, b in zip(x, y, strict=False)]
+    return {
+        "catchup_equals_plain_tokens_frac": sum(a == b for a, b in pairs) / len(pairs),
+        "same_lengths": [len(x) for x in plain] == [len(y) for y in fast],
+        "steps_end_to_final_plain_mean": float(np.mean(plain_steps)),
+        "steps_end_to_final_catchup_mean": float(np.mean(fast_steps)),
+    }
+
+
+class TimedBackend:
+    """The backend as the worker sees it, with each ``step``'s duration recorded."""
+
+    def __init__(self, backend: KyutaiAsrBackend) -> None:
+        self.backend = backend
+        self.step_s: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def step(self, work: list[Any]) -> list[Any]:
+        t = time.perf_counter()
+        try:
+            return self.backend.step(work)
+        finally:
+            self.step_s.append(time.perf_counter() - t)
+
+
+async def e2e(
+    backend: KyutaiAsrBackend, n: int, utterance_s: float, arrivals: str, turns: int
+) -> dict[str, Any]:
+    """N sessions, 80 ms of audio every 80 ms each, then END_OF_INPUT (the user stopped). ``aligned``: one
+    turn each, all ending together; ``staggered``: ``turns`` turns each back to back, session i's first
+    turn cut to (i + 1) / N of an utterance so that ends are spread evenly."""
     slots = backend.engine.slots
-    worker = StageWorker(backend, device=str(backend.engine.device), max_batch=slots, max_active=slots,
+    timed = TimedBackend(backend)
+    worker = StageWorker(timed, device=str(backend.engine.device), max_batch=slots, max_active=slots,
                          max_backlog=4096)  # fmt: skip
     await worker.start(warmup=False)
     frames = max(1, int(utterance_s / FRAME_S))
     audio = noise(n, frames, seed=7)
     first_partial: list[float] = []
     final: list[float] = []
+    final_steps: list[int] = []
+    substeps0 = backend.substeps
 
-    async def one(i: int) -> None:
+    async def turn(i: int, length: int) -> None:
         s = worker.submit(AsrStreamRequest(sample_rate=24000))
         t0 = time.perf_counter()
+        first_partial_seen, stopped, stopped_step = [False], [0.0], [0]
 
         async def read() -> None:
             async for r in s:
@@ -192,27 +248,47 @@ async def e2e(backend: KyutaiAsrBackend, n: int, utterance_s: float) -> dict[str
                     first_partial.append(time.perf_counter() - t0)
                 if r.final:
                     final.append(time.perf_counter() - stopped[0])
+                    final_steps.append(len(timed.step_s) - stopped_step[0])
 
-        first_partial_seen, stopped = [False], [0.0]
         reader = asyncio.create_task(read())
-        for f in range(frames):
+        for f in range(length):
             s.push(audio[i, f].tobytes())
             await asyncio.sleep(max(0.0, t0 + (f + 1) * FRAME_S - time.perf_counter()))
-        stopped[0] = time.perf_counter()
+        stopped[0], stopped_step[0] = time.perf_counter(), len(timed.step_s)
         s.close_input()
         await reader
 
+    async def session(i: int) -> None:
+        if arrivals == "aligned":
+            await turn(i, frames)
+            return
+        await turn(i, max(1, round(frames * (i + 1) / n)))
+        for _ in range(turns - 1):
+            await turn(i, frames)
+
+    t_start = time.perf_counter()
     try:
-        await asyncio.gather(*(one(i) for i in range(n)))
+        await asyncio.gather(*(session(i) for i in range(n)))
     finally:
         await worker.stop()
+    wall = time.perf_counter() - t_start
     return {
+        "arrivals": arrivals,
         "streams": n,
         "utterance_s": frames * FRAME_S,
         "flush_frames": (backend.flush_samples + FRAME - 1) // FRAME,
+        "catchup_steps": backend.catchup_steps,
         "first_partial_from_start": ms(first_partial),  # random init: text shows when a byte id is drawn
         "final_after_end_of_input": ms(final),
+        "final_after_end_of_input_max_ms": round(1e3 * max(final), 3) if final else None,
+        "worker_steps_end_to_final": {"p50": pct(final_steps, 50), "p95": pct(final_steps, 95)},
+        "worker_step": {
+            **ms(timed.step_s),
+            "max_ms": round(1e3 * max(timed.step_s), 3) if timed.step_s else None,
+        },
+        "catchup_substeps": backend.substeps - substeps0,
         "finals": len(final),
+        "wall_s": round(wall, 1),
     }
 
 
@@ -220,17 +296,29 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="1b")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256, 800])
+    p.add_argument("--batches", type=int, nargs="*", default=[1, 64, 256, 800], help="none: no step rows")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--e2e", type=int, nargs="*", default=[64, 256])
     p.add_argument("--utterance-s", type=float, default=3.0)
     p.add_argument(
         "--flush-s",
-        type=float,
+        type=lambda v: None if v.lower() in ("none", "ref") else float(v),
         nargs="*",
         default=[None, 0.56],
         help="e2e: silence run after each turn (none = the reference's delay + 1 s)",
     )
+    p.add_argument(
+        "--catchup-steps",
+        type=int,
+        nargs="+",
+        default=[0, 7],
+        help="e2e: catch-up sub-steps per worker step to compare (0 = off)",
+    )
+    p.add_argument("--catchup-budget-ms", type=float, default=50.0, help="0 = no time bound")
+    p.add_argument(
+        "--arrivals", nargs="+", default=["staggered", "aligned"], choices=["staggered", "aligned"]
+    )
+    p.add_argument("--turns", type=int, default=3, help="e2e staggered: turns per session")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     dev = torch.device(args.device)
@@ -259,33 +347,12 @@ def main() -> None:
         if dev.type == "cuda":
             out["check"] = graph_vs_eager(ck.model)
             log(f"check {out['check']}")
-        eng = KyutaiAsrEngine(ck.model, max(args.batches))
-        out["slots"] = eng.slots
-        out["cuda_graphs"] = eng.use_graphs  # "fresh" and "full_window" are measured with them when on
-        out["capture_all_s"] = round(eng.capture_all(), 1)
-        out["graphs"] = eng.graph_count
-        out["steps"] = bench_batches(eng, args)
-        rt = [r["batch"] for r in out["steps"] if r["realtime"]]
-        out["realtime_streams"] = max(rt) if rt else 0
-        if dev.type == "cuda":
-            out["max_memory_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 1)
-        del eng
+        out["catchup_check"] = catchup_check(ck)
+        log(f"catchup_check {out['catchup_check']}")
+        if args.batches:
+            bench_step_rows(ck, args, out, dev)
         if args.e2e:
-            backend = KyutaiAsrBackend(checkpoint=ck, slots=max(args.e2e))
-            t = time.perf_counter()
-            backend.warmup()
-            out["e2e_warmup_s"] = round(time.perf_counter() - t, 1)
-            out["e2e"] = []
-            for flush_s in args.flush_s:
-                default = backend.timing.flush_samples
-                backend.flush_samples = default if flush_s is None else int(flush_s * 24000)
-                for n in args.e2e:
-                    r = {
-                        "flush_s": round(backend.flush_samples / 24000, 3),
-                        **asyncio.run(e2e(backend, n, args.utterance_s)),
-                    }
-                    log(f"e2e {json.dumps(r)}")
-                    out["e2e"].append(r)
+            bench_e2e(ck, args, out)
     except Exception as e:  # report what was measured, and why it stopped
         traceback.print_exc()
         out["error"] = f"{type(e).__name__}: {e}"
@@ -293,6 +360,43 @@ def main() -> None:
     print(text)
     if args.json:
         Path(args.json).write_text(text)
+
+
+def bench_step_rows(ck: Any, args: argparse.Namespace, out: dict[str, Any], dev: torch.device) -> None:
+    eng = KyutaiAsrEngine(ck.model, max(args.batches))
+    out["slots"] = eng.slots
+    out["cuda_graphs"] = eng.use_graphs  # "fresh" and "full_window" are measured with them when on
+    out["capture_all_s"] = round(eng.capture_all(), 1)
+    out["graphs"] = eng.graph_count
+    out["steps"] = bench_batches(eng, args)
+    rt = [r["batch"] for r in out["steps"] if r["realtime"]]
+    out["realtime_streams"] = max(rt) if rt else 0
+    if dev.type == "cuda":
+        out["max_memory_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 1)
+    del eng
+
+
+def bench_e2e(ck: Any, args: argparse.Namespace, out: dict[str, Any]) -> None:
+    budget = args.catchup_budget_ms / 1e3 if args.catchup_budget_ms > 0 else None
+    backend = KyutaiAsrBackend(checkpoint=ck, slots=max(args.e2e), catchup_budget_s=budget)
+    t = time.perf_counter()
+    backend.warmup()
+    out["e2e_warmup_s"] = round(time.perf_counter() - t, 1)
+    out["e2e_catchup_budget_ms"] = args.catchup_budget_ms
+    out["e2e"] = []
+    for flush_s in args.flush_s:
+        default = backend.timing.flush_samples
+        backend.flush_samples = default if flush_s is None else int(flush_s * 24000)
+        for n in args.e2e:
+            for arrivals in args.arrivals:
+                for substeps in args.catchup_steps:
+                    backend.catchup_steps = substeps
+                    r = {
+                        "flush_s": round(backend.flush_samples / 24000, 3),
+                        **asyncio.run(e2e(backend, n, args.utterance_s, arrivals, args.turns)),
+                    }
+                    log(f"e2e {json.dumps(r)}")
+                    out["e2e"].append(r)
 
 
 if __name__ == "__main__":

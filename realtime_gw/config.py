@@ -144,6 +144,13 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`kyutai`: seconds of silence run after a turn's audio to flush the text, which lags the audio by the
     model's delay; None = the reference's (delay + 1 s). Down to the delay (0.5 s for 1b): the transcript
     sooner, the last word possibly cut."""
+    asr_catchup_steps: int = 7
+    """`kyutai`: once a turn's input has ended, extra sub-steps per worker step that advance only the ending
+    streams (one frame each, moved into the lowest slots so that their batch is small), so the flush does not
+    wait one full-batch step per frame; 0 = off. The tokens are the same either way."""
+    asr_catchup_budget_ms: float = 50.0
+    """`kyutai`: no catch-up sub-step starts once the worker step would pass this (its main step included),
+    so the step stays inside the 80 ms frame; 0 = no time bound."""
     vad: Literal["silero"] = "silero"
     vad_max_batch: int = 64
     vad_device: str | None = None
@@ -156,16 +163,6 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     responder_api_key: str | None = None
     responder_max_tokens: int = 256
     responder_timeout_s: float = 30.0
-    asr_catchup_steps: int = 7
-    """`kyutai`: once a turn's input has ended, extra sub-steps per worker step that advance only the ending
-    streams (one frame each, at a small batch), so the flush does not wait one full-batch step per frame;
-    0 = off. The tokens are the same either way."""
-    asr_catchup_slots: int = 8
-    """`kyutai`: ending streams caught up at once (they move into the lowest slots, whose batch is small);
-    more wait for a place, flushing one frame per step meanwhile."""
-    asr_catchup_budget_ms: float = 50.0
-    """`kyutai`: no catch-up sub-step starts once the worker step would pass this (its main step included),
-    so the step stays inside the 80 ms frame; 0 = no time bound."""
     worker_max_active: int = 256
     worker_step_timeout_s: float = 30.0
     """A backend step running longer is a hang: the supervisor kills the backend's child process and

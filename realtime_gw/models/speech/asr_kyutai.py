@@ -17,9 +17,9 @@ A one-shot ``AsrRequest`` (the whole utterance as ``pcm``) runs the same way, it
 Catch-up. Once its input has ended, a stream's remaining frames (queued audio, then the flush's silence)
 need no client audio, so it need not wait one full-batch step per frame (at 256 streams 7 flush frames x
 ~18 ms). After the main batched step, up to ``catchup_steps`` sub-steps advance the ending streams alone,
-one frame each, at a small batch bucket: batch buckets cover slots ``[0, B)``, so ending streams are first
-moved into slots ``[0, catchup_slots)`` (``engine.exchange`` swaps whole slot rows with a talking stream
-or a free slot there; either way nothing of either stream changes but its row). Why whole-frame
+one frame each, at the batch bucket of their count: batch buckets cover slots ``[0, B)``, so the ``n``
+ending streams are first packed into slots ``[0, n)`` (``engine.exchange`` swaps whole slot rows with the
+talking streams or free slots there; nothing of either stream changes but its row). Why whole-frame
 sub-steps and not the flush encoded in one call: the LM is autoregressive on its own text tokens
 (position ``p`` reads the token predicted at ``p - 1``), so each flush frame costs one sequential LM step
 whatever the encoder does; the causal Mimi encoder could take the silence frames in one call, but only
@@ -28,10 +28,10 @@ the encoder's share of a small-batch step. The sub-steps run the very per-frame 
 graph per (batch, length) bucket), so every row's arithmetic and every token are those without catch-up
 (the tests compare them, and with ``generate``'s). Bounds: at most ``catchup_steps`` sub-steps per
 worker step, and none started once the step (main + sub-steps so far + one more, timed by the last one)
-would pass ``catchup_budget_s``, so the main cadence stays inside the 80 ms frame; ending streams beyond
-the catch-up slots flush one frame per main step and move in as slots free (fewest frames left first).
-A stream with ``R`` frames left at ``END_OF_INPUT`` then ends after ``ceil(R / (1 + catchup_steps))``
-worker steps instead of ``R``.
+would pass ``catchup_budget_s``, so the main cadence stays inside the 80 ms frame. When many streams end
+at once the sub-steps are as large as main steps and cost what back-to-back main steps would; the win is
+the usual case, a few ending among many talking. A stream with ``R`` frames left at ``END_OF_INPUT``
+ends after ``ceil(R / (1 + catchup_steps))`` worker steps instead of ``R``.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from realtime_gw.models.kernels import bucket_for
 from realtime_gw.models.runtime import END_OF_INPUT, StepResult
 from realtime_gw.models.speech.kyutai.checkpoint import KyutaiCheckpoint, load
 from realtime_gw.models.speech.kyutai.config import FRAME_SAMPLES, SAMPLE_RATE
@@ -94,7 +95,6 @@ class KyutaiAsrBackend:
         cuda_graphs: bool | None = None,
         checkpoint: KyutaiCheckpoint | None = None,
         flush_s: float | None = None,
-        catchup_slots: int = 8,
         catchup_steps: int = 7,
         catchup_budget_s: float | None = 0.05,
     ) -> None:
@@ -102,21 +102,21 @@ class KyutaiAsrBackend:
         ``flush_s``: silence run after the audio at ``END_OF_INPUT``; None = the reference's
         ``audio_delay_seconds + 1``. Shorter (down to the delay) gives the transcript sooner; the tokens
         are then the reference's first ones (the LM is causal), the last words may be cut.
-        ``catchup_slots`` / ``catchup_steps`` / ``catchup_budget_s``: ending streams' catch-up (module
-        docstring): the low slots it runs in, its sub-steps per worker step (0 = off), and the worker step's
-        time after which no sub-step starts (None = no time bound)."""
+        ``catchup_steps`` / ``catchup_budget_s``: ending streams' catch-up (module docstring): its sub-steps
+        per worker step (0 = off), and the worker step's time after which no sub-step starts (None = no
+        time bound)."""
         if slots < 1:
             raise ValueError("slots must be >= 1")
-        if catchup_slots < 1 or catchup_steps < 0 or (catchup_budget_s is not None and catchup_budget_s < 0):
+        if catchup_steps < 0 or (catchup_budget_s is not None and catchup_budget_s < 0):
             raise ValueError(
-                f"catch-up needs slots >= 1, steps >= 0, budget >= 0; got {catchup_slots}, {catchup_steps},"
-                f" {catchup_budget_s}"
+                f"catch-up needs steps >= 0, budget >= 0; got {catchup_steps}, {catchup_budget_s}"
             )
-        self.catchup_slots = min(catchup_slots, slots)
         self.catchup_steps = catchup_steps
         self.catchup_budget_s = catchup_budget_s
         self._substep_s = 0.0
         """Duration of the last catch-up sub-step: the estimate of the next one."""
+        self.substeps = 0
+        """Catch-up sub-steps run so far (benchmarks report them)."""
         self._holders: dict[int, KyutaiAsrState] = {}
         """The open stream in each slot (catch-up swaps streams between slots)."""
         dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
@@ -146,7 +146,7 @@ class KyutaiAsrBackend:
             "audio_delay_s": self.timing.audio_delay_s,
             "flush_s": self.flush_samples / SAMPLE_RATE,
             "cuda_graphs": self.engine.use_graphs,
-            "catchup": {"slots": self.catchup_slots, "steps": catchup_steps, "budget_s": catchup_budget_s},
+            "catchup": {"steps": catchup_steps, "budget_s": catchup_budget_s},
         }
         if ck.random_init:
             self.info["note"] = "random-init weights: real architecture and cost, but transcripts are noise"
@@ -240,30 +240,31 @@ class KyutaiAsrBackend:
     def _catch_up(
         self, ending: list[tuple[int, KyutaiAsrState]], results: dict[int, StepResult], start: float
     ) -> None:
-        """Sub-steps for the ending streams of this step, in slots ``[0, catchup_slots)`` (module docstring)."""
+        """Sub-steps for this step's ending streams, packed into the lowest slots (module docstring)."""
         for _ in range(self.catchup_steps):
+            ending = [(i, s) for i, s in ending if not s.done]
+            if not ending:
+                return
             budget = self.catchup_budget_s
             if budget is not None and time.perf_counter() - start + self._substep_s > budget:
+                self._substep_s *= 0.5  # a stale estimate (one slow sub-step) must not stop catch-up for good
                 return
-            self._move_in(ending)
-            ending = [(i, s) for i, s in ending if not s.done]
-            live = [(i, s) for i, s in ending if s.slot < self.catchup_slots]
-            if not live:
-                return
+            self._pack([s for _, s in ending])
             t = time.perf_counter()
-            self._run_frames(live, results)
+            self._run_frames(ending, results)
             self._substep_s = time.perf_counter() - t
+            self.substeps += 1
 
-    def _move_in(self, ending: list[tuple[int, KyutaiAsrState]]) -> None:
-        """Swap ending streams outside the catch-up slots (fewest frames left first) with the free or
-        talking slots inside them."""
-        outside = sorted(
-            (s for _, s in ending if s.slot >= self.catchup_slots and not s.done), key=self._frames_left
-        )
-        if not outside:
+    def _pack(self, ending: list[KyutaiAsrState]) -> None:
+        """Move the ``n`` ending streams into slots ``[0, n)`` when that shrinks their batch bucket: each one
+        above swaps with a slot below that holds no ending stream (free, or a talking stream's)."""
+        n, buckets = len(ending), self.engine.batch_buckets
+        if bucket_for(buckets, max(s.slot for s in ending) + 1) <= bucket_for(buckets, n):
             return
-        targets = [t for t in range(self.catchup_slots) if not self._catching_up(self._holders.get(t))]
-        pairs = list(zip((s.slot for s in outside), targets, strict=False))
+        ids = {id(s) for s in ending}
+        above = [s.slot for s in ending if s.slot >= n]
+        below = [t for t in range(n) if id(self._holders.get(t)) not in ids]
+        pairs = list(zip(above, below, strict=True))  # as many ending streams above n as other slots below
         self.engine.exchange(pairs)
         for a, b in pairs:
             held_a, held_b = self._holders.pop(a, None), self._holders.pop(b, None)
@@ -271,13 +272,6 @@ class KyutaiAsrBackend:
                 if state is not None:
                     state.slot = slot
                     self._holders[slot] = state
-
-    def _catching_up(self, state: KyutaiAsrState | None) -> bool:
-        return state is not None and self._flushing(state) and not state.done
-
-    def _frames_left(self, state: KyutaiAsrState) -> int:
-        assert state.total_steps is not None
-        return state.total_steps - state.steps
 
     def _add_audio(self, state: KyutaiAsrState, pcm24k: bytes) -> None:
         state.samples += len(pcm24k) // 2
@@ -342,7 +336,6 @@ def build_kyutai_asr(config: Any) -> KyutaiAsrBackend:
         device=config.asr_device,
         slots=config.asr_max_batch,
         flush_s=config.asr_flush_s,
-        catchup_slots=config.asr_catchup_slots,
         catchup_steps=config.asr_catchup_steps,
         catchup_budget_s=budget_ms / 1e3 if budget_ms > 0 else None,
     )
