@@ -241,7 +241,7 @@ class KyutaiAsrBackend:
         self, ending: list[tuple[int, KyutaiAsrState]], results: dict[int, StepResult], start: float
     ) -> None:
         """Sub-steps for this step's ending streams, packed into the lowest slots (module docstring)."""
-        for _ in range(self.catchup_steps):
+        for k in range(self.catchup_steps):
             ending = [(i, s) for i, s in ending if not s.done]
             if not ending:
                 return
@@ -249,7 +249,8 @@ class KyutaiAsrBackend:
             if budget is not None and time.perf_counter() - start + self._substep_s > budget:
                 self._substep_s *= 0.5  # a stale estimate (one slow sub-step) must not stop catch-up for good
                 return
-            self._pack([s for _, s in ending])
+            if k == 0:  # once: streams finishing later shrink the bucket less than a swap costs
+                self._pack([s for _, s in ending])
             t = time.perf_counter()
             self._run_frames(ending, results)
             self._substep_s = time.perf_counter() - t
