@@ -12,6 +12,10 @@ event loop; ours batches concurrent robots into one forward per step.
 
     .venv/bin/python loadtest/bench_openpi.py                      # full run (~2-3 min on 2 cores)
     .venv/bin/python loadtest/bench_openpi.py --seconds 3 --robots 1,4,16
+    .venv/bin/python loadtest/bench_openpi.py --policies tiny --policy-impl fast --phase-steps 1   # ours phased
+
+``--policy-impl fast`` serves PI0 through the fast sampler (both servers); ours then advances chunks in
+phases (``--phase-steps``, the server's ``policy_phase_steps``; 0 = one-shot chunks).
 """
 
 from __future__ import annotations
@@ -39,12 +43,16 @@ BENCHMARKS_MD = ROOT / "docs" / "benchmarks.md"
 
 
 # -- servers (child processes) ----------------------------------------------------------------------------
-def _config(policy: str, port: int, max_wait_ms: float | None = None) -> Any:
+def _config(
+    policy: str, port: int, max_wait_ms: float | None = None, impl: str = "auto", phase_steps: int = 1
+) -> Any:
     from realtime_gw.config import GatewayConfig
 
     config = GatewayConfig(
         policy="noop" if policy == "noop" else "pi0",
         policy_config="tiny",
+        policy_impl=impl,  # type: ignore[arg-type]
+        policy_phase_steps=phase_steps,
         port=port,
         openpi_idle_timeout_s=0,
         log_level="warning",
@@ -54,20 +62,20 @@ def _config(policy: str, port: int, max_wait_ms: float | None = None) -> Any:
     return config
 
 
-def serve_ours(policy: str, port: int, max_wait_ms: float | None) -> None:
+def serve_ours(policy: str, port: int, max_wait_ms: float | None, impl: str, phase_steps: int) -> None:
     import uvicorn
 
     from realtime_gw.app import create_app
-    from realtime_gw.models.policy.factory import build_policy_backend
+    from realtime_gw.models.policy.factory import build_policy_backend, worker_max_wait_ms
     from realtime_gw.models.registry import Workers
     from realtime_gw.models.runtime import StageWorker
 
-    config = _config(policy, port, max_wait_ms)
+    config = _config(policy, port, max_wait_ms, impl, phase_steps)
     worker = StageWorker(
         build_policy_backend(config),
         device=config.policy_device,
         max_batch=config.policy_max_batch,
-        max_wait_ms=config.policy_max_wait_ms,
+        max_wait_ms=worker_max_wait_ms(config),
         max_active=config.openpi_max_sessions * 2,
     )
     # Only the policy worker runs: the voice fields hold the (never started) policy worker itself.
@@ -78,14 +86,14 @@ def serve_ours(policy: str, port: int, max_wait_ms: float | None) -> None:
     )
 
 
-def serve_stock(policy: str, port: int) -> None:
+def serve_stock(policy: str, port: int, impl: str) -> None:
     from openpi_server import WebsocketPolicyServer
 
     from realtime_gw.models.policy.factory import TINY_CHUNK, build_pi0_runner, policy_spec
     from realtime_gw.models.policy.noop import NoopRunner
     from realtime_gw.server.openpi_local import LocalPolicy
 
-    config = _config(policy, port)
+    config = _config(policy, port, impl=impl)
     if policy == "noop":
         runner: Any = NoopRunner(policy_spec(config, model="noop (zeros)", action_horizon=TINY_CHUNK))
     else:
@@ -187,10 +195,16 @@ def run_cell(server: str, policy: str, port: int, robots: int, seconds: float, m
 
 
 def start(
-    kind: str, policy: str, max_wait_ms: float | None, omp_wait_policy: str = "PASSIVE"
+    kind: str,
+    policy: str,
+    max_wait_ms: float | None,
+    omp_wait_policy: str = "PASSIVE",
+    impl: str = "auto",
+    phase_steps: int = 1,
 ) -> tuple[subprocess.Popen[bytes], int]:
     port = _free_port()
     cmd = [sys.executable, __file__, "--serve", kind, "--policy", policy, "--port", str(port)]
+    cmd += ["--policy-impl", impl, "--phase-steps", str(phase_steps)]
     if max_wait_ms is not None:
         cmd += ["--max-wait-ms", str(max_wait_ms)]
     log_dir = ROOT / "test-artifacts"
@@ -285,6 +299,18 @@ def main() -> None:
     parser.add_argument(
         "--max-wait-ms", type=float, default=None, help="ours: policy_max_wait_ms (default: config)"
     )
+    parser.add_argument(
+        "--policy-impl",
+        default="auto",
+        choices=["auto", "fast", "eager"],
+        help="PI0 sampler of both servers (auto: eager on the CPU)",
+    )
+    parser.add_argument(
+        "--phase-steps",
+        type=int,
+        default=1,
+        help="ours with --policy-impl fast: denoising steps per worker step (0 = one-shot chunks)",
+    )
     parser.add_argument("--min-requests", type=int, default=3, help="per robot and cell, even past --seconds")
     parser.add_argument(
         "--omp-wait-policy",
@@ -295,10 +321,10 @@ def main() -> None:
     parser.add_argument("--no-append", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args()
     if args.serve == "ours":
-        serve_ours(args.policy, args.port, args.max_wait_ms)
+        serve_ours(args.policy, args.port, args.max_wait_ms, args.policy_impl, args.phase_steps)
         return
     if args.serve == "stock":
-        serve_stock(args.policy, args.port)
+        serve_stock(args.policy, args.port, args.policy_impl)
         return
 
     command = "python loadtest/bench_openpi.py " + " ".join(sys.argv[1:])
@@ -307,7 +333,10 @@ def main() -> None:
     for policy in args.policies.split(","):
         # Both servers stay up (idle costs nothing) so the measurements can alternate between them.
         servers = {
-            kind: start(kind, policy, args.max_wait_ms, args.omp_wait_policy) for kind in ("ours", "stock")
+            kind: start(
+                kind, policy, args.max_wait_ms, args.omp_wait_policy, args.policy_impl, args.phase_steps
+            )
+            for kind in ("ours", "stock")
         }
         try:
             for _, port in servers.values():

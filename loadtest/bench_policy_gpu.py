@@ -13,7 +13,9 @@ Phases (each prints as it goes; everything also goes to ``--json``):
    The main fast runner is built as the server builds it: ``--compile auto`` compiles the expert's
    step on CUDA within ``--compile-budget-s`` (the warm-up time is reported).
 3. robots at a fixed chunk rate (default 10 Hz each, random phases) through a real ``StageWorker``
-   (preprocessing on the worker thread, batching window ``policy_max_wait_ms``): latency p50/p99 per N.
+   (preprocessing on the worker thread): latency p50/p99 per N, for each ``--phase-steps`` in one run:
+   0 = one-shot chunks (batching window ``policy_max_wait_ms``), k > 0 = phased chunks (new robots'
+   prefixes, then k denoising steps of every robot per worker step; no window).
 4. the socket: a gateway (uvicorn, the OpenPI handler) on this machine and msgpack-numpy clients on
    this machine: round trip per ``infer`` for 1 robot closed-loop and N robots at 10 Hz, and streamed
    mode (chunk order, start steps, gaps).
@@ -21,6 +23,8 @@ Phases (each prints as it goes; everything also goes to ``--json``):
 
     python3 loadtest/bench_policy_gpu.py --json out.json          # on a CUDA machine
     python3 loadtest/bench_policy_gpu.py --config tiny --device cpu --quick   # smoke run anywhere
+    python3 loadtest/bench_policy_gpu.py --config tiny --device cpu --policy-impl fast \
+        --skip checks,eager,fast,variant,uncompiled,socket --robots 1,2,4 --phase-steps 0,1   # phases on the CPU
 """
 
 from __future__ import annotations
@@ -158,21 +162,28 @@ def time_runner(runner: Pi0Runner, batch: int, reps: int, device: str, rtc: bool
 
 
 def device_time(fast: FastPi0Runner, batch: int, rtc: bool = False, iters: int = 20) -> dict[str, float]:
-    """Graph replays only (prefix + denoise), CUDA events, median."""
-    bucket = fast._bucket(batch)
+    """Graph replays only, CUDA events, medians: the prefix at ``batch`` robots, one denoising step at
+    its bucket, the steps of a chunk, and a whole chunk (prefix + steps)."""
     steps = fast.spec.num_inference_steps
-    prefix = fast._graph(bucket, "prefix", steps)
-    loop = fast._graph(bucket, "rtc" if rtc else "plain", steps)
+    size = next(b for b in fast.buckets if b >= batch)
+    prefix = fast.slots.graph("prefix", batch)
+    step = fast.slots.graph("rtc" if rtc else "plain", size)
     out: dict[str, float] = {}
-    for name, parts in (("prefix_ms", [prefix]), ("denoise_ms", [loop]), ("chunk_ms", [prefix, loop])):
-        if any(p is None for p in parts):
+    parts = {
+        "prefix_ms": [prefix],
+        "step_ms": [step],
+        "denoise_ms": [step] * steps,
+        "chunk_ms": [prefix] + [step] * steps,
+    }
+    for name, graphs in parts.items():
+        if any(g is None for g in graphs):
             continue
         times = []
         for _ in range(iters):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            for p in parts:
-                p.replay()
+            for g in graphs:
+                g.replay()
             b.record()
             b.synchronize()
             times.append(a.elapsed_time(b))
@@ -181,36 +192,36 @@ def device_time(fast: FastPi0Runner, batch: int, rtc: bool = False, iters: int =
 
 
 def host_time(fast: FastPi0Runner, batch: int, iters: int = 20) -> dict[str, float]:
-    """Where the runner's time beyond the device goes, medians: staging + upload, graph launches (host
-    side, returning before the device is done), the wait for the device, read-back + un-normalising."""
+    """Where a one-shot chunk's time goes, medians: ``admit`` (staging, upload, prefix launch: returns
+    before the device is done) and ``advance`` (every step's launch, the wait for the device, read-back
+    and un-normalising)."""
     steps = fast.spec.num_inference_steps
     prepared = [fast.prepare(request(300 + i)) for i in range(batch)]
-    bucket = fast._bucket(next(b for b in fast.buckets if b >= batch))
-    parts: dict[str, list[float]] = {"load_ms": [], "launch_ms": [], "wait_ms": [], "finish_ms": []}
-    with torch.no_grad():
-        for _ in range(iters):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fast._load(bucket, prepared, False)
-            t1 = time.perf_counter()
-            fast._launch(bucket, "prefix", 0, batch)
-            fast._launch(bucket, "plain", steps, bucket.size)
-            out = bucket.out[:batch].clone()
-            t2 = time.perf_counter()
-            torch.cuda.synchronize()
-            t3 = time.perf_counter()
-            fast.finish(prepared, out)
-            t4 = time.perf_counter()
-            for k, a, b in (("load_ms", t0, t1), ("launch_ms", t1, t2), ("wait_ms", t2, t3), ("finish_ms", t3, t4)):
-                parts[k].append((b - a) * 1000)
+    parts: dict[str, list[float]] = {"admit_ms": [], "advance_ms": []}
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        slots = fast.admit([(p, steps) for p in prepared])
+        t1 = time.perf_counter()
+        fast.advance([s for s in slots if s is not None], steps)
+        t2 = time.perf_counter()
+        for s in slots:
+            if s is not None:
+                fast.free(s)
+        parts["admit_ms"].append((t1 - t0) * 1000)
+        parts["advance_ms"].append((t2 - t1) * 1000)
     return {k: float(np.median(v)) for k, v in parts.items()}
 
 
 # -- 3. robots at a chunk rate through the worker -------------------------------------------------------------
-async def robots_at_rate(worker: StageWorker, n: int, hz: float, seconds: float) -> dict[str, float]:
+async def robots_at_rate(
+    worker: StageWorker, n: int, hz: float, seconds: float, seed: int = 0
+) -> dict[str, Any]:
+    """``n`` robots, each a chunk every ``1 / hz`` s from a random phase, for ``seconds``: the latencies
+    and what ``summarize`` needs."""
     lat: list[float] = []
     batches_before = _batch_sum()
-    rng = random.Random(n)
+    rng = random.Random(1000 * seed + n)
 
     async def robot(i: int) -> None:
         await asyncio.sleep(rng.random() / hz)  # random phase
@@ -231,14 +242,63 @@ async def robots_at_rate(worker: StageWorker, n: int, hz: float, seconds: float)
     await asyncio.gather(*(robot(i) for i in range(n)))
     wall = time.perf_counter() - t0
     steps, items = (x - y for x, y in zip(_batch_sum(), batches_before, strict=True))
+    return {"robots": n, "lat": lat, "wall": wall, "steps": steps, "items": items}
+
+
+def summarize(parts: list[dict[str, Any]]) -> dict[str, float]:
+    lat = [x for p in parts for x in p["lat"]]
+    steps, items = sum(p["steps"] for p in parts), sum(p["items"] for p in parts)
     return {
-        "robots": n,
+        "robots": parts[0]["robots"],
         "p50_ms": pct(lat, 50),
         "p99_ms": pct(lat, 99),
         "max_ms": max(lat),
-        "chunks_per_s": len(lat) / wall,
+        "chunks_per_s": len(lat) / sum(p["wall"] for p in parts),
         "mean_batch": items / steps if steps else 0.0,
+        "n": len(lat),
     }
+
+
+def robots_simulated(
+    runner: Any, n: int, hz: float, seconds: float, phase_steps: int, seed: int, clock: Any
+) -> dict[str, Any]:
+    """The same robots on a simulated clock: one thread opens and steps the backend as the worker would
+    (every open request in every step, no batching window, no thread hops), and the clock advances by
+    ``clock()``'s measure of each open and step (``time.thread_time`` on the CPU: this thread's CPU time,
+    which other processes on a shared machine do not inflate). Robots keep their schedule (random
+    phases) but, as the real ones, send the next request only once the last is answered."""
+    backend = PolicyBackend(runner, slots=512, phase_steps=phase_steps)
+    rng = random.Random(1000 * seed + n)
+    schedule = {i: rng.random() / hz for i in range(n)}  # each robot's next slot (random phase)
+    due = dict(schedule)  # when each robot sends next: its slot, or its last answer if that came later
+    sent = dict.fromkeys(range(n), 0)
+    live: list[tuple[Any, int, float]] = []
+    lat: list[float] = []
+    now, busy, steps, items = 0.0, 0.0, 0, 0
+    while due or live:
+        if not live:
+            now = max(now, min(due.values()))
+        for i in [i for i, t in due.items() if t <= now]:
+            t0 = clock()
+            live.append((backend.open(request(1000 * i + sent[i] % 4)), i, due.pop(i)))
+            now += clock() - t0
+        t0 = clock()
+        results = backend.step([(state, []) for state, _, _ in live])
+        cost = clock() - t0
+        now, busy, steps, items = now + cost, busy + cost, steps + 1, items + len(live)
+        still = []
+        for (state, i, t), r in zip(live, results, strict=True):
+            if not r.done:
+                still.append((state, i, t))
+                continue
+            lat.append((now - t) * 1000)
+            backend.release(state)
+            sent[i] += 1
+            schedule[i] += 1.0 / hz
+            if sent[i] < seconds * hz:
+                due[i] = max(schedule[i], now)
+        live = still
+    return {"robots": n, "lat": lat, "wall": now, "steps": steps, "items": items, "busy": busy}
 
 
 def _batch_sum() -> tuple[float, float]:
@@ -273,7 +333,7 @@ def gateway(config: GatewayConfig, backend: PolicyBackend) -> Any:
         backend,
         device=config.policy_device,
         max_batch=config.policy_max_batch,
-        max_wait_ms=config.policy_max_wait_ms,
+        max_wait_ms=config.policy_max_wait_ms if backend.one_shot else 0.0,  # no window between phases
         max_active=512,
     )
     workers = Workers(tts=worker, asr=worker, vad=worker, policy=worker, all=[worker])
@@ -419,8 +479,25 @@ def main() -> None:
     ap.add_argument("--between", default="3,6", help="batch sizes between buckets, timed at runner level")
     ap.add_argument("--robots", default="1,2,3,4,6,8,12")
     ap.add_argument("--robot-hz", type=float, default=10.0)
-    ap.add_argument("--robot-seconds", type=float, default=3.0)
-    ap.add_argument("--max-wait-ms", type=float, default=2.0)
+    ap.add_argument("--robot-seconds", type=float, default=3.0, help="per robot count and mode")
+    ap.add_argument("--robot-rounds", type=int, default=2, help="alternations of the modes per robot count")
+    ap.add_argument(
+        "--simulated-robots",
+        action="store_true",
+        help="also the robots on a simulated clock (CPU time of the stepping thread: robust to a shared CPU)",
+    )
+    ap.add_argument("--max-wait-ms", type=float, default=2.0, help="batching window of one-shot chunks")
+    ap.add_argument(
+        "--phase-steps",
+        default="0,1",
+        help="robots phase, one run each: denoising steps per worker step (0 = one-shot chunks)",
+    )
+    ap.add_argument(
+        "--policy-impl",
+        default="fast",
+        choices=["fast", "eager"],
+        help="the runner the robots and socket phases serve with (eager: transformers, one-shot only)",
+    )
     ap.add_argument(
         "--compile",
         default="auto",
@@ -428,22 +505,28 @@ def main() -> None:
         help="the main fast runner's policy_compile (auto: on for CUDA, as the server's default)",
     )
     ap.add_argument("--compile-budget-s", type=float, default=300.0)
+    ap.add_argument("--cpu-threads", type=int, default=2, help="torch threads with --device cpu")
     ap.add_argument("--quick", action="store_true", help="few reps, small robot counts (smoke run)")
     ap.add_argument(
-        "--skip", default="", help="comma list of phases to skip: checks,eager,fast,robots,variant,uncompiled,socket"
+        "--skip",
+        default="",
+        help="comma list of phases to skip: checks,eager,fast,robots,variant,uncompiled,socket",
     )
     ap.add_argument("--json", default=None)
-    ap.add_argument("--dump-after-s", type=float, default=0, help="print every thread's stack after this long")
+    ap.add_argument(
+        "--dump-after-s", type=float, default=0, help="print every thread's stack after this long"
+    )
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     args.between = [int(b) for b in args.between.split(",") if b and int(b) <= max(args.batches)]
+    phase_steps = [int(k) for k in args.phase_steps.split(",")]
     robots = [int(r) for r in args.robots.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     if args.quick:
         args.reps, robots, args.robot_seconds = 3, [1, 4], 1.5
     dev = args.device
     if dev == "cpu":
-        torch.set_num_threads(2)
+        torch.set_num_threads(args.cpu_threads)
     RESULTS["env"] = {
         "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "torch": torch.__version__,
@@ -517,33 +600,68 @@ def main() -> None:
                     log(f"fast+rtc batch {b}: {RESULTS['fast_rtc'][b]}")
 
         phases.append(("fast", fast_phase))
-    backend = PolicyBackend(fast, slots=512)
+    served = fast if args.policy_impl == "fast" else eager
+    backend = PolicyBackend(served, slots=512, phase_steps=phase_steps[-1])
     if "robots" not in skip:
 
         def robots_phase() -> None:
             async def go() -> None:
-                worker = StageWorker(
-                    backend,
-                    device=dev,
-                    max_batch=max(args.batches),
-                    max_wait_ms=args.max_wait_ms,
-                    max_active=512,
-                )
-                await worker.start(warmup=False)
+                # One worker per mode, all on the same runner (one runs at a time); the modes alternate
+                # within every robot count, so drift on a shared machine hits them alike.
+                workers = {}
+                for k in phase_steps:
+                    mode = PolicyBackend(served, slots=512, phase_steps=k)
+                    workers[k] = StageWorker(
+                        mode,
+                        device=dev,
+                        max_batch=max(args.batches),
+                        max_wait_ms=args.max_wait_ms if mode.one_shot else 0.0,
+                        max_active=512,
+                    )
+                    await workers[k].start(warmup=False)
                 RESULTS["robots"] = []
                 over = 0
                 for n in robots:
-                    r = await robots_at_rate(worker, n, args.robot_hz, args.robot_seconds)
-                    RESULTS["robots"].append(r)
-                    log(f"robots at {args.robot_hz:g} Hz: {r}")
-                    over = over + 1 if r["p99_ms"] > 50 else 0
-                    if over >= 2:
+                    parts: dict[int, list[dict[str, Any]]] = {k: [] for k in phase_steps}
+                    for rnd in range(args.robot_rounds):
+                        for k in phase_steps if rnd % 2 == 0 else phase_steps[::-1]:
+                            seconds = args.robot_seconds / args.robot_rounds
+                            parts[k].append(await robots_at_rate(workers[k], n, args.robot_hz, seconds, rnd))
+                    for k in phase_steps:
+                        r = {**summarize(parts[k]), "phase_steps": k}
+                        RESULTS["robots"].append(r)
+                        log(f"robots at {args.robot_hz:g} Hz, phase_steps={k}: {r}")
+                    over = (
+                        over + 1
+                        if min(r["p99_ms"] for r in RESULTS["robots"][-len(phase_steps) :]) > 50
+                        else 0
+                    )
+                    if over >= 2 and dev.startswith("cuda"):
                         break
-                await worker.stop()
+                for w in workers.values():
+                    await w.stop()
 
             asyncio.run(go())
 
         phases.append(("robots", robots_phase))
+    if args.simulated_robots:
+
+        def simulated_phase() -> None:
+            clock = time.thread_time if dev == "cpu" else time.perf_counter
+            RESULTS["robots_simulated"] = []
+            for n in robots:
+                parts: dict[int, list[dict[str, Any]]] = {k: [] for k in phase_steps}
+                for rnd in range(args.robot_rounds):
+                    for k in phase_steps if rnd % 2 == 0 else phase_steps[::-1]:
+                        seconds = args.robot_seconds / args.robot_rounds
+                        parts[k].append(robots_simulated(served, n, args.robot_hz, seconds, k, rnd, clock))
+                for k in phase_steps:
+                    busy = sum(p["busy"] for p in parts[k]) / sum(p["wall"] for p in parts[k])
+                    r = {**summarize(parts[k]), "phase_steps": k, "busy": busy}
+                    RESULTS["robots_simulated"].append(r)
+                    log(f"simulated robots at {args.robot_hz:g} Hz, phase_steps={k}: {r}")
+
+        phases.append(("simulated", simulated_phase))
     if "variant" not in skip:
 
         def variant_phase() -> None:
@@ -639,7 +757,8 @@ def summary() -> str:
         )
     for r in RESULTS.get("robots", []):
         lines.append(
-            f"robots {r['robots']}: p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} ms, {r['chunks_per_s']:.0f}/s, batch {r['mean_batch']:.1f}"
+            f"robots {r['robots']} (phase_steps {r.get('phase_steps', 0)}): p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} ms, "
+            f"{r['chunks_per_s']:.0f}/s, batch {r['mean_batch']:.1f}"
         )
     return "\n".join(lines)
 

@@ -225,7 +225,7 @@ def build_turn(config: GatewayConfig) -> StageWorker:
 
 
 def build_policy(config: GatewayConfig) -> StageWorker:
-    from realtime_gw.models.policy.factory import build_policy_backend
+    from realtime_gw.models.policy.factory import build_policy_backend, worker_max_wait_ms
 
     return _worker(
         "policy",
@@ -233,7 +233,7 @@ def build_policy(config: GatewayConfig) -> StageWorker:
         config,
         device=config.policy_device,
         max_batch=config.policy_max_batch,
-        max_wait_ms=config.policy_max_wait_ms,
+        max_wait_ms=worker_max_wait_ms(config),
         max_active=config.openpi_max_sessions * 2,
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -14,11 +16,21 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """200 only after every worker has run one real warm-up inference."""
+    """200 only after every worker has run one real warm-up inference. ``detail``: what the warm-up of a
+    backend that reports one built (the policy: its CUDA graphs, which batch buckets run the compiled
+    expert step and which fall back to the uncompiled one, the compile cache it loaded)."""
     workers = request.app.state.gateway.workers
     status = {w.name: w.ready for w in workers.all}
     ready = bool(status) and all(status.values())
-    return JSONResponse({"ready": ready, "workers": status}, status_code=200 if ready else 503)
+    body: dict[str, Any] = {"ready": ready, "workers": status}
+    detail = {
+        w.name: report
+        for w in workers.all
+        if (report := getattr(getattr(w, "backend", None), "warmup_report", None))
+    }
+    if detail:
+        body["detail"] = detail
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 async def metrics(request: Request) -> Response:

@@ -62,3 +62,28 @@ async def test_binary_frame_is_an_error_not_a_crash(tone_server: LiveServer) -> 
         assert err["type"] == "error" and err["error"]["code"] == "invalid_frame"
         await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
         assert json.loads(await ws.recv())["type"] == "input_audio_buffer.cleared"
+
+
+def test_readyz_says_which_policy_buckets_are_compiled() -> None:
+    """The fast PI0 sampler asked for CUDA graphs where there is no GPU: every capture fails, the steps
+    run eagerly, and /readyz says so instead of claiming compiled graphs."""
+    from starlette.testclient import TestClient
+
+    from realtime_gw.app import create_app
+    from realtime_gw.config import GatewayConfig
+    from realtime_gw.models.policy.backend import PolicyBackend
+    from realtime_gw.models.policy.factory import build_pi0_runner
+    from realtime_gw.models.registry import Workers
+    from realtime_gw.models.runtime import StageWorker
+
+    config = GatewayConfig(policy_impl="fast", policy_graph_buckets=[1, 2])
+    runner = build_pi0_runner(config)
+    runner.cuda_graphs = runner.slots.cuda_graphs = True
+    worker = StageWorker(PolicyBackend(runner))
+    workers = Workers(tts=worker, asr=worker, vad=worker, policy=worker, all=[worker])
+    with TestClient(create_app(config, workers=workers), base_url="http://127.0.0.1:8000") as client:
+        ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["workers"] == {"policy": True}
+    report = ready.json()["detail"]["policy"]
+    assert report["graphs"] == 0 and report["buckets_compiled"] == [] and report["buckets_uncompiled"] == [1, 2]
+    assert "('plain', 1)" in report["failed"] and "('prefix', 2)" in report["failed"]

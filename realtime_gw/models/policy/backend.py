@@ -1,8 +1,14 @@
-"""The policy stage-worker backend: one-shot action-chunk requests, batched across robots.
+"""The policy stage-worker backend: action-chunk requests, batched across robots.
 
-Each request is a state that finishes after one step. ``open`` prepares a request's tensors (image
-resize, tokens, seeded noise) on the worker thread; ``step`` runs every ready request of the same
-``num_steps`` through ONE runner call, so concurrent robots share one ``sample_actions`` forward.
+``open`` prepares a request's tensors (image resize, tokens, seeded noise) on the worker thread. Then:
+
+- **phased** (a runner with slots, ``PhasedRunner``: the fast PI0 sampler): a request is a prefix and
+  denoising steps. Each worker step admits the new requests into free slots and runs their prefixes,
+  then advances every admitted request by up to ``phase_steps`` denoising steps, all in one batched
+  step whatever step each is at. A robot arriving mid-chunk waits for one worker step of the others,
+  not their whole chunks; a request with no free slot waits (not an error) until one is released.
+- **one-shot** (transformers' own ``sample_actions``, the no-op policy): a request finishes in one step;
+  every ready request of the same ``num_steps`` goes through ONE runner call.
 """
 
 from __future__ import annotations
@@ -28,11 +34,29 @@ class PolicyRunner(Protocol):
         ...
 
 
+class PhasedRunner(PolicyRunner, Protocol):
+    """A runner whose chunks live in fixed slots and advance step by step (``FastPi0Runner``)."""
+
+    def admit(self, entries: list[tuple[Any, int]]) -> list[int | None]: ...
+
+    def advance(self, slots: list[int], max_steps: int) -> dict[int, np.ndarray]: ...
+
+    def free(self, slot: int) -> None: ...
+
+    def reset_slots(self) -> None: ...
+
+
+def is_phased(runner: object) -> bool:
+    return all(callable(getattr(runner, m, None)) for m in ("admit", "advance", "free", "reset_slots"))
+
+
 @dataclass(slots=True)
 class PolicyState:
     prepared: Any
     num_steps: int | None
     done: bool = False
+    slot: int | None = None
+    """Phased runners: the slot holding this chunk; None until admitted."""
 
 
 def dummy_request(spec: PolicySpec) -> PolicyRequest:
@@ -49,11 +73,25 @@ def dummy_request(spec: PolicySpec) -> PolicyRequest:
 class PolicyBackend:
     name = "policy"
 
-    def __init__(self, runner: PolicyRunner, slots: int = 128) -> None:
+    def __init__(self, runner: PolicyRunner, slots: int = 128, phase_steps: int = 1) -> None:
         self.runner = runner
         self.spec = runner.spec
         self.slots = slots
+        """Requests in flight (admitted to a runner slot or waiting for one)."""
+        self.phased = is_phased(runner)
+        self.phase_steps = phase_steps if phase_steps > 0 else 1 << 30
+        """Denoising steps per worker step (phased runners); 0 = the whole chunk in one step."""
         self._used = 0
+
+    @property
+    def one_shot(self) -> bool:
+        """Whether a chunk completes in the worker step that starts it (then a batching window pays)."""
+        return not self.phased or self.phase_steps >= self.spec.num_inference_steps
+
+    @property
+    def warmup_report(self) -> dict[str, Any]:
+        """The runner's start-up report (graphs, what is compiled), for ``/readyz``."""
+        return dict(getattr(self.runner, "warmup_report", None) or {})
 
     def open(self, request: Any) -> PolicyState:
         if not isinstance(request, PolicyRequest):
@@ -65,6 +103,8 @@ class PolicyBackend:
         return state
 
     def step(self, work: list[tuple[PolicyState, list[Any]]]) -> list[StepResult]:
+        if self.phased:
+            return self._step_phased(work)
         results: list[StepResult | None] = [None] * len(work)
         # Requests asking for different denoising step counts cannot share one flow-matching loop.
         groups: dict[int | None, list[int]] = {}
@@ -77,7 +117,27 @@ class PolicyBackend:
                 results[i] = StepResult(outputs=[a], done=True)
         return [r for r in results if r is not None]
 
+    def _step_phased(self, work: list[tuple[PolicyState, list[Any]]]) -> list[StepResult]:
+        runner: PhasedRunner = self.runner  # type: ignore[assignment]
+        waiting = [state for state, _ in work if state.slot is None]
+        if waiting:
+            default = self.spec.num_inference_steps
+            slots = runner.admit([(s.prepared, s.num_steps or default) for s in waiting])
+            for state, slot in zip(waiting, slots, strict=True):
+                state.slot = slot
+        running = [state.slot for state, _ in work if state.slot is not None]
+        finished = runner.advance(running, self.phase_steps) if running else {}
+        results = []
+        for state, _ in work:
+            actions = finished.get(state.slot) if state.slot is not None else None
+            state.done = actions is not None
+            results.append(StepResult(outputs=[actions], done=True) if actions is not None else StepResult())
+        return results
+
     def release(self, state: PolicyState) -> None:
+        if state.slot is not None:
+            self.runner.free(state.slot)  # type: ignore[attr-defined]
+            state.slot = None
         state.prepared = None
         self._used -= 1
 
@@ -88,11 +148,14 @@ class PolicyBackend:
         # The runtime warms up only when no request holds a slot: at start, and after a supervisor
         # restart, which may drop a hung step's states without releasing them.
         self._used = 0
+        if self.phased:
+            self.runner.reset_slots()  # type: ignore[attr-defined]
         capture = getattr(self.runner, "warmup", None)
         if capture is not None:
             capture()  # e.g. CUDA graphs for every batch bucket, before the first robot
         state = self.open(dummy_request(self.spec))
         try:
-            self.step([(state, [])])
+            while not state.done:
+                self.step([(state, [])])
         finally:
             self.release(state)

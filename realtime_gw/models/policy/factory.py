@@ -15,6 +15,7 @@ import torch
 
 from realtime_gw.config import ConfigError, GatewayConfig
 from realtime_gw.models.policy.backend import PolicyBackend
+from realtime_gw.models.policy.compile_cache import CompileCache, cache_key, default_cache_dir
 from realtime_gw.models.policy.noop import NoopRunner
 from realtime_gw.models.policy.norm_stats import NormStats, find_norm_stats, load_norm_stats, mode_hint
 from realtime_gw.models.policy.pi0 import Pi0Runner
@@ -244,6 +245,7 @@ def build_pi0_runner(config: GatewayConfig) -> Pi0Runner:
             buckets=tuple(config.policy_graph_buckets),
             compile_expert=compile_enabled(config),
             compile_budget_s=config.policy_compile_budget_s,
+            compile_cache=compile_cache(config, model, spec),
         )
     return Pi0Runner(model, tok, spec, config.policy_device, norm, rtc_beta=config.policy_rtc_beta)
 
@@ -303,6 +305,32 @@ def compile_enabled(config: GatewayConfig) -> bool:
     return resolve_impl(config) == "fast" and config.policy_device.startswith("cuda")
 
 
+def compile_cache(config: GatewayConfig, model: Any, spec: PolicySpec) -> CompileCache | None:
+    """The on-disk compile cache ``policy_compile_cache`` names, keyed for this model, shapes and device;
+    None where nothing is compiled or the cache is off."""
+    if not compile_enabled(config) or config.policy_compile_cache == "off":
+        return None
+    directory = (
+        default_cache_dir() if config.policy_compile_cache == "auto" else Path(config.policy_compile_cache)
+    )
+    shapes = {
+        "buckets": sorted(set(config.policy_graph_buckets)),
+        "image_slots": spec.image_slots,
+        "image_size": list(spec.image_size),
+        "prompt_tokens": spec.max_prompt_tokens,
+    }
+    device = torch.device(config.policy_device)
+    dtype = next(model.parameters()).dtype
+    return CompileCache(directory, cache_key(model.config.to_dict(), dtype, device, shapes))
+
+
+def worker_max_wait_ms(config: GatewayConfig) -> float:
+    """The policy worker's batching window: none when chunks advance in phases (the next worker step is
+    one denoising step away, and robots share it whenever they arrive)."""
+    phased = config.policy == "pi0" and resolve_impl(config) == "fast" and config.policy_phase_steps > 0
+    return 0.0 if phased else config.policy_max_wait_ms
+
+
 def build_policy_backend(config: GatewayConfig) -> PolicyBackend:
     """The backend ``policy`` names: ``pi0`` (tiny/full/local weights) or ``noop`` (zeros, no model)."""
     slots = max(1, config.openpi_max_sessions * 2)
@@ -313,4 +341,4 @@ def build_policy_backend(config: GatewayConfig) -> PolicyBackend:
         return PolicyBackend(NoopRunner(spec), slots=slots)
     if config.policy != "pi0":
         raise ValueError(f"no policy backend for policy={config.policy!r}")
-    return PolicyBackend(build_pi0_runner(config), slots=slots)
+    return PolicyBackend(build_pi0_runner(config), slots=slots, phase_steps=config.policy_phase_steps)

@@ -48,7 +48,10 @@ from realtime_gw.models.policy.preprocess import scale_pixels
 from realtime_gw.models.policy.rtc import DEFAULT_BETA, RtcArrays, guidance_scale
 
 Velocity = Callable[..., torch.Tensor]
-"""``Pi0Functional.velocity``'s signature: (cache, x, time, state, rope) -> velocity."""
+"""``Pi0Functional.velocity``'s signature: (cache, x, time, state) -> velocity."""
+STEP_PARAMS = 6
+"""Rows of a denoising step's per-robot parameters (``step_params``): t, dt, t_next, 1 - t_next, the
+guidance scale c(t), active (1/0). Per robot, so robots at different steps (or step counts) share a step."""
 UNFUSED_MAX_QUERIES = 128
 """Token counts below this (the expert's 1 + H) attend through GEMMs rather than a fused kernel."""
 KV_ALIGN = 16
@@ -121,9 +124,44 @@ class Batch:
         """The first ``n`` rows (views of the same storage)."""
         return Batch(**{f.name: _head(getattr(self, f.name), n) for f in dataclasses.fields(self)})
 
+    def chunk(self) -> Chunk:
+        """What the denoising steps read besides the cache (views)."""
+        return Chunk(self.state, self.noise, self.target, self.weights, self.frozen)
+
+
+@dataclass
+class Chunk:
+    """Per-robot denoising inputs: the state, the chunk's starting noise and, for RTC, the guide."""
+
+    state: torch.Tensor  # (B, max_state_dim) model dtype
+    noise: torch.Tensor  # (B, chunk, max_action_dim) model dtype
+    target: torch.Tensor | None = None  # (B, chunk, max_action_dim) float32: RTC Y
+    weights: torch.Tensor | None = None  # (B, chunk, max_action_dim) float32: RTC W
+    frozen: torch.Tensor | None = None  # (B, chunk, 1) bool: steps hard-inpainted to Y
+
+    def rows(self, n: int) -> Chunk:
+        return Chunk(**{f.name: _head(getattr(self, f.name), n) for f in dataclasses.fields(self)})
+
+    def plain(self) -> Chunk:
+        """Without the guide: the unguided step."""
+        return Chunk(self.state, self.noise)
+
 
 def _head(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
     return None if t is None else t[:n]
+
+
+def step_params(step: int, num_steps: int, beta: float) -> tuple[float, ...]:
+    """One robot's column of ``STEP_PARAMS`` for its denoising step ``step`` of ``num_steps``, in double
+    precision on the host (the values transformers' loop computes as Python floats)."""
+    dt = -1.0 / num_steps
+    t = 1.0 + step * dt
+    t_next = max(0.0, 1.0 + (step + 1) * dt) if step + 1 < num_steps else 0.0
+    return (t, dt, t_next, 1.0 - t_next, guidance_scale(t, beta), 1.0)
+
+
+IDLE_PARAMS = (1.0, 0.0, 1.0, 0.0, 0.0, 0.0)
+"""The column of a row that does not advance (free slot, or a robot not in this step): x stays as is."""
 
 
 class Cache:
@@ -141,12 +179,21 @@ class Cache:
             (batch, 1, self.suffix_len * fn.groups, self.total), dtype=fn.dtype, device=device
         )
         self.positions = torch.zeros((batch, self.suffix_len), dtype=torch.long, device=device)
+        # The expert's rotary tables at those positions, (B, suffix, 1, head_dim): built with the masks.
+        rope_shape = (batch, self.suffix_len, 1, fn.head_dim)
+        self.rope_cos = torch.zeros(rope_shape, dtype=fn.dtype, device=device)
+        self.rope_sin = torch.zeros(rope_shape, dtype=fn.dtype, device=device)
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Every per-row buffer (row = robot): what a slot copy moves."""
+        return [*self.k, *self.v, self.suffix_mask, self.positions, self.rope_cos, self.rope_sin]
 
     def rows(self, n: int) -> Cache:
         """The first ``n`` rows (views of the same buffers): the prefix of an exact-size batch."""
         view = copy.copy(self)
         view.k, view.v = [k[:n] for k in self.k], [v[:n] for v in self.v]
         view.suffix_mask, view.positions = self.suffix_mask[:n], self.positions[:n]
+        view.rope_cos, view.rope_sin = self.rope_cos[:n], self.rope_sin[:n]
         return view
 
 
@@ -276,6 +323,9 @@ class Pi0Functional:
         # Positions continue after the valid prefix tokens (cumsum over [mask, ones] - 1).
         valid = mask.long().sum(-1, keepdim=True)
         cache.positions.copy_(valid + torch.arange(n, device=mask.device))
+        cos, sin = _rope_tables(*self.dit.rotary_emb(x.new_zeros(1, dtype=self.dtype), cache.positions))
+        cache.rope_cos.copy_(cos)
+        cache.rope_sin.copy_(sin)
 
     # -- action expert ----------------------------------------------------------------------------------
     def velocity(
@@ -284,10 +334,10 @@ class Pi0Functional:
         x: torch.Tensor,
         time: torch.Tensor,
         state: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         """The expert's velocity at ``time`` ((B,) float32): a tensor, so a compiled version of this
         method sees one graph for every step."""
+        rope = (cache.rope_cos, cache.rope_sin)
         h = self.model.embed_action_time(state, x, time)
         at = slice(cache.prefix_len, cache.prefix_len + cache.suffix_len)
         keys = slice(0, cache.total)
@@ -300,6 +350,36 @@ class Pi0Functional:
         h = _rms(h, self.dit_final_norm)
         return self.model.action_out_proj(h[:, -self.chunk :])
 
+    def denoise_step(
+        self,
+        cache: Cache,
+        chunk: Chunk,
+        x: torch.Tensor,
+        params: torch.Tensor,
+        velocity: Velocity | None = None,
+    ) -> torch.Tensor:
+        """One Euler step of every row from its own time (``params``: (``STEP_PARAMS``, B) float32, see
+        ``step_params``), RTC-guided when ``chunk`` carries a guide; rows marked inactive keep ``x``.
+        Returns the new x (B, chunk, max_action_dim) in the model dtype. ``velocity``: ``self.velocity``
+        or a compiled version of it.
+
+        Scalars multiply in float32 and round once to the model dtype, as a Python float does in
+        transformers' loop; rows never mix, so a row's result does not depend on the others'."""
+        velocity = velocity or self.velocity
+        t = params[0]
+        dt, t_next, keep, scale, active = (params[i][:, None, None] for i in range(1, STEP_PARAMS))
+        if chunk.target is None:
+            v = velocity(cache, x, t, chunk.state)
+        else:
+            v = self._guided_velocity(velocity, cache, chunk, x, t, scale)
+        new = x + (dt * v.float()).to(x.dtype)
+        if chunk.target is not None:
+            # Hard inpainting: frozen steps stay on the straight noise->target path (exact at t = 0).
+            assert chunk.frozen is not None
+            on_path = t_next * chunk.noise.float() + keep * chunk.target
+            new = torch.where(chunk.frozen, on_path.to(x.dtype), new)
+        return torch.where(active > 0, new, x)
+
     def denoise(
         self,
         cache: Cache,
@@ -308,52 +388,36 @@ class Pi0Functional:
         beta: float = DEFAULT_BETA,
         velocity: Velocity | None = None,
     ) -> torch.Tensor:
-        """Euler flow matching from ``batch.noise`` (t = 1) to actions (t = 0), RTC-guided when the batch
-        carries targets. Returns (B, chunk, max_action_dim) in the model dtype. ``velocity``: ``self.velocity``
-        or a compiled version of it."""
-        velocity = velocity or self.velocity
-        x = batch.noise
-        rope = _rope_tables(*self.dit.rotary_emb(x.new_zeros(1, dtype=self.dtype), cache.positions))
-        dt = -1.0 / num_steps
-        rtc = batch.target is not None
+        """Euler flow matching from ``batch.noise`` (t = 1) to actions (t = 0), every row in step: the
+        steps of ``denoise_step``. Returns (B, chunk, max_action_dim) in the model dtype."""
+        chunk = batch.chunk()
+        x = chunk.noise
         for step in range(num_steps):
-            t = 1.0 + step * dt
-            if not rtc:
-                x = x + dt * velocity(cache, x, self._time(x, t), batch.state, rope)
-                continue
-            x = x + dt * self._guided_velocity(velocity, cache, batch, x, t, rope, beta)
-            # Hard inpainting: frozen steps stay on the straight noise->target path (exact at t = 0).
-            t_next = max(0.0, 1.0 + (step + 1) * dt) if step + 1 < num_steps else 0.0
-            assert batch.frozen is not None and batch.target is not None
-            on_path = t_next * batch.noise.float() + (1.0 - t_next) * batch.target
-            x = torch.where(batch.frozen, on_path.to(x.dtype), x)
+            column = torch.tensor(step_params(step, num_steps, beta), dtype=torch.float32)
+            params = column[:, None].expand(STEP_PARAMS, x.shape[0]).to(x.device)
+            x = self.denoise_step(cache, chunk, x, params, velocity)
         return x
-
-    @staticmethod
-    def _time(x: torch.Tensor, t: float) -> torch.Tensor:
-        return torch.full((x.shape[0],), t, dtype=torch.float32, device=x.device)
 
     def _guided_velocity(
         self,
         velocity: Velocity,
         cache: Cache,
-        batch: Batch,
+        chunk: Chunk,
         x: torch.Tensor,
-        t: float,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        beta: float,
+        t: torch.Tensor,
+        scale: torch.Tensor,
     ) -> torch.Tensor:
         """v - c(t) * J^T (W * (Y - A_hat)), A_hat = x - t v(x): PiGDM with the Jacobian of the
         one-step action estimate (a vector-Jacobian product through the expert; a compiled ``velocity``
-        brings its compiled backward)."""
-        assert batch.target is not None and batch.weights is not None
+        brings its compiled backward). ``t`` (B,), ``scale`` c(t) (B, 1, 1), both float32."""
+        assert chunk.target is not None and chunk.weights is not None
         with torch.enable_grad():
             xg = x.detach().requires_grad_(True)
-            v = velocity(cache, xg, self._time(x, t), batch.state, rope)
-            a_hat = xg - t * v
-            err = (batch.weights * (batch.target - a_hat.float())).to(a_hat.dtype)
+            v = velocity(cache, xg, t, chunk.state)
+            a_hat = xg - (t[:, None, None] * v.float()).to(v.dtype)
+            err = (chunk.weights * (chunk.target - a_hat.float())).to(a_hat.dtype)
             (g,) = torch.autograd.grad(a_hat, xg, grad_outputs=err)
-        return v.detach() - guidance_scale(t, beta) * g
+        return v.detach() - (scale * g.float()).to(g.dtype)
 
     # -- one-call convenience (no graphs) -----------------------------------------------------------------
     def stack(self, prepared: list[Prepared], device: torch.device, rtc: bool) -> Batch:

@@ -145,22 +145,24 @@ def test_compiles_only_in_warmup_and_within_budget(
     clock = [0.0]
     captured: list[tuple[int, str, bool]] = []
 
-    def fake_capture(bucket: Any, kind: str, steps: int, rows: int, velocity: Any) -> object:
-        captured.append((bucket.size, kind, velocity is fast._compiled_velocity))
+    def fake_capture(kind: str, size: int, velocity: Any) -> object:
+        captured.append((size, kind, velocity is fast._compiled_velocity))
         clock[0] += 3.0  # each capture "takes" 3 s: the budget runs out during bucket 2
         return object()
 
-    monkeypatch.setattr(fast, "_capture", fake_capture)
+    monkeypatch.setattr(fast.slots, "_capture", fake_capture)
     monkeypatch.setattr(policy_fast.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     fast.warmup()
     compiled = {(size, kind) for size, kind, c in captured if c}
     assert compiled == {(1, "plain"), (1, "rtc"), (2, "plain"), (2, "rtc")}
     prefixes = [size for size, kind, _ in captured if kind == "prefix"]
-    assert prefixes == [1, 2, 4, 4]  # bucket 4 holds exact sizes 3 and 4
-    assert fast.warmup_report["compiled"] == {1: ["plain", "rtc"], 2: ["plain", "rtc"], 4: []}
+    assert prefixes == [1, 2, 3, 4]  # one prefix graph per exact robot count
+    report = fast.warmup_report
+    assert report["compiled"] == {1: ["plain", "rtc"], 2: ["plain", "rtc"], 4: []}
+    assert report["buckets_compiled"] == [1, 2] and report["buckets_uncompiled"] == [4]
     captured.clear()
-    fast._graph(fast._bucket(1), "plain", 5)
+    del fast.slots.graphs[("plain", 1)]
+    fast.slots.graph("plain", 1)  # captured again while serving: never compiled
     assert captured == [(1, "plain", False)]
 
 
