@@ -14,91 +14,41 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import datetime as dt
-import json
 import os
 import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import websockets
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from loadtest.voice_client import (  # noqa: E402
+    FRAME_MS,
+    PacedMic,
+    ReplyTimes,
+    Stats,
+    open_session,
+    percentile,
+    read_reply,
+    send_text,
+    text_turn,
+)
 from tests.conftest import LiveServer, start_server, stop_server  # noqa: E402
+
+__all__ = ["FRAME_MS", "TEXT", "Stats", "hardware", "pct", "turns_load"]  # what other scripts import
 
 ONE_ADDRESS = ("--max-connections-per-client", "0")
 """Every session of the load comes from 127.0.0.1: lift the per-address connection cap."""
 
 TEXT = "Please open the door for me. I would like a cup of coffee."
-FRAME_MS = 80.0
-
-
-@dataclass
-class Stats:
-    ttfa_ms: list[float] = field(default_factory=list)
-    lateness_ms: list[float] = field(default_factory=list)
-    barge_in_ms: list[float] = field(default_factory=list)
-    turns: int = 0
-    errors: int = 0
 
 
 def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
-
-
-async def open_session(server: LiveServer, session: dict[str, Any]) -> Any:
-    ws = await websockets.connect(server.ws + "/v1/realtime", max_size=None)
-    assert json.loads(await ws.recv())["type"] == "session.created"
-    await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", **session}}))
-    while json.loads(await ws.recv())["type"] != "session.updated":
-        pass
-    return ws
-
-
-async def text_turn(ws: Any, stats: Stats) -> None:
-    await ws.send(
-        json.dumps(
-            {
-                "type": "conversation.item.create",
-                "item": {
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": TEXT}],
-                },
-            }
-        )
-    )
-    sent = time.monotonic()
-    await ws.send(json.dumps({"type": "response.create"}))
-    first: float | None = None
-    while True:
-        ev = json.loads(await ws.recv())
-        kind = ev["type"]
-        now = time.monotonic()
-        if kind == "response.output_audio.delta":
-            if first is None:
-                first = now
-                stats.ttfa_ms.append((now - sent) * 1000)
-            # lateness against the real-time playback slot the client would play this frame in
-            due = first + ev["seq"] * FRAME_MS / 1000
-            stats.lateness_ms.append(max(0.0, (now - due) * 1000))
-        elif kind == "error":
-            stats.errors += 1
-        elif kind == "response.done":
-            stats.turns += 1
-            if ev["response"]["status"] != "completed":
-                stats.errors += 1
-            return
+    p = percentile(xs, q)
+    return float("nan") if p is None else p
 
 
 async def turns_load(server: LiveServer, sessions: int, seconds: float) -> Stats:
@@ -107,10 +57,10 @@ async def turns_load(server: LiveServer, sessions: int, seconds: float) -> Stats
 
     async def one(i: int) -> None:
         await asyncio.sleep(i * 0.05)  # a ramp, not a thundering herd
-        ws = await open_session(server, {"audio": {"input": {"turn_detection": None}}})
+        ws = await open_session(server.ws, {"audio": {"input": {"turn_detection": None}}})
         try:
             while time.monotonic() < deadline:
-                await text_turn(ws, stats)
+                await text_turn(ws, TEXT, lambda: stats)
         finally:
             await ws.close()
 
@@ -126,62 +76,24 @@ async def barge_in(server: LiveServer, sessions: int, speech_pcm: bytes) -> Stat
 
     async def one(i: int) -> None:
         await asyncio.sleep(i * 0.05)
-        ws = await open_session(server, session)
-        speech = bytearray()
-        onset: list[float] = []
-        mic_running = True
-
-        async def mic() -> None:
-            n = int(FRAME_MS * 48)
-            next_at = time.monotonic()
-            while mic_running:
-                chunk = bytes(speech[:n]).ljust(n, b"\x00")
-                if speech and not onset:
-                    onset.append(time.monotonic())
-                del speech[:n]
-                await ws.send(
-                    json.dumps(
-                        {"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()}
-                    )
-                )
-                next_at += FRAME_MS / 1000
-                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-
-        mic_task = asyncio.create_task(mic())
+        ws = await open_session(server.ws, session)
         try:
-            await ws.send(
-                json.dumps(
-                    {
-                        "type": "conversation.item.create",
-                        "item": {
-                            "type": "message",
-                            "role": "user",
-                            "content": [{"type": "input_text", "text": TEXT * 3}],
-                        },
-                    }
-                )
-            )
-            await ws.send(json.dumps({"type": "response.create"}))
-            first: float | None = None
-            last_frame = 0.0
-            while True:
-                ev = json.loads(await ws.recv())
-                now = time.monotonic()
-                if ev["type"] == "response.output_audio.delta":
-                    last_frame = now
-                    if first is None:
-                        first = now
-                    if now - first > 1.5 and not speech and not onset:
-                        speech += speech_pcm
-                elif ev["type"] == "response.done":
-                    if ev["response"]["status"] == "cancelled" and onset:
-                        stats.barge_in_ms.append((last_frame - onset[0]) * 1000)
-                    else:
-                        stats.errors += 1
-                    return
+            with PacedMic(ws) as mic:
+                spoke: list[float] = []
+
+                def speak_over_reply(reply: ReplyTimes, now: float) -> None:
+                    # 1.5 s into the reply, the user talks over it (once)
+                    if reply.first is not None and now - reply.first > 1.5 and not spoke:
+                        spoke.append(now)
+                        mic.say(speech_pcm)
+
+                await send_text(ws, TEXT * 3)
+                reply = await read_reply(ws, on_event=speak_over_reply)
+                if reply.status == "cancelled" and mic.started is not None and reply.last is not None:
+                    stats.barge_in_ms.append((reply.last - mic.started) * 1000)
+                else:
+                    stats.errors += 1
         finally:
-            mic_running = False
-            mic_task.cancel()
             await ws.close()
 
     results = await asyncio.gather(*(one(i) for i in range(sessions)), return_exceptions=True)

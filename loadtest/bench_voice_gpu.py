@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import os
 import platform
@@ -37,9 +36,12 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from loadtest.serve import free_port, start_gateway, stop_gateway  # noqa: E402
+from loadtest.voice_client import FRAME_MS, RATE, PacedMic, open_session, percentile, read_reply  # noqa: E402
+
 UTTERANCE = ROOT / "loadtest" / "data" / "voice_turn_24k.wav"
-FRAME_MS = 80
-RATE = 24000
 FRAME_BYTES = RATE * 2 * FRAME_MS // 1000
 STEP_METRIC = "realtime_gw_worker_step_seconds"
 REAL_TIME_LATE_P95_MS = 20.0
@@ -61,10 +63,8 @@ class TurnStats:
 
 
 def pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    return round(s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))], 2)
+    p = percentile(xs, q)
+    return None if p is None else round(p, 2)
 
 
 def load_utterance(path: Path) -> bytes:
@@ -79,78 +79,30 @@ def load_utterance(path: Path) -> bytes:
 
 
 async def session_loop(port: int, pcm: bytes, deadline: float, stats: TurnStats, seed: int) -> None:
-    import websockets
-
     rng = random.Random(seed)
-    silence = b"\x00" * FRAME_BYTES
-    frames = [pcm[i : i + FRAME_BYTES] for i in range(0, len(pcm), FRAME_BYTES)]
-    queue: list[bytes] = []
-    utterance_end: list[float] = []
-    async with websockets.connect(
-        f"ws://127.0.0.1:{port}/v1/realtime", max_size=None, ping_interval=None
-    ) as ws:
-        first = json.loads(await ws.recv())
-        if first["type"] != "session.created":
-            raise RuntimeError(f"first event {first['type']}")
-        session = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}
-        await ws.send(json.dumps({"type": "session.update", "session": session}))
-        running = True
-
-        async def mic() -> None:
-            next_at = time.monotonic()
-            while running:
-                now = time.monotonic()
-                stats.mic_late_ms.append(max(0.0, (now - next_at) * 1000))
-                chunk = queue.pop(0) if queue else silence
-                msg = {"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()}
-                await ws.send(json.dumps(msg))
-                if chunk is not silence and not queue:
-                    utterance_end.append(time.monotonic())
-                next_at += FRAME_MS / 1000
-                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-
-        mic_task = asyncio.create_task(mic())
-        try:
+    utterance_s = len(pcm) / (RATE * 2)
+    session = {"audio": {"input": {"turn_detection": {"type": "server_vad"}}}}
+    ws = await open_session(f"ws://127.0.0.1:{port}", session, ping_interval=None)
+    try:
+        with PacedMic(ws, late_ms=stats.mic_late_ms) as mic:
             await asyncio.sleep(rng.uniform(0.0, 3.0))  # random phase: sessions do not speak in step
-            while time.monotonic() + len(pcm) / (RATE * 2) + 2.0 < deadline:
-                utterance_end.clear()
-                queue.extend(frames)
-                stopped: float | None = None
-                first_frame: float | None = None
-                turn_deadline = min(time.monotonic() + len(pcm) / (RATE * 2) + 20.0, deadline + 3.0)
-                while time.monotonic() < turn_deadline:
-                    try:
-                        raw = await asyncio.wait_for(
-                            ws.recv(), timeout=max(0.01, turn_deadline - time.monotonic())
-                        )
-                    except TimeoutError:
-                        break
-                    ev = json.loads(raw)
-                    now = time.monotonic()
-                    kind = ev["type"]
-                    if kind == "input_audio_buffer.speech_stopped":
-                        stopped = now
-                    elif kind == "response.output_audio.delta":
-                        if first_frame is None:
-                            first_frame = now
-                            if stopped is not None:
-                                stats.turn_ms.append((now - stopped) * 1000)
-                            if utterance_end:
-                                stats.end_of_audio_ms.append((now - utterance_end[0]) * 1000)
-                        due = first_frame + ev.get("seq", 0) * FRAME_MS / 1000
-                        stats.lateness_ms.append(max(0.0, (now - due) * 1000))
-                    elif kind == "response.done":
-                        if first_frame is not None:
-                            stats.turns += 1
-                            break
-                    elif kind == "error":
-                        stats.errors.append(ev.get("error", {}).get("message", "?")[:120])
-                if first_frame is None:
+            while time.monotonic() + utterance_s + 2.0 < deadline:
+                mic.say(pcm)
+                turn_deadline = min(time.monotonic() + utterance_s + 20.0, deadline + 3.0)
+                reply = await read_reply(ws, turn_deadline, need_audio=True)
+                stats.errors += [message[:120] for message in reply.errors]
+                stats.lateness_ms += reply.lateness_ms
+                if reply.first is None:
                     stats.missed += 1
+                else:
+                    if reply.stopped is not None:
+                        stats.turn_ms.append((reply.first - reply.stopped) * 1000)
+                    if mic.ended is not None and mic.ended <= reply.first:
+                        stats.end_of_audio_ms.append((reply.first - mic.ended) * 1000)
+                    stats.turns += reply.done
                 await asyncio.sleep(rng.uniform(1.0, 3.0))  # the user thinks
-        finally:
-            running = False
-            mic_task.cancel()
+    finally:
+        await ws.close()
 
 
 async def client_main(port: int, sessions: int, seconds: float, seed: int) -> TurnStats:
@@ -235,42 +187,19 @@ def vad_device(args: argparse.Namespace) -> str:
     return args.vad_device or args.device
 
 
-def start_gateway(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen[bytes]:
+def gateway_flags(args: argparse.Namespace) -> list[str]:
     batch = str(args.max_batch)
     # The gateway warms its CUDA stages one after another (Workers.start), so both may share the GPU.
-    cmd = [sys.executable, "-m", "realtime_gw", "serve", "--port", str(port), "--policy", "none"]
-    cmd += ["--tts", "qwen3", "--tts-config", "tiny" if args.tiny else args.tts_config]
-    cmd += ["--asr", "kyutai", "--asr-config", "tiny" if args.tiny else args.asr_config]
-    cmd += ["--tts-device", args.device, "--asr-device", args.device, "--tts-max-batch", batch]
+    flags = ["--policy", "none"]
+    flags += ["--tts", "qwen3", "--tts-config", "tiny" if args.tiny else args.tts_config]
+    flags += ["--asr", "kyutai", "--asr-config", "tiny" if args.tiny else args.asr_config]
+    flags += ["--tts-device", args.device, "--asr-device", args.device, "--tts-max-batch", batch]
     if vad_device(args) != "onnx":
-        cmd += ["--vad-device", vad_device(args)]
-    cmd += [
-        "--asr-max-batch",
-        batch,
-        "--vad-max-batch",
-        batch,
-        "--max-sessions",
-        str(max(1024, args.max_batch)),
-    ]
-    cmd += ["--max-connections-per-client", "0", "--worker-max-active", str(max(1024, args.max_batch))]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    print("gateway:", " ".join(cmd[1:]), flush=True)
-    return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-
-
-def wait_ready(proc: subprocess.Popen[bytes], port: int, timeout: float, log: Path) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if proc.poll() is not None:
-            raise SystemExit(f"gateway exited {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return time.monotonic() - t0
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"gateway not ready after {timeout}s:\n{log.read_text(errors='replace')[-4000:]}")
+        flags += ["--vad-device", vad_device(args)]
+    flags += ["--asr-max-batch", batch, "--vad-max-batch", batch]
+    flags += ["--max-sessions", str(max(1024, args.max_batch))]
+    flags += ["--max-connections-per-client", "0", "--worker-max-active", str(max(1024, args.max_batch))]
+    return flags
 
 
 def run_level(args: argparse.Namespace, port: int, sessions: int) -> dict[str, Any]:
@@ -400,16 +329,13 @@ def main() -> None:
         return
     t_start = time.monotonic()
     args.max_batch = args.max_batch or max([*args.sessions, *args.search])
-    sys.path.insert(0, str(ROOT))
-    from tests.conftest import free_port
-
     port = free_port()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    log = out / "gateway.log"
-    gw = start_gateway(args, port, log)
+    flags = gateway_flags(args)
+    print("gateway: -m realtime_gw serve --port", port, " ".join(flags), flush=True)
+    gw, ready_s = start_gateway(flags, out / "gateway.log", port=port, timeout=args.ready_timeout_s)
     try:
-        ready_s = wait_ready(gw, port, args.ready_timeout_s, log)
         print(f"ready in {ready_s:.1f} s", flush=True)
         levels: list[dict[str, Any]] = []
         plan = [(n, False) for n in args.sessions] + [(n, True) for n in args.search]
@@ -445,11 +371,7 @@ def main() -> None:
         (out / "bench_voice_gpu.json").write_text(json.dumps(result, indent=1))
         print(markdown_table(result))
     finally:
-        gw.terminate()
-        try:
-            gw.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            gw.kill()
+        stop_gateway(gw, timeout=15)
 
 
 if __name__ == "__main__":
