@@ -25,15 +25,18 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import websockets
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadtest.bench_realtime import FRAME_MS, TEXT, Stats, hardware, pct  # noqa: E402
+from loadtest.bench_realtime import TEXT, hardware, pct  # noqa: E402
+from loadtest.voice_client import Stats, open_session, text_turn  # noqa: E402
 from tests.conftest import LiveServer, start_server, stop_server  # noqa: E402
 
 NOISE_SECONDS = 12.0
+NO_KEEPALIVE = {"ping_interval": None}
+"""No client keepalive: an in-process gateway may not answer a ping for longer than its timeout, and
+that is what is being measured, not a reason to drop the bystander."""
 MODES = {"in-process (threads)": ["--cpu-backends-in-process"], "child process": []}
 
 
@@ -42,17 +45,6 @@ class Phase:
     healthz_ms: list[float] = field(default_factory=list)
     bystander: Stats = field(default_factory=Stats)
     decode_s: list[float] = field(default_factory=list)
-
-
-async def open_session(server: LiveServer, session: dict[str, object]) -> websockets.ClientConnection:
-    # No client keepalive: an in-process gateway may not answer a ping for longer than its timeout,
-    # and that is what is being measured, not a reason to drop the bystander.
-    ws = await websockets.connect(server.ws + "/v1/realtime", max_size=None, ping_interval=None)
-    assert json.loads(await ws.recv())["type"] == "session.created"
-    await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", **session}}))
-    while json.loads(await ws.recv())["type"] != "session.updated":
-        pass
-    return ws
 
 
 def noise_pcm(seconds: float) -> bytes:
@@ -73,28 +65,10 @@ async def probe_healthz(server: LiveServer, phase: list[Phase], stop: asyncio.Ev
 async def bystander(server: LiveServer, phase: list[Phase], stop: asyncio.Event) -> None:
     """Text turns back to back; each TTFA and each frame's lateness counts in the phase it happened in
     (a turn may span both)."""
-    ws = await open_session(server, {"audio": {"input": {"turn_detection": None}}})
-    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": TEXT}]}
+    ws = await open_session(server.ws, {"audio": {"input": {"turn_detection": None}}}, **NO_KEEPALIVE)
     try:
         while not stop.is_set():
-            await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
-            sent = time.monotonic()
-            await ws.send(json.dumps({"type": "response.create"}))
-            first: float | None = None
-            while True:
-                ev = json.loads(await ws.recv())
-                now, stats = time.monotonic(), phase[0].bystander
-                if ev["type"] == "response.output_audio.delta":
-                    if first is None:
-                        first = now
-                        stats.ttfa_ms.append((now - sent) * 1000)
-                    stats.lateness_ms.append(max(0.0, (now - first - ev["seq"] * FRAME_MS / 1000) * 1000))
-                elif ev["type"] == "error":
-                    stats.errors += 1
-                elif ev["type"] == "response.done":
-                    stats.turns += 1
-                    stats.errors += ev["response"]["status"] != "completed"
-                    break
+            await text_turn(ws, TEXT, lambda: phase[0].bystander)
     finally:
         await ws.close()
 
@@ -102,7 +76,7 @@ async def bystander(server: LiveServer, phase: list[Phase], stop: asyncio.Event)
 async def noisy_commits(server: LiveServer, count: int, into: Phase) -> None:
     audio = base64.b64encode(noise_pcm(NOISE_SECONDS)).decode()
     session = {"audio": {"input": {"turn_detection": None, "transcription": {"model": "pocketsphinx"}}}}
-    ws = await open_session(server, session)
+    ws = await open_session(server.ws, session, **NO_KEEPALIVE)
     try:
         for _ in range(count):
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
