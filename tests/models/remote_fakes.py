@@ -1,15 +1,13 @@
-"""A ``StageActor`` behind Ray's call syntax in this process (``handle.method.remote(...)`` awaitable;
-an async-generator method called with ``.options(num_returns="streaming")`` gives an async iterator of
-awaitables, as Ray's ``ObjectRefGenerator``), with every argument and answer pickled as Ray would, and a
-``kill`` that behaves like a Ray actor dying and being restarted: calls in flight fail, the next calls
-reach a fresh instance."""
+"""A ``StageActor`` behind Ray's call syntax in this process (``handle.method.remote(...)`` awaitable),
+with every argument and answer pickled as Ray would, and a ``kill`` that behaves like a Ray actor dying
+and being restarted: calls in flight fail, the next calls reach a fresh instance; ``Cluster``: a test's
+replicas and front-ends."""
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import pickle
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from realtime_gw.config import GatewayConfig
@@ -56,35 +54,8 @@ class _Method:
     def __init__(self, actor: LocalActor, name: str) -> None:
         self.actor, self.name = actor, name
 
-    def options(self, **_ray_options: Any) -> _Method:
-        return self
-
-    def remote(self, *args: Any) -> Any:
-        args = pickle.loads(pickle.dumps(args))
-        if inspect.isasyncgenfunction(getattr(self.actor.target, self.name)):
-            return self._stream(args)
-        return asyncio.ensure_future(self._call(args))
-
-    async def _stream(self, args: tuple[Any, ...]) -> AsyncIterator[asyncio.Future[Any]]:
-        """Each item as a ready future (Ray yields ``ObjectRef`` s); the actor's death fails the stream."""
-        items = aiter(getattr(self.actor.target, self.name)(*args))
-        while True:
-            call = asyncio.ensure_future(anext(items))
-            self.actor._in_flight.add(call)
-            try:
-                item = await call
-            except StopAsyncIteration:
-                return
-            except asyncio.CancelledError:
-                if call not in self.actor._killed:
-                    raise
-                raise ActorDied(f"actor died during {self.name}") from None
-            finally:
-                self.actor._killed.discard(call)
-                self.actor._in_flight.discard(call)
-            answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            answer.set_result(pickle.loads(pickle.dumps(item)))
-            yield answer
+    def remote(self, *args: Any) -> asyncio.Future[Any]:
+        return asyncio.ensure_future(self._call(pickle.loads(pickle.dumps(args))))
 
     async def _call(self, args: tuple[Any, ...]) -> Any:
         call = asyncio.ensure_future(getattr(self.actor.target, self.name)(*args))

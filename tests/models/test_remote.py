@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 import pytest
 
 from realtime_gw.config import ConfigError, GatewayConfig
+from realtime_gw.models.remote.client import POLLS, RemoteStage, _Entry
 from realtime_gw.models.remote.routing import actor_config, stage_settings
-from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, WorkerFault
+from realtime_gw.models.remote.wire import Batch, Load
+from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, Stream, WorkerFault
 from tests.models.remote_fakes import Cluster
 from tests.models.toy_backends import Req
 
@@ -117,12 +120,14 @@ async def test_a_frontend_back_after_its_lease_expired_fails_its_streams_and_ser
     stage, replicas = await cluster.serve()
     stalled = stage.submit(Req(n=None))
     await asyncio.sleep(0.1)
-    sender = stage._tasks[0]
-    sender.cancel()  # no heartbeat: the actor ends this front-end's streams and its result stream
+    for task in stage._tasks:  # a stall past the lease: no call reaches the actor
+        task.cancel()
+    await asyncio.sleep(CONFIG.ray_lease_s * 1.5)
+    assert replicas[0].target.load().active == 0
+    stage._tasks = [asyncio.create_task(stage._send_loop())]  # it speaks again
+    stage._tasks += [asyncio.create_task(stage._poll_loop(stage.replicas[0])) for _ in range(POLLS)]
     with pytest.raises(WorkerFault, match="lease on replica 0 expired"):
         await asyncio.wait_for(stalled.collect(), 5)
-    assert replicas[0].target.load().active == 0
-    stage._tasks[0] = asyncio.create_task(stage._send_loop())  # it speaks again
     assert await asyncio.wait_for(stage.submit(Req(n=2)).collect(), 5) == [1, 2]
 
 
@@ -159,3 +164,22 @@ def test_actors_get_no_secrets_and_settings_hold_none() -> None:
     assert sent.tts == config.tts and sent.policy_device == config.policy_device
     for role in ("tts", "asr", "vad", "turn", "policy"):
         assert not {"k1", "k2", "k3"} & {str(v) for v in stage_settings(role, config).values()}
+
+
+async def test_crossing_poll_answers_are_applied_in_the_actors_order() -> None:
+    stage = RemoteStage("toy", [object()])  # never started: answers are handed in directly
+    replica = stage.replicas[0]
+    s: Stream[Any] = Stream(stage, Req(), 64)  # type: ignore[arg-type]
+    stage._entries[1] = _Entry(1, s, replica, opened=True, confirmed=True)
+    load = Load(ready=True, free_slots=1, max_active=1)
+
+    def answer(seq: int, outputs: list[int], done: bool = False, record: int = 1) -> Batch:
+        return Batch("inc", record, seq, load, [(1, outputs, done, None, 0.0)])
+
+    stage._receive(replica, answer(2, [3, 4]))  # crossed the answer before it: waits
+    assert s.backlog == 0
+    stage._receive(replica, answer(1, [1, 2]))
+    stage._receive(replica, answer(1, [5], record=2))  # the actor's next record of this front-end
+    stage._receive(replica, answer(3, [99], record=1))  # a late answer of the old record: dropped
+    stage._receive(replica, answer(2, [6], done=True, record=2))
+    assert await s.collect() == [1, 2, 3, 4, 5, 6]

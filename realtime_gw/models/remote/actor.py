@@ -3,21 +3,20 @@
 ``StageActor`` builds the ordinary ``StageWorker`` for its role (``registry.build_stage``) inside an
 async Ray actor, so streams of all front-ends share its batches, slots and flow control. Its streams
 are ``_Relay`` s: instead of buffering results for a local reader, each step's results go to the
-outbox of the front-end that opened the stream, and that front-end's result stream (``batches``, a Ray
-streaming generator: one call, one item per step) yields them all in one message as soon as the step
-ends. A front-end silent for ``ray_lease_s`` (no ``send``: it sends an empty one as its heartbeat) is
-dead: its streams are cancelled and their slots come back.
+outbox of the front-end that opened the stream, and that front-end's pending long poll
+(``next_batch``) returns them all in one message. A front-end that stops polling for ``ray_lease_s``
+is dead: its streams are cancelled and their slots come back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import itertools
 import logging
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from realtime_gw.config import GatewayConfig
@@ -35,15 +34,15 @@ socket's session is built from it)."""
 
 
 class _Frontend:
-    """One front-end's streams on this actor and the results waiting for its result stream."""
+    """One front-end's streams on this actor and the results waiting for its next poll."""
 
-    def __init__(self) -> None:
+    def __init__(self, record: int) -> None:
+        self.record = record
+        self.seq = 0
         self.streams: dict[int, _Relay] = {}
         self.outbox: list[tuple[int, list[Any], bool, str | None, float]] = []
         self.posted = asyncio.Event()
         self.seen = time.monotonic()
-        self.reader: object | None = None
-        """The ``batches`` call now serving this front-end (a newer one replaces it)."""
 
     def post(self, sid: int, outputs: list[Any], done: bool, error: str | None) -> None:
         self.outbox.append((sid, outputs, done, error, time.time()))
@@ -106,6 +105,7 @@ class StageActor:
         self.worker.stream_type = _Relay
         self.frontends: dict[str, _Frontend] = {}
         self.expired: set[str] = set()
+        self._records = itertools.count(1)
         self._started: asyncio.Task[None] | None = None
         self._reaper: asyncio.Future[None] | None = None
 
@@ -162,10 +162,10 @@ class StageActor:
             self.worker.wake()
         return refused
 
-    async def batches(self, frontend_id: str, heartbeat_s: float) -> AsyncIterator[Batch]:
-        """The front-end's result stream (called with ``num_returns="streaming"``): a ``Batch`` at once,
-        then one as soon as a step posted results for it, or every ``heartbeat_s`` with only the load.
-        Ends when the front-end's lease expires or a newer ``batches`` call of it takes over."""
+    async def next_batch(self, frontend_id: str, timeout_s: float) -> Batch:
+        """Every result produced for this front-end since its last poll; waits up to ``timeout_s`` for
+        one. Each poll renews the front-end's lease. Two polls may wait at once (the front-end keeps
+        one here while the other's answer travels): whichever wakes first takes the results."""
         await self._ready()
         lost = frontend_id in self.expired
         self.expired.discard(frontend_id)
@@ -173,25 +173,21 @@ class StageActor:
         if lost:  # "lost" means nothing of the front-end is left here: not even what it opened since
             _cancel_all(frontend)
             frontend.outbox.clear()
-        token = frontend.reader = object()
-        frontend.posted.set()  # an older reader of this front-end wakes and leaves
-        first = True
-        while True:
-            if not (first or frontend.outbox):
-                frontend.posted.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(frontend.posted.wait(), heartbeat_s)
-            if frontend.reader is not token or self.frontends.get(frontend_id) is not frontend:
-                return
-            results, frontend.outbox = frontend.outbox, []
-            yield Batch(self.incarnation, self.load(), results, lost)
-            first = lost = False
+        deadline = time.monotonic() + timeout_s
+        while not frontend.outbox and (left := deadline - time.monotonic()) > 0:
+            frontend.posted.clear()
+            try:
+                await asyncio.wait_for(frontend.posted.wait(), left)
+            except asyncio.TimeoutError:
+                break
+        results, frontend.outbox = frontend.outbox, []
+        frontend.seq += 1
+        return Batch(self.incarnation, frontend.record, frontend.seq, self.load(), results, lost)
 
     async def leave(self, frontend_id: str) -> None:
         """A front-end shutting down in order: its streams end now, not at its lease's end."""
         if (frontend := self.frontends.pop(frontend_id, None)) is not None:
             _cancel_all(frontend)
-            frontend.posted.set()
 
     def load(self) -> Load:
         w = self.worker
@@ -214,7 +210,7 @@ class StageActor:
     def _frontend(self, frontend_id: str) -> _Frontend:
         frontend = self.frontends.get(frontend_id)
         if frontend is None:
-            frontend = self.frontends[frontend_id] = _Frontend()
+            frontend = self.frontends[frontend_id] = _Frontend(next(self._records))
         frontend.seen = time.monotonic()
         return frontend
 
@@ -231,7 +227,6 @@ class StageActor:
                     if frontend.streams:
                         self.expired.add(frontend_id)
                     _cancel_all(frontend)
-                    frontend.posted.set()  # its result stream ends
 
 
 def _push(stream: Stream[Any], items: list[Any]) -> None:

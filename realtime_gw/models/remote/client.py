@@ -6,12 +6,10 @@ most free slots (as last reported) and stays there; one that answers "no free sl
 the next, and when none is left the stream ends with ``NoFreeSlot`` (the transport's refusal path).
 
 Per replica, two loops carry every stream of this front-end: a sender (one ``send`` call with all
-opens, inputs, cancels and flow-control changes since the last one; an empty one every
-``HEARTBEAT_S`` renews this front-end's lease) and a reader of the replica's result stream
-(``batches``, one Ray streaming-generator call: one item per worker step with every result for this
-front-end, pushed as soon as the step ends; no poll to renew, no round trip per message). A replica
-that dies (the stream fails, or answers from a new incarnation after Ray restarted it) fails the
-streams it held with ``WorkerFault``; new streams go to the live replicas meanwhile.
+opens, inputs, cancels and flow-control changes since the last one) and a long poll (``next_batch``:
+all results since the last poll, at most one message per worker step). A replica that dies (the call
+fails, or it answers from a new incarnation after Ray restarted it) fails the streams it held with
+``WorkerFault``; new streams go to the live replicas meanwhile.
 """
 
 from __future__ import annotations
@@ -36,9 +34,11 @@ from realtime_gw.models.runtime import Stream
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 0.2
-"""The front-end's heartbeat both ways (well inside ``ray_lease_s``): an empty ``send`` when it had
-nothing to send for this long, and a result-stream item with only the load when no step produced any."""
+POLL_S = 0.2
+"""Longest a poll waits for results: the front-end's heartbeat (well inside ``ray_lease_s``)."""
+POLLS = 2
+"""Polls in flight per replica: one waits at the actor while the other's answer travels, so results
+wait for no round trip."""
 RETRY_S = 0.2
 """Pause between calls to a replica that failed (Ray is restarting it)."""
 
@@ -100,7 +100,13 @@ class _Replica:
     index: int
     actor: Any
     incarnation: str | None = None
-    sent_at: float = 0.0
+    record: tuple[str, int] | None = None
+    """(incarnation, record) of the answers being applied; ``seq`` orders them."""
+    old_records: set[tuple[str, int]] = field(default_factory=set)
+    expected: int | None = 1
+    """The next ``seq`` to apply; None after a failed poll (its answer never comes): the next to arrive."""
+    early: dict[int, Batch] = field(default_factory=dict)
+    """Answers that arrived before an earlier one of the same record."""
     load: Load | None = None
     ready: bool = False
     faults: int = 0
@@ -159,16 +165,17 @@ class RemoteStage:
         # Reads are acknowledged a quarter window at a time: a stream never waits on an ack while a
         # quarter of its window is left, and there is one ack per quarter window, not per output.
         self.ack_every = max(1, self.max_backlog // 4)
-        # Each result stream's first item comes at once: every replica's load, so ``ready`` and routing
-        # hold when this returns.
-        streams = [self._open_results(r) for r in self.replicas]
-        firsts = await asyncio.gather(*(_first(s) for s in streams))
-        for replica, batch in zip(self.replicas, firsts, strict=True):
-            self._apply(replica, batch)
+        # A first poll that does not wait: each replica's load, so ``ready`` and routing hold at once.
+        batches = await asyncio.gather(
+            *(r.actor.next_batch.remote(self.frontend_id, 0.0) for r in self.replicas)
+        )
+        for replica, batch in zip(self.replicas, batches, strict=True):
+            self._receive(replica, batch)
         self._tasks = [asyncio.create_task(self._send_loop(), name=f"{self.name}-send")]
         self._tasks += [
-            asyncio.create_task(self._read_loop(r, s), name=f"{self.name}-results-{r.index}")
-            for r, s in zip(self.replicas, streams, strict=True)
+            asyncio.create_task(self._poll_loop(r), name=f"{self.name}-poll-{r.index}")
+            for r in self.replicas
+            for _ in range(POLLS)
         ]
 
     async def stop(self) -> None:
@@ -211,15 +218,11 @@ class RemoteStage:
     async def _send_loop(self) -> None:
         assert self._wake is not None
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), HEARTBEAT_S)
+            await self._wake.wait()
             self._wake.clear()
             messages = self._collect()
-            now = time.monotonic()
-            for r in self.replicas:  # the heartbeat: the lease of a replica told nothing lately
-                if r not in messages and now - r.sent_at >= HEARTBEAT_S:
-                    messages[r] = (Outbound(), [])
-            await asyncio.gather(*(self._send(r, m, opened) for r, (m, opened) in messages.items()))
+            if messages:
+                await asyncio.gather(*(self._send(r, m, opened) for r, (m, opened) in messages.items()))
 
     def _collect(self) -> dict[_Replica, tuple[Outbound, list[_Entry]]]:
         messages: dict[_Replica, tuple[Outbound, list[_Entry]]] = {}
@@ -247,12 +250,10 @@ class RemoteStage:
         return {r: (m, o) for r, (m, o) in messages.items() if m}
 
     async def _send(self, replica: _Replica, msg: Outbound, opened: list[_Entry]) -> None:
-        replica.sent_at = time.monotonic()
         try:
             refused = await replica.actor.send.remote(self.frontend_id, msg)
-        except Exception as e:  # the replica died: its reader fails what it held
-            if msg or replica.ready:
-                log.warning("%s replica %d: send failed: %s", self.name, replica.index, e)
+        except Exception as e:  # the replica died: its poll loop fails what it held
+            log.warning("%s replica %d: send failed: %s", self.name, replica.index, e)
             refused = [(en.sid, f"{self.name}: replica {replica.index} unreachable") for en in opened]
         for entry in opened:
             entry.confirmed = True
@@ -297,18 +298,11 @@ class RemoteStage:
             event, self._slot_freed = self._slot_freed, asyncio.Event()
             event.set()
 
-    # -- result stream: every result for this front-end, one message per step -------------------
-    def _open_results(self, replica: _Replica) -> Any:
-        return replica.actor.batches.options(num_returns="streaming").remote(self.frontend_id, HEARTBEAT_S)
-
-    async def _read_loop(self, replica: _Replica, results: Any) -> None:
+    # -- long poll: every result for this front-end, one message per step -------------------------
+    async def _poll_loop(self, replica: _Replica) -> None:
         while True:
             try:
-                if results is None:
-                    results = self._open_results(replica)
-                async for ref in results:
-                    self._apply(replica, await ref)
-                # Ended by the actor (this front-end's lease there expired): open it again at once.
+                batch: Batch = await replica.actor.next_batch.remote(self.frontend_id, POLL_S)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -317,8 +311,29 @@ class RemoteStage:
                         replica, f"{self.name}: worker replica {replica.index} died ({type(e).__name__})"
                     )
                     replica.incarnation = None
+                replica.expected = None
                 await asyncio.sleep(RETRY_S)
-            results = None
+                continue
+            self._receive(replica, batch)
+
+    def _receive(self, replica: _Replica, batch: Batch) -> None:
+        """Apply answers in the order the actor gave them (two polls' answers may cross)."""
+        record = (batch.incarnation, batch.record)
+        if record != replica.record:
+            if record in replica.old_records:
+                return  # a late answer from before a restart or an expired lease: its streams are gone
+            if replica.record is not None:
+                replica.old_records.add(replica.record)
+            replica.record, replica.expected, replica.early = record, 1, {}
+        if replica.expected is None:
+            replica.expected = batch.seq
+        if batch.seq < replica.expected:  # crossed a failed poll's resync: nothing to wait for
+            self._apply(replica, batch)
+            return
+        replica.early[batch.seq] = batch
+        while (ready := replica.early.pop(replica.expected, None)) is not None:
+            replica.expected += 1
+            self._apply(replica, ready)
 
     def _apply(self, replica: _Replica, batch: Batch) -> None:
         if replica.incarnation not in (None, batch.incarnation):
@@ -368,9 +383,3 @@ class RemoteStage:
         REMOTE_QUEUE.labels(*labels).set(load.queue)
         REMOTE_FRONTENDS.labels(*labels).set(load.frontends)
         REMOTE_FAULTS.labels(*labels).set(replica.faults)
-
-
-async def _first(results: Any) -> Batch:
-    """A result stream's first item (its replica's load)."""
-    batch: Batch = await (await results.__anext__())
-    return batch

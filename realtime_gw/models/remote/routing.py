@@ -153,7 +153,7 @@ def stage_actors(role: str, config: GatewayConfig, build: Callable[[str, Gateway
                 num_cpus=o.num_cpus,
                 num_gpus=o.num_gpus,
                 max_restarts=o.max_restarts,
-                max_concurrency=1000,  # async actor: every front-end's result stream waits at once
+                max_concurrency=1000,  # async actor: every front-end's long poll waits at once
                 runtime_env={"env_vars": _INLINE_ENV},  # the actor's answers inline
             ).remote(build, role, actor_config(config))
         )

@@ -1,10 +1,9 @@
 """The messages between a front-end (``client.RemoteStage``) and a stage actor (``actor.StageActor``).
 
 Two calls per front-end carry everything, whatever the number of streams: ``send`` (every open, input,
-cancel and flow-control change since the last one; an empty one is the front-end's heartbeat) and
-``batches`` (one Ray streaming-generator call per front-end and replica: a ``Batch`` with every result a
-worker step produced for that front-end, as soon as the step ends). Plain dataclasses: Ray pickles them
-(numpy arrays out of band).
+cancel and flow-control change since the last one) and ``next_batch`` (a long poll answered with every
+result the worker's steps produced for that front-end since the last poll: one message per step when
+the front-end keeps up). Plain dataclasses: Ray pickles them (numpy arrays out of band).
 """
 
 from __future__ import annotations
@@ -44,11 +43,14 @@ class Load:
 
 @dataclass(slots=True)
 class Batch:
-    """One item of a front-end's result stream: what one worker step produced for it (or, every
-    heartbeat, only the replica's load)."""
+    """One long poll's answer."""
 
     incarnation: str
     """Changes when Ray restarts the actor: every stream the front-end had there is gone."""
+    record: int
+    """Which record of this front-end the actor answers from (a new one after a lease expired)."""
+    seq: int
+    """1, 2, ... per record: a front-end keeps two polls in flight and applies their answers in order."""
     load: Load
     results: list[tuple[int, list[Any], bool, str | None, float]] = field(default_factory=list)
     """(sid, outputs, done, error, posted_at) in the order the worker produced them; ``posted_at`` is
