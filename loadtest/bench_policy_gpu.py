@@ -53,7 +53,12 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from realtime_gw.config import GatewayConfig  # noqa: E402
 from realtime_gw.models.policy.backend import PolicyBackend  # noqa: E402
-from realtime_gw.models.policy.factory import compile_enabled, load_model, policy_spec  # noqa: E402
+from realtime_gw.models.policy.factory import (  # noqa: E402
+    compile_cache,
+    compile_enabled,
+    load_model,
+    policy_spec,
+)
 from realtime_gw.models.policy.pi0 import Pi0Runner  # noqa: E402
 from realtime_gw.models.policy.pi0_fast import FastPi0Runner  # noqa: E402
 from realtime_gw.models.runtime import StageWorker  # noqa: E402
@@ -505,6 +510,12 @@ def main() -> None:
         help="the main fast runner's policy_compile (auto: on for CUDA, as the server's default)",
     )
     ap.add_argument("--compile-budget-s", type=float, default=300.0)
+    ap.add_argument(
+        "--compile-cache",
+        default="auto",
+        help="the server's policy_compile_cache: auto (~/.cache/realtime-gw/policy-compile), off, or a "
+        "directory. Run twice with the same directory: the second warm-up is the warm start-up",
+    )
     ap.add_argument("--cpu-threads", type=int, default=2, help="torch threads with --device cpu")
     ap.add_argument("--quick", action="store_true", help="few reps, small robot counts (smoke run)")
     ap.add_argument(
@@ -550,6 +561,8 @@ def main() -> None:
     )
     eager = Pi0Runner(model, tok, spec, dev)
     config.policy_compile = args.compile
+    config.policy_compile_cache = args.compile_cache
+    config.policy_graph_buckets = list(args.batches)
     compiled = compile_enabled(config)
     fast = FastPi0Runner(
         model,
@@ -559,6 +572,7 @@ def main() -> None:
         buckets=tuple(args.batches),
         compile_expert=compiled,
         compile_budget_s=args.compile_budget_s,
+        compile_cache=compile_cache(config, model, spec),
     )
     RESULTS["compile_expert"] = compiled
     fast.warmup()

@@ -73,7 +73,7 @@ def dummy_request(spec: PolicySpec) -> PolicyRequest:
 class PolicyBackend:
     name = "policy"
 
-    def __init__(self, runner: PolicyRunner, slots: int = 128, phase_steps: int = 1) -> None:
+    def __init__(self, runner: PolicyRunner, slots: int = 128, phase_steps: int = 0) -> None:
         self.runner = runner
         self.spec = runner.spec
         self.slots = slots
