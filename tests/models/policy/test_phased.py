@@ -113,7 +113,7 @@ def test_the_config_picks_phases_and_drops_the_batching_window() -> None:
     phased = build_policy_backend(GatewayConfig(policy_impl="fast", policy_phase_steps=2))
     assert phased.phased and phased.phase_steps == 2 and not phased.one_shot
     assert worker_max_wait_ms(GatewayConfig(policy_impl="fast", policy_phase_steps=1)) == 0.0  # a step away
-    one_shot = GatewayConfig(policy_impl="fast", policy_max_wait_ms=3.0)  # the default: one-shot chunks
+    one_shot = GatewayConfig(policy_impl="fast", policy_phase_steps=0, policy_max_wait_ms=3.0)
     assert build_policy_backend(one_shot).one_shot and worker_max_wait_ms(one_shot) == 3.0
     eager = build_policy_backend(GatewayConfig())  # transformers' sampler: one-shot only
     assert not eager.phased and eager.one_shot and worker_max_wait_ms(GatewayConfig()) == 2.0
