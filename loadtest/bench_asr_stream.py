@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import datetime as dt
 import json
 import random
@@ -29,34 +28,22 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import websockets
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from loadtest.bench_realtime import hardware, pct  # noqa: E402
+from loadtest.voice_client import RATE, PacedMic, open_session  # noqa: E402
 from tests.audio_tools import synthesize  # noqa: E402
 from tests.conftest import LiveServer, start_server, stop_server  # noqa: E402
 
 TEXT = "What is the weather like in Paris today?"
-RATE = 24000
 CHUNK_MS = 40
 SESSION = {
-    "type": "realtime",
     "audio": {
         "input": {"transcription": {"model": "pocketsphinx"}, "turn_detection": {"type": "server_vad"}}
     },
 }
-
-
-async def speak(ws: Any, pcm: bytes) -> None:
-    """40 ms appends at real time (deadline-paced, no drift)."""
-    n = RATE * 2 * CHUNK_MS // 1000
-    start = time.monotonic()
-    for i in range(0, len(pcm), n):
-        chunk = base64.b64encode(pcm[i : i + n]).decode()
-        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
-        await asyncio.sleep(max(0.0, start + (i + n) / (RATE * 2) - time.monotonic()))
 
 
 async def session(
@@ -64,35 +51,36 @@ async def session(
 ) -> list[dict[str, float]]:
     """One user: ``turns`` spoken turns, each answered before the next; per-turn latencies in ms."""
     out: list[dict[str, float]] = []
-    async with websockets.connect(server.ws + "/v1/realtime", max_size=None) as ws:
-        assert json.loads(await ws.recv())["type"] == "session.created"
-        await ws.send(json.dumps({"type": "session.update", "session": SESSION}))
-        while json.loads(await ws.recv())["type"] != "session.updated":
-            pass
-        await asyncio.sleep(rng.uniform(0.0, 2.0))  # users do not start in step
-        for _ in range(turns):
-            times: dict[str, float] = {}
-            sender = asyncio.create_task(speak(ws, bytes(RATE * 2 * 3 // 10) + speech + bytes(RATE * 2)))
-            while "done" not in times:
-                event = json.loads(await asyncio.wait_for(ws.recv(), 120))
-                kind, now = event["type"], time.monotonic()
-                if kind == "input_audio_buffer.speech_stopped":
-                    times.setdefault("stopped", now)
-                elif kind == "conversation.item.input_audio_transcription.completed":
-                    times.setdefault("transcript", now)
-                elif kind == "response.output_audio.delta":
-                    times.setdefault("audio", now)
-                elif kind == "response.done":
-                    times["done"] = now
-            await sender
-            if {"stopped", "transcript", "audio"} <= times.keys():
-                out.append(
-                    {
-                        "stt_ms": 1000 * (times["transcript"] - times["stopped"]),
-                        "turn_ms": 1000 * (times["audio"] - times["stopped"]),
-                    }
-                )
-            await asyncio.sleep(rng.uniform(0.5, 1.5))
+    ws = await open_session(server.ws, SESSION)
+    try:
+        # 40 ms appends at real time while the user speaks; nothing between turns
+        with PacedMic(ws, CHUNK_MS, idle_silence=False) as mic:
+            await asyncio.sleep(rng.uniform(0.0, 2.0))  # users do not start in step
+            for _ in range(turns):
+                times: dict[str, float] = {}
+                mic.say(bytes(RATE * 2 * 3 // 10) + speech + bytes(RATE * 2))
+                while "done" not in times:
+                    event = json.loads(await asyncio.wait_for(ws.recv(), 120))
+                    kind, now = event["type"], time.monotonic()
+                    if kind == "input_audio_buffer.speech_stopped":
+                        times.setdefault("stopped", now)
+                    elif kind == "conversation.item.input_audio_transcription.completed":
+                        times.setdefault("transcript", now)
+                    elif kind == "response.output_audio.delta":
+                        times.setdefault("audio", now)
+                    elif kind == "response.done":
+                        times["done"] = now
+                await mic.drained()
+                if {"stopped", "transcript", "audio"} <= times.keys():
+                    out.append(
+                        {
+                            "stt_ms": 1000 * (times["transcript"] - times["stopped"]),
+                            "turn_ms": 1000 * (times["audio"] - times["stopped"]),
+                        }
+                    )
+                await asyncio.sleep(rng.uniform(0.5, 1.5))
+    finally:
+        await ws.close()
     return out
 
 
