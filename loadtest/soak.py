@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,13 +35,11 @@ import httpx
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from loadtest.serve import start_gateway, stop_gateway  # noqa: E402
+
 DEFAULT_TEXT = "Please open the door for me."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def metric(base: str, name: str) -> dict[str, float]:
@@ -62,37 +59,6 @@ def synthesize_wav(path: Path, text: str) -> None:
     from realtime_gw.models.speech.tts_piper import PiperTtsBackend
 
     write_wav(path, PiperTtsBackend().synthesize(text), 24000)
-
-
-def start_server(
-    port: int, server_args: list[str], log_path: Path, api_key: str | None
-) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "realtime_gw",
-        "serve",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        *server_args,
-    ]
-    if api_key:
-        cmd += ["--api-key", api_key]
-    proc = subprocess.Popen(cmd, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}; see {log_path}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    proc.kill()
-    raise SystemExit(f"server not ready after 180 s; see {log_path}")
 
 
 def robot_socket_answers(base: str, api_key: str | None) -> bool:
@@ -170,25 +136,19 @@ def main(argv: list[str] | None = None) -> int:
     if not args.wav:
         synthesize_wav(wav, args.text)
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    t_start = time.monotonic()
-    server = start_server(port, shlex.split(args.server_args), out / "server.log", args.api_key)
-    print(
-        f"soak: server ready on {base} in {time.monotonic() - t_start:.1f} s (pid {server.pid})", flush=True
-    )
+    flags = ["--log-level", "warning", *shlex.split(args.server_args)]
+    flags += ["--api-key", args.api_key] if args.api_key else []
+    server, ready_s = start_gateway(flags, out / "server.log")
+    base = server.http
+    print(f"soak: server ready on {base} in {ready_s:.1f} s (pid {server.proc.pid})", flush=True)
     try:
         robots = args.robots if args.robots and robot_socket_answers(base, args.api_key) else 0
         if args.robots and not robots:
             print("soak: the robot socket does not answer (policy none?): voice users only", flush=True)
-        result = run_load(args, base, wav, robots, server.pid, out)
+        result = run_load(args, base, wav, robots, server.proc.pid, out)
         result.update(judge(args, base, result, robots))
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_gateway(server, timeout=15)
     report_path.write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k not in ("rss_samples", "load")}, indent=2))
     print(f"soak: {'PASS' if result['passed'] else 'FAIL'} (report {report_path})", flush=True)
