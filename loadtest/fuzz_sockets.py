@@ -40,8 +40,6 @@ import contextlib
 import json
 import os
 import random
-import socket
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -62,6 +60,8 @@ sys.path.insert(0, str(ROOT / "loadtest"))
 
 from fuzz_decoders import POOL, REALTIME_SEEDS, mutate_tree  # noqa: E402
 
+from loadtest.serve import LiveServer, start_gateway, stop_gateway  # noqa: E402
+from loadtest.voice_client import open_session, send_text  # noqa: E402
 from realtime_gw.protocols import realtime as rt  # noqa: E402
 from realtime_gw.protocols.openpi import DecodeError, FrameLimits, packb, unpackb  # noqa: E402
 from realtime_gw.records.policy import PolicySpec  # noqa: E402
@@ -70,12 +70,6 @@ from realtime_gw.sessions.policy import Infer, PolicyConnection, SendError, Send
 RECV_TIMEOUT_S = 20.0
 BAD_JSON_FRAME = '{"type": "response.create",'  # always invalid_json
 UNUSED_BYTE = b"\xc1"  # never valid msgpack
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- expectations -----------------------------------------------------------------------------------------
@@ -555,17 +549,12 @@ async def good_voice(url: str, report: Report, stop: asyncio.Event, audio: bool)
     label = "audio_turns" if audio else "text_turns"
     while not stop.is_set():
         try:
-            async with websockets.connect(url + "/v1/realtime", max_size=None, open_timeout=20) as ws:
-                assert json.loads(await ws.recv())["type"] == "session.created"
-                await ws.send(json.dumps({"type": "session.update", "session": {
-                    "output_modalities": ["audio" if audio else "text"], "audio": {"input": {"turn_detection": None}}}}))  # fmt: skip
-                assert json.loads(await ws.recv())["type"] == "session.updated"
+            session = {"output_modalities": ["audio" if audio else "text"], "audio": {"input": {"turn_detection": None}}}
+            async with await open_session(url, session, open_timeout=20) as ws:
                 for i in range(20):
                     if stop.is_set():
                         break
-                    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"Turn {i}, fine."}]}
-                    await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
-                    await ws.send(json.dumps({"type": "response.create"}))
+                    await send_text(ws, f"Turn {i}, fine.")
                     seq = 0
                     while True:
                         ev = json.loads(await asyncio.wait_for(ws.recv(), 30))
@@ -607,28 +596,14 @@ async def good_robot(url: str, report: Report, stop: asyncio.Event, rng: random.
 
 
 # -- server ------------------------------------------------------------------------------------------------
-def start_server(limit: int, log_path: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    cmd = [
-        sys.executable, "-m", "realtime_gw", "serve", "--port", str(port), "--host", "127.0.0.1",
-        "--policy", "noop", "--tts", "tone", "--audio-lead-ms", "0", "--no-warmup", "--log-level", "warning",
-        "--max-frame-bytes", str(limit), "--openpi-max-frame-bytes", str(limit),
+def start_server(limit: int, log_path: Path, extra: list[str]) -> tuple[LiveServer, str]:
+    flags = [
+        "--host", "127.0.0.1", "--policy", "noop", "--tts", "tone", "--audio-lead-ms", "0", "--no-warmup",
+        "--log-level", "warning", "--max-frame-bytes", str(limit), "--openpi-max-frame-bytes", str(limit),
         "--max-sessions", "512", "--openpi-max-sessions", "256", *extra,
     ]  # fmt: skip
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        cmd, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}; see {log_path}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc, f"ws://127.0.0.1:{port}"
-        time.sleep(0.25)
-    proc.kill()
-    raise SystemExit(f"server not ready after 180 s; see {log_path}")
+    server, _ = start_gateway(flags, log_path)
+    return server, server.ws
 
 
 def sessions_gauge(http: str) -> dict[str, float]:
@@ -709,11 +684,13 @@ def main() -> int:
     parser.add_argument("--server-arg", action="append", default=[], help="extra flag for a started server")
     args = parser.parse_args()
     args.seed = args.seed if args.seed is not None else random.randrange(2**32)
+    server: LiveServer | None = None
     proc = None
     log_path = ROOT / "test-artifacts" / f"fuzz-sockets-server-{os.getpid()}.log"
     if args.url is None:
         args.frame_limit = args.frame_limit or 256 * 1024
-        proc, url = start_server(args.frame_limit, log_path, args.server_arg)
+        server, url = start_server(args.frame_limit, log_path, args.server_arg)
+        proc = server.proc
     else:
         url = args.url.rstrip("/")
         assert url.startswith(("ws://127.0.0.1", "ws://localhost")), "loopback only"
@@ -740,13 +717,8 @@ def main() -> int:
             time.sleep(0.25)
         rss_after = rss_mib(proc.pid) if proc else None
     finally:
-        if proc is not None:
-            returncode = proc.poll()
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        if server is not None:
+            returncode = stop_gateway(server, timeout=10)
     log = log_path.read_text(errors="replace") if proc is not None else ""
     summary = {
         "seed": args.seed,
