@@ -13,7 +13,7 @@ import pytest
 
 from realtime_gw.config import ConfigError, GatewayConfig
 from realtime_gw.models.remote.client import POLLS, RemoteStage, _Entry
-from realtime_gw.models.remote.routing import actor_config, stage_settings
+from realtime_gw.models.remote.settings import actor_config, stage_settings
 from realtime_gw.models.remote.wire import Batch, Load
 from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, Stream, WorkerFault
 from tests.models.remote_fakes import Cluster

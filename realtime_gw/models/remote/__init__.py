@@ -3,7 +3,8 @@
 
 - ``actor.StageActor``: the actor; hosts the ordinary ``StageWorker`` for one role.
 - ``client.RemoteStage``: the front-end's proxy, with ``StageWorker``'s ``submit(request) -> Stream``.
-- ``wire``: the two messages per front-end and step; ``routing``: actor names, placement, replica choice.
+- ``wire``: the two messages per front-end and step; ``routing``: actor names, placement, replica choice;
+  ``settings``: the config an actor gets (no secrets) and the stage settings front-ends must share.
 
 Ray is imported only when a remote stage is built: the single-process gateway never needs it.
 """
@@ -15,7 +16,8 @@ from typing import Any
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.remote.client import RemoteStage
-from realtime_gw.models.remote.routing import connect, remote_roles, stage_actors, stage_settings
+from realtime_gw.models.remote.routing import connect, remote_roles, stage_actors
+from realtime_gw.models.remote.settings import stage_settings
 
 __all__ = ["RemoteStage", "remote_roles", "remote_stage"]
 

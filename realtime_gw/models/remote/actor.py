@@ -22,7 +22,7 @@ from typing import Any
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.contract import END_OF_INPUT, Backend, NoFreeSlot
 from realtime_gw.models.process_backend import DESCRIBED
-from realtime_gw.models.remote.routing import stage_settings
+from realtime_gw.models.remote.settings import stage_settings
 from realtime_gw.models.remote.wire import Batch, Described, Load, Outbound
 from realtime_gw.models.runtime import StageWorker, Stream
 

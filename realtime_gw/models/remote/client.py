@@ -28,7 +28,8 @@ from prometheus_client import Gauge, Histogram
 
 from realtime_gw.config import ConfigError
 from realtime_gw.models.contract import NoFreeSlot
-from realtime_gw.models.remote.routing import replica_order, settings_mismatch
+from realtime_gw.models.remote.routing import replica_order
+from realtime_gw.models.remote.settings import settings_mismatch
 from realtime_gw.models.remote.wire import Batch, Described, Load, Outbound
 from realtime_gw.models.runtime import Stream
 
@@ -118,7 +119,7 @@ class RemoteStage:
     def __init__(
         self, role: str, actors: list[Any], settings: dict[str, Any] | None = None, namespace: str = ""
     ) -> None:
-        """``settings``: this front-end's ``routing.stage_settings`` for ``role``; ``start`` refuses
+        """``settings``: this front-end's ``settings.stage_settings`` for ``role``; ``start`` refuses
         actors built from others (None: not checked)."""
         self.role = role
         self.settings = settings

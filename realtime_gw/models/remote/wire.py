@@ -68,5 +68,5 @@ class Described:
     max_backlog: int
     attributes: dict[str, Any]
     settings: dict[str, Any] = field(default_factory=dict)
-    """The stage's config fields the actor was built with (``routing.stage_settings``: no secrets);
+    """The stage's config fields the actor was built with (``settings.stage_settings``: no secrets);
     a front-end whose own differ refuses to start."""
