@@ -125,7 +125,8 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tts_voice_design: list[str] = msgspec.field(default_factory=list)
     """`qwen3` VoiceDesign: named voices, `NAME=description` each; `voice: NAME` selects one."""
     tts_voice_clone: list[str] = msgspec.field(default_factory=list)
-    """`qwen3` Base: voices cloned at start-up from recordings, `NAME=path.wav` each (x-vector mode);
+    """`qwen3` Base: voices cloned at start-up from recordings, `NAME=path.wav` each (x-vector mode) or
+    `NAME=path.wav:transcript` (ICL mode: the recording's codes and transcript in each prompt);
     `voice: NAME` selects one."""
     tts_device: str = "cpu"
     asr: Literal["pocketsphinx", "kyutai"] = "pocketsphinx"

@@ -53,7 +53,7 @@ def clone_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
     wav = FIXTURES / "qwen3_tts_tiny_clone.wav"
     server = start_server(
         "--policy", "none", "--api-key", "test-key", "--tts", "qwen3", "--tts-path", str(ckpt),
-        "--tts-voice-clone", json.dumps([f"anna={wav}"]), name="qwen3-clone",
+        "--tts-voice-clone", json.dumps([f"anna={wav}", f"bob={wav}:Hi."]), name="qwen3-clone",
     )  # fmt: skip
     yield server
     stop_server(server)
@@ -125,9 +125,11 @@ async def test_realtime_speaks_a_designed_voice(design_server: LiveServer) -> No
 
 
 def test_speech_speaks_a_cloned_voice(clone_server: LiveServer) -> None:
-    """``voice: anna`` is the recording registered with ``--tts-voice-clone``; OpenAI names and
-    "default" map to it (the only clone); other names are refused."""
+    """``voice: anna`` is the recording registered with ``--tts-voice-clone`` (x-vector), ``bob`` the same
+    recording with its transcript (ICL); OpenAI names and "default" map to the default (the first);
+    other names are refused."""
     anna = _pcm(clone_server, voice="anna")
+    assert _pcm(clone_server, voice="bob") != anna
     assert _pcm(clone_server, voice="default") == anna
     assert _pcm(clone_server, voice="alloy") == anna
     resp = _speech(clone_server, voice="nobody")

@@ -22,9 +22,11 @@ Voices depend on the checkpoint kind (``tts_model_type``):
 - VoiceDesign: the voice is a description (``instruct``): the request's ``instructions``, else the named
   design's (``designs``: name -> description, ``--tts-voice-design``) that ``voice`` selects, else the
   server's ``instructions``; "default" and OpenAI names select the default design (or none).
-- Base: voices cloned from recordings at start-up (``clones``: name -> ``path.wav``,
+- Base: voices cloned from recordings at start-up (``clones``: name -> ``path.wav[:transcript]``,
   ``--tts-voice-clone``; ``qwen3/voices.py``): ``voice`` selects one, "default" and OpenAI names the
-  default. ``instructions`` does not apply (the reference's clone prompt has none).
+  default. ``instructions`` does not apply (the reference's clone prompt has none). With a transcript
+  (ICL) the prompt holds the utterance's first text tokens: the stream holds its slot and waits for them
+  (``step``, ``has_work``), then its prompt is built (``voices.icl_start``) and prefilled, uncached.
 
 ``language`` ("auto" or one of the checkpoint's) is a backend setting. ``speed`` is validated, not applied.
 Every voice's prompt is prefilled at warm-up (its K/V cached), so a stream's first step is one frame step;
@@ -34,7 +36,8 @@ a request with its own ``instructions`` prefills its prompt at its first step (t
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,8 +48,8 @@ from realtime_gw.models.speech.codec.text import TextFeed, TextTokenizer
 from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint, load_checkpoint, random_checkpoint
 from realtime_gw.models.speech.qwen3.engine import Prompt, Qwen3Engine, build_prompt
 from realtime_gw.models.speech.qwen3.talker import Sampling
-from realtime_gw.models.speech.qwen3.voices import clone_vector
-from realtime_gw.models.speech.tts_base import OPENAI_VOICES, FrameTtsLoop, TtsBackendBase
+from realtime_gw.models.speech.qwen3.voices import ClonedVoice, clone_voice, icl_start, icl_tokens_needed
+from realtime_gw.models.speech.tts_base import OPENAI_VOICES, FrameTtsLoop, TtsBackendBase, feed_inputs
 from realtime_gw.models.tokenizers import ByteTokenizer, HfTokenizer, has_tokenizer_files
 from realtime_gw.records.voice import TtsFrame, TtsRequest
 
@@ -87,6 +90,9 @@ class Qwen3TtsState:
     tail: int = 0
     done: bool = False
     released: bool = False
+    icl: ClonedVoice | None = None
+    """An ICL clone's stream whose prompt (which holds the first text tokens) is not built yet."""
+    lead: deque[int] = field(default_factory=deque)
 
 
 class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
@@ -139,7 +145,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         self.max_instruct_tokens = min(MAX_INSTRUCT_TOKENS, max_positions // 2)
         self._instruct_cache: dict[str, tuple[int, ...]] = {}
         self.designs: dict[str, str] = {}
-        self.clone_vectors: dict[str, tuple[float, ...]] = {}
+        self.clones: dict[str, ClonedVoice] = {}
         self._set_voices(voice, designs or {}, clones or {})
         self.language = language
         self._prompt(self.default_voice, None)  # unknown language fails here
@@ -207,8 +213,8 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
                     "tts-qwen3: a Base checkpoint clones voices from recordings: register at least one "
                     "with --tts-voice-clone NAME=path.wav"
                 )
-            self.clone_vectors = {k.lower(): clone_vector(ck, spec) for k, spec in clones.items()}
-            self.voices = tuple(sorted(self.clone_vectors))
+            self.clones = {k.lower(): clone_voice(ck, spec, self.tokenizer.encode) for k, spec in clones.items()}
+            self.voices = tuple(sorted(self.clones))
         v = (voice or "").lower()
         if v in self.voices:
             self.default_voice = v
@@ -249,17 +255,68 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         text = instructions or (self.designs.get(voice) if kind == "voice_design" else None) or self.instructions
         instruct = self.instruct_ids(text) if ck.takes_instruct() else ()
         speaker = voice if kind == "custom_voice" else None
-        vector = self.clone_vectors.get(voice, ()) if kind == "base" else ()
+        vector = self.clones[voice].vector if kind == "base" and voice in self.clones else ()
         return build_prompt(ck, self.role_ids, speaker, self.language, instruct, vector)
 
     # -- Backend protocol ------------------------------------------------------------------------------
     def open(self, request: TtsRequest) -> Qwen3TtsState:
         voice, _ = self.check_request(request)
+        clone = self.clones.get(voice)
+        if clone is not None and clone.icl:  # the prompt holds the first text: built once it is in
+            slot = self.engine.alloc_prompt(None)
+            return Qwen3TtsState(request=request, slot=slot, text=TextFeed(self.tokenizer), icl=clone)
         prompt = self._prompt(voice, request.instructions)
         slot = self.engine.alloc_prompt(prompt)  # NoFreeSlot when full
         return Qwen3TtsState(request=request, slot=slot, text=TextFeed(self.tokenizer))
 
+    def has_work(self, state: Qwen3TtsState) -> bool:
+        if state.icl is not None:
+            return self._icl_ready(state)
+        return super().has_work(state)
+
+    def _icl_ready(self, st: Qwen3TtsState) -> bool:
+        assert st.icl is not None
+        return st.text.ended or len(st.text.tokens) >= icl_tokens_needed(st.icl)
+
+    def step(self, work: list[tuple[Qwen3TtsState, list[Any]]]) -> list[StepResult]:
+        """As ``FrameTtsLoop.step``; an ICL stream waits (its input taken) until its prompt's text is in."""
+        waiting: dict[int, StepResult] = {}
+        rest: list[tuple[Qwen3TtsState, list[Any]]] = []
+        for i, (st, inputs) in enumerate(work):
+            if st.icl is None or st.done:
+                rest.append((st, inputs))
+                continue
+            try:
+                feed_inputs(st.text, inputs)
+            except Exception as e:  # bad input fails this stream only
+                waiting[i] = self._failed(e)
+                continue
+            if self._icl_ready(st):
+                rest.append((st, []))
+            else:
+                waiting[i] = StepResult()
+        done = iter(super().step(rest) if rest else [])
+        return [waiting[i] if i in waiting else next(done) for i in range(len(work))]
+
+    def _start_icl(self, st: Qwen3TtsState) -> None:
+        """Build the stream's ICL prompt from the text so far and start its slot from it."""
+        assert st.icl is not None
+        voice = self.resolve_voice(st.request.voice)
+        ids = {"tts_eos": self.tts_eos, "tts_pad": self.tts_pad, "codec_bos": int(self.ck.talker_config["codec_bos_id"])}
+        start = icl_start(st.icl, self._prompt(voice, None), list(st.text.tokens), st.text.ended, ids)
+        for _ in range(start.consumed):
+            st.text.tokens.popleft()
+        st.spoken += start.consumed
+        st.tail = 1 if start.eos_in_prompt else 0
+        st.lead.extend(start.lead)
+        st.icl = None
+        self.engine.set_prompt(st.slot, start.prompt)
+
     def _next_token(self, st: Qwen3TtsState) -> tuple[int, bool]:
+        if st.icl is not None:
+            self._start_icl(st)
+        if st.lead:
+            return st.lead.popleft(), False
         if st.text.tokens:
             token = st.text.tokens.popleft()
             st.spoken += 1

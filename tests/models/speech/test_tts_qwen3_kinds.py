@@ -170,12 +170,10 @@ def test_base_backend_clones_registered_voices(base: Qwen3TtsCheckpoint) -> None
     b = _backend(base, clones={"anna": str(CLONE_WAV)})
     assert b.kind == "base" and b.voices == ("anna",) and b.default_voice == "anna"
     assert b.resolve_voice("default") == "anna" and b.resolve_voice("alloy") == "anna"
-    assert b.clone_vectors["anna"] == _clone_vector(base)
+    assert b.clones["anna"].vector == _clone_vector(base)
     assert len(b.synthesize("Hello there world.", TtsRequest(voice="anna"))) > 0
     with pytest.raises(ValueError, match="--tts-voice-clone"):
         _backend(base)
-    with pytest.raises(ValueError, match="transcript"):
-        _backend(base, clones={"anna": f"{CLONE_WAV}:Hello there."})
 
 
 def test_kind_mismatches_refused(custom: Qwen3TtsCheckpoint, design: Qwen3TtsCheckpoint) -> None:
@@ -189,11 +187,13 @@ def test_kind_mismatches_refused(custom: Qwen3TtsCheckpoint, design: Qwen3TtsChe
 
 def test_resampled_recording_xvector_equals_reference(base: Qwen3TtsCheckpoint, ref: Any) -> None:
     """A 16 kHz recording is resampled to 24 kHz as the reference does (soxr HQ, librosa's length)."""
-    from realtime_gw.models.speech.qwen3.voices import clone_vector, read_clone_audio
+    from realtime_gw.models.speech.qwen3.voices import clone_voice, read_clone_audio
 
     audio = read_clone_audio(str(FIXTURES / "qwen3_tts_tiny_clone_16k.wav"))
     assert audio.dtype == np.float32 and audio.shape == (14400,)
-    vec = np.asarray(clone_vector(base, str(FIXTURES / "qwen3_tts_tiny_clone_16k.wav")), dtype=np.float32)
+    voice = clone_voice(base, str(FIXTURES / "qwen3_tts_tiny_clone_16k.wav"), lambda text: [])
+    assert not voice.icl
+    vec = np.asarray(voice.vector, dtype=np.float32)
     want = ref["clone16_xvector"]
     assert np.abs(vec - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
 
@@ -206,3 +206,79 @@ def test_voice_specs_parse() -> None:
     for bad in (["anna"], ["=x.wav"], ["anna="], ["a=1.wav", "A=2.wav"]):
         with pytest.raises(ValueError, match="--tts-voice-clone"):
             parse_voice_specs(bad, "--tts-voice-clone")
+
+
+# -- Base: ICL (the recording's codes and transcript in the prompt) --------------------------------------------
+def test_speech_encoder_codes_equal_reference(base: Qwen3TtsCheckpoint, ref: Any) -> None:
+    """The 12 Hz tokenizer's encoder (``encoder.*`` into transformers' Mimi, names mapped) gives the
+    reference's ``speech_tokenizer.encode`` codes for the clone WAV."""
+    from realtime_gw.models.speech.qwen3.encoder import SpeechEncoder
+
+    assert base.path is not None
+    enc = SpeechEncoder.from_dir(base.path / "speech_tokenizer", base.codec_config)
+    wav, _ = soundfile.read(CLONE_WAV, dtype="float32")
+    assert np.array_equal(enc.encode(wav).numpy(), ref["icl_ref_code"])
+
+
+@pytest.mark.parametrize(
+    ("case", "text_key", "language", "do_sample", "seed"),
+    [
+        ("icl_greedy_english", "text_ids", "english", False, 0),  # the text runs past the recording
+        ("icl_topk_auto", "text_ids", "auto", True, 8),
+        ("icl_greedy_short", "short_text_ids", "english", False, 0),  # the text ends inside the prompt
+    ],
+)
+def test_icl_codes_equal_reference(
+    base: Qwen3TtsCheckpoint, ref: Any, case: str, text_key: str, language: str, do_sample: bool, seed: int
+) -> None:
+    """ICL cloning (``NAME=path.wav:transcript``): the transcript and text aligned with the recording's
+    frames in the prompt, as the reference's streaming ``generate_icl_prompt``: same codes."""
+    from realtime_gw.models.speech.qwen3.voices import clone_voice, icl_start
+    from realtime_gw.models.tokenizers import HfTokenizer
+
+    assert base.path is not None
+    voice = clone_voice(base, f"{CLONE_WAV}:Hi.", HfTokenizer(base.path).encode)
+    assert voice.ref_ids == tuple(int(x) for x in ref["icl_ref_ids"][3:-2])
+    assert len(voice.frames) == len(ref["icl_ref_code"])
+    ids = [int(x) for x in ref[text_key]]
+    role, text = ids[:3], ids[3:-5]
+    cfg = base.config
+    special = {"tts_eos": cfg["tts_eos_token_id"], "tts_pad": cfg["tts_pad_token_id"],
+               "codec_bos": base.talker_config["codec_bos_id"]}  # fmt: skip
+    start = icl_start(voice, build_prompt(base, role, None, language, vector=voice.vector), text, True, special)
+    assert start.eos_in_prompt == (case == "icl_greedy_short") and not start.prompt.cache
+    feed = [*start.lead, *text[start.consumed :], *([] if start.eos_in_prompt else [special["tts_eos"]])]
+    sampling = Sampling.from_generation(base.generation, do_sample=do_sample, sub_do_sample=do_sample)
+    eng = Qwen3Engine(base, 2, max_positions=96, sampling=sampling, cuda_graphs=False)
+    slot = eng.alloc_prompt(start.prompt)
+    torch.manual_seed(seed)
+    got = [eng.step([slot], [feed[k] if k < len(feed) else special["tts_pad"]], [k >= 2])[0][0] for k in range(23)]
+    assert np.array_equal(np.stack(got), ref[f"codes_{case}"])
+
+
+def test_icl_backend_waits_for_the_prompt_text(base: Qwen3TtsCheckpoint) -> None:
+    """An ICL stream holds its slot and waits until the text its prompt takes has arrived; text given in
+    pieces then speaks exactly as text given at once."""
+    from realtime_gw.models.contract import END_OF_INPUT
+
+    b = _backend(base, clones={"anna": f"{CLONE_WAV}:Hi."})
+    assert b.clones["anna"].icl and b.voices == ("anna",)
+    st = b.open(TtsRequest(voice="anna"))
+    assert b.engine.free_slots == 1
+    (first,) = b.step([(st, ["Hi "])])  # 2 tokens: the prompt takes 5 (8 frames - 3 transcript tokens)
+    assert first.outputs == [] and not first.done and not b.has_work(st) and st.icl is not None
+    (idle,) = b.step([(st, [])])
+    assert idle.outputs == [] and st.icl is not None
+    pcm = bytearray()
+    inputs: list[Any] = ["Hello ", "there world.", END_OF_INPUT]
+    while True:
+        (r,) = b.step([(st, inputs)])
+        inputs = []
+        pcm += b"".join(f.pcm for f in r.outputs)
+        if r.done:
+            break
+    b.release(st)
+    assert st.icl is None and b.engine.free_slots == 2
+    assert len(pcm) > 0
+    again = b.synthesize("Hi Hello there world.", TtsRequest(voice="anna"))
+    assert bytes(pcm) == again

@@ -12,7 +12,7 @@ first audio is one frame step (talker, code predictor, decoder: one CUDA graph).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,11 +27,15 @@ NO_CODEC = -1
 @dataclass(frozen=True)
 class Prompt:
     """The prefill of one stream: per position a text id and a codec id (``NO_CODEC`` = text only,
-    ``VECTOR_POSITION`` = the codec part is ``vector``, a cloned voice's x-vector)."""
+    ``VECTOR_POSITION`` = the codec part is the next of ``vectors``: a cloned voice's x-vector, an ICL
+    recording's frame embeddings). ``first``: the first frame step's codec input (default codec BOS).
+    ``cache``: keep its K/V for later streams (not for a prompt that holds an utterance's own text)."""
 
     text_ids: tuple[int, ...]
     codec_ids: tuple[int, ...]
-    vector: tuple[float, ...] = ()
+    vectors: tuple[tuple[float, ...], ...] = ()
+    first: tuple[float, ...] = ()
+    cache: bool = field(default=True, compare=False)
 
     def __len__(self) -> int:
         return len(self.text_ids)
@@ -77,12 +81,12 @@ def build_prompt(
     if spk_id is not None:
         codec.append(spk_id)
     elif vector:
-        codec.append(VECTOR_POSITION)
+        codec.append(VECTOR_POSITION)  # the x-vector in the speaker's place
     codec += [c["codec_pad_id"]]  # then codec BOS, which rides on the first frame step
     cfg = ck.config
     text = [*instruct_ids, *role_ids, *[cfg["tts_pad_token_id"]] * (len(codec) - 1), cfg["tts_bos_token_id"]]
     head = [NO_CODEC] * (len(instruct_ids) + len(role_ids))
-    return Prompt(tuple(int(t) for t in text), (*head, *(int(x) for x in codec)), tuple(vector))
+    return Prompt(tuple(int(t) for t in text), (*head, *(int(x) for x in codec)), (vector,) if vector else ())
 
 
 class Qwen3Engine(SlotEngine):
@@ -116,14 +120,24 @@ class Qwen3Engine(SlotEngine):
         self._prompt_kv: OrderedDict[Prompt, torch.Tensor] = OrderedDict()
         self.prompt_cache = prompt_cache
 
-    def alloc_prompt(self, prompt: Prompt) -> int:
-        """A slot for a new stream with ``prompt`` (prefilled at the next step); NoFreeSlot when full."""
-        if len(prompt) >= self.max_positions:
+    def alloc_prompt(self, prompt: Prompt | None) -> int:
+        """A slot for a new stream with ``prompt`` (prefilled at the next step); NoFreeSlot when full.
+        ``None``: the slot is held, and the stream starts once ``set_prompt`` gives its prompt."""
+        if prompt is not None and len(prompt) >= self.max_positions:
             raise ValueError(f"prompt of {len(prompt)} positions does not fit {self.max_positions}")
         slot = self.alloc()
+        self._fresh.remove(slot)
+        if prompt is not None:
+            self.set_prompt(slot, prompt)
+        return slot
+
+    def set_prompt(self, slot: int, prompt: Prompt) -> None:
+        """Start a held slot's stream from ``prompt`` at the next step."""
+        if len(prompt) >= self.max_positions:
+            raise ValueError(f"prompt of {len(prompt)} positions does not fit {self.max_positions}")
         self._prompts[slot] = prompt
         self.frames[slot] = len(prompt)  # host mirror of the talker position after prefill
-        return slot
+        self._fresh.append(slot)
 
     def free(self, slot: int) -> None:
         self._prompts.pop(slot, None)
@@ -144,7 +158,9 @@ class Qwen3Engine(SlotEngine):
         self.decoder.reset(self._index(fresh))
         self.cache_prompts(list(groups), {p: slots[0] for p, slots in groups.items()})
         for p, slots in groups.items():
-            self.talker.load_prompt(self._index(slots), self._prompt_kv[p])
+            first = torch.as_tensor(p.first).to(self.device) if p.first else None
+            kv = self._prompt_kv[p] if p.cache else self._prompt_kv.pop(p)
+            self.talker.load_prompt(self._index(slots), kv, first)
 
     def cache_prompts(self, prompts: list[Prompt], scratch: dict[Prompt, int] | None = None) -> None:
         """Prefill the prompts not cached yet, in one batch, each in its ``scratch`` slot (default: a free
@@ -168,11 +184,12 @@ class Qwen3Engine(SlotEngine):
         lengths = torch.as_tensor([len(p) for p in new], dtype=torch.long)
         dev = self.device
         vectors = None
-        if any(p.vector for p in new):
-            vectors = torch.zeros(len(new), self.talker.hidden)
+        if any(p.vectors for p in new):
+            vectors = torch.zeros(len(new), width, self.talker.hidden)
             for i, p in enumerate(new):
-                if p.vector:
-                    vectors[i] = torch.as_tensor(p.vector)
+                if p.vectors:
+                    at = (codec[i] == VECTOR_POSITION).nonzero()[:, 0]
+                    vectors[i, at] = torch.as_tensor(p.vectors)
             vectors = vectors.to(dev)
         slots = [scratch[p] for p in new]
         self.talker.prefill(self._index(slots), text.to(dev), codec.to(dev), lengths.to(dev), vectors)

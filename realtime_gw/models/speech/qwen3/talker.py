@@ -151,8 +151,8 @@ class Qwen3TalkerRuntime:
         vectors: torch.Tensor | None = None,
     ) -> None:
         """Prompts ``(n, P)`` of new streams into ``slots``: position i's input is ``text_embed(text_ids)``
-        plus ``codec_embedding(codec_ids)`` where ``codec_ids >= 0``, plus row r's ``vectors[r]`` where
-        ``codec_ids == VECTOR_POSITION`` (nothing where it is -1: text only). Writes K/V for positions ``[0, P)``
+        plus ``codec_embedding(codec_ids)`` where ``codec_ids >= 0``, or ``vectors[r, i]`` (``(n, P, H)``)
+        where ``codec_ids == VECTOR_POSITION`` (nothing where it is -1: text only). Writes K/V for positions ``[0, P)``
         (those past a row's length are never read: masked until overwritten), sets position = length, the
         next input's codec part to BOS, and clears the codebook-0 history."""
         n, plen = text_ids.shape
@@ -160,7 +160,7 @@ class Qwen3TalkerRuntime:
         codec = torch.where((codec_ids >= 0)[..., None], emb, torch.zeros_like(emb))
         if vectors is not None:
             at = (codec_ids == VECTOR_POSITION)[..., None]
-            codec = torch.where(at, vectors[:, None, :].to(codec.dtype), codec)
+            codec = torch.where(at, vectors.to(codec.dtype), codec)
         x = self.text_embed(text_ids) + codec
         pos = torch.arange(plen, device=x.device)
         cos, sin = rope_cos_sin(pos, self.inv_freq, 1.0, x.dtype)
@@ -187,11 +187,13 @@ class Qwen3TalkerRuntime:
             h = layer(h, cos, sin, write, _Lazy(scratch, 0), _Lazy(scratch, 1), mask_add)
         self._begin(slots, lengths)
 
-    def _begin(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
-        """After a prompt's K/V are in ``slots``: position = length, next codec input BOS, no history."""
+    def _begin(self, slots: torch.Tensor, lengths: torch.Tensor, first: torch.Tensor | None = None) -> None:
+        """After a prompt's K/V are in ``slots``: position = length, next codec input ``first`` (``(H,)``;
+        default BOS), no history."""
         n = slots.shape[0]
         self.pos.index_copy_(0, slots, lengths)
-        self.last_emb.index_copy_(0, slots, self.bos_emb.expand(n, -1).contiguous())
+        start = self.bos_emb if first is None else first.to(self.bos_emb.dtype)
+        self.last_emb.index_copy_(0, slots, start.expand(n, -1).contiguous())
         self.seen.index_fill_(0, slots, False)
 
     @torch.no_grad()
@@ -204,13 +206,13 @@ class Qwen3TalkerRuntime:
         ).unflatten(0, (len(self.layers), 2))
 
     @torch.no_grad()
-    def load_prompt(self, slots: torch.Tensor, kv: torch.Tensor) -> None:
+    def load_prompt(self, slots: torch.Tensor, kv: torch.Tensor, first: torch.Tensor | None = None) -> None:
         """Start ``slots`` from a prompt's K/V (``export_prompt``): as ``prefill`` of that prompt would."""
         n, length = slots.shape[0], kv.shape[3]
         for i in range(len(self.layers)):
             self.k_cache[i][:, :, :length].index_copy_(0, slots, kv[i, 0].expand(n, -1, -1, -1))
             self.v_cache[i][:, :, :length].index_copy_(0, slots, kv[i, 1].expand(n, -1, -1, -1))
-        self._begin(slots, torch.full((n,), length, dtype=torch.long, device=slots.device))
+        self._begin(slots, torch.full((n,), length, dtype=torch.long, device=slots.device), first)
 
     # -- the frame -----------------------------------------------------------------------------------------------
     def talker_hidden(self, b: int, length: int, x: torch.Tensor, active: torch.Tensor) -> torch.Tensor:

@@ -5,18 +5,24 @@
 - Base: ``NAME=path.wav`` — the x-vector of that recording (``speaker.py``). The reference reads the file
   as librosa does (float32, channels averaged) and resamples other rates to 24 kHz with soxr's HQ filter
   (librosa's default), so a WAV at any rate gives the reference's x-vector. ``NAME=path.wav:transcript``
-  asks for the reference's ICL mode (the recording's codes and transcript in the prompt), not supported.
+  is the reference's ICL mode: also the recording's 12 Hz codes (``encoder.py``), kept as each frame's
+  summed codec embeddings, and the transcript's tokens; each utterance's prompt then aligns transcript +
+  text with those frames (``tts_qwen3.py``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint
+from realtime_gw.models.speech.qwen3.engine import Prompt
 from realtime_gw.models.speech.qwen3.speaker import SPEAKER_RATE, speaker_embedding
+from realtime_gw.models.speech.qwen3.talker import VECTOR_POSITION
 
 
 def parse_voice_specs(specs: Iterable[str], flag: str) -> dict[str, str]:
@@ -48,17 +54,93 @@ def read_clone_audio(path: str) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
-def clone_vector(ck: Qwen3TtsCheckpoint, spec: str) -> tuple[float, ...]:
-    """The x-vector of ``path.wav`` (a ``--tts-voice-clone`` value) under ``ck``'s speaker encoder."""
+@dataclass(frozen=True)
+class ClonedVoice:
+    vector: tuple[float, ...]
+    """The recording's x-vector (in the speaker's place)."""
+    ref_ids: tuple[int, ...] = ()
+    """ICL: the transcript's tokens."""
+    frames: tuple[tuple[float, ...], ...] = ()
+    """ICL: per 80 ms frame of the recording, the sum of its 16 codes' embeddings (as the talker's input)."""
+
+    @property
+    def icl(self) -> bool:
+        return bool(self.frames)
+
+
+def clone_voice(ck: Qwen3TtsCheckpoint, spec: str, tokenize: Callable[[str], list[int]]) -> ClonedVoice:
+    """A ``--tts-voice-clone`` value (``path.wav`` or ``path.wav:transcript``) under ``ck``'s encoders."""
     if ck.speaker_encoder is None:
         raise ValueError(f"--tts-voice-clone needs a Base checkpoint (this one is {ck.kind})")
     path, _, transcript = spec.partition(":")
-    if transcript.strip():
-        raise ValueError(
-            f"--tts-voice-clone {spec!r}: a transcript selects the reference's ICL mode, which is not "
-            "supported yet; give NAME=path.wav (x-vector cloning)"
-        )
     audio = read_clone_audio(path)
     if audio.shape[0] < SPEAKER_RATE // 4:
         raise ValueError(f"--tts-voice-clone {path}: under 0.25 s of audio")
-    return tuple(float(x) for x in speaker_embedding(ck.speaker_encoder, audio).float().tolist())
+    vector = tuple(float(x) for x in speaker_embedding(ck.speaker_encoder, audio).float().tolist())
+    if not transcript.strip():
+        return ClonedVoice(vector)
+    if ck.path is None:
+        raise ValueError("--tts-voice-clone with a transcript needs the checkpoint's speech_tokenizer")
+    from realtime_gw.models.speech.qwen3.encoder import SpeechEncoder
+
+    codes = SpeechEncoder.from_dir(ck.path / "speech_tokenizer", ck.codec_config).encode(audio)
+    ref_ids = tokenize(f"<|im_start|>assistant\n{transcript.strip()}<|im_end|>\n")[3:-2]  # as the reference
+    return ClonedVoice(vector, tuple(ref_ids), frame_embeddings(ck, codes))
+
+
+@torch.no_grad()
+def frame_embeddings(ck: Qwen3TtsCheckpoint, codes: torch.Tensor) -> tuple[tuple[float, ...], ...]:
+    """Codes ``(frames, 16)`` -> per frame the sum of its codebooks' embeddings (codebook 0 the talker's,
+    1..15 the code predictor's), summed in one reduction in the talker's dtype, as the reference's ICL
+    prompt sums them."""
+    t = ck.talker
+    codes = codes.to(t.model.codec_embedding.weight.device)
+    embs = [t.model.codec_embedding(codes[:, :1])]
+    embs += [t.code_predictor.model.codec_embedding[i - 1](codes[:, i : i + 1]) for i in range(1, codes.shape[1])]
+    sums = torch.cat(embs, dim=1).sum(1).float().cpu()
+    return tuple(tuple(float(x) for x in row) for row in sums.tolist())
+
+
+# -- ICL: each utterance's prompt ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class IclStart:
+    prompt: Prompt
+    consumed: int
+    """Text tokens the prompt took (the stream feeds on from the next)."""
+    eos_in_prompt: bool
+    """The text ended inside the prompt: the stream feeds ``tts_pad`` from its first frame on."""
+    lead: tuple[int, ...]
+    """Transcript tokens past the prompt, fed before the text (a transcript longer than the recording)."""
+
+
+def icl_tokens_needed(voice: ClonedVoice) -> int:
+    """Text tokens an ICL prompt must see (unless the text has ended), one more for the first frame."""
+    return max(0, len(voice.frames) - len(voice.ref_ids)) + 1
+
+
+def icl_start(
+    voice: ClonedVoice, head: Prompt, text: list[int], ended: bool, ids: dict[str, int]
+) -> IclStart:
+    """The reference's streaming ICL prompt (``generate_icl_prompt``) after ``head`` (role and codec prefix
+    with the x-vector): text ``transcript + text + [tts_eos]`` (``tts_pad`` past its end) aligned with codec
+    ``[codec_bos] + frames``, one position per recording frame; its last position (its text token and the
+    last frame) is the first frame step's input, so the prompt holds the others and ``first`` = the last
+    frame. ``ids``: ``tts_eos``, ``tts_pad``, ``codec_bos``."""
+    frames, ref = voice.frames, list(voice.ref_ids)
+    n = len(frames)  # prompt positions: codec [bos, frame 0 .. frame n-2]; frame n-1 rides on the first step
+    consumed = min(len(text), max(0, n - len(ref)))
+    part = (ref + text[:consumed])[:n]
+    eos_in = False
+    if len(part) < n:  # the text ended inside the prompt (else the caller waits for more)
+        if not ended:
+            raise ValueError("ICL prompt started before enough text arrived")
+        part += [ids["tts_eos"]] + [ids["tts_pad"]] * (n - len(part) - 1)
+        eos_in = True
+    prompt = Prompt(
+        head.text_ids + tuple(part),
+        head.codec_ids + (ids["codec_bos"],) + (VECTOR_POSITION,) * (n - 1),
+        head.vectors + frames[: n - 1],
+        first=frames[n - 1],
+        cache=False,
+    )
+    return IclStart(prompt, consumed, eos_in, tuple(ref[n:]))
