@@ -13,8 +13,9 @@ Prints JSON (also to ``--json``):
   reads 750 positions, the worst case), with CUDA graphs and eager, and an eager encoder/LM split;
 - ``realtime_streams``: the largest batch whose worst-case p95 step stays under 80 ms (every stream then
   keeps up with real time);
-- ``catchup_check``: tokens of staggered streams (joining, ending together, more ending than catch-up
-  slots) through the backend with catch-up vs without: the fraction equal (1.0 expected);
+- ``direct`` (``--direct N``): N streams stepped back to back through the backend (no worker, no real-time
+  pacing), ends spread over one utterance, catch-up off and on alternated ``--repeats`` times: END_OF_INPUT
+  -> final in worker steps and in wall time of the steps, and the fraction of tokens equal off vs on;
 - ``e2e`` (``--e2e N``): N streams through a real ``StageWorker``, each pushing 80 ms of audio every 80 ms
   for ``--utterance-s``; latency of the first partial, and from END_OF_INPUT to the final transcript (ms
   and worker steps), with the reference's flush (delay + 1 s of silence) and a shorter one (``--flush-s``),
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import platform
 import sys
@@ -178,26 +180,58 @@ def bench_batches(eng: KyutaiAsrEngine, args: argparse.Namespace) -> list[dict[s
     return rows
 
 
-def catchup_check(ck: Any, streams: int = 24) -> dict[str, Any]:
-    """The same staggered streams (joining over 12 steps, ending in groups above talking ones, so packed
-    into the low slots) with catch-up off and on, stepped directly: the fraction of equal tokens."""
-    audio = noise(streams, 12, seed=3)
-    runs = []
-    for substeps in (0, 7):
-        backend = KyutaiAsrBackend(
-            checkpoint=ck, slots=streams, catchup_steps=substeps, catchup_budget_s=None, flush_s=0.56
-        )
-        turns = [Turn(audio[i, : 4 + i % 8].reshape(-1), start=i // 2) for i in range(streams)]
-        drive(backend, turns)
-        runs.append(([t.tokens for t in turns], [t.final_step - t.end_step + 1 for t in turns]))  # type: ignore[operator]
-    (plain, plain_steps), (fast, fast_steps) = runs
-    pairs = [(a, b) for x, y in zip(plain, fast, strict=True) for a, b in zip(x, y, strict=False)]
-    return {
-        "catchup_equals_plain_tokens_frac": sum(a == b for a, b in pairs) / len(pairs),
-        "same_lengths": [len(x) for x in plain] == [len(y) for y in fast],
-        "steps_end_to_final_plain_mean": float(np.mean(plain_steps)),
-        "steps_end_to_final_catchup_mean": float(np.mean(fast_steps)),
-    }
+def catchup_direct(ck: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--direct N`` streams stepped back to back through the backend (no worker, no real-time pacing), all
+    opened at once with utterances of 1x to 2x ``--utterance-s`` so that their ends spread over one
+    utterance; each flush (``--flush-s``) with catch-up off and on, alternated ``--repeats`` times. Per
+    ending stream: worker steps and wall time (of the steps themselves) from END_OF_INPUT to the final;
+    the first repeat's tokens compared between off and on."""
+    n = args.direct
+    frames = max(1, int(args.utterance_s / FRAME_S))
+    audio = noise(n, 2 * frames, seed=3)
+    lengths = [frames + i * frames // n for i in range(n)]
+    budget = args.catchup_budget_ms / 1e3 if args.catchup_budget_ms > 0 else None
+    backend = KyutaiAsrBackend(checkpoint=ck, slots=n, catchup_budget_s=budget)
+    backend.warmup()
+    rows = []
+    for flush_s in args.flush_s:
+        backend.flush_samples = backend.timing.flush_samples if flush_s is None else int(flush_s * 24000)
+        runs: dict[int, dict[str, Any]] = {}
+        for _ in range(args.repeats):
+            for substeps in args.catchup_steps:
+                backend.catchup_steps = substeps
+                sub0 = backend.substeps
+                turns = [Turn(audio[i, : lengths[i]].reshape(-1)) for i in range(n)]
+                drive(backend, turns, max_steps=10 * frames + 1000)
+                r = runs.setdefault(substeps, {"steps": [], "s": [], "substeps": 0, "tokens": None})
+                r["steps"] += [t.final_step - t.end_step + 1 for t in turns]  # type: ignore[operator]
+                r["s"] += [t.end_to_final_s for t in turns]
+                r["substeps"] += backend.substeps - sub0
+                r["tokens"] = r["tokens"] or [t.tokens for t in turns]
+        base = runs[args.catchup_steps[0]]["tokens"]
+        for substeps, r in runs.items():
+            pairs = [
+                (a, b) for x, y in zip(base, r["tokens"], strict=True) for a, b in zip(x, y, strict=False)
+            ]
+            row = {
+                "flush_s": round(backend.flush_samples / 24000, 3),
+                "flush_frames": (backend.flush_samples + FRAME - 1) // FRAME,
+                "streams": n,
+                "catchup_steps": substeps,
+                "repeats": args.repeats,
+                "steps_end_to_final": {"p50": pct(r["steps"], 50), "p95": pct(r["steps"], 95)},
+                "end_to_final": ms(r["s"]),
+                "catchup_substeps": r["substeps"],
+                "tokens_equal_first_frac": sum(a == b for a, b in pairs) / max(1, len(pairs)),
+                "same_lengths": [len(x) for x in base] == [len(y) for y in r["tokens"]],
+            }
+            log(f"direct {json.dumps(row)}")
+            rows.append(row)
+    del backend  # its slots' memory, before the step rows' 800 slots
+    gc.collect()
+    if ck.model.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
 
 
 class TimedBackend:
@@ -319,6 +353,8 @@ def main() -> None:
         "--arrivals", nargs="+", default=["staggered", "aligned"], choices=["staggered", "aligned"]
     )
     p.add_argument("--turns", type=int, default=3, help="e2e staggered: turns per session")
+    p.add_argument("--direct", type=int, default=256, help="streams stepped directly (0 = none)")
+    p.add_argument("--repeats", type=int, default=3, help="--direct: off/on alternations")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     dev = torch.device(args.device)
@@ -347,8 +383,8 @@ def main() -> None:
         if dev.type == "cuda":
             out["check"] = graph_vs_eager(ck.model)
             log(f"check {out['check']}")
-        out["catchup_check"] = catchup_check(ck)
-        log(f"catchup_check {out['catchup_check']}")
+        if args.direct:
+            out["direct"] = catchup_direct(ck, args)
         if args.batches:
             bench_step_rows(ck, args, out, dev)
         if args.e2e:

@@ -3,6 +3,7 @@ many streams through a backend step by step as a worker would (one 80 ms frame p
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,9 @@ class Turn:
     final_step: int | None = None
     frames_left_at_end: int | None = None
     """Frames the stream had yet to step when its END_OF_INPUT arrived (flush included)."""
+    end_to_final_s: float | None = None
+    """Wall time from the start of the step that took END_OF_INPUT to the end of the step that gave the
+    final (the worker steps themselves: no waiting for a step in flight)."""
 
 
 def drive(backend: KyutaiAsrBackend, turns: list[Turn], max_steps: int = 500) -> None:
@@ -56,7 +60,9 @@ def drive(backend: KyutaiAsrBackend, turns: list[Turn], max_steps: int = 500) ->
     open_: dict[int, Any] = {}
     chunks: dict[int, list[Any]] = {}
     finished: set[int] = set()
+    ended_at: dict[int, float] = {}
     for step in range(max_steps):
+        t_step = time.perf_counter()
         for k, turn in enumerate(turns):
             if turn.start == step:
                 open_[k] = backend.open(AsrStreamRequest(sample_rate=24000))
@@ -76,6 +82,7 @@ def drive(backend: KyutaiAsrBackend, turns: list[Turn], max_steps: int = 500) ->
                 audio = len(turn.pcm) + backend.timing.prefix_samples
                 total = (audio + backend.flush_samples) // FRAME_SAMPLES - 1
                 turn.frames_left_at_end = total - state.steps
+                ended_at[k] = t_step
             if inputs or backend.has_work(state):
                 work.append((state, inputs))
                 keys.append(k)
@@ -86,6 +93,7 @@ def drive(backend: KyutaiAsrBackend, turns: list[Turn], max_steps: int = 500) ->
             assert result.error is None, result.error
             if result.done:
                 turn.final_step, turn.tokens = step, list(state.tokens)
+                turn.end_to_final_s = time.perf_counter() - ended_at[k]
                 backend.release(open_.pop(k))
                 finished.add(k)
         for k, state in open_.items():
