@@ -18,20 +18,21 @@ Catch-up. Once its input has ended, a stream's remaining frames (queued audio, t
 need no client audio, so it need not wait one full-batch step per frame (at 256 streams 7 flush frames x
 ~18 ms). After the main batched step, up to ``catchup_steps`` sub-steps advance the ending streams alone,
 one frame each, at the batch bucket of their count: batch buckets cover slots ``[0, B)``, so the ``n``
-ending streams are first packed into slots ``[0, n)`` (``engine.exchange`` swaps whole slot rows with the
-talking streams or free slots there; nothing of either stream changes but its row). Why whole-frame
+ending streams are first packed into slots ``[0, n)``, once per worker step (``engine.exchange`` swaps
+whole slot rows with the talking streams or free slots there; nothing of either stream changes but its row). Why whole-frame
 sub-steps and not the flush encoded in one call: the LM is autoregressive on its own text tokens
 (position ``p`` reads the token predicted at ``p - 1``), so each flush frame costs one sequential LM step
 whatever the encoder does; the causal Mimi encoder could take the silence frames in one call, but only
 through a second, multi-frame encoder path (other shapes, other float reductions, other graphs) to save
 the encoder's share of a small-batch step. The sub-steps run the very per-frame program (the same CUDA
-graph per (batch, length) bucket), so every row's arithmetic and every token are those without catch-up
-(the tests compare them, and with ``generate``'s). Bounds: at most ``catchup_steps`` sub-steps per
+graph per (batch, length) bucket), so the tokens are those without catch-up (the CPU tests compare them,
+and with ``generate``'s; on a GPU a row's rounding may depend on its batch bucket's kernels, as it already
+does when streams join or leave: the benchmark's ``direct`` rows count equal tokens there). Bounds: at most ``catchup_steps`` sub-steps per
 worker step, and none started once the step (main + sub-steps so far + one more, timed by the last one)
 would pass ``catchup_budget_s``, so the main cadence stays inside the 80 ms frame. When many streams end
 at once the sub-steps are as large as main steps and cost what back-to-back main steps would; the win is
 the usual case, a few ending among many talking. A stream with ``R`` frames left at ``END_OF_INPUT``
-ends after ``ceil(R / (1 + catchup_steps))`` worker steps instead of ``R``.
+ends after ``ceil(R / (1 + catchup_steps))`` worker steps instead of ``R`` (when the budget allows).
 """
 
 from __future__ import annotations
