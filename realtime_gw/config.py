@@ -229,11 +229,13 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`fast` with `policy_compile`: directory of the on-disk compile cache that lets a warm start-up skip
     inductor's work, one file per key (model config, dtype, shapes, torch version, GPU, sampler code);
     `auto` = $XDG_CACHE_HOME/realtime-gw/policy-compile (~/.cache/...), `off` = none."""
-    policy_phase_steps: int = 1
-    """`fast`: denoising steps each robot's chunk advances per worker step. A robot that arrives while
-    other chunks run waits for one worker step of theirs (a few denoising steps), not for their whole
-    chunks; 0 = one-shot (the prefix and every step in one worker step). With phases the worker does not
-    hold a step open for more robots (`policy_max_wait_ms` applies to one-shot only)."""
+    policy_phase_steps: int = 0
+    """`fast`: denoising steps each robot's chunk advances per worker step (phases). A robot that arrives
+    while other chunks run then waits for one worker step of theirs, not for their whole chunks (on CUDA
+    its prefix runs on a second stream beside their steps; elsewhere it delays them); 0 = one-shot
+    chunks (the prefix and every step in one worker step), the default until a GPU run shows phases
+    paying (docs/benchmarks.md: on the CPU they did not under load). With phases the worker holds no
+    step open for more robots (`policy_max_wait_ms`)."""
     policy_rtc_beta: float = 5.0
     """Real-time chunking: clip of the guidance weight (the RTC paper's beta)."""
     policy_norm_stats: str | None = None

@@ -10,8 +10,14 @@ robot holding a slot shares, whatever step each is at.
   others are mid-chunk waits for at most the steps of one iteration before its prefix runs, and joining
   never changes another robot's actions (rows never mix).
 - On CUDA the prefix (one graph per exact count) and the step (one per bucket, plain and RTC-guided)
-  are CUDA graphs in one pool (``kernels.GraphCapture``); elsewhere, or where a capture fails, the same
-  code runs eagerly.
+  are CUDA graphs (``kernels.GraphCapture``); elsewhere, or where a capture fails, the same code runs
+  eagerly.
+- Overlap (CUDA with graphs): the prefix runs on a stream of its own, in a graph pool of its own, over
+  the staging rows only; the robots already admitted keep stepping on the main stream meanwhile (the
+  prefix is compute-bound, a step latency-bound: they share the GPU well). Once it is done (an event) the
+  staging rows are committed into their slots on the main stream, and the new robots step from then on.
+  One prefix batch is in flight at a time; robots arriving meanwhile wait for the next. Without a GPU
+  the prefix is committed as soon as it ran.
 - Per-robot step parameters go up once per iteration (all of its steps); each step's column is a
   device-to-device copy before the replay. The only host sync per iteration ends it (the finished rows'
   actions come back in it), after which every staging buffer is free again.
@@ -22,6 +28,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,6 +51,24 @@ log = logging.getLogger(__name__)
 
 KINDS = ("plain", "rtc")
 """The step's two graphs per bucket: unguided, and RTC-guided (a vector-Jacobian product per step)."""
+
+
+class HostEvent:
+    """The event of a prefix launched where there are no streams: done when launched."""
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+@dataclass
+class _InFlight:
+    """The prefix batch in the staging rows, not yet in its slots."""
+
+    slots: list[int]
+    event: Any  # torch.cuda.Event or HostEvent
 
 
 class ChunkSlots:
@@ -115,6 +140,14 @@ class ChunkSlots:
         """Step graphs captured with the compiled expert step."""
         self.failed: set[tuple[str, int]] = set()
         self._capturer = GraphCapture(device)
+        """Graphs of the main stream: steps, commits."""
+        self.overlap = device.type == "cuda" and cuda_graphs
+        self._prefix_capturer = GraphCapture(device) if self.overlap else self._capturer
+        """The prefixes' own pool: a prefix replays while steps do."""
+        self._side: Any = torch.cuda.Stream(device) if self.overlap else None
+        self._inflight: _InFlight | None = None
+        self.pending: set[int] = set()
+        """Slots whose prefix is not committed yet: they do not step."""
 
     def _host_like(self, t: torch.Tensor) -> torch.Tensor:
         return torch.empty_like(t, device="cpu", pin_memory=self.pinned)
@@ -133,12 +166,17 @@ class ChunkSlots:
         """Every slot free (after a supervisor restart that dropped states unreleased)."""
         self._free = list(range(self.capacity))
         heapq.heapify(self._free)
+        self._inflight, self.pending = None, set()
 
     # -- phase 1: prefixes ---------------------------------------------------------------------------------
     @torch.no_grad()
     def admit(self, entries: Sequence[tuple[Prepared, int]]) -> list[int | None]:
         """A slot for each (prepared, num_steps) while slots last (None for the rest), and the prefixes
-        of those admitted, in one pass. Their first denoising step is the next ``advance``."""
+        of those admitted, in one pass. Their first denoising step is the next ``advance`` after the
+        prefix is committed. None for all while another prefix batch is in flight."""
+        self.commit(wait=False)
+        if self._inflight is not None:
+            return [None] * len(entries)
         slots = [heapq.heappop(self._free) if self._free else None for _ in entries]
         rows = [(s, p, n) for s, (p, n) in zip(slots, entries, strict=True) if s is not None]
         if rows:
@@ -146,11 +184,28 @@ class ChunkSlots:
         return slots
 
     def _prefix(self, rows: list[tuple[int, Prepared, int]]) -> None:
+        for slot, p, steps in rows:
+            self.step_of[slot], self.steps_of[slot], self.guided[slot] = 0, steps, p.rtc is not None
+        if self._side is None:
+            self._prefix_launch(rows)
+            self._inflight = _InFlight([s for s, _, _ in rows], HostEvent())
+        else:
+            # The staging is free once the main stream's last commit has read it.
+            self._side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self._side):
+                self._prefix_launch(rows)
+                event = torch.cuda.Event()
+                event.record(self._side)
+            self._inflight = _InFlight([s for s, _, _ in rows], event)
+        self.pending = set(self._inflight.slots)
+        if not self.overlap:
+            self.commit(wait=True)
+
+    def _prefix_launch(self, rows: list[tuple[int, Prepared, int]]) -> None:
         n = len(rows)
         self.host_index[:n].copy_(torch.tensor([s for s, _, _ in rows]))
         self.index[:n].copy_(self.host_index[:n], non_blocking=True)
-        # Capture (if new) before the inputs land: its warm-up runs on whatever the staging holds, and
-        # writes only the slots being admitted.
+        # Capture (if new) before the inputs land: its warm-up runs on whatever the staging holds.
         graph = self.graph("prefix", n) if self.cuda_graphs else None
         prepared = [p for _, p, _ in rows]
         host, dev = self.host.rows(n), self.stage.rows(n)
@@ -168,13 +223,33 @@ class ChunkSlots:
             graph.replay()
         else:
             self._prefix_body(n)
-        for slot, p, steps in rows:
-            self.step_of[slot], self.steps_of[slot], self.guided[slot] = 0, steps, p.rtc is not None
+
+    def commit(self, wait: bool) -> None:
+        """The prefix batch in flight into its slots (on the main stream), if it is done or ``wait``."""
+        if self._inflight is None:
+            return
+        event = self._inflight.event
+        if not wait and not event.query():
+            return
+        if isinstance(event, HostEvent):
+            event.synchronize()
+        else:
+            torch.cuda.current_stream(self.device).wait_event(event)
+        n = len(self._inflight.slots)
+        graph = self.graph("commit", n) if self.cuda_graphs else None
+        if graph is not None:
+            graph.replay()
+        else:
+            self._commit_body(n)
+        self._inflight, self.pending = None, set()
 
     def _prefix_body(self, n: int) -> None:
-        """The VLM over staging rows [0, n), then those rows into their slots."""
+        """The VLM over staging rows [0, n): their K/V, masks and rotary tables in the staging cache."""
+        self.fn.fill_prefix(self.stage_cache.rows(n), self.stage.rows(n))
+
+    def _commit_body(self, n: int) -> None:
+        """Staging rows [0, n) into their slots."""
         cache, batch = self.stage_cache.rows(n), self.stage.rows(n)
-        self.fn.fill_prefix(cache, batch)
         idx, src = self.index[:n], batch.chunk()
         for dst, rows in zip(self.cache.buffers(), cache.buffers(), strict=True):
             dst.index_copy_(0, idx, rows)
@@ -186,7 +261,10 @@ class ChunkSlots:
     @torch.no_grad()
     def advance(self, slots: Sequence[int], max_steps: int) -> list[int]:
         """Up to ``max_steps`` denoising steps for every slot in ``slots`` that has steps left (the others
-        stay as they are); returns the slots whose chunk is now complete (read them with ``actions``)."""
+        stay as they are); returns the slots whose chunk is now complete (read them with ``actions``).
+        A prefix in flight is committed first if it is done, or waited for when nothing else could step."""
+        self.commit(wait=all(s in self.pending for s in slots))
+        slots = [s for s in slots if s not in self.pending]
         left = {s: self.steps_of[s] - self.step_of[s] for s in slots}
         steps = min(max_steps, max(left.values(), default=0))
         if steps <= 0:
@@ -264,7 +342,9 @@ class ChunkSlots:
 
     def _capture(self, kind: str, size: int, velocity: Velocity) -> Any:
         if kind == "prefix":
-            return self._capturer.capture(lambda: self._prefix_body(size), warmup_runs=2)
+            return self._prefix_capturer.capture(lambda: self._prefix_body(size), warmup_runs=2)
+        if kind == "commit":  # its warm-ups are the commit itself, twice: the same copies
+            return self._capturer.capture(lambda: self._commit_body(size))
         # Warm-ups and capture with every row idle: live slots keep their actions (the suffix K/V the
         # step writes is rewritten by every step before it is read).
         self.params.copy_(self.idle)

@@ -169,6 +169,7 @@ class FastPi0Runner(Pi0Runner):
                 )
             for robots in range(prev + 1, size + 1):
                 self.slots.graph("prefix", robots)
+                self.slots.graph("commit", robots)
             for kind in KINDS:
                 self.slots.graph(kind, size, compiled=compiling)
             prev = size

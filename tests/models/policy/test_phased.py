@@ -17,6 +17,7 @@ import torch
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.policy.backend import PolicyBackend
+from realtime_gw.models.policy.chunk_slots import HostEvent
 from realtime_gw.models.policy.factory import build_policy_backend, worker_max_wait_ms
 from tests.models.policy.robots import TOL, drive, eager_runner, fast_runner, robot, tiny_model
 
@@ -117,3 +118,24 @@ def test_the_config_picks_phases_and_drops_the_batching_window() -> None:
     assert build_policy_backend(one_shot).one_shot and worker_max_wait_ms(one_shot) == 3.0
     eager = build_policy_backend(GatewayConfig())  # transformers' sampler: one-shot only
     assert not eager.phased and eager.one_shot and worker_max_wait_ms(GatewayConfig()) == 2.0
+
+
+def test_a_prefix_in_flight_leaves_the_admitted_robots_stepping(
+    tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The overlap's schedule (on CUDA the prefix runs on a stream of its own): until a new robot's
+    prefix reports done, the robots already admitted keep stepping and robots arriving meanwhile wait
+    for the next prefix batch; nobody's actions change."""
+    alone = [drive(PolicyBackend(fast_runner(tiny)), {0: [robot(i)]})[0][0] for i in (13, 14, 15)]
+    runner = fast_runner(tiny)
+    runner.slots.overlap = True  # commits deferred to the prefix's event; without streams it ran at launch
+    done = iter([False, False, False])  # robot 14's prefix reports done at the fourth look
+    monkeypatch.setattr(HostEvent, "query", lambda self: next(done, True))
+    got, done_at = drive(
+        PolicyBackend(runner, phase_steps=1), {0: [robot(13)], 3: [robot(14)], 4: [robot(15)]}
+    )
+    # 13 steps on while 14's prefix is in flight (steps 3-4) and 15 waits for a slot; both start at 5.
+    assert done_at == [9, 14, 14]
+    for a, b in zip(got, alone, strict=True):
+        assert a is not None and b is not None and np.abs(a - b).max() <= TOL
+    assert runner.slots.free_slots == runner.capacity and not runner.slots.pending

@@ -141,7 +141,7 @@ def test_compiles_only_in_warmup_and_within_budget(
 ) -> None:
     """Buckets are compiled smallest first while the budget lasts; a capture after warm-up (a new step
     count) never compiles, since a serving step must not stall for a compile."""
-    _, fast = runners(tiny, cuda_graphs=True, buckets=(1, 2, 4), compile_expert=True, compile_budget_s=10)
+    _, fast = runners(tiny, cuda_graphs=True, buckets=(1, 2, 4), compile_expert=True, compile_budget_s=16)
     clock = [0.0]
     captured: list[tuple[int, str, bool]] = []
 
@@ -157,6 +157,7 @@ def test_compiles_only_in_warmup_and_within_budget(
     assert compiled == {(1, "plain"), (1, "rtc"), (2, "plain"), (2, "rtc")}
     prefixes = [size for size, kind, _ in captured if kind == "prefix"]
     assert prefixes == [1, 2, 3, 4]  # one prefix graph per exact robot count
+    assert [size for size, kind, _ in captured if kind == "commit"] == [1, 2, 3, 4]
     report = fast.warmup_report
     assert report["compiled"] == {1: ["plain", "rtc"], 2: ["plain", "rtc"], 4: []}
     assert report["buckets_compiled"] == [1, 2] and report["buckets_uncompiled"] == [4]
