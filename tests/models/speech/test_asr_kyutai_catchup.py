@@ -126,3 +126,18 @@ def test_exchange_moves_a_stream_between_slots_mid_utterance(ck: KyutaiCheckpoin
     assert fresh == [expected_other, expected[0]]
     with pytest.raises(ValueError, match="overlap"):
         eng.exchange([(0, 1), (1, 2)])
+
+
+def test_gateway_flags_set_the_catch_up() -> None:
+    from realtime_gw.cli import build_parser
+    from realtime_gw.config import FIELDS, load_config
+    from realtime_gw.models.speech.asr_kyutai import build_kyutai_asr
+
+    def backend(*flags: str) -> KyutaiAsrBackend:
+        args = build_parser().parse_args(["serve", "--asr", "kyutai", "--asr-max-batch", "2", *flags])
+        return build_kyutai_asr(load_config(env={}, overrides={k: getattr(args, k) for k in FIELDS}))
+
+    default = backend()
+    assert (default.catchup_steps, default.catchup_budget_s) == (7, 0.05)
+    tuned = backend("--asr-catchup-steps", "3", "--asr-catchup-budget-ms", "0")
+    assert (tuned.catchup_steps, tuned.catchup_budget_s) == (3, None)
