@@ -26,19 +26,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from loadtest.voice_client import (  # noqa: E402
-    FRAME_MS,
     PacedMic,
     ReplyTimes,
     Stats,
     open_session,
     percentile,
     read_reply,
+    run_sessions,
     send_text,
     text_turn,
 )
 from tests.conftest import LiveServer, start_server, stop_server  # noqa: E402
 
-__all__ = ["FRAME_MS", "TEXT", "Stats", "hardware", "pct", "turns_load"]  # what other scripts import
+__all__ = ["TEXT", "Stats", "hardware", "pct", "turns_load"]  # what other scripts import
 
 ONE_ADDRESS = ("--max-connections-per-client", "0")
 """Every session of the load comes from 127.0.0.1: lift the per-address connection cap."""
@@ -56,7 +56,6 @@ async def turns_load(server: LiveServer, sessions: int, seconds: float) -> Stats
     deadline = time.monotonic() + seconds
 
     async def one(i: int) -> None:
-        await asyncio.sleep(i * 0.05)  # a ramp, not a thundering herd
         ws = await open_session(server.ws, {"audio": {"input": {"turn_detection": None}}})
         try:
             while time.monotonic() < deadline:
@@ -64,8 +63,7 @@ async def turns_load(server: LiveServer, sessions: int, seconds: float) -> Stats
         finally:
             await ws.close()
 
-    results = await asyncio.gather(*(one(i) for i in range(sessions)), return_exceptions=True)
-    stats.errors += sum(1 for r in results if isinstance(r, BaseException))
+    stats.errors += len(await run_sessions(sessions, one, ramp_s=0.05))
     return stats
 
 
@@ -75,7 +73,6 @@ async def barge_in(server: LiveServer, sessions: int, speech_pcm: bytes) -> Stat
     session = {"audio": {"input": {"turn_detection": {"type": "server_vad", "create_response": False}}}}
 
     async def one(i: int) -> None:
-        await asyncio.sleep(i * 0.05)
         ws = await open_session(server.ws, session)
         try:
             with PacedMic(ws) as mic:
@@ -96,8 +93,7 @@ async def barge_in(server: LiveServer, sessions: int, speech_pcm: bytes) -> Stat
         finally:
             await ws.close()
 
-    results = await asyncio.gather(*(one(i) for i in range(sessions)), return_exceptions=True)
-    stats.errors += sum(1 for r in results if isinstance(r, BaseException))
+    stats.errors += len(await run_sessions(sessions, one, ramp_s=0.05))
     return stats
 
 

@@ -39,7 +39,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from loadtest.serve import free_port, start_gateway, stop_gateway  # noqa: E402
-from loadtest.voice_client import FRAME_MS, RATE, PacedMic, open_session, percentile, read_reply  # noqa: E402
+from loadtest.voice_client import (  # noqa: E402
+    FRAME_MS,
+    RATE,
+    PacedMic,
+    open_session,
+    percentile,
+    read_reply,
+    run_sessions,
+)
 
 UTTERANCE = ROOT / "loadtest" / "data" / "voice_turn_24k.wav"
 FRAME_BYTES = RATE * 2 * FRAME_MS // 1000
@@ -111,11 +119,10 @@ async def client_main(port: int, sessions: int, seconds: float, seed: int) -> Tu
     deadline = time.monotonic() + seconds
 
     async def one(i: int) -> None:
-        await asyncio.sleep(i * 0.004)  # a ramp, not one burst of handshakes
         await session_loop(port, pcm, deadline, stats, seed * 100003 + i)
 
-    results = await asyncio.gather(*(one(i) for i in range(sessions)), return_exceptions=True)
-    stats.errors += [f"session: {r!r}"[:160] for r in results if isinstance(r, BaseException)]
+    failed = await run_sessions(sessions, one, ramp_s=0.004)
+    stats.errors += [f"session: {r!r}"[:160] for r in failed]
     return stats
 
 

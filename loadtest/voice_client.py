@@ -15,7 +15,7 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,20 @@ class Stats:
     barge_in_ms: list[float] = field(default_factory=list)
     turns: int = 0
     errors: int = 0
+
+
+async def run_sessions(
+    count: int, session: Callable[[int], Awaitable[None]], ramp_s: float
+) -> list[BaseException]:
+    """``session(i)`` for i in 0..count-1 at once, the i-th started ``i x ramp_s`` later (a ramp, not one
+    burst of handshakes); returns the exceptions that ended any of them."""
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(i * ramp_s)
+        await session(i)
+
+    results = await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
+    return [r for r in results if isinstance(r, BaseException)]
 
 
 async def open_session(base_ws: str, session: dict[str, Any], **connect: Any) -> Any:
