@@ -163,6 +163,12 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
             decoder_precision=decoder_precision,
             fuse_snake=fuse_snake,
         )
+        for name, clone in self.clones.items():
+            if clone.icl:  # the recording's frames sit in every prompt; its codes are decoded ahead
+                if len(self._prompt(name, None)) + len(clone.frames) > max_positions // 2:
+                    raise ValueError(f"--tts-voice-clone {name}: {len(clone.frames)} frames of recording leave "
+                                     f"too little of the {max_positions} positions per stream")  # fmt: skip
+                self.engine.prime_decoder(name, clone.codes)
         self.info: dict[str, Any] = {
             "model": f"qwen3-tts-{ck.config.get('tts_model_size', size)} "
             + (f"from {root}" if root else "(random init: audio is noise)"),
@@ -303,7 +309,8 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         assert st.icl is not None
         voice = self.resolve_voice(st.request.voice)
         ids = {"tts_eos": self.tts_eos, "tts_pad": self.tts_pad, "codec_bos": int(self.ck.talker_config["codec_bos_id"])}
-        start = icl_start(st.icl, self._prompt(voice, None), list(st.text.tokens), st.text.ended, ids)
+        head = self._prompt(voice, None)
+        start = icl_start(st.icl, head, list(st.text.tokens), st.text.ended, ids, decoder_start=voice)
         for _ in range(start.consumed):
             st.text.tokens.popleft()
         st.spoken += start.consumed

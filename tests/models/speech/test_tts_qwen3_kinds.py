@@ -220,6 +220,37 @@ def test_speech_encoder_codes_equal_reference(base: Qwen3TtsCheckpoint, ref: Any
     assert np.array_equal(enc.encode(wav).numpy(), ref["icl_ref_code"])
 
 
+def _icl_stream(
+    base: Qwen3TtsCheckpoint, ref: Any, text_key: str, language: str, sampling: Sampling, seed: int
+) -> tuple[list[np.ndarray], list[np.ndarray], Any]:
+    """23 frames of an ICL clone (``path.wav:Hi.``) speaking the fixture's text, whole text known (as the
+    reference had it), the decoder primed with the recording's codes: (codes, PCM, the clone)."""
+    from realtime_gw.models.speech.qwen3.voices import clone_voice, icl_start
+    from realtime_gw.models.tokenizers import HfTokenizer
+
+    assert base.path is not None
+    voice = clone_voice(base, f"{CLONE_WAV}:Hi.", HfTokenizer(base.path).encode)
+    ids = [int(x) for x in ref[text_key]]
+    role, text = ids[:3], ids[3:-5]
+    cfg = base.config
+    special = {"tts_eos": cfg["tts_eos_token_id"], "tts_pad": cfg["tts_pad_token_id"],
+               "codec_bos": base.talker_config["codec_bos_id"]}  # fmt: skip
+    head = build_prompt(base, role, None, language, vector=voice.vector)
+    start = icl_start(voice, head, text, True, special, decoder_start="anna")
+    assert not start.prompt.cache and start.eos_in_prompt == (text_key == "short_text_ids")
+    feed = [*start.lead, *text[start.consumed :], *([] if start.eos_in_prompt else [special["tts_eos"]])]
+    eng = Qwen3Engine(base, 2, max_positions=96, sampling=sampling, cuda_graphs=False)
+    eng.prime_decoder("anna", voice.codes)
+    slot = eng.alloc_prompt(start.prompt)
+    torch.manual_seed(seed)
+    codes, pcm = [], []
+    for k in range(23):
+        c, a = eng.step([slot], [feed[k] if k < len(feed) else special["tts_pad"]], [k >= 2])
+        codes.append(c[0])
+        pcm.append(a[0])
+    return codes, pcm, voice
+
+
 @pytest.mark.parametrize(
     ("case", "text_key", "language", "do_sample", "seed"),
     [
@@ -232,28 +263,17 @@ def test_icl_codes_equal_reference(
     base: Qwen3TtsCheckpoint, ref: Any, case: str, text_key: str, language: str, do_sample: bool, seed: int
 ) -> None:
     """ICL cloning (``NAME=path.wav:transcript``): the transcript and text aligned with the recording's
-    frames in the prompt, as the reference's streaming ``generate_icl_prompt``: same codes."""
-    from realtime_gw.models.speech.qwen3.voices import clone_voice, icl_start
-    from realtime_gw.models.tokenizers import HfTokenizer
-
-    assert base.path is not None
-    voice = clone_voice(base, f"{CLONE_WAV}:Hi.", HfTokenizer(base.path).encode)
-    assert voice.ref_ids == tuple(int(x) for x in ref["icl_ref_ids"][3:-2])
-    assert len(voice.frames) == len(ref["icl_ref_code"])
-    ids = [int(x) for x in ref[text_key]]
-    role, text = ids[:3], ids[3:-5]
-    cfg = base.config
-    special = {"tts_eos": cfg["tts_eos_token_id"], "tts_pad": cfg["tts_pad_token_id"],
-               "codec_bos": base.talker_config["codec_bos_id"]}  # fmt: skip
-    start = icl_start(voice, build_prompt(base, role, None, language, vector=voice.vector), text, True, special)
-    assert start.eos_in_prompt == (case == "icl_greedy_short") and not start.prompt.cache
-    feed = [*start.lead, *text[start.consumed :], *([] if start.eos_in_prompt else [special["tts_eos"]])]
+    frames in the prompt, as the reference's streaming ``generate_icl_prompt``: same codes; and the
+    waveform equals the reference's decode of recording + speech codes past the recording (greedy case)."""
     sampling = Sampling.from_generation(base.generation, do_sample=do_sample, sub_do_sample=do_sample)
-    eng = Qwen3Engine(base, 2, max_positions=96, sampling=sampling, cuda_graphs=False)
-    slot = eng.alloc_prompt(start.prompt)
-    torch.manual_seed(seed)
-    got = [eng.step([slot], [feed[k] if k < len(feed) else special["tts_pad"]], [k >= 2])[0][0] for k in range(23)]
-    assert np.array_equal(np.stack(got), ref[f"codes_{case}"])
+    codes, pcm, voice = _icl_stream(base, ref, text_key, language, sampling, seed)
+    assert voice.ref_ids == tuple(int(x) for x in ref["icl_ref_ids"][3:-2])
+    assert np.array_equal(voice.codes.numpy(), ref["icl_ref_code"])
+    assert np.array_equal(np.stack(codes), ref[f"codes_{case}"])
+    if case == "icl_greedy_english":
+        want = ref["icl_wav_full"][len(voice.frames) * 1920 :]
+        got = np.concatenate(pcm).astype(np.float32) / 32768.0
+        assert got.shape == want.shape and np.abs(got - want).max() <= 1e-4 + 1 / 32768
 
 
 def test_icl_backend_waits_for_the_prompt_text(base: Qwen3TtsCheckpoint) -> None:

@@ -157,6 +157,23 @@ class StreamingQwen3Decoder:
         self.states.reset(slots)
         self.ring.reset(slots)
 
+    def _slot_tensors(self) -> list[torch.Tensor]:
+        """Every per-slot state tensor (slot first): conv contexts, ring K/V, their positions."""
+        r = self.ring
+        return [*self.states.tensors, *r.k_ring, *r.v_ring, r.kpos, r.pos]
+
+    @torch.no_grad()
+    def export_slot(self, slot: int) -> list[torch.Tensor]:
+        """A copy of one slot's whole state (e.g. after decoding a recording's codes in it)."""
+        return [t[slot].clone() for t in self._slot_tensors()]
+
+    @torch.no_grad()
+    def load_slot(self, slots: torch.Tensor, saved: list[torch.Tensor]) -> None:
+        """Put ``export_slot``'s state into ``slots``: they decode on as that slot would have."""
+        n = slots.shape[0]
+        for t, v in zip(self._slot_tensors(), saved, strict=True):
+            t.index_copy_(0, slots, v.unsqueeze(0).expand(n, *v.shape).contiguous())
+
     # -- pieces ----------------------------------------------------------------------------------------------
     def _snake(self, m: SnakeBeta, x: torch.Tensor) -> torch.Tensor:
         a, inv_b = self.snakes[id(m)]

@@ -29,13 +29,15 @@ class Prompt:
     """The prefill of one stream: per position a text id and a codec id (``NO_CODEC`` = text only,
     ``VECTOR_POSITION`` = the codec part is the next of ``vectors``: a cloned voice's x-vector, an ICL
     recording's frame embeddings). ``first``: the first frame step's codec input (default codec BOS).
-    ``cache``: keep its K/V for later streams (not for a prompt that holds an utterance's own text)."""
+    ``cache``: keep its K/V for later streams (not for a prompt that holds an utterance's own text).
+    ``decoder_start``: the codec decoder starts from this primed state (``prime_decoder``), not silence."""
 
     text_ids: tuple[int, ...]
     codec_ids: tuple[int, ...]
     vectors: tuple[tuple[float, ...], ...] = ()
     first: tuple[float, ...] = ()
     cache: bool = field(default=True, compare=False)
+    decoder_start: str = ""
 
     def __len__(self) -> int:
         return len(self.text_ids)
@@ -117,6 +119,7 @@ class Qwen3Engine(SlotEngine):
             cuda_graphs=cuda_graphs,
         )
         self._prompts: dict[int, Prompt] = {}
+        self._decoder_starts: dict[str, list[torch.Tensor]] = {}
         self._prompt_kv: OrderedDict[Prompt, torch.Tensor] = OrderedDict()
         self.prompt_cache = prompt_cache
 
@@ -156,11 +159,32 @@ class Qwen3Engine(SlotEngine):
         for s in fresh:
             groups.setdefault(self._prompts.pop(s), []).append(s)
         self.decoder.reset(self._index(fresh))
+        for key in {p.decoder_start for p in groups} - {""}:
+            primed = [s for p, slots in groups.items() if p.decoder_start == key for s in slots]
+            self.decoder.load_slot(self._index(primed), self._decoder_starts[key])
         self.cache_prompts(list(groups), {p: slots[0] for p, slots in groups.items()})
         for p, slots in groups.items():
             first = torch.as_tensor(p.first).to(self.device) if p.first else None
             kv = self._prompt_kv[p] if p.cache else self._prompt_kv.pop(p)
             self.talker.load_prompt(self._index(slots), kv, first)
+
+    @torch.no_grad()
+    def prime_decoder(self, key: str, codes: torch.Tensor) -> None:
+        """Decode ``codes`` ``(frames, K)`` in a free slot (audio dropped) and keep that decoder state as
+        ``key``: streams whose prompt names it continue from there (an ICL recording ahead of the speech,
+        as the reference decodes it)."""
+        if not self._free:
+            raise ValueError("no free slot to prime the decoder in")
+        slot = min(self._free)
+        b = slot + 1
+        self.decoder.reset(self._index([slot]))
+        active = torch.zeros(b, dtype=torch.bool, device=self.device)
+        active[slot] = True
+        batch = torch.zeros(b, codes.shape[1], dtype=torch.long, device=self.device)
+        for frame in codes.to(self.device):
+            batch[slot] = frame
+            self.decoder.step(b, batch, active)
+        self._decoder_starts[key] = self.decoder.export_slot(slot)
 
     def cache_prompts(self, prompts: list[Prompt], scratch: dict[Prompt, int] | None = None) -> None:
         """Prefill the prompts not cached yet, in one batch, each in its ``scratch`` slot (default: a free

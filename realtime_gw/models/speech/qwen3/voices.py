@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -62,6 +62,8 @@ class ClonedVoice:
     """ICL: the transcript's tokens."""
     frames: tuple[tuple[float, ...], ...] = ()
     """ICL: per 80 ms frame of the recording, the sum of its 16 codes' embeddings (as the talker's input)."""
+    codes: torch.Tensor | None = field(default=None, compare=False)
+    """ICL: the recording's codes ``(frames, 16)`` (decoded ahead of the speech: ``prime_decoder``)."""
 
     @property
     def icl(self) -> bool:
@@ -85,7 +87,7 @@ def clone_voice(ck: Qwen3TtsCheckpoint, spec: str, tokenize: Callable[[str], lis
 
     codes = SpeechEncoder.from_dir(ck.path / "speech_tokenizer", ck.codec_config).encode(audio)
     ref_ids = tokenize(f"<|im_start|>assistant\n{transcript.strip()}<|im_end|>\n")[3:-2]  # as the reference
-    return ClonedVoice(vector, tuple(ref_ids), frame_embeddings(ck, codes))
+    return ClonedVoice(vector, tuple(ref_ids), frame_embeddings(ck, codes), codes)
 
 
 @torch.no_grad()
@@ -119,13 +121,14 @@ def icl_tokens_needed(voice: ClonedVoice) -> int:
 
 
 def icl_start(
-    voice: ClonedVoice, head: Prompt, text: list[int], ended: bool, ids: dict[str, int]
+    voice: ClonedVoice, head: Prompt, text: list[int], ended: bool, ids: dict[str, int], decoder_start: str = ""
 ) -> IclStart:
     """The reference's streaming ICL prompt (``generate_icl_prompt``) after ``head`` (role and codec prefix
     with the x-vector): text ``transcript + text + [tts_eos]`` (``tts_pad`` past its end) aligned with codec
     ``[codec_bos] + frames``, one position per recording frame; its last position (its text token and the
     last frame) is the first frame step's input, so the prompt holds the others and ``first`` = the last
-    frame. ``ids``: ``tts_eos``, ``tts_pad``, ``codec_bos``."""
+    frame. ``ids``: ``tts_eos``, ``tts_pad``, ``codec_bos``; ``decoder_start``: the decoder state primed
+    with the recording's codes (``Qwen3Engine.prime_decoder``)."""
     frames, ref = voice.frames, list(voice.ref_ids)
     n = len(frames)  # prompt positions: codec [bos, frame 0 .. frame n-2]; frame n-1 rides on the first step
     consumed = min(len(text), max(0, n - len(ref)))
@@ -142,5 +145,6 @@ def icl_start(
         head.vectors + frames[: n - 1],
         first=frames[n - 1],
         cache=False,
+        decoder_start=decoder_start,
     )
     return IclStart(prompt, consumed, eos_in, tuple(ref[n:]))
