@@ -168,7 +168,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
                 if len(self._prompt(name, None)) + len(clone.frames) > max_positions // 2:
                     raise ValueError(f"--tts-voice-clone {name}: {len(clone.frames)} frames of recording leave "
                                      f"too little of the {max_positions} positions per stream")  # fmt: skip
-                self.engine.prime_decoder(name, clone.codes)
+                self.engine.add_recording(name, clone.frames, clone.codes)
         self.info: dict[str, Any] = {
             "model": f"qwen3-tts-{ck.config.get('tts_model_size', size)} "
             + (f"from {root}" if root else "(random init: audio is noise)"),
@@ -310,7 +310,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         voice = self.resolve_voice(st.request.voice)
         ids = {"tts_eos": self.tts_eos, "tts_pad": self.tts_pad, "codec_bos": int(self.ck.talker_config["codec_bos_id"])}
         head = self._prompt(voice, None)
-        start = icl_start(st.icl, head, list(st.text.tokens), st.text.ended, ids, decoder_start=voice)
+        start = icl_start(st.icl, voice, head, list(st.text.tokens), st.text.ended, ids)
         for _ in range(start.consumed):
             st.text.tokens.popleft()
         st.spoken += start.consumed

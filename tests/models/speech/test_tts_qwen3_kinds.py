@@ -236,11 +236,11 @@ def _icl_stream(
     special = {"tts_eos": cfg["tts_eos_token_id"], "tts_pad": cfg["tts_pad_token_id"],
                "codec_bos": base.talker_config["codec_bos_id"]}  # fmt: skip
     head = build_prompt(base, role, None, language, vector=voice.vector)
-    start = icl_start(voice, head, text, True, special, decoder_start="anna")
+    start = icl_start(voice, "anna", head, text, True, special)
     assert not start.prompt.cache and start.eos_in_prompt == (text_key == "short_text_ids")
     feed = [*start.lead, *text[start.consumed :], *([] if start.eos_in_prompt else [special["tts_eos"]])]
     eng = Qwen3Engine(base, 2, max_positions=96, sampling=sampling, cuda_graphs=False)
-    eng.prime_decoder("anna", voice.codes)
+    eng.add_recording("anna", voice.frames, voice.codes)
     slot = eng.alloc_prompt(start.prompt)
     torch.manual_seed(seed)
     codes, pcm = [], []

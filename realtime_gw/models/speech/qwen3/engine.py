@@ -27,17 +27,17 @@ NO_CODEC = -1
 @dataclass(frozen=True)
 class Prompt:
     """The prefill of one stream: per position a text id and a codec id (``NO_CODEC`` = text only,
-    ``VECTOR_POSITION`` = the codec part is the next of ``vectors``: a cloned voice's x-vector, an ICL
-    recording's frame embeddings). ``first``: the first frame step's codec input (default codec BOS).
-    ``cache``: keep its K/V for later streams (not for a prompt that holds an utterance's own text).
-    ``decoder_start``: the codec decoder starts from this primed state (``prime_decoder``), not silence."""
+    ``VECTOR_POSITION`` = the codec part is the next of ``vectors``, a cloned voice's x-vector, then the
+    next frame of ``recording``). ``recording``: an ICL recording registered with the engine
+    (``add_recording``): its frames fill the positions after ``vectors``, its last frame is the first frame
+    step's codec input (else codec BOS) and the codec decoder starts from its state after the recording
+    (else silence). ``cache``: keep its K/V for later streams (not for a prompt with an utterance's text)."""
 
     text_ids: tuple[int, ...]
     codec_ids: tuple[int, ...]
     vectors: tuple[tuple[float, ...], ...] = ()
-    first: tuple[float, ...] = ()
+    recording: str = ""
     cache: bool = field(default=True, compare=False)
-    decoder_start: str = ""
 
     def __len__(self) -> int:
         return len(self.text_ids)
@@ -119,7 +119,8 @@ class Qwen3Engine(SlotEngine):
             cuda_graphs=cuda_graphs,
         )
         self._prompts: dict[int, Prompt] = {}
-        self._decoder_starts: dict[str, list[torch.Tensor]] = {}
+        self._recordings: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+        """ICL recordings: key -> (per-frame codec embeddings ``(F, H)``, the decoder state after them)."""
         self._prompt_kv: OrderedDict[Prompt, torch.Tensor] = OrderedDict()
         self.prompt_cache = prompt_cache
 
@@ -159,20 +160,20 @@ class Qwen3Engine(SlotEngine):
         for s in fresh:
             groups.setdefault(self._prompts.pop(s), []).append(s)
         self.decoder.reset(self._index(fresh))
-        for key in {p.decoder_start for p in groups} - {""}:
-            primed = [s for p, slots in groups.items() if p.decoder_start == key for s in slots]
-            self.decoder.load_slot(self._index(primed), self._decoder_starts[key])
+        for key in {p.recording for p in groups} - {""}:
+            primed = [s for p, slots in groups.items() if p.recording == key for s in slots]
+            self.decoder.load_slot(self._index(primed), self._recordings[key][1])
         self.cache_prompts(list(groups), {p: slots[0] for p, slots in groups.items()})
         for p, slots in groups.items():
-            first = torch.as_tensor(p.first).to(self.device) if p.first else None
+            first = self._recordings[p.recording][0][-1] if p.recording else None
             kv = self._prompt_kv[p] if p.cache else self._prompt_kv.pop(p)
             self.talker.load_prompt(self._index(slots), kv, first)
 
     @torch.no_grad()
-    def prime_decoder(self, key: str, codes: torch.Tensor) -> None:
-        """Decode ``codes`` ``(frames, K)`` in a free slot (audio dropped) and keep that decoder state as
-        ``key``: streams whose prompt names it continue from there (an ICL recording ahead of the speech,
-        as the reference decodes it)."""
+    def add_recording(self, key: str, frames: torch.Tensor, codes: torch.Tensor) -> None:
+        """An ICL recording for prompts that name ``key``: its per-frame codec embeddings ``(F, H)``, and
+        its codes ``(F, K)`` decoded once in a free slot (audio dropped) for the decoder state that such
+        streams start from (the reference decodes the recording ahead of the speech, then cuts it)."""
         if not self._free:
             raise ValueError("no free slot to prime the decoder in")
         slot = min(self._free)
@@ -184,7 +185,7 @@ class Qwen3Engine(SlotEngine):
         for frame in codes.to(self.device):
             batch[slot] = frame
             self.decoder.step(b, batch, active)
-        self._decoder_starts[key] = self.decoder.export_slot(slot)
+        self._recordings[key] = (frames.to(self.device), self.decoder.export_slot(slot))
 
     def cache_prompts(self, prompts: list[Prompt], scratch: dict[Prompt, int] | None = None) -> None:
         """Prefill the prompts not cached yet, in one batch, each in its ``scratch`` slot (default: a free
@@ -208,13 +209,15 @@ class Qwen3Engine(SlotEngine):
         lengths = torch.as_tensor([len(p) for p in new], dtype=torch.long)
         dev = self.device
         vectors = None
-        if any(p.vectors for p in new):
-            vectors = torch.zeros(len(new), width, self.talker.hidden)
+        if any(p.vectors or p.recording for p in new):
+            vectors = torch.zeros(len(new), width, self.talker.hidden, device=dev)
             for i, p in enumerate(new):
-                if p.vectors:
-                    at = (codec[i] == VECTOR_POSITION).nonzero()[:, 0]
-                    vectors[i, at] = torch.as_tensor(p.vectors)
-            vectors = vectors.to(dev)
+                at = (codec[i] == VECTOR_POSITION).nonzero()[:, 0].to(dev)
+                rows = [torch.as_tensor(p.vectors, device=dev).reshape(-1, self.talker.hidden)]
+                if p.recording:
+                    frames = self._recordings[p.recording][0]
+                    rows.append(frames[: len(at) - len(p.vectors)].float())
+                vectors[i, at] = torch.cat(rows)
         slots = [scratch[p] for p in new]
         self.talker.prefill(self._index(slots), text.to(dev), codec.to(dev), lengths.to(dev), vectors)
         for p, slot in zip(new, slots, strict=True):

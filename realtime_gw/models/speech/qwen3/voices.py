@@ -60,14 +60,15 @@ class ClonedVoice:
     """The recording's x-vector (in the speaker's place)."""
     ref_ids: tuple[int, ...] = ()
     """ICL: the transcript's tokens."""
-    frames: tuple[tuple[float, ...], ...] = ()
-    """ICL: per 80 ms frame of the recording, the sum of its 16 codes' embeddings (as the talker's input)."""
+    frames: torch.Tensor | None = field(default=None, compare=False)
+    """ICL: per 80 ms frame of the recording, the sum of its 16 codes' embeddings ``(F, H)``, the talker's
+    dtype (registered with the engine: ``Qwen3Engine.add_recording``)."""
     codes: torch.Tensor | None = field(default=None, compare=False)
-    """ICL: the recording's codes ``(frames, 16)`` (decoded ahead of the speech: ``prime_decoder``)."""
+    """ICL: the recording's codes ``(F, 16)`` (decoded ahead of the speech)."""
 
     @property
     def icl(self) -> bool:
-        return bool(self.frames)
+        return self.frames is not None
 
 
 def clone_voice(ck: Qwen3TtsCheckpoint, spec: str, tokenize: Callable[[str], list[int]]) -> ClonedVoice:
@@ -91,7 +92,7 @@ def clone_voice(ck: Qwen3TtsCheckpoint, spec: str, tokenize: Callable[[str], lis
 
 
 @torch.no_grad()
-def frame_embeddings(ck: Qwen3TtsCheckpoint, codes: torch.Tensor) -> tuple[tuple[float, ...], ...]:
+def frame_embeddings(ck: Qwen3TtsCheckpoint, codes: torch.Tensor) -> torch.Tensor:
     """Codes ``(frames, 16)`` -> per frame the sum of its codebooks' embeddings (codebook 0 the talker's,
     1..15 the code predictor's), summed in one reduction in the talker's dtype, as the reference's ICL
     prompt sums them."""
@@ -99,8 +100,7 @@ def frame_embeddings(ck: Qwen3TtsCheckpoint, codes: torch.Tensor) -> tuple[tuple
     codes = codes.to(t.model.codec_embedding.weight.device)
     embs = [t.model.codec_embedding(codes[:, :1])]
     embs += [t.code_predictor.model.codec_embedding[i - 1](codes[:, i : i + 1]) for i in range(1, codes.shape[1])]
-    sums = torch.cat(embs, dim=1).sum(1).float().cpu()
-    return tuple(tuple(float(x) for x in row) for row in sums.tolist())
+    return torch.cat(embs, dim=1).sum(1)
 
 
 # -- ICL: each utterance's prompt ------------------------------------------------------------------------------
@@ -121,14 +121,14 @@ def icl_tokens_needed(voice: ClonedVoice) -> int:
 
 
 def icl_start(
-    voice: ClonedVoice, head: Prompt, text: list[int], ended: bool, ids: dict[str, int], decoder_start: str = ""
+    voice: ClonedVoice, key: str, head: Prompt, text: list[int], ended: bool, ids: dict[str, int]
 ) -> IclStart:
     """The reference's streaming ICL prompt (``generate_icl_prompt``) after ``head`` (role and codec prefix
     with the x-vector): text ``transcript + text + [tts_eos]`` (``tts_pad`` past its end) aligned with codec
     ``[codec_bos] + frames``, one position per recording frame; its last position (its text token and the
-    last frame) is the first frame step's input, so the prompt holds the others and ``first`` = the last
-    frame. ``ids``: ``tts_eos``, ``tts_pad``, ``codec_bos``; ``decoder_start``: the decoder state primed
-    with the recording's codes (``Qwen3Engine.prime_decoder``)."""
+    last frame) is the first frame step's input, so the prompt holds the others. ``key``: the recording's
+    name in the engine (``add_recording``); ``ids``: ``tts_eos``, ``tts_pad``, ``codec_bos``."""
+    assert voice.frames is not None
     frames, ref = voice.frames, list(voice.ref_ids)
     n = len(frames)  # prompt positions: codec [bos, frame 0 .. frame n-2]; frame n-1 rides on the first step
     consumed = min(len(text), max(0, n - len(ref)))
@@ -142,9 +142,8 @@ def icl_start(
     prompt = Prompt(
         head.text_ids + tuple(part),
         head.codec_ids + (ids["codec_bos"],) + (VECTOR_POSITION,) * (n - 1),
-        head.vectors + frames[: n - 1],
-        first=frames[n - 1],
+        head.vectors,
+        recording=key,
         cache=False,
-        decoder_start=decoder_start,
     )
     return IclStart(prompt, consumed, eos_in, tuple(ref[n:]))
