@@ -102,6 +102,17 @@ def test_custom_voice_instruct_codes_equal_reference(custom: Qwen3TtsCheckpoint,
     assert np.array_equal(got, ref["codes_custom_instruct_ryan"])
 
 
+def test_custom_voice_instruct_only_past_0_6b(custom: Qwen3TtsCheckpoint, design: Qwen3TtsCheckpoint) -> None:
+    """The reference drops a CustomVoice instruct when ``tts_model_size in "0b6"`` (the 0.6B models)."""
+    import dataclasses
+
+    def sized(ck: Qwen3TtsCheckpoint, size: str) -> Qwen3TtsCheckpoint:
+        return dataclasses.replace(ck, config={**ck.config, "tts_model_size": size})
+
+    assert not sized(custom, "0b6").takes_instruct() and not sized(custom, "0.6b").takes_instruct()
+    assert sized(custom, "1b7").takes_instruct() and sized(design, "0b6").takes_instruct()
+
+
 def test_instruct_tokens_equal_reference(design: Qwen3TtsCheckpoint, ref: Any) -> None:
     """The backend tokenizes a description as the reference's ``_build_instruct_text`` does."""
     backend = Qwen3TtsBackend(checkpoint=design, slots=1, max_positions=128, cuda_graphs=False)

@@ -59,7 +59,9 @@ class Qwen3TtsCheckpoint:
         never, CustomVoice except at 0.6B (the reference drops it when ``tts_model_size in "0b6"``)."""
         if self.kind == "voice_design":
             return True
-        return self.kind == "custom_voice" and str(self.config.get("tts_model_size", "")) not in "0b6"
+        size = str(self.config.get("tts_model_size", "")).lower()
+        small = size in "0b6" or size == "0.6b"  # the reference's substring test; "0.6b": our random init
+        return self.kind == "custom_voice" and not small
 
     @property
     def talker_config(self) -> dict[str, Any]:
