@@ -21,10 +21,30 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         if hint is bool or set(typing.get_args(hint)) == {bool, type(None)}:
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None)
         elif typing.get_origin(hint) is list:
-            parser.add_argument(flag, dest=name, default=None, type=msgspec.json.decode, help="JSON list")
+            parser.add_argument(
+                flag, dest=name, default=None, action=_ListItems, help="repeatable (or one JSON list)"
+            )
         else:
             choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
             parser.add_argument(flag, dest=name, default=None, choices=choices)
+
+
+class _ListItems(argparse.Action):
+    """A list setting: each use of the flag adds one item (``--tts-voice-clone anna=a.wav
+    --tts-voice-clone bob=b.wav``); a value that is a JSON list (``'["a", "b"]'``) adds its items."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any, *_: Any
+    ) -> None:
+        items = list(getattr(namespace, self.dest) or [])
+        if isinstance(value, str) and value.lstrip().startswith("["):
+            try:
+                items += msgspec.json.decode(value)
+            except msgspec.DecodeError as e:
+                parser.error(f"{self.option_strings[0]}: not a JSON list: {e}")
+        else:
+            items.append(value)
+        setattr(namespace, self.dest, items)
 
 
 def build_parser() -> argparse.ArgumentParser:

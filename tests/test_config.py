@@ -38,6 +38,18 @@ def test_every_field_is_a_cli_flag() -> None:
     assert (cfg.port, cfg.tts, cfg.warmup, cfg.api_key) == (1234, "tone", False, "k")
 
 
+def test_list_flags_repeat_or_take_a_json_list() -> None:
+    argv = ["serve", "--tts-voice-clone", "anna=/v/a.wav", "--tts-voice-clone", "bob=/v/b.wav:Hi, there."]
+    argv += ["--tts-voice-design", '["narrator=A warm, low voice", "host=bright"]']
+    args = build_parser().parse_args(argv)
+    cfg = load_config(env={}, overrides={k: getattr(args, k) for k in FIELDS})
+    assert cfg.tts_voice_clone == ["anna=/v/a.wav", "bob=/v/b.wav:Hi, there."]
+    assert cfg.tts_voice_design == ["narrator=A warm, low voice", "host=bright"]
+    assert load_config(env={}).tts_voice_clone == []
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--fault-injection", "[not json"])
+
+
 def test_robot_flags_and_start_up_errors_exit_with_the_message(monkeypatch: pytest.MonkeyPatch) -> None:
     import realtime_gw.app
     from realtime_gw.cli import serve

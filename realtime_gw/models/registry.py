@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from realtime_gw.config import GatewayConfig
+from realtime_gw.config import ConfigError, GatewayConfig
 from realtime_gw.models import faults
 from realtime_gw.models.process_backend import ProcessBackend
 from realtime_gw.models.runtime import StageWorker
@@ -135,17 +135,20 @@ def build_tts(config: GatewayConfig) -> StageWorker:
         from realtime_gw.models.speech.tts_qwen3 import Qwen3TtsBackend
 
         slots = config.tts_max_batch
-        qwen = Qwen3TtsBackend(
-            path=config.tts_path,
-            size="1.7b" if config.tts_config == "1.7b" else "0.6b",
-            device=config.tts_device,
-            slots=slots,
-            voice=config.tts_voice,
-            language=config.tts_language,
-            instructions=config.tts_instructions,
-            designs=parse_voice_specs(config.tts_voice_design, "--tts-voice-design"),
-            clones=parse_voice_specs(config.tts_voice_clone, "--tts-voice-clone"),
-        )
+        try:
+            qwen = Qwen3TtsBackend(
+                path=config.tts_path,
+                size="1.7b" if config.tts_config == "1.7b" else "0.6b",
+                device=config.tts_device,
+                slots=slots,
+                voice=config.tts_voice,
+                language=config.tts_language,
+                instructions=config.tts_instructions,
+                designs=parse_voice_specs(config.tts_voice_design, "--tts-voice-design"),
+                clones=parse_voice_specs(config.tts_voice_clone, "--tts-voice-clone"),
+            )
+        except (ValueError, OSError, RuntimeError) as e:  # a bad voice spec or recording, a mismatched checkpoint
+            raise ConfigError(f"--tts qwen3: {e}") from e
         return _worker("tts", qwen, config, device=config.tts_device, max_batch=slots, max_active=slots)
     if config.tts == "tone":
         from realtime_gw.models.speech.tts_tone import ToneTtsBackend

@@ -72,3 +72,17 @@ async def test_cuda_stages_warm_up_one_at_a_time_cpu_stages_alongside() -> None:
         else:
             running.discard(next(r for r in running if r[0] == device))
     assert cuda_at_once == 1 and cpu_overlapped_cuda
+
+
+def test_a_bad_voice_clone_stops_start_up_with_a_config_error(tmp_path: Any) -> None:
+    from pathlib import Path
+
+    from realtime_gw.config import ConfigError
+
+    base = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts_tiny_base"
+    missing = tmp_path / "nobody.wav"
+    config = GatewayConfig(tts="qwen3", tts_path=str(base), tts_voice_clone=[f"anna={missing}"], warmup=False)
+    with pytest.raises(ConfigError, match=r"--tts qwen3: .*nobody\.wav"):
+        build_tts(config)
+    with pytest.raises(ConfigError, match=r"expected NAME=VALUE"):
+        build_tts(GatewayConfig(tts="qwen3", tts_path=str(base), tts_voice_clone=["anna"], warmup=False))

@@ -53,7 +53,7 @@ def clone_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
     wav = FIXTURES / "qwen3_tts_tiny_clone.wav"
     server = start_server(
         "--policy", "none", "--api-key", "test-key", "--tts", "qwen3", "--tts-path", str(ckpt),
-        "--tts-voice-clone", json.dumps([f"anna={wav}", f"bob={wav}:Hi."]), name="qwen3-clone",
+        "--tts-voice-clone", f"anna={wav}", "--tts-voice-clone", f"bob={wav}:Hi.", name="qwen3-clone",
     )  # fmt: skip
     yield server
     stop_server(server)
