@@ -183,3 +183,35 @@ async def test_crossing_poll_answers_are_applied_in_the_actors_order() -> None:
     stage._receive(replica, answer(3, [99], record=1))  # a late answer of the old record: dropped
     stage._receive(replica, answer(2, [6], done=True, record=2))
     assert await s.collect() == [1, 2, 3, 4, 5, 6]
+
+
+async def test_a_stream_opened_while_the_lease_loss_is_on_its_way_leaves_no_slot_behind(
+    cluster: Cluster,
+) -> None:
+    """The actor has answered a poll with ``lost``, the answer is still travelling, and the front-end
+    opens a stream meanwhile: the front-end fails that stream too when the answer lands (it cannot tell
+    which of its streams the loss covers), so the actor must end it as well, not hold its slot."""
+    stage, replicas = await cluster.serve()
+    stalled = stage.submit(Req(n=None))
+    await asyncio.sleep(0.1)
+    for task in stage._tasks:  # a stall past the lease
+        task.cancel()
+    await asyncio.sleep(CONFIG.ray_lease_s * 1.5)
+    stage._tasks = [asyncio.create_task(stage._send_loop())]  # it speaks again, its polls not yet back
+    lost_poll = asyncio.ensure_future(stage.replicas[0].actor.next_batch.remote(stage.frontend_id, 1.0))
+    await asyncio.sleep(0.05)  # the actor has taken the expiry; its answer waits for a result
+    late = stage.submit(Req(n=None))
+    batch = await asyncio.wait_for(lost_poll, 5)
+    assert batch.lost and batch.results  # the late stream's first results ride on the loss
+    stage._receive(stage.replicas[0], batch)
+    for stream in (stalled, late):
+        with pytest.raises(WorkerFault, match="lease on replica 0 expired"):
+            await asyncio.wait_for(stream.collect(), 5)
+    stage._tasks += [asyncio.create_task(stage._poll_loop(stage.replicas[0])) for _ in range(POLLS)]
+    for _ in range(50):
+        if replicas[0].target.load().active == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert replicas[0].target.streams_of(stage.frontend_id) == 0
+    assert replicas[0].target.load().active == 0
+    assert await asyncio.wait_for(stage.submit(Req(n=2)).collect(), 5) == [1, 2]

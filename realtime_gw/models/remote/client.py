@@ -111,6 +111,9 @@ class _Replica:
     load: Load | None = None
     ready: bool = False
     faults: int = 0
+    orphans: list[int] = field(default_factory=list)
+    """Streams failed here that the replica may still hold (opened on a new incarnation or record
+    before this front-end learnt of the restart or the lost lease): cancelled with the next ``send``."""
 
 
 class RemoteStage:
@@ -227,6 +230,10 @@ class RemoteStage:
 
     def _collect(self) -> dict[_Replica, tuple[Outbound, list[_Entry]]]:
         messages: dict[_Replica, tuple[Outbound, list[_Entry]]] = {}
+        for replica in self.replicas:
+            if replica.orphans:
+                messages.setdefault(replica, (Outbound(), []))[0].cancels.extend(replica.orphans)
+                replica.orphans = []
         for sid, e in list(self._entries.items()):
             s = e.stream
             if s.finished and not s.cancelled:
@@ -371,8 +378,10 @@ class RemoteStage:
             if entry.opened:
                 self._forget(entry.sid)
                 entry.stream._deliver([], True, reason)
+                replica.orphans.append(entry.sid)  # unknown there (a no-op) unless opened since
             else:
                 self._next_replica(entry, reason)  # not sent yet: another replica may take it
+        self.wake()
         self._export(replica)
 
     def _export(self, replica: _Replica) -> None:
