@@ -54,9 +54,15 @@ def check_speech_request(req: SpeechRequest, voices: frozenset[str], max_chars: 
         raise SpeechInputError("stream_format 'sse' carries pcm or wav, not flac", "stream_format")
     if not speed_in_range(req.speed):
         raise SpeechInputError(SPEED_ERROR, "speed")
-    if req.instructions is not None and len(req.instructions) > MAX_INSTRUCTIONS_CHARS:
-        limit = MAX_INSTRUCTIONS_CHARS
-        raise SpeechInputError(f"instructions are longer than {limit} characters", "instructions")
+    if (why := instructions_error(req.instructions)) is not None:
+        raise SpeechInputError(why, "instructions")
+
+
+def instructions_error(instructions: str | None) -> str | None:
+    """Why ``instructions`` (the HTTP body's or the speech WebSocket's ``session.config``'s) are refused."""
+    if instructions is not None and len(instructions) > MAX_INSTRUCTIONS_CHARS:
+        return f"instructions are longer than {MAX_INSTRUCTIONS_CHARS} characters"
+    return None
 
 
 def wav_header(sample_rate: int = OUTPUT_RATE, data_bytes: int = 0xFFFFFFFF - 36) -> bytes:

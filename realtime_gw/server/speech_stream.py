@@ -218,9 +218,8 @@ class SpeechStream:
                 )
             elif not speed_in_range(ev.speed):
                 self.error(SPEED_ERROR, param="speed")
-            elif ev.instructions is not None and len(ev.instructions) > sp.MAX_INSTRUCTIONS_CHARS:
-                limit = sp.MAX_INSTRUCTIONS_CHARS
-                self.error(f"instructions are longer than {limit} characters", param="instructions")
+            elif (why := sp.instructions_error(ev.instructions)) is not None:
+                self.error(why, param="instructions")
             else:
                 self.session = ev
         elif isinstance(ev, sp.InputText):

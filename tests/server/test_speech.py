@@ -66,6 +66,7 @@ def test_piper_raw_sse_and_wav_all_speak_the_text(voice_server: LiveServer) -> N
         ({"response_format": "mp3"}, "response_format"),
         ({"stream_format": "video"}, "stream_format"),
         ({"speed": 9.0}, "speed"),
+        ({"instructions": "x" * 4097}, "instructions"),  # piper ignores instructions, but not their bound
     ],
 )
 def test_bad_speech_requests_get_openai_errors(voice_server: LiveServer, body: dict[str, Any], param: str) -> None:

@@ -200,3 +200,32 @@ async def test_flac_is_encoded_off_the_event_loop(
     audio, rate = soundfile.read(io.BytesIO(body), dtype="int16")
     assert rate == 24000 and np.abs(audio).max() > 0
     assert threads and threads[0] is not threading.main_thread()
+
+
+@pytest.mark.parametrize("tone_gateway", [GatewayConfig(tts="tone")], indirect=True)
+async def test_session_config_instructions_are_bounded_and_reach_the_tts_request(
+    tone_gateway: Gateway,
+) -> None:
+    """Over-long ``instructions`` are an error naming the parameter and leave the session as it was;
+    bounded ones reach every segment's ``TtsRequest`` (a backend without descriptions ignores them)."""
+    worker = tone_gateway.workers.tts
+    requests: list[TtsRequest] = []
+    submit = worker.submit
+    worker.submit = lambda request: requests.append(request) or submit(request)  # type: ignore[method-assign]
+    ws = fakes.FakeSocket()
+    stream = speech_stream.SpeechStream(ws, tone_gateway)  # type: ignore[arg-type]
+    too_long = "x" * (sp.MAX_INSTRUCTIONS_CHARS + 1)
+    ws.feed_text(json.dumps({"type": "session.config", "voice": "default", "instructions": too_long}))
+    ws.feed_text(json.dumps({"type": "session.config", "instructions": "A warm, low voice"}))
+    ws.feed_text(json.dumps({"type": "input.text", "text": "Hello there."}))
+    ws.feed_text(json.dumps({"type": "input.done"}))
+    run = asyncio.create_task(stream.run())
+    await _wait(lambda: any(e["type"] == "audio.done" for e in _events(ws)))
+    ws.feed_disconnect()
+    await asyncio.wait_for(run, 5.0)
+    errors = [e for e in _events(ws) if e["type"] == "error"]
+    assert [(e["param"], e["message"]) for e in errors] == [
+        ("instructions", f"instructions are longer than {sp.MAX_INSTRUCTIONS_CHARS} characters")
+    ]
+    assert requests and {r.instructions for r in requests} == {"A warm, low voice"}
+    assert any(isinstance(m, bytes) for m in ws.sent)
