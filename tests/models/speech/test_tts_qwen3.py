@@ -202,6 +202,22 @@ def test_cached_prompt_equals_prefill(ck: Qwen3TtsCheckpoint) -> None:
     assert np.array_equal(_greedy_codes(cached, c, 6), want)
 
 
+def test_cached_prompt_kept_when_a_step_brings_many_new_prompts(ck: Qwen3TtsCheckpoint) -> None:
+    """A cached prompt starting a stream in the same step as more new prompts than the cache holds (say
+    many requests with their own instructions) is still there when its stream reads it: evicting it first
+    raised KeyError, failing every stream of the worker step."""
+    greedy = Sampling(do_sample=False, sub_do_sample=False)
+    ryan, dylan, vivian = (build_prompt(ck, [1, 2, 3], v, "english") for v in ("ryan", "dylan", "vivian"))
+    fresh = Qwen3Engine(ck, 3, max_positions=64, sampling=greedy, cuda_graphs=False)
+    want = _greedy_codes(fresh, fresh.alloc_prompt(ryan), 4)
+    eng = Qwen3Engine(ck, 3, max_positions=64, sampling=greedy, cuda_graphs=False, prompt_cache=1)
+    eng.cache_prompts([ryan])
+    slots = [eng.alloc_prompt(p) for p in (ryan, dylan, vivian)]  # ryan cached, two new: 2 > 1
+    got = np.stack([eng.step(slots, [100 + k] * 3, [False] * 3)[0][0] for k in range(4)])
+    assert np.array_equal(got, want)
+    assert list(eng._prompt_kv) == [ryan, dylan, vivian]  # over the bound until a later prefill trims it
+
+
 def test_bf16_decoder_close_to_fp32(ck: Qwen3TtsCheckpoint, ref: Any) -> None:
     """The bf16 conv stack (float32 SnakeBeta math inside) follows the float32 waveform (the reference's)
     over 7 frames in two slots; tables, pre-conv and transformer stay float32. The tolerance is loose on

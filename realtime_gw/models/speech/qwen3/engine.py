@@ -222,7 +222,9 @@ class Qwen3Engine(SlotEngine):
         self.talker.prefill(self._index(slots), text.to(dev), codec.to(dev), lengths.to(dev), vectors)
         for p, slot in zip(new, slots, strict=True):
             self._prompt_kv[p] = self.talker.export_prompt(slot, len(p))
-        while len(self._prompt_kv) > max(self.prompt_cache, len(new)):  # this call's prompts are newest
+        # This call's prompts (cached before or new) are the newest entries now: keep them all, the
+        # caller reads them next (bounding by len(new) evicted an older one that the caller also named).
+        while len(self._prompt_kv) > max(self.prompt_cache, len(dict.fromkeys(prompts))):
             self._prompt_kv.popitem(last=False)
 
     def _index(self, slots: list[int]) -> torch.Tensor:
