@@ -180,7 +180,13 @@ class ChunkSlots:
         slots = [heapq.heappop(self._free) if self._free else None for _ in entries]
         rows = [(s, p, n) for s, (p, n) in zip(slots, entries, strict=True) if s is not None]
         if rows:
-            self._prefix(rows)
+            try:
+                self._prefix(rows)
+            except BaseException:  # nobody will hold these slots (e.g. an OOM): give them back
+                self._inflight, self.pending = None, set()
+                for s, _, _ in rows:
+                    heapq.heappush(self._free, s)
+                raise
         return slots
 
     def _prefix(self, rows: list[tuple[int, Prepared, int]]) -> None:

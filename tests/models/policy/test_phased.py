@@ -8,6 +8,7 @@ must give its slot back."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -85,6 +86,18 @@ def test_cancel_frees_the_slot_and_a_full_runner_queues(tiny: tuple[Any, Any]) -
     assert runner.slots.free_slots == 2
     with pytest.raises(ValueError, match="freed twice"):
         runner.slots.free(0)
+
+
+def test_a_failed_prefix_gives_its_slots_back(tiny: tuple[Any, Any]) -> None:
+    """A prefix that raises (e.g. out of memory) returns the slots it took: nobody holds them, and a
+    leaked slot would never be freed (requests wait for slots, so a leak stalls robots for good)."""
+    runner = fast_runner(tiny, buckets=(1, 2))
+    good = runner.prepare(robot(1))
+    broken = dataclasses.replace(good, noise=good.noise[:1])  # a chunk of the wrong length
+    with pytest.raises(RuntimeError):
+        runner.admit([(good, 10), (broken, 10)])
+    assert runner.slots.free_slots == 2 and not runner.slots.pending and not runner._prepared
+    assert runner.admit([(good, 10), (good, 10)]) == [0, 1]
 
 
 def test_warmup_runs_a_whole_phased_chunk(tiny: tuple[Any, Any]) -> None:
