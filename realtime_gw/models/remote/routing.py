@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from realtime_gw.config import ConfigError, GatewayConfig
-from realtime_gw.models.remote.settings import actor_config
+from realtime_gw.models.remote.settings import SECRET_ENV, actor_config
 
 ROLES = ("tts", "asr", "vad", "turn", "policy")
 
@@ -71,13 +71,18 @@ def connect(config: GatewayConfig) -> None:
     if not ray.is_initialized():
         for key, value in _INLINE_ENV.items():  # read by Ray's core worker at init: this process's calls
             os.environ.setdefault(key, value)
-        ray.init(
-            address=config.ray_address or None,
-            namespace=config.ray_namespace,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
+        # A local cluster started here inherits this environment, and its actors with it: not the secrets.
+        hidden = {key: os.environ.pop(key) for key in SECRET_ENV if key in os.environ}
+        try:
+            ray.init(
+                address=config.ray_address or None,
+                namespace=config.ray_namespace,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        finally:
+            os.environ.update(hidden)
 
 
 def stage_actors(role: str, config: GatewayConfig, build: Callable[[str, GatewayConfig], Any]) -> list[Any]:

@@ -12,10 +12,13 @@ from typing import Any
 
 import msgspec
 
-from realtime_gw.config import GatewayConfig
+from realtime_gw.config import ENV_PREFIX, GatewayConfig
 
 SECRETS = ("api_key", "api_keys", "responder_api_key")
 """Config fields that never leave a front-end: the actors get their defaults."""
+SECRET_ENV = tuple(ENV_PREFIX + name.upper() for name in SECRETS)
+"""The environment variables that may carry them (``config.load_config``): a local Ray cluster's
+processes, the actors among them, inherit the environment of the front-end that starts it."""
 STAGE_FIELDS_COMMON = (
     "warmup", "worker_max_active", "worker_step_timeout_s", "cpu_backends_in_process", "cpu_backend_spare",
     "fault_injection",
