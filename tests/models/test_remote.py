@@ -15,9 +15,9 @@ from realtime_gw.config import ConfigError, GatewayConfig
 from realtime_gw.models.remote.client import POLLS, RemoteStage, _Entry
 from realtime_gw.models.remote.settings import actor_config, stage_settings
 from realtime_gw.models.remote.wire import Batch, Load
-from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, Stream, WorkerFault
-from tests.models.remote_fakes import Cluster
-from tests.models.toy_backends import Req
+from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, StageWorker, Stream, WorkerFault
+from tests.models.remote_fakes import Cluster, LocalActor
+from tests.models.toy_backends import Req, Toy
 
 CONFIG = GatewayConfig(policy="none", ray_lease_s=0.3)
 
@@ -215,3 +215,16 @@ async def test_a_stream_opened_while_the_lease_loss_is_on_its_way_leaves_no_slot
     assert replicas[0].target.streams_of(stage.frontend_id) == 0
     assert replicas[0].target.load().active == 0
     assert await asyncio.wait_for(stage.submit(Req(n=2)).collect(), 5) == [1, 2]
+
+
+async def test_a_remote_backends_warmup_report_reaches_the_front_end(cluster: Cluster) -> None:
+    """``/readyz`` lists what a backend's warm-up built (the policy's compiled buckets) from
+    ``backend.warmup_report``: a remote stage's front-end has the actor's."""
+
+    class ReportingToy(Toy):
+        warmup_report = {"buckets_compiled": [1, 2], "buckets_uncompiled": [4]}
+
+    replica = LocalActor(lambda role, config: StageWorker(ReportingToy()), CONFIG)
+    cluster.actors.append(replica)
+    stage = await cluster.frontend([replica])
+    assert stage.backend.warmup_report == ReportingToy.warmup_report

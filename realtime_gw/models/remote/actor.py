@@ -28,9 +28,9 @@ from realtime_gw.models.runtime import StageWorker, Stream
 
 log = logging.getLogger(__name__)
 
-REMOTE_DESCRIBED = (*DESCRIBED, "spec")
-"""Backend attributes a front-end reads: a hosted backend's, and the policy's ``spec`` (the robot
-socket's session is built from it)."""
+REMOTE_DESCRIBED = (*DESCRIBED, "spec", "warmup_report")
+"""Backend attributes a front-end reads: a hosted backend's, the policy's ``spec`` (the robot
+socket's session is built from it) and its ``warmup_report`` (the front-end's ``/readyz`` detail)."""
 
 
 class _Frontend:
