@@ -13,7 +13,7 @@ import pytest
 
 from realtime_gw.config import ConfigError, GatewayConfig
 from realtime_gw.models.remote.client import POLLS, RemoteStage, _Entry
-from realtime_gw.models.remote.settings import actor_config, stage_settings
+from realtime_gw.models.remote.settings import SECRETS, actor_config, stage_settings
 from realtime_gw.models.remote.wire import Batch, Load
 from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, StageWorker, Stream, WorkerFault
 from tests.models.remote_fakes import Cluster, LocalActor
@@ -163,7 +163,9 @@ def test_actors_get_no_secrets_and_settings_hold_none() -> None:
     assert (sent.api_key, sent.api_keys, sent.responder_api_key) == (None, [], None)
     assert sent.tts == config.tts and sent.policy_device == config.policy_device
     for role in ("tts", "asr", "vad", "turn", "policy"):
-        assert not {"k1", "k2", "k3"} & {str(v) for v in stage_settings(role, config).values()}
+        settings = stage_settings(role, config)
+        assert not set(SECRETS) & set(settings)
+        assert not {"k1", "k2", "k3"} & {str(v) for v in settings.values()}
 
 
 async def test_crossing_poll_answers_are_applied_in_the_actors_order() -> None:
