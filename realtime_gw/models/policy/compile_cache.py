@@ -18,6 +18,7 @@ inductor's own entries are keyed by graph and inputs inside, so even a wrong fil
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -80,8 +81,14 @@ class CompileCache:
     def load(self) -> bool:
         """Feed a previous start's artifacts to torch's caches; False when there are none (a cold start)
         or they cannot be read (then the compile simply runs)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        _move_inductor_cache(self.directory / "inductor")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            _move_inductor_cache(self.directory / "inductor")
+        except OSError as e:  # e.g. a read-only home in a container: compile without the cache
+            log.warning(
+                "policy: compile cache directory %s unusable (%s); compiling afresh", self.directory, e
+            )
+            return False
         if not self.path.is_file():
             return False
         try:  # torch answers None (and logs why) for a file it cannot read
@@ -106,10 +113,16 @@ class CompileCache:
         if artifacts is None:
             return 0
         data = artifacts[0]
-        self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(f".{os.getpid()}.{time.monotonic_ns()}.tmp")
-        tmp.write_bytes(data)
-        tmp.replace(self.path)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            tmp.replace(self.path)
+        except OSError as e:  # a full or read-only disk costs the next start a compile, not this one
+            log.warning("policy: compile artifacts not saved to %s: %s", self.path, e)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            return 0
         self.saved_bytes = len(data)
         return len(data)
 

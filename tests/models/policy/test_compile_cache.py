@@ -83,6 +83,23 @@ def test_the_factory_keys_a_cache_where_the_expert_compiles(
     assert not fresh.load()  # unreadable: a cold compile, not a failed start-up
 
 
+def test_an_unwritable_cache_costs_a_compile_not_the_start_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache directory that cannot be made (a read-only home in a container) or written: load and
+    save warn and go on; they used to raise out of warm-up, so the policy stage never started."""
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    cache = cc.CompileCache(blocker / "policy-compile", "k")  # no directory can exist under a file
+    assert not cache.load()
+    # torch's answer after a compile (a real one takes minutes on the CPU: the probe test runs it)
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts", None))
+    assert cache.save() == 0 and cache.saved_bytes == 0
+    writable = cc.CompileCache(tmp_path / "ok", "k")
+    assert writable.save() == len(b"artifacts") and writable.path.read_bytes() == b"artifacts"
+    assert [p.name for p in writable.directory.iterdir()] == ["k.bin"]  # no temporary left
+
+
 def _model() -> torch.nn.Module:
     from realtime_gw.models.policy.factory import load_model
 
