@@ -111,9 +111,6 @@ class _Replica:
     load: Load | None = None
     ready: bool = False
     faults: int = 0
-    orphans: list[int] = field(default_factory=list)
-    """Streams failed here that the replica may still hold (opened on a new incarnation or record
-    before this front-end learnt of the restart or the lost lease): cancelled with the next ``send``."""
 
 
 class RemoteStage:
@@ -140,6 +137,7 @@ class RemoteStage:
         self._wake: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._cancels: set[asyncio.Task[None]] = set()
 
     # -- StageWorker's interface -------------------------------------------------------------------
     @property
@@ -183,7 +181,7 @@ class RemoteStage:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._cancels]:
             task.cancel()
         for entry in list(self._entries.values()):
             entry.stream.cancel()
@@ -230,10 +228,6 @@ class RemoteStage:
 
     def _collect(self) -> dict[_Replica, tuple[Outbound, list[_Entry]]]:
         messages: dict[_Replica, tuple[Outbound, list[_Entry]]] = {}
-        for replica in self.replicas:
-            if replica.orphans:
-                messages.setdefault(replica, (Outbound(), []))[0].cancels.extend(replica.orphans)
-                replica.orphans = []
         for sid, e in list(self._entries.items()):
             s = e.stream
             if s.finished and not s.cancelled:
@@ -374,15 +368,31 @@ class RemoteStage:
         replica.ready = False
         replica.faults += 1
         self.restarts += 1
+        failed: list[int] = []
         for entry in [e for e in self._entries.values() if e.replica is replica]:
             if entry.opened:
                 self._forget(entry.sid)
                 entry.stream._deliver([], True, reason)
-                replica.orphans.append(entry.sid)  # unknown there (a no-op) unless opened since
+                failed.append(entry.sid)
             else:
                 self._next_replica(entry, reason)  # not sent yet: another replica may take it
-        self.wake()
+        if failed:
+            self._cancel_failed(replica, failed)
         self._export(replica)
+
+    def _cancel_failed(self, replica: _Replica, sids: list[int]) -> None:
+        """Cancel on the replica the streams failed here: unknown there (a no-op) unless it opened them
+        after the restart or the lost lease it reported, before this front-end heard of it; they would
+        hold their slots for good. A call of its own: one to a restarting replica waits until it is up,
+        and must not hold up the sender's calls to the live ones."""
+
+        async def cancel() -> None:
+            with contextlib.suppress(Exception):
+                await replica.actor.send.remote(self.frontend_id, Outbound(cancels=sids))
+
+        task = asyncio.create_task(cancel(), name=f"{self.name}-cancel-{replica.index}")
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
 
     def _export(self, replica: _Replica) -> None:
         labels = (self.name, str(replica.index))
