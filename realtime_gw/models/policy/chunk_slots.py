@@ -25,7 +25,6 @@ robot holding a slot shares, whatever step each is at.
 
 from __future__ import annotations
 
-import heapq
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from realtime_gw.models.policy.pi0_functional import (
     rtc_stack,
     step_params,
 )
+from realtime_gw.models.slot_pool import SlotPool
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +132,7 @@ class ChunkSlots:
         self.step_of = [0] * cap
         self.steps_of = [0] * cap
         self.guided = [False] * cap
-        self._free = list(range(cap))
-        heapq.heapify(self._free)
+        self.slot_pool = SlotPool(cap, "policy")
         self.graphs: dict[tuple[str, int], Any] = {}
         """("prefix", robots) and (kind, bucket) -> CUDA graph."""
         self.compiled: set[tuple[str, int]] = set()
@@ -155,17 +154,14 @@ class ChunkSlots:
     # -- slots ---------------------------------------------------------------------------------------------
     @property
     def free_slots(self) -> int:
-        return len(self._free)
+        return len(self.slot_pool)
 
     def free(self, slot: int) -> None:
-        if slot in self._free:
-            raise ValueError(f"policy slot {slot} freed twice")
-        heapq.heappush(self._free, slot)
+        self.slot_pool.give(slot)  # raises on a slot freed twice
 
     def reset(self) -> None:
         """Every slot free (after a supervisor restart that dropped states unreleased)."""
-        self._free = list(range(self.capacity))
-        heapq.heapify(self._free)
+        self.slot_pool.reset()
         self._inflight, self.pending = None, set()
 
     # -- phase 1: prefixes ---------------------------------------------------------------------------------
@@ -177,7 +173,7 @@ class ChunkSlots:
         self.commit(wait=False)
         if self._inflight is not None:
             return [None] * len(entries)
-        slots = [heapq.heappop(self._free) if self._free else None for _ in entries]
+        slots = [self.slot_pool.take() for _ in entries]
         rows = [(s, p, n) for s, (p, n) in zip(slots, entries, strict=True) if s is not None]
         if rows:
             try:
@@ -185,7 +181,7 @@ class ChunkSlots:
             except BaseException:  # nobody will hold these slots (e.g. an OOM): give them back
                 self._inflight, self.pending = None, set()
                 for s, _, _ in rows:
-                    heapq.heappush(self._free, s)
+                    self.slot_pool.give(s)
                 raise
         return slots
 

@@ -20,7 +20,6 @@ host. On the CPU (and with ``cuda_graphs=False``) the same round function runs e
 from __future__ import annotations
 
 import contextlib
-import heapq
 import time
 import warnings
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ import torch.nn.functional as F
 
 from realtime_gw.models.kernels import GraphCapture, bucket_for, pow2_buckets
 from realtime_gw.models.runtime import NoFreeSlot
+from realtime_gw.models.slot_pool import SlotPool
 from realtime_gw.models.speech.codec.streaming import strict_fp32
 from realtime_gw.models.speech.vad_silero import (
     CONTEXT,
@@ -143,8 +143,7 @@ class TorchSileroVadBackend(SileroVadStreams):
             raise ValueError("CUDA graphs run at batch-bucket shapes: pad_to_buckets cannot be off with them")
         self.net = SileroVadNet(load_silero_weights(model_path), self.device)
         self.batch_buckets = pow2_buckets(max_batch, 1)
-        self._free = list(range(slots))
-        heapq.heapify(self._free)
+        self.slot_pool = SlotPool(slots, self.name)
         dev, pin = self.device, self.device.type == "cuda"
         self.scratch = slots
         """The slot row that padded batch rows gather from and write to."""
@@ -168,9 +167,10 @@ class TorchSileroVadBackend(SileroVadStreams):
     # -- slots ---------------------------------------------------------------------------------------------
     def open(self, request: VadRequest) -> VadState:
         state = super().open(request)
-        if not self._free:
+        slot = self.slot_pool.take()
+        if slot is None:
             raise NoFreeSlot(f"{self.name}: no free slot ({self.slots} streams active)")
-        state.slot = heapq.heappop(self._free)
+        state.slot = slot
         with self._on_stream():  # a fresh stream starts from zero state, whoever held the slot before
             self.h[state.slot].zero_()
             self.c[state.slot].zero_()
@@ -179,12 +179,12 @@ class TorchSileroVadBackend(SileroVadStreams):
     def release(self, state: VadState) -> None:
         super().release(state)
         if state.slot >= 0:
-            heapq.heappush(self._free, state.slot)
+            self.slot_pool.give(state.slot)  # raises on a slot freed twice
             state.slot = -1
 
     @property
     def free_slots(self) -> int:
-        return len(self._free)
+        return len(self.slot_pool)
 
     # -- the network ---------------------------------------------------------------------------------------
     @contextlib.contextmanager

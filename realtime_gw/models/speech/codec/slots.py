@@ -10,7 +10,6 @@ furthest active position. Subclasses build the runtimes and may add per-stream s
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -20,6 +19,7 @@ import torch
 
 from realtime_gw.models.kernels import GraphCapture, bucket_for, pow2_buckets
 from realtime_gw.models.runtime import NoFreeSlot
+from realtime_gw.models.slot_pool import SlotPool
 
 
 class FrameTalker(Protocol):
@@ -68,8 +68,7 @@ class SlotEngine:
         self.use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.batch_buckets = pow2_buckets(slots, 1)
         self.len_buckets = pow2_buckets(self.max_positions, min(64, self.max_positions))
-        self._free = list(range(slots))
-        heapq.heapify(self._free)
+        self.slot_pool = SlotPool(slots, self.name)
         self._fresh: list[int] = []
         self.frames = [0] * slots
         """Host mirror of each slot's talker position (frames decoded so far)."""
@@ -95,13 +94,13 @@ class SlotEngine:
     # -- slots ---------------------------------------------------------------------------------------------
     @property
     def free_slots(self) -> int:
-        return len(self._free)
+        return len(self.slot_pool)
 
     def alloc(self) -> int:
         """Lowest free slot (keeps active slots packed, so the batch bucket stays small)."""
-        if not self._free:
+        slot = self.slot_pool.take()
+        if slot is None:
             raise NoFreeSlot(f"{self.name}: no free slot ({self.slots} streams active)")
-        slot = heapq.heappop(self._free)
         self._fresh.append(slot)  # state reset happens batched, at the next step
         self.frames[slot] = 0
         return slot
@@ -115,9 +114,7 @@ class SlotEngine:
             self.decoder.reset(idx)
 
     def free(self, slot: int) -> None:
-        if slot in self._free:
-            raise ValueError(f"slot {slot} freed twice")
-        heapq.heappush(self._free, slot)
+        self.slot_pool.give(slot)  # raises on a slot freed twice
 
     # -- the frame -----------------------------------------------------------------------------------------
     def _frame(self, b: int, length: int) -> None:

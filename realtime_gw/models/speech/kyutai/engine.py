@@ -84,12 +84,13 @@ class KyutaiAsrEngine(SlotEngine):
         dst_t = torch.tensor(dst, dtype=torch.long, device=self.device)
         for t in self.slot_tensors():
             t.index_copy_(0, dst_t, t.index_select(0, src_t))  # index_select copies first: a true swap
-        free = set(self._free)
+        pool = self.slot_pool
         for a, b in pairs:
             self.frames[a], self.frames[b] = self.frames[b], self.frames[a]
-            if (a in free) != (b in free):
-                free ^= {a, b}
-        self._free = sorted(free)  # a sorted list is a heap
+            if pool.is_free(a) != pool.is_free(b):  # being free moves with the state: swap which is free
+                held, free = (a, b) if pool.is_free(b) else (b, a)
+                pool.take_slot(free)
+                pool.give(held)
 
     @torch.no_grad()
     def step(  # type: ignore[override]  # the ASR frame: PCM in, tokens out

@@ -174,9 +174,9 @@ class Qwen3Engine(SlotEngine):
         """An ICL recording for prompts that name ``key``: its per-frame codec embeddings ``(F, H)``, and
         its codes ``(F, K)`` decoded once in a free slot (audio dropped) for the decoder state that such
         streams start from (the reference decodes the recording ahead of the speech, then cuts it)."""
-        if not self._free:
+        slot = self.slot_pool.lowest()
+        if slot is None:
             raise ValueError("no free slot to prime the decoder in")
-        slot = min(self._free)
         b = slot + 1
         self.decoder.reset(self._index([slot]))
         active = torch.zeros(b, dtype=torch.bool, device=self.device)
@@ -197,9 +197,9 @@ class Qwen3Engine(SlotEngine):
         if not new:
             return
         if scratch is None:
-            if len(new) > len(self._free):
-                raise ValueError(f"{len(new)} prompts to cache, {len(self._free)} free slots")
-            scratch = dict(zip(new, sorted(self._free), strict=False))
+            if len(new) > len(self.slot_pool):
+                raise ValueError(f"{len(new)} prompts to cache, {len(self.slot_pool)} free slots")
+            scratch = dict(zip(new, self.slot_pool.free_slots(), strict=False))
         width = max(len(p) for p in new)
         text = torch.zeros(len(new), width, dtype=torch.long)
         codec = torch.full((len(new), width), NO_CODEC, dtype=torch.long)
