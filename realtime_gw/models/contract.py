@@ -38,6 +38,11 @@ class WorkerFault(RuntimeError):
     """The backend raised while serving this request."""
 
 
+class RequestRefused(WorkerFault):
+    """The worker refused the request as given, before any work (its cost bound, its model's limits):
+    the client's to change, e.g. HTTP 400 rather than 500."""
+
+
 @dataclass(slots=True)
 class StepResult:
     outputs: list[Any] = field(default_factory=list)

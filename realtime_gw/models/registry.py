@@ -119,6 +119,21 @@ def utterance_bound(max_seconds: float) -> Callable[[Any], str | None]:
     return admit
 
 
+def request_check(backend: Any) -> Callable[[Any], str | None]:
+    """The TTS worker's ``admit``: an in-thread backend's own ``check_request`` (voice, speed, and what its
+    model limits, e.g. Qwen3's instruction tokens) run at submit, so a bad request is refused before it
+    takes a slot, with the reason the client sees (HTTP 400 on ``/v1/audio/speech``)."""
+
+    def admit(request: Any) -> str | None:
+        try:
+            backend.check_request(request)
+        except ValueError as e:
+            return f"{backend.name}: {e}"
+        return None
+
+    return admit
+
+
 def build_tts(config: GatewayConfig) -> StageWorker:
     if config.tts == "codec":
         from realtime_gw.models.speech.tts_codec import CodecTtsBackend
@@ -149,7 +164,10 @@ def build_tts(config: GatewayConfig) -> StageWorker:
             )
         except (ValueError, OSError, RuntimeError) as e:  # a bad voice spec or recording, a mismatched checkpoint
             raise ConfigError(f"--tts qwen3: {e}") from e
-        return _worker("tts", qwen, config, device=config.tts_device, max_batch=slots, max_active=slots)
+        return _worker(
+            "tts", qwen, config, device=config.tts_device, max_batch=slots, max_active=slots,
+            admit=request_check(qwen),
+        )  # fmt: skip
     if config.tts == "tone":
         from realtime_gw.models.speech.tts_tone import ToneTtsBackend
 

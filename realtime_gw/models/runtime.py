@@ -28,6 +28,7 @@ from realtime_gw.models.contract import (
     Iteration,
     IterationResult,
     NoFreeSlot,
+    RequestRefused,
     StepResult,
     WorkerFault,
     is_hosted,
@@ -42,6 +43,7 @@ __all__ = [
     "Iteration",
     "IterationResult",
     "NoFreeSlot",
+    "RequestRefused",
     "StageWorker",
     "StepResult",
     "Stream",
@@ -148,12 +150,14 @@ class Stream(Generic[S]):
         return [x async for x in self]
 
     # -- worker side -------------------------------------------------------------------------------
-    def _deliver(self, outputs: list[Any], done: bool, error: str | None) -> None:
+    def _deliver(
+        self, outputs: list[Any], done: bool, error: str | None, fault: type[WorkerFault] = WorkerFault
+    ) -> None:
         if self.cancelled:
             return
         self._outputs.extend(outputs)
         if error is not None:
-            self._error = WorkerFault(error)
+            self._error = fault(error)
         if done or error is not None:
             self.finished = True
             self._outputs.append(_END)
@@ -265,13 +269,13 @@ class StageWorker:
     # -- submission --------------------------------------------------------------------------------
     def submit(self, request: Any) -> Stream[Any]:
         """Start a request. Raises ``NoFreeSlot`` at once when the worker is full; a request over the
-        worker's cost bound (``admit``) gets a stream that fails with the reason."""
+        worker's cost bound (``admit``) gets a stream that fails with the reason (``RequestRefused``)."""
         if len(self._active) + len(self._opening) >= self.max_active:
             WORKER_REJECTED.labels(self.name).inc()
             raise NoFreeSlot(f"{self.name}: no free slot ({self.max_active} requests active)")
         stream: Stream[Any] = self.stream_type(self, request, self.max_backlog)
         if self.admit is not None and (refusal := self.admit(request)) is not None:
-            stream._deliver([], True, refusal)
+            stream._deliver([], True, refusal, RequestRefused)
             return stream
         self._opening.append(stream)
         WORKER_QUEUE.labels(self.name).set(len(self._opening))

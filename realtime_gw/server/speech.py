@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from realtime_gw.models.registry import accepted_voices
-from realtime_gw.models.runtime import NoFreeSlot, Stream, WorkerFault
+from realtime_gw.models.runtime import NoFreeSlot, RequestRefused, Stream, WorkerFault
 from realtime_gw.protocols import speech as sp
 from realtime_gw.records.voice import OUTPUT_RATE, TtsFrame, TtsRequest
 from realtime_gw.server import auth
@@ -67,13 +67,34 @@ async def speech_endpoint(request: Request) -> Response:
         return openai_error(503, str(e), code="server_busy")
     stream.push(req.input)
     stream.close_input()
+    # The status goes out with the first audio: a request the worker refuses (its model's limits) or
+    # that fails before any audio gets an error response, not a 200 with an empty body.
+    frames = _frames(stream)
+    try:
+        first = await anext(frames, None)
+    except RequestRefused as e:
+        return openai_error(400, str(e), code="invalid_value")
+    except WorkerFault as e:
+        log.warning("speech stream failed before any audio: %s", e)
+        return openai_error(500, f"Speech synthesis failed: {e}", code="server_error")
     if req.stream_format == "sse":
-        body = _sse(stream, req.response_format)
+        body = _sse(_prepend(first, frames), req.response_format)
         media_type = "text/event-stream"
     else:
-        body = _raw(stream, req.response_format)
+        body = _raw(_prepend(first, frames), req.response_format)
         media_type = MEDIA_TYPES[req.response_format]
     return StreamingResponse(body, media_type=media_type)
+
+
+async def _prepend(first: bytes | None, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``first`` (already taken from ``rest``; None: there was none), then the rest."""
+    try:
+        if first is not None:
+            yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await rest.aclose()  # runs _frames' cancel when the client left early
 
 
 async def _bounded_body(request: Request, limit: int) -> bytes | None:
@@ -99,29 +120,29 @@ async def _frames(stream: Stream[Any]) -> AsyncIterator[bytes]:
         stream.cancel()  # a no-op when finished; frees the slot when the client left early
 
 
-async def _raw(stream: Stream[Any], fmt: str) -> AsyncIterator[bytes]:
+async def _raw(frames: AsyncIterator[bytes], fmt: str) -> AsyncIterator[bytes]:
     if fmt == "flac":
         # FLAC frames need the whole signal's framing; encode once synthesis is done.
-        pcm = b"".join([chunk async for chunk in _frames(stream)])
+        pcm = b"".join([chunk async for chunk in frames])
         yield await asyncio.to_thread(sp.flac_bytes, pcm)  # tens of ms for a long clip: not on the loop
         return
     if fmt == "wav":
         yield sp.wav_header()
     try:
-        async for chunk in _frames(stream):
+        async for chunk in frames:
             yield chunk
     except WorkerFault as e:
         log.warning("speech stream failed: %s", e)  # headers are sent; the body just ends early
 
 
-async def _sse(stream: Stream[Any], fmt: str) -> AsyncIterator[str]:
+async def _sse(frames: AsyncIterator[bytes], fmt: str) -> AsyncIterator[str]:
     def event(payload: dict[str, Any]) -> str:
         return f"data: {json.dumps(payload)}\n\n"
 
     header = sp.wav_header() if fmt == "wav" else b""
     total = 0
     try:
-        async for chunk in _frames(stream):
+        async for chunk in frames:
             total += len(chunk)
             yield event({"type": "speech.audio.delta", "audio": base64.b64encode(header + chunk).decode()})
             header = b""

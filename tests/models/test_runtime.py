@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, WorkerFault
+from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, RequestRefused, WorkerFault
 from tests.models.toy_backends import Req, Toy
 from tests.models.waiting import wait_for
 
@@ -181,8 +181,9 @@ def test_an_iteration_that_dies_releases_the_states_it_opened() -> None:
 async def test_a_request_over_the_cost_bound_is_refused_at_submit(start_worker: Any) -> None:
     toy = Toy()
     w = await start_worker(toy, admit=lambda r: "too long" if r.n is not None and r.n > 5 else None)
-    with pytest.raises(WorkerFault, match="too long"):
+    with pytest.raises(RequestRefused, match="too long"):  # a WorkerFault the client can act on
         await w.submit(Req(n=6)).collect()
+    assert issubclass(RequestRefused, WorkerFault)
     assert toy.opened == [] and w.active_count == 0
     assert await w.submit(Req(n=2)).collect() == [1, 2]
 

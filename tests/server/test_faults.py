@@ -96,6 +96,24 @@ async def test_worker_fault_fails_the_response_and_the_worker_recovers(
     await fresh.close()
 
 
+def test_a_speech_request_failing_before_any_audio_gets_an_error_status() -> None:
+    """``POST /v1/audio/speech`` sends its status with the first audio: a stream that fails before any
+    (the worker's first step raises) is a 500 with the reason, not a 200 with an empty body."""
+    server = start_server(
+        "--policy", "none", "--tts", "tone", "--fault-injection", json.dumps(["tts:raise@1"]), name="speech-fault",
+    )  # fmt: skip
+    try:
+        url, headers = server.http + "/v1/audio/speech", {"Authorization": "Bearer test-key"}
+        body = {"input": "Hello there.", "response_format": "wav"}
+        failed = httpx.post(url, json=body, headers=headers, timeout=30)
+        assert failed.status_code == 500, failed.status_code
+        assert failed.json()["error"]["type"] == "server_error"
+        ok = httpx.post(url, json=body, headers=headers, timeout=30)
+        assert ok.status_code == 200 and ok.content[:4] == b"RIFF" and len(ok.content) > 44
+    finally:
+        stop_server(server)
+
+
 @pytest.fixture
 def tone_no_pacing() -> Iterator[LiveServer]:
     server = start_server(

@@ -92,6 +92,15 @@ def test_speech_instructions_bounded(design_server: LiveServer) -> None:
     assert resp.json()["error"]["param"] == "instructions"
 
 
+def test_instructions_past_the_models_token_limit_are_a_400(design_server: LiveServer) -> None:
+    """Under the protocol's character cap but over the checkpoint's instruction tokens: refused with the
+    reason before any audio (not a 200 with an empty body), and the server goes on speaking."""
+    resp = _speech(design_server, instructions="a b c d " * 140)
+    assert resp.status_code == 400, resp.status_code
+    assert "tokens" in resp.json()["error"]["message"]
+    assert _pcm(design_server, instructions=WARM)
+
+
 async def test_speech_socket_takes_instructions(design_server: LiveServer) -> None:
     """The speech WebSocket's ``session.config`` carries ``instructions`` as the HTTP body does: one
     sentence, one segment, the same audio."""

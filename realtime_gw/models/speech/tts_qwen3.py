@@ -255,6 +255,14 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
             raise ValueError(f"instructions are {len(ids)} tokens; at most {self.max_instruct_tokens}")
         return ids
 
+    def check_request(self, request: TtsRequest) -> tuple[str, float]:
+        """As the base class, and the request's ``instructions`` within ``max_instruct_tokens`` where
+        the checkpoint takes them (ValueError otherwise)."""
+        voice, speed = super().check_request(request)
+        if request.instructions and self.ck.takes_instruct():
+            self.instruct_ids(request.instructions)
+        return voice, speed
+
     def _prompt(self, voice: str, instructions: str | None) -> Prompt:
         """The prompt of a resolved ``voice`` with a request's ``instructions`` (None: the default)."""
         ck, kind = self.ck, self.kind
