@@ -157,6 +157,12 @@ async def test_a_frontend_with_other_stage_settings_refuses_to_start(cluster: Cl
     assert await stage.submit(Req(n=1)).collect() == [1]
 
 
+def test_only_the_roles_own_test_faults_are_stage_settings() -> None:
+    config = msgspec.structs.replace(CONFIG, fault_injection=["asr:raise@2", "tts:hang@3:5"])
+    assert stage_settings("tts", config)["fault_injection"] == ["tts:hang@3:5"]
+    assert stage_settings("policy", config)["fault_injection"] == []
+
+
 def test_actors_get_no_secrets_and_settings_hold_none() -> None:
     config = msgspec.structs.replace(CONFIG, api_key="k1", api_keys=["k2"], responder_api_key="k3")
     sent = actor_config(config)

@@ -127,7 +127,8 @@ class CompileCache:
         return len(data)
 
     def describe(self) -> dict[str, Any]:
-        return {"path": str(self.path), "loaded": self.loaded, "saved_bytes": self.saved_bytes}
+        """For ``/readyz``, which answers without a key: the entry's name (its key), not the directory."""
+        return {"entry": self.path.name, "loaded": self.loaded, "saved_bytes": self.saved_bytes}
 
 
 def _move_inductor_cache(directory: Path) -> None:
