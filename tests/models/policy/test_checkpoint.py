@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import numpy as np
 import pytest
-import torch
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from safetensors.torch import load_file, save_file
 
@@ -25,14 +24,6 @@ from tests.openpi_examples import make_aloha_example
 from tests.server.openpi_harness import serve
 
 TOL = 1e-4
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

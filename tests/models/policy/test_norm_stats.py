@@ -5,7 +5,6 @@ not fit the robot are refused at start-up, naming the file."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +31,6 @@ ACTIONS = {
     "q01": -RNG.uniform(1, 2, 7),
     "q99": RNG.uniform(1, 2, 7),
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def openpi_file(path: Path, state: dict[str, Any] = STATE, actions: dict[str, Any] = ACTIONS) -> Path:

@@ -9,27 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.policy.backend import PolicyBackend
 from realtime_gw.models.policy.chunk_slots import HostEvent
 from realtime_gw.models.policy.factory import build_policy_backend, worker_max_wait_ms
 from tests.models.policy.robots import TOL, drive, eager_runner, fast_runner, robot, tiny_model
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """As in test_pi0: the model runs on pytest's thread; one thread keeps a shared CPU quick."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

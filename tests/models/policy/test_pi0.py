@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +24,6 @@ from realtime_gw.models.policy.preprocess import (
 from realtime_gw.models.runtime import NoFreeSlot
 from realtime_gw.models.tokenizers import ByteTokenizer
 from realtime_gw.records.policy import PolicyRequest
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """These tests call the model on pytest's main thread. On a CPU shared with other jobs, OpenMP's
-    spinning workers there made a tiny-PI0 chunk 10-50x slower (the server runs the model on its worker
-    thread and was not affected); one thread keeps the tests quick and changes no result they check."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

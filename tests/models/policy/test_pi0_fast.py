@@ -7,7 +7,6 @@ at the switch."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -31,15 +30,6 @@ from realtime_gw.models.policy.rtc import guidance_scale, guidance_weights
 from realtime_gw.records.policy import PolicyRequest, RtcGuide
 
 TOL = 1e-4
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """As in test_policy_pi0: the model runs on pytest's thread; one thread keeps a shared CPU quick."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
