@@ -282,7 +282,9 @@ class ChunkSlots:
             for j in range(min(steps, left[s])):
                 host[j, :, s] = torch.tensor(step_params(self.step_of[s] + j, self.steps_of[s], self.beta))
             self.step_of[s] += min(steps, left[s])
-        self._dev_params[:steps, :, :size].copy_(host[:steps, :, :size], non_blocking=True)
+        # The whole contiguous [:steps] block: a column slice of pinned memory would be copied through a
+        # pageable temporary, synchronously. Columns from ``size`` on hold stale values no step reads.
+        self._dev_params[:steps].copy_(host[:steps], non_blocking=True)
         for j in range(steps):
             self.params[:, :size].copy_(self._dev_params[j, :, :size])
             if graph is not None:
