@@ -10,6 +10,7 @@ right-trimmed transposed convs, a causal sliding-window mask), which each decode
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,22 +30,88 @@ from realtime_gw.models.kernels import (
 )
 
 
+class _Tf32Users:
+    """The process-wide TF32 / cuDNN-benchmark flags, shared by every thread inside ``fp32_mode``.
+
+    cuBLAS's and cuDNN's TF32 switches (``allow_tf32``, and the ``fp32_precision`` settings of torch >= 2.9
+    alike) live in ATen's global context: there is no per-thread or per-call switch. Stage
+    threads (VAD, codec decoders, ASR encoder) enter ``fp32_mode`` concurrently, so a plain save/restore
+    per user could restore a state saved while another user had the flags flipped, and leave TF32 on
+    (or off) for good. Instead the users are counted under a lock:
+
+    - the flags are saved when the first user enters and restored when the last one leaves;
+    - while any user wants strict float32, TF32 is off for everyone; with only TF32 users it is on;
+    - ``cudnn.benchmark`` is on while any user asks for it (or it was on before).
+
+    Strict wins because it is a correctness requirement (parity with the float32 reference) and TF32 is
+    only a permission to go faster: a TF32 user that overlaps a strict one gets full float32 (slower,
+    never less precise). Blocking one mode until the other's users leave would instead tie one stage's
+    latency to another's and deadlock on a thread nesting both modes. Nesting in one thread is counted
+    like any other user. The flags are read when kernels are launched or captured into a CUDA graph: a
+    TF32 graph captured while a strict user is inside keeps its float32 kernels (slower, as precise).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._strict = 0
+        self._tf32 = 0
+        self._benchmark = 0
+        self._saved: tuple[bool, bool, bool] | None = None
+
+    @contextlib.contextmanager
+    def use(self, tf32: bool, cudnn_benchmark: bool) -> Iterator[None]:
+        cudnn = torch.backends.cudnn
+        with self._lock:
+            if self._saved is None:
+                self._saved = (cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, cudnn.benchmark)
+            if tf32:
+                self._tf32 += 1
+            else:
+                self._strict += 1
+            self._benchmark += cudnn_benchmark
+            self._apply()
+        try:
+            yield
+        finally:
+            with self._lock:
+                if tf32:
+                    self._tf32 -= 1
+                else:
+                    self._strict -= 1
+                self._benchmark -= cudnn_benchmark
+                self._apply()
+
+    def _apply(self) -> None:
+        """Set the flags for the users inside now (the saved ones when none is): under the lock."""
+        assert self._saved is not None
+        cudnn = torch.backends.cudnn
+        if self._strict + self._tf32 == 0:
+            cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, cudnn.benchmark = self._saved
+            self._saved = None
+            return
+        cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = self._strict == 0
+        cudnn.benchmark = self._saved[2] or self._benchmark > 0
+
+
+_TF32_USERS = _Tf32Users()
+
+
+def tf32_flags(tf32: bool, cudnn_benchmark: bool = False) -> contextlib.AbstractContextManager[None]:
+    """The process-wide TF32 flags as ``fp32_mode`` sets them, on any device (``_Tf32Users``: strict wins)."""
+    return _TF32_USERS.use(tf32, cudnn_benchmark)
+
+
 @contextlib.contextmanager
 def fp32_mode(device: torch.device, tf32: bool, cudnn_benchmark: bool = False) -> Iterator[None]:
     """TF32 in cuDNN convs and cuBLAS matmuls on or off while a decoder runs (or is captured into a
-    graph), whatever the process-wide setting; restored after. ``cudnn_benchmark``: cuDNN times its
+    graph), whatever the process-wide setting; restored after the last concurrent user leaves, and off
+    while any thread wants strict float32 (``_Tf32Users``). ``cudnn_benchmark``: cuDNN times its
     algorithms for each new conv shape (at a graph's warm-up run, before capture) and keeps the fastest."""
     if device.type != "cuda":
         yield
         return
-    cudnn = torch.backends.cudnn
-    conv, mm, bench = cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, cudnn.benchmark
-    cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = tf32
-    cudnn.benchmark = bench or cudnn_benchmark
-    try:
+    with tf32_flags(tf32, cudnn_benchmark):
         yield
-    finally:
-        cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, cudnn.benchmark = conv, mm, bench
 
 
 def strict_fp32(device: torch.device) -> contextlib.AbstractContextManager[None]:
