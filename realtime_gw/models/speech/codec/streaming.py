@@ -338,6 +338,10 @@ class RingTransformer:
         self.kpos.index_fill_(0, slots, -1)
         self.pos.index_fill_(0, slots, 0)
 
+    def slot_tensors(self) -> list[torch.Tensor]:
+        """Every tensor holding per-slot state (slot first): the ring K/V, their positions, the counts."""
+        return [*self.k_ring, *self.v_ring, self.kpos, self.pos]
+
     def __call__(self, x: torch.Tensor, b: int, active: torch.Tensor) -> torch.Tensor:
         """This frame's positions ``x (b, S, hidden)`` through every layer; advances active slots by S."""
         s = x.shape[1]

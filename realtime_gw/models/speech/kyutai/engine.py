@@ -65,7 +65,7 @@ class KyutaiAsrEngine(SlotEngine):
         lm, enc = self.lm, self.encoder
         return [
             *lm.k_ring, *lm.v_ring, lm.kpos, lm.pos, lm.last_tok,
-            *enc.states.tensors, *enc.ring.k_ring, *enc.ring.v_ring, enc.ring.kpos, enc.ring.pos,
+            *enc.states.tensors, *enc.ring.slot_tensors(),
         ]  # fmt: skip
 
     @torch.no_grad()

@@ -159,8 +159,7 @@ class StreamingQwen3Decoder:
 
     def _slot_tensors(self) -> list[torch.Tensor]:
         """Every per-slot state tensor (slot first): conv contexts, ring K/V, their positions."""
-        r = self.ring
-        return [*self.states.tensors, *r.k_ring, *r.v_ring, r.kpos, r.pos]
+        return [*self.states.tensors, *self.ring.slot_tensors()]
 
     @torch.no_grad()
     def export_slot(self, slot: int) -> list[torch.Tensor]:
