@@ -107,6 +107,10 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tokens are estimated (about 4 UTF-8 bytes per token plus a per-message overhead)."""
     tts: Literal["piper", "tone", "codec", "qwen3"] = "piper"
     tts_voice: str = "joe"
+    tts_deterministic: bool = False
+    """Piper: speak each sentence without VITS' sampling noise, so the same text always gives the same
+    audio (reproducible output and tests, cacheable); slightly flatter prosody. Off: Piper's default,
+    different audio on every call."""
     tts_max_batch: int = 8
     """Streams advanced per step by batching TTS backends (``codec``); Piper and tone step one.
     For ``codec`` also its slot count: the most streams synthesising at once (64 suits a GPU)."""

@@ -15,7 +15,9 @@ from realtime_gw.records.voice import AsrRequest
 
 @functools.lru_cache(maxsize=1)
 def _tts() -> PiperTtsBackend:
-    return PiperTtsBackend()
+    # Without sampling noise: a test's speech is the same in every run (Piper's default samples anew
+    # each call, and pocketsphinx's words on a short sentence moved with it).
+    return PiperTtsBackend(deterministic=True)
 
 
 @functools.lru_cache(maxsize=1)

@@ -97,8 +97,9 @@ def stop_server(server: LiveServer) -> None:
 def voice_server() -> Iterator[LiveServer]:
     """The embedded CPU models (Piper, pocketsphinx, Silero) with the echo responder."""
     server = start_server(
-        "--policy", "none", "--api-key", "test-key", "--max-input-buffer-bytes", "2000000", name="voice"
-    )
+        "--policy", "none", "--api-key", "test-key", "--max-input-buffer-bytes", "2000000",
+        "--tts-deterministic", name="voice",
+    )  # fmt: skip
     yield server
     stop_server(server)
 

@@ -86,11 +86,11 @@ def _cpu_backend(role: str, factory: Callable[[], Any], name: str, config: Gatew
     return ProcessBackend(factory, name=name, spare=config.cpu_backend_spare)
 
 
-def piper_backend(voice: str, max_text_chars: int) -> Any:
+def piper_backend(voice: str, max_text_chars: int, deterministic: bool = False) -> Any:
     """Piper, built where it runs (a top-level function, so a child process can be told to call it)."""
     from realtime_gw.models.speech.tts_piper import PiperTtsBackend
 
-    backend = PiperTtsBackend(voice=voice)
+    backend = PiperTtsBackend(voice=voice, deterministic=deterministic)
     backend.max_text_chars = max_text_chars
     return backend
 
@@ -177,7 +177,9 @@ def build_tts(config: GatewayConfig) -> StageWorker:
         tone.max_text_chars = config.tts_max_text_chars
         backend: Any = faults.wrap("tts", tone, config.fault_injection)
     else:
-        factory = functools.partial(piper_backend, config.tts_voice, config.tts_max_text_chars)
+        factory = functools.partial(
+            piper_backend, config.tts_voice, config.tts_max_text_chars, config.tts_deterministic
+        )
         backend = _cpu_backend("tts", factory, "tts-piper", config)
     # Piper has no batched kernel: one sentence per step lets the scheduler put a new stream's first
     # sentence ahead of other streams' later ones. A small backlog keeps streams ~2 s ahead, no more.

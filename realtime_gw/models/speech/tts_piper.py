@@ -23,7 +23,9 @@ class PiperTtsBackend(SentenceTtsBackend):
 
     name = "tts-piper"
 
-    def __init__(self, voice: str = "joe") -> None:
+    def __init__(self, voice: str = "joe", deterministic: bool = False) -> None:
+        """``deterministic``: no sampling noise (VITS' ``noise_scale``/``noise_w``), so the same sentence
+        always gives the same audio; otherwise each call samples anew, as Piper does."""
         from piper import PiperVoice, SynthesisConfig
 
         paths = _piper_voices()
@@ -34,9 +36,10 @@ class PiperTtsBackend(SentenceTtsBackend):
         model, config = paths[voice]
         self._voice = PiperVoice.load(model, config_path=config)
         self._syn_config = SynthesisConfig
+        self._noise: dict[str, float] = {"noise_scale": 0.0, "noise_w_scale": 0.0} if deterministic else {}
         self.native_rate = self._voice.config.sample_rate
 
     def _synthesize(self, state: TtsState, sentence: str) -> bytes:
-        syn = self._syn_config(length_scale=self._voice.config.length_scale * state.length_scale)
+        syn = self._syn_config(length_scale=self._voice.config.length_scale * state.length_scale, **self._noise)
         # Piper may split further (espeak's own clause logic); all chunks belong to this sentence.
         return b"".join(float32_to_pcm16(c.audio_float_array) for c in self._voice.synthesize(sentence, syn))

@@ -139,3 +139,13 @@ def test_frame_assembler_attaches_text_where_audio_starts() -> None:
     assert [f.text for f in out] == ["c d"]
     tail = fa.finish()
     assert [(len(f.pcm) // 2, f.final) for f in tail] == [(4000 - 3840, True)]
+
+
+def test_deterministic_piper_speaks_a_sentence_the_same_every_time(piper: Any) -> None:
+    from realtime_gw.models.speech.tts_piper import PiperTtsBackend
+
+    steady = PiperTtsBackend(deterministic=True)
+    text = "Please open the door for me."
+    first = steady.synthesize(text)
+    assert first and steady.synthesize(text) == first
+    assert piper.synthesize(text) != piper.synthesize(text)  # the default samples anew each call
