@@ -21,9 +21,11 @@ class ActorDied(RuntimeError):
     """What a call to a dead actor raises here (Ray raises ``RayActorError``)."""
 
 
-def toy_stage(max_active: int = 4) -> Callable[[str, GatewayConfig], StageWorker]:
+def toy_stage(
+    max_active: int = 4, admit: Callable[[Any], str | None] | None = None
+) -> Callable[[str, GatewayConfig], StageWorker]:
     def build(role: str, config: GatewayConfig) -> StageWorker:
-        return StageWorker(Toy(), max_active=max_active, max_backlog=4)
+        return StageWorker(Toy(), max_active=max_active, max_backlog=4, admit=admit)
 
     return build
 
@@ -81,8 +83,10 @@ class Cluster:
         self.actors: list[LocalActor] = []
         self.stages: list[RemoteStage] = []
 
-    def replicas(self, n: int = 1, max_active: int = 4) -> list[LocalActor]:
-        self.actors += [LocalActor(toy_stage(max_active), self.config) for _ in range(n)]
+    def replicas(
+        self, n: int = 1, max_active: int = 4, admit: Callable[[Any], str | None] | None = None
+    ) -> list[LocalActor]:
+        self.actors += [LocalActor(toy_stage(max_active, admit), self.config) for _ in range(n)]
         return self.actors[-n:]
 
     async def frontend(

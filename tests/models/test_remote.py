@@ -15,7 +15,14 @@ from realtime_gw.config import ConfigError, GatewayConfig
 from realtime_gw.models.remote.client import POLLS, RemoteStage, _Entry
 from realtime_gw.models.remote.settings import SECRETS, actor_config, stage_settings
 from realtime_gw.models.remote.wire import Batch, Load
-from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, StageWorker, Stream, WorkerFault
+from realtime_gw.models.runtime import (
+    END_OF_INPUT,
+    NoFreeSlot,
+    RequestRefused,
+    StageWorker,
+    Stream,
+    WorkerFault,
+)
 from tests.models.remote_fakes import Cluster, LocalActor
 from tests.models.toy_backends import Req, Toy
 
@@ -236,3 +243,13 @@ async def test_a_remote_backends_warmup_report_reaches_the_front_end(cluster: Cl
     cluster.actors.append(replica)
     stage = await cluster.frontend([replica])
     assert stage.backend.warmup_report == ReportingToy.warmup_report
+
+
+async def test_a_request_the_remote_worker_refuses_is_a_refusal_at_the_front_end(cluster: Cluster) -> None:
+    """The actor's worker refuses at submit (its ``admit``): the front-end's stream raises
+    ``RequestRefused`` (the client's to change, e.g. HTTP 400), as a local worker's would."""
+    replicas = cluster.replicas(1, admit=lambda r: "too long" if r.n is not None and r.n > 5 else None)
+    stage = await cluster.frontend(replicas)
+    with pytest.raises(RequestRefused, match="too long"):
+        await stage.submit(Req(n=6)).collect()
+    assert await stage.submit(Req(n=2)).collect() == [1, 2]

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from realtime_gw.config import GatewayConfig
-from realtime_gw.models.contract import END_OF_INPUT, Backend, NoFreeSlot
+from realtime_gw.models.contract import END_OF_INPUT, Backend, NoFreeSlot, RequestRefused, WorkerFault
 from realtime_gw.models.process_backend import DESCRIBED
 from realtime_gw.models.remote.settings import stage_settings
-from realtime_gw.models.remote.wire import Batch, Described, Load, Outbound
+from realtime_gw.models.remote.wire import Batch, Described, Load, Outbound, RefusalText
 from realtime_gw.models.runtime import StageWorker, Stream
 
 log = logging.getLogger(__name__)
@@ -68,9 +68,13 @@ class _Relay(Stream[Any]):
         if self._early is not None:  # refused inside ``submit`` (the worker's cost bound)
             frontend.post(sid, *self._early)
 
-    def _deliver(self, outputs: list[Any], done: bool, error: str | None) -> None:
+    def _deliver(
+        self, outputs: list[Any], done: bool, error: str | None, fault: type[WorkerFault] = WorkerFault
+    ) -> None:
         if self.cancelled:
             return
+        if error is not None and issubclass(fault, RequestRefused):
+            error = RefusalText(error)
         if done or error is not None:
             self.finished = True
         self.posted += len(outputs)

@@ -27,10 +27,10 @@ from typing import Any
 from prometheus_client import Gauge, Histogram
 
 from realtime_gw.config import ConfigError
-from realtime_gw.models.contract import NoFreeSlot
+from realtime_gw.models.contract import NoFreeSlot, RequestRefused, WorkerFault
 from realtime_gw.models.remote.routing import replica_order
 from realtime_gw.models.remote.settings import settings_mismatch
-from realtime_gw.models.remote.wire import Batch, Described, Load, Outbound
+from realtime_gw.models.remote.wire import Batch, Described, Load, Outbound, RefusalText
 from realtime_gw.models.runtime import Stream
 
 log = logging.getLogger(__name__)
@@ -352,7 +352,8 @@ class RemoteStage:
             entry = self._entries.get(sid)
             if entry is None or entry.replica is not replica:
                 continue  # cancelled here meanwhile
-            entry.stream._deliver(outputs, done, error)
+            fault = RequestRefused if isinstance(error, RefusalText) else WorkerFault
+            entry.stream._deliver(outputs, done, error, fault)
             entry.received += len(outputs)
             if done or error is not None:
                 self._forget(sid)

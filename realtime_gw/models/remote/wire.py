@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class RefusalText(str):
+    """A result's error that is the worker's refusal of the request (its ``admit``): the front-end's
+    stream raises ``RequestRefused`` for it, as a local worker's would, not ``WorkerFault``."""
+
+
 @dataclass(slots=True)
 class Outbound:
     """A front-end's changes since its last ``send``; ``sid`` s are the front-end's own stream ids."""
