@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,39 @@ def test_cached_prompt_kept_when_a_step_brings_many_new_prompts(ck: Qwen3TtsChec
     got = np.stack([eng.step(slots, [100 + k] * 3, [False] * 3)[0][0] for k in range(4)])
     assert np.array_equal(got, want)
     assert list(eng._prompt_kv) == [ryan, dylan, vivian]  # over the bound until a later prefill trims it
+
+
+def test_per_request_prompts_evict_no_cached_prompt(ck: Qwen3TtsCheckpoint) -> None:
+    """Prompts not meant to be cached (``cache=False``: ICL clones' per-utterance prompts) are prefilled in
+    their streams' step, speak as prefilled ones do, and neither enter the full cache nor evict from it:
+    many such streams later, the cached speaker's stream still starts without a prefill."""
+    greedy = Sampling(do_sample=False, sub_do_sample=False)
+    ryan, dylan, vivian = (build_prompt(ck, [1, 2, 3], v, "english") for v in ("ryan", "dylan", "vivian"))
+    fresh = Qwen3Engine(ck, 3, max_positions=64, sampling=greedy, cuda_graphs=False)
+    want = {p: _greedy_codes(fresh, fresh.alloc_prompt(p), 4) for p in (ryan, dylan, vivian)}
+    eng = Qwen3Engine(ck, 3, max_positions=64, sampling=greedy, cuda_graphs=False, prompt_cache=1)
+    eng.cache_prompts([ryan])
+    kv = eng._prompt_kv[ryan]
+    prefills = 0
+    prefill = eng.talker.prefill
+
+    def counted(*args: Any) -> None:
+        nonlocal prefills
+        prefills += 1
+        prefill(*args)
+
+    eng.talker.prefill = counted  # type: ignore[method-assign]
+    once = [dataclasses.replace(p, cache=False) for p in (dylan, vivian)]
+    for _ in range(3):  # per-request prompts alone, then beside the cached one
+        for group in (once, [ryan, *once]):
+            slots, n = [eng.alloc_prompt(p) for p in group], len(group)
+            got = np.stack([eng.step(slots, [100 + k] * n, [False] * n)[0] for k in range(4)])
+            for i, p in enumerate(group):
+                assert np.array_equal(got[:, i], want[p])
+            for s in slots:
+                eng.free(s)
+    assert prefills == 6  # one batched prefill per step that starts per-request prompts; none for ryan
+    assert list(eng._prompt_kv) == [ryan] and eng._prompt_kv[ryan] is kv
 
 
 def test_bf16_decoder_close_to_fp32(ck: Qwen3TtsCheckpoint, ref: Any) -> None:

@@ -6,7 +6,9 @@ opened with its prompt (``alloc(prompt)``); at the next step every new stream st
 K/V before the frame step, so a stream's first audio leaves in its first step. A prompt's K/V depend on the
 prompt alone (voice and language), so they are computed once (one batched prefill of the prompts not seen
 yet) and kept (``prompt_cache`` most recent prompts): a stream's start is then ~60 small copies, and its
-first audio is one frame step (talker, code predictor, decoder: one CUDA graph).
+first audio is one frame step (talker, code predictor, decoder: one CUDA graph). A per-request prompt
+(``Prompt.cache`` false: an ICL clone's, which holds its utterance's text) is prefilled in its stream's
+step and never enters the cache, so it evicts no cached voice.
 """
 
 from __future__ import annotations
@@ -163,11 +165,10 @@ class Qwen3Engine(SlotEngine):
         for key in {p.recording for p in groups} - {""}:
             primed = [s for p, slots in groups.items() if p.recording == key for s in slots]
             self.decoder.load_slot(self._index(primed), self._recordings[key][1])
-        self.cache_prompts(list(groups), {p: slots[0] for p, slots in groups.items()})
+        kvs = self.cache_prompts(list(groups), {p: slots[0] for p, slots in groups.items()})
         for p, slots in groups.items():
             first = self._recordings[p.recording][0][-1] if p.recording else None
-            kv = self._prompt_kv[p] if p.cache else self._prompt_kv.pop(p)
-            self.talker.load_prompt(self._index(slots), kv, first)
+            self.talker.load_prompt(self._index(slots), kvs[p], first)
 
     @torch.no_grad()
     def add_recording(self, key: str, frames: torch.Tensor, codes: torch.Tensor) -> None:
@@ -187,15 +188,22 @@ class Qwen3Engine(SlotEngine):
             self.decoder.step(b, batch, active)
         self._recordings[key] = (frames.to(self.device), self.decoder.export_slot(slot))
 
-    def cache_prompts(self, prompts: list[Prompt], scratch: dict[Prompt, int] | None = None) -> None:
-        """Prefill the prompts not cached yet, in one batch, each in its ``scratch`` slot (default: a free
-        slot; its talker state is rewritten when it is next handed out), and keep their K/V."""
-        new = [p for p in dict.fromkeys(prompts) if p not in self._prompt_kv]
-        for p in prompts:
+    def cache_prompts(
+        self, prompts: list[Prompt], scratch: dict[Prompt, int] | None = None
+    ) -> dict[Prompt, torch.Tensor]:
+        """Every prompt's K/V: the ones not cached yet prefilled in one batch, each in its ``scratch`` slot
+        (default: a free slot; its talker state is rewritten when it is next handed out). Those with
+        ``cache`` are kept (most recent ``prompt_cache``); per-request ones (``cache`` false) are returned
+        only: they neither enter the cache nor evict from it."""
+        wanted = list(dict.fromkeys(prompts))
+        kvs: dict[Prompt, torch.Tensor] = {}
+        for p in wanted:
             if p in self._prompt_kv:
                 self._prompt_kv.move_to_end(p)
+                kvs[p] = self._prompt_kv[p]
+        new = [p for p in wanted if p not in kvs]
         if not new:
-            return
+            return kvs
         if scratch is None:
             if len(new) > len(self.slot_pool):
                 raise ValueError(f"{len(new)} prompts to cache, {len(self.slot_pool)} free slots")
@@ -221,11 +229,15 @@ class Qwen3Engine(SlotEngine):
         slots = [scratch[p] for p in new]
         self.talker.prefill(self._index(slots), text.to(dev), codec.to(dev), lengths.to(dev), vectors)
         for p, slot in zip(new, slots, strict=True):
-            self._prompt_kv[p] = self.talker.export_prompt(slot, len(p))
-        # This call's prompts (cached before or new) are the newest entries now: keep them all, the
-        # caller reads them next (bounding by len(new) evicted an older one that the caller also named).
-        while len(self._prompt_kv) > max(self.prompt_cache, len(dict.fromkeys(prompts))):
+            kvs[p] = self.talker.export_prompt(slot, len(p))
+            if p.cache:
+                self._prompt_kv[p] = kvs[p]
+        # This call's cached prompts (cached before or new) are the newest entries now: keep them all
+        # (bounding by the new ones alone evicted an older one that the caller also named).
+        keep = max(self.prompt_cache, sum(p in self._prompt_kv for p in wanted))
+        while len(self._prompt_kv) > keep:
             self._prompt_kv.popitem(last=False)
+        return kvs
 
     def _index(self, slots: list[int]) -> torch.Tensor:
         return torch.as_tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
