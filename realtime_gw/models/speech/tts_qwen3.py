@@ -29,8 +29,10 @@ Voices depend on the checkpoint kind (``tts_model_type``):
   (``step``, ``has_work``), then its prompt is built (``voices.icl_start``) and prefilled, uncached.
 
 ``language`` ("auto" or one of the checkpoint's) is a backend setting. ``speed`` is validated, not applied.
-Every voice's prompt is prefilled at warm-up (its K/V cached), so a stream's first step is one frame step;
-a request with its own ``instructions`` prefills its prompt at its first step (then cached too).
+Every voice's prompt is prefilled at warm-up (its K/V cached; ``voice_prompts``), so a stream's first step
+is one frame step; a request with its own ``instructions`` prefills its prompt at its first step (then
+cached too). An ICL clone's per-utterance prompts are prefilled uncached (they evict no cached prompt), and
+warm-up prefills none for it.
 """
 
 from __future__ import annotations
@@ -191,13 +193,21 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         log.info("%s: %s", self.name, self.info)
 
     def warmup(self) -> None:
-        """Every speaker's prompt K/V (in the backend's language) computed now, so no stream's first step
-        runs a prefill; then the graphs and a short utterance (``FrameTtsLoop.warmup``)."""
-        voices = self.voices if self.kind != "voice_design" else (*self.voices, "default")
-        prompts = [self._prompt(v, None) for v in voices]
+        """The K/V of every prompt a stream without its own ``instructions`` starts from (in the backend's
+        language) computed now, so no such stream's first step runs a prefill; then the graphs and a short
+        utterance (``FrameTtsLoop.warmup``)."""
         with torch.no_grad():
-            self.engine.cache_prompts(prompts[: self.engine.free_slots])
+            self.engine.cache_prompts(self.voice_prompts()[: self.engine.free_slots])
         super().warmup()
+
+    def voice_prompts(self) -> list[Prompt]:
+        """The cached prompts of the voices a request can name, without its own ``instructions``: every
+        speaker, design or x-vector clone, and for VoiceDesign the server's ``instructions`` alone when
+        that is the default voice. Not an ICL clone's: its streams start from per-utterance prompts."""
+        voices = [v for v in self.voices if not (v in self.clones and self.clones[v].icl)]
+        if self.default_voice not in self.voices:  # VoiceDesign without a named default design
+            voices.append(self.default_voice)
+        return [self._prompt(v, None) for v in voices]
 
     def _set_voices(self, voice: str | None, designs: dict[str, str], clones: dict[str, str]) -> None:
         """The voices of this checkpoint kind (see the module doc); clones' x-vectors computed here."""

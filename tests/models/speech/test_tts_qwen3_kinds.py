@@ -313,3 +313,33 @@ def test_icl_backend_waits_for_the_prompt_text(base: Qwen3TtsCheckpoint) -> None
     assert len(pcm) > 0
     again = b.synthesize("Hi Hello there world.", TtsRequest(voice="anna"))
     assert bytes(pcm) == again
+
+
+def test_icl_clone_streams_keep_cached_voices(base: Qwen3TtsCheckpoint) -> None:
+    """Warm-up caches the prompts streams start from (the x-vector clone's), not an ICL clone's head; ICL
+    streams' per-utterance prompts then neither enter the full cache nor evict it: the x-vector voice's
+    K/V stay the ones warm-up computed, and it speaks as before."""
+    b = _backend(base, clones={"anna": f"{CLONE_WAV}:Hi.", "bob": str(CLONE_WAV)})
+    b.engine.prompt_cache = 1
+    bob = b._prompt("bob", None)
+    assert b.voice_prompts() == [bob]
+    b.warmup()  # its utterance is the default voice's: anna, an ICL clone
+    kv = b.engine._prompt_kv[bob]
+    assert list(b.engine._prompt_kv) == [bob]
+    text = "Hello there world."
+    before = b.synthesize(text, TtsRequest(voice="bob"))
+    for words in ("Hi.", "Hello there.", "Good morning, world."):
+        assert len(b.synthesize(words, TtsRequest(voice="anna"))) > 0
+    assert list(b.engine._prompt_kv) == [bob] and b.engine._prompt_kv[bob] is kv
+    assert b.synthesize(text, TtsRequest(voice="bob")) == before
+
+
+def test_voice_design_warmup_prompts(design: Qwen3TtsCheckpoint) -> None:
+    """Warm-up caches each named design's prompt, and the server's ``instructions`` alone only while that is
+    the default voice (with a named default design, no request starts from it)."""
+    kw = {"instructions": "A bright, quick voice.", "designs": {"narrator": INSTRUCT}}
+    named = _backend(design, voice="narrator", **kw)
+    assert named.voice_prompts() == [named._prompt("narrator", None)]
+    plain = _backend(design, **kw)
+    assert plain.voice_prompts() == [plain._prompt("narrator", None), plain._prompt("default", None)]
+    assert plain._prompt("default", None) == plain._prompt("narrator", "A bright, quick voice.")
