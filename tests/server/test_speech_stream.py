@@ -196,7 +196,7 @@ async def test_flac_is_encoded_off_the_event_loop(
     tts = tone_gateway.workers.tts.submit(TtsRequest(voice="tone"))
     tts.push("Hello there.")
     tts.close_input()
-    body = b"".join([chunk async for chunk in speech._raw(tts, "flac")])
+    body = b"".join([chunk async for chunk in speech._raw(speech._frames(tts), "flac")])
     audio, rate = soundfile.read(io.BytesIO(body), dtype="int16")
     assert rate == 24000 and np.abs(audio).max() > 0
     assert threads and threads[0] is not threading.main_thread()
