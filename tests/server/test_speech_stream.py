@@ -43,6 +43,14 @@ def _events(ws: fakes.FakeSocket) -> list[dict[str, object]]:
     return [json.loads(m) for m in ws.sent if isinstance(m, str)]
 
 
+async def _run_until(stream: speech_stream.SpeechStream, ws: fakes.FakeSocket, predicate: object) -> None:
+    """Run ``stream`` until ``predicate`` holds, then the client leaves and the run ends."""
+    run = asyncio.create_task(stream.run())
+    await _wait(predicate)
+    ws.feed_disconnect()
+    await asyncio.wait_for(run, 5.0)
+
+
 @pytest.mark.parametrize(
     "tone_gateway", [GatewayConfig(tts="tone", send_timeout_s=0.3, outbound_queue_frames=8)], indirect=True
 )
@@ -91,10 +99,7 @@ async def test_a_reading_client_gets_every_burst_reply(tone_gateway: Gateway) ->
     stream = speech_stream.SpeechStream(ws, tone_gateway)  # type: ignore[arg-type]
     for _ in range(500):
         ws.feed_text(json.dumps({"type": "input.text", "text": ""}))
-    run = asyncio.create_task(stream.run())
-    await _wait(lambda: len(ws.sent) == 500)
-    ws.feed_disconnect()
-    await asyncio.wait_for(run, 5.0)
+    await _run_until(stream, ws, lambda: len(ws.sent) == 500)
     assert ws.closed is None and {e["code"] for e in _events(ws)} == {"invalid_value"}
 
 
@@ -106,10 +111,7 @@ async def test_a_reading_client_gets_every_frame_then_done(tone_gateway: Gateway
     ws.feed_text(json.dumps({"type": "input.text", "text": "Two sentences, "}))
     ws.feed_text(json.dumps({"type": "input.text", "text": "three segments.\nAnd the rest"}))
     ws.feed_text(json.dumps({"type": "input.done"}))
-    run = asyncio.create_task(stream.run())
-    await _wait(lambda: any(isinstance(m, str) and "audio.done" in m for m in ws.sent))
-    ws.feed_disconnect()
-    await asyncio.wait_for(run, 5.0)
+    await _run_until(stream, ws, lambda: any(isinstance(m, str) and "audio.done" in m for m in ws.sent))
     done = json.loads(ws.sent[-1])
     frames = [m for m in ws.sent if isinstance(m, bytes)]
     assert done["type"] == "audio.done" and done["frames"] == len(frames) > 0
@@ -149,10 +151,7 @@ async def test_text_bounds_are_clear_errors(tone_gateway: Gateway) -> None:
         )  # 120 chars: the utterance's bound
     ws.feed_text(json.dumps({"type": "input.text", "text": "z"}))  # one more: over it
     ws.feed_text(json.dumps({"type": "input.done"}))
-    run = asyncio.create_task(stream.run())
-    await _wait(lambda: any(e["type"] == "audio.done" for e in _events(ws)))
-    ws.feed_disconnect()
-    await asyncio.wait_for(run, 5.0)
+    await _run_until(stream, ws, lambda: any(e["type"] == "audio.done" for e in _events(ws)))
     errors = [e for e in _events(ws) if e["type"] == "error"]
     assert [e["code"] for e in errors] == ["string_above_max_length"] * 2
     assert "over the limit of 50" in str(errors[0]["message"]) and "exceed 120" in str(errors[1]["message"])
@@ -219,10 +218,7 @@ async def test_session_config_instructions_are_bounded_and_reach_the_tts_request
     ws.feed_text(json.dumps({"type": "session.config", "instructions": "A warm, low voice"}))
     ws.feed_text(json.dumps({"type": "input.text", "text": "Hello there."}))
     ws.feed_text(json.dumps({"type": "input.done"}))
-    run = asyncio.create_task(stream.run())
-    await _wait(lambda: any(e["type"] == "audio.done" for e in _events(ws)))
-    ws.feed_disconnect()
-    await asyncio.wait_for(run, 5.0)
+    await _run_until(stream, ws, lambda: any(e["type"] == "audio.done" for e in _events(ws)))
     errors = [e for e in _events(ws) if e["type"] == "error"]
     assert [(e["param"], e["message"]) for e in errors] == [
         ("instructions", f"instructions are longer than {sp.MAX_INSTRUCTIONS_CHARS} characters")
