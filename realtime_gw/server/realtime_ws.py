@@ -437,10 +437,8 @@ async def realtime_endpoint(ws: WebSocket) -> None:
     if not await admit_socket(ws, admission, refused, subprotocol):
         return
     model = ws.query_params.get("model") or "realtime-gw"
-    duplex = ws.scope["path"].rstrip("/").endswith("/duplex") or ws.query_params.get("duplex") in (
-        "1",
-        "true",
-    )
+    asked = ws.query_params.get("duplex") in ("1", "true")
+    duplex = asked or ws.scope["path"].rstrip("/").endswith("/duplex")
     session = RealtimeSession(
         "sess_" + secrets.token_hex(8), _limits(gateway, model), time.monotonic(), duplex=duplex
     )

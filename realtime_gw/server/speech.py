@@ -61,8 +61,9 @@ async def speech_endpoint(request: Request) -> Response:
     except sp.SpeechInputError as e:
         return openai_error(400, str(e), param=e.param, code=e.code)
     try:
-        request = TtsRequest(voice=req.voice, speed=req.speed, instructions=req.instructions)
-        stream = gateway.workers.tts.submit(request)
+        stream = gateway.workers.tts.submit(
+            TtsRequest(voice=req.voice, speed=req.speed, instructions=req.instructions)
+        )
     except NoFreeSlot as e:
         return openai_error(503, str(e), code="server_busy")
     stream.push(req.input)
