@@ -206,7 +206,7 @@ def gateway_flags(args: argparse.Namespace) -> list[str]:
     flags += ["--asr-max-batch", batch, "--vad-max-batch", batch]
     flags += ["--max-sessions", str(max(1024, args.max_batch))]
     flags += ["--max-connections-per-client", "0", "--worker-max-active", str(max(1024, args.max_batch))]
-    return flags
+    return flags + args.gateway_arg
 
 
 def run_level(args: argparse.Namespace, port: int, sessions: int) -> dict[str, Any]:
@@ -320,6 +320,12 @@ def main() -> None:
         "--turn-bound-ms", type=float, default=500.0, help="turn latency p95 bound for 'real time'"
     )
     p.add_argument("--client-procs", type=int, default=4)
+    p.add_argument(
+        "--gateway-arg",
+        action="append",
+        default=[],
+        help="one more gateway flag, repeatable (e.g. --gateway-arg=--asr-flush-s=0.56)",
+    )
     p.add_argument("--ready-timeout-s", type=float, default=400.0)
     p.add_argument(
         "--budget-s", type=float, default=0.0, help="skip levels that would end past this (0: none)"
@@ -358,6 +364,7 @@ def main() -> None:
         real = [lv["sessions"] for lv in levels if lv["real_time"]]
         result = {
             "bench": "voice_gpu",
+            "gateway_flags": flags,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "gpu": gpu_name(),
             "python": platform.python_version(),

@@ -149,10 +149,13 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`kyutai`: seconds of silence run after a turn's audio to flush the text, which lags the audio by the
     model's delay; None = the reference's (delay + 1 s). Down to the delay (0.5 s for 1b): the transcript
     sooner, the last word possibly cut."""
-    asr_catchup_steps: int = 7
+    asr_catchup_steps: int = 0
     """`kyutai`: once a turn's input has ended, extra sub-steps per worker step that advance only the ending
     streams (one frame each, moved into the lowest slots so that their batch is small), so the flush does not
-    wait one full-batch step per frame; 0 = off. The tokens are the same either way."""
+    wait one full-batch step per frame; 0 = off. The tokens are the same either way. Off by default: on the
+    H200 it cut the ASR stage's own end-of-input -> transcript at 256 streams (p95 128 -> 88 ms with 7), but
+    in the whole voice pipeline (TTS on the same GPU) it made turns slower at 64 sessions (docs/benchmarks.md);
+    turn it on (e.g. 7) for a gateway whose GPU serves ASR alone."""
     asr_catchup_budget_ms: float = 50.0
     """`kyutai`: no catch-up sub-step starts once the worker step would pass this (its main step included),
     so the step stays inside the 80 ms frame; 0 = no time bound."""

@@ -96,7 +96,7 @@ class KyutaiAsrBackend:
         cuda_graphs: bool | None = None,
         checkpoint: KyutaiCheckpoint | None = None,
         flush_s: float | None = None,
-        catchup_steps: int = 7,
+        catchup_steps: int = 0,
         catchup_budget_s: float | None = 0.05,
     ) -> None:
         """``checkpoint``: already loaded weights (tests and benchmarks share one load); else load here.

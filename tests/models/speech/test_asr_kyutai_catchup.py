@@ -138,6 +138,6 @@ def test_gateway_flags_set_the_catch_up() -> None:
         return build_kyutai_asr(load_config(env={}, overrides={k: getattr(args, k) for k in FIELDS}))
 
     default = backend()
-    assert (default.catchup_steps, default.catchup_budget_s) == (7, 0.05)
+    assert (default.catchup_steps, default.catchup_budget_s) == (0, 0.05)  # off unless asked for
     tuned = backend("--asr-catchup-steps", "3", "--asr-catchup-budget-ms", "0")
     assert (tuned.catchup_steps, tuned.catchup_budget_s) == (3, None)

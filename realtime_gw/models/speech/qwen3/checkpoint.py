@@ -143,6 +143,9 @@ def published_configs(size: str) -> tuple[dict[str, Any], dict[str, Any]]:
         "vocab_size": 3072, "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": 28,
         "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6,
         "rope_theta": 1000000, "num_code_groups": 16, "text_hidden_size": 2048, "text_vocab_size": 151936,
+        # 3-D rotary sections as published; text-only positions make them the plain 1-D rotary we compute
+        "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20], "interleaved": True},
+        "max_position_embeddings": 32768,
         "codec_pad_id": 2148, "codec_bos_id": 2149, "codec_eos_token_id": 2150, "codec_think_id": 2154,
         "codec_nothink_id": 2155, "codec_think_bos_id": 2156, "codec_think_eos_id": 2157,
         "spk_id": {name: 3000 + i for i, name in enumerate(SPEAKERS)},
