@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from realtime_gw.config import ConfigError, GatewayConfig
+from realtime_gw.models.remote.actor import EXPIRED_KEEP_LEASES, StageActor
 from realtime_gw.models.remote.client import POLLS, RemoteStage, _Entry
 from realtime_gw.models.remote.settings import SECRETS, actor_config, stage_settings
 from realtime_gw.models.remote.wire import Batch, Load
@@ -23,7 +24,7 @@ from realtime_gw.models.runtime import (
     Stream,
     WorkerFault,
 )
-from tests.models.remote_fakes import Cluster, LocalActor
+from tests.models.remote_fakes import Cluster, LocalActor, toy_stage
 from tests.models.toy_backends import Req, Toy
 
 CONFIG = GatewayConfig(policy="none", ray_lease_s=0.3)
@@ -121,9 +122,12 @@ async def test_a_silent_frontend_loses_its_streams_within_its_lease(cluster: Clu
     assert shared[0].target.load().active == 0
 
 
+@pytest.mark.parametrize("forgotten", [False, True])
 async def test_a_frontend_back_after_its_lease_expired_fails_its_streams_and_serves_again(
-    cluster: Cluster,
+    cluster: Cluster, forgotten: bool
 ) -> None:
+    """``forgotten``: back after the actor stopped remembering its expiry (no ``lost``): the new record
+    it is answered from tells it all the same."""
     stage, replicas = await cluster.serve()
     stalled = stage.submit(Req(n=None))
     await asyncio.sleep(0.1)
@@ -131,6 +135,8 @@ async def test_a_frontend_back_after_its_lease_expired_fails_its_streams_and_ser
         task.cancel()
     await asyncio.sleep(CONFIG.ray_lease_s * 1.5)
     assert replicas[0].target.load().active == 0
+    if forgotten:
+        replicas[0].target.expired.clear()
     stage._tasks = [asyncio.create_task(stage._send_loop())]  # it speaks again
     stage._tasks += [asyncio.create_task(stage._poll_loop(stage.replicas[0])) for _ in range(POLLS)]
     with pytest.raises(WorkerFault, match="lease on replica 0 expired"):
@@ -194,10 +200,14 @@ async def test_crossing_poll_answers_are_applied_in_the_actors_order() -> None:
     stage._receive(replica, answer(2, [3, 4]))  # crossed the answer before it: waits
     assert s.backlog == 0
     stage._receive(replica, answer(1, [1, 2]))
-    stage._receive(replica, answer(1, [5], record=2))  # the actor's next record of this front-end
+    # The actor's next record of this front-end: it dropped the front-end (lease) and its streams.
+    stage._receive(replica, answer(1, [5], record=2))
     stage._receive(replica, answer(3, [99], record=1))  # a late answer of the old record: dropped
-    stage._receive(replica, answer(2, [6], done=True, record=2))
-    assert await s.collect() == [1, 2, 3, 4, 5, 6]
+    got = []
+    with pytest.raises(WorkerFault, match="lease on replica 0 expired"):
+        async for x in s:
+            got.append(x)
+    assert got == [1, 2, 3, 4]
 
 
 async def test_a_stream_opened_while_the_lease_loss_is_on_its_way_leaves_no_slot_behind(
@@ -230,6 +240,68 @@ async def test_a_stream_opened_while_the_lease_loss_is_on_its_way_leaves_no_slot
     assert replicas[0].target.streams_of(stage.frontend_id) == 0
     assert replicas[0].target.load().active == 0
     assert await asyncio.wait_for(stage.submit(Req(n=2)).collect(), 5) == [1, 2]
+
+
+def test_an_expired_frontend_is_remembered_for_a_bounded_time() -> None:
+    """The actor tells a front-end back after its lease ran out that its streams are gone (``lost``),
+    but forgets one that never comes back (the client tells a new record from its old one anyway)."""
+    actor = StageActor(toy_stage(), "tts", CONFIG)  # never started: the reaper's pass is called directly
+    gone, idle = actor._frontend("gone"), actor._frontend("idle")
+    held: Stream[Any] = Stream(actor.worker, Req(n=None), 4)
+    gone.streams[1] = held  # type: ignore[assignment]
+    t = max(gone.seen, idle.seen) + CONFIG.ray_lease_s + 0.01
+    actor._reap_once(t)
+    assert not actor.frontends and held.cancelled
+    assert list(actor.expired) == ["gone"]  # ``idle`` held nothing: nothing to tell it
+    keep_s = EXPIRED_KEEP_LEASES * CONFIG.ray_lease_s
+    actor._reap_once(t + keep_s)
+    assert list(actor.expired) == ["gone"]
+    actor._reap_once(t + keep_s + 0.01)
+    assert not actor.expired
+
+
+async def _eventually(check: Any, timeout_s: float = 5.0) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    assert check()
+
+
+async def test_a_restarted_replica_is_described_again(cluster: Cluster) -> None:
+    """Ray restarted the actor: the front-end shows the new incarnation's attributes (``/readyz``'s
+    warm-up report) once it has them, and streams go to it again."""
+    builds = []
+
+    def build(role: str, config: GatewayConfig) -> StageWorker:
+        class ReportingToy(Toy):
+            warmup_report = {"build": len(builds)}
+
+        builds.append(role)
+        return StageWorker(ReportingToy())
+
+    replica = LocalActor(build, CONFIG)
+    cluster.actors.append(replica)
+    stage = await cluster.frontend([replica], settings=stage_settings("tts", CONFIG))
+    assert stage.backend.warmup_report == {"build": 0}
+    await replica.kill(restart=True)
+    await _eventually(lambda: stage.ready and stage.backend.warmup_report == {"build": 1})
+    assert stage.replicas[0].described == replica.target.incarnation
+    assert await asyncio.wait_for(stage.submit(Req(n=2)).collect(), 5) == [1, 2]
+
+
+async def test_a_replica_restarted_with_other_settings_is_left_out_not_fatal(cluster: Cluster) -> None:
+    replicas = cluster.replicas(2)
+    stage = await cluster.frontend(replicas, settings=stage_settings("tts", CONFIG))
+    other = msgspec.structs.replace(CONFIG, tts_max_batch=CONFIG.tts_max_batch + 1)
+    replicas[0]._make = lambda: StageActor(toy_stage(), "tts", other)
+    await replicas[0].kill(restart=True)
+    await _eventually(lambda: stage.replicas[0].mismatch is not None)
+    assert "tts_max_batch" in str(stage.replicas[0].mismatch)
+    await asyncio.sleep(0.3)  # its polls go on: it stays out
+    assert not stage.replicas[0].ready and stage.replicas[1].ready and stage.ready
+    assert await asyncio.wait_for(stage.submit(Req(n=2)).collect(), 5) == [1, 2]
+    assert replicas[0].target.load().active == 0
 
 
 async def test_a_remote_backends_warmup_report_reaches_the_front_end(cluster: Cluster) -> None:

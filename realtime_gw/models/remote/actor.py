@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 REMOTE_DESCRIBED = (*DESCRIBED, "spec", "warmup_report")
 """Backend attributes a front-end reads: a hosted backend's, the policy's ``spec`` (the robot
 socket's session is built from it) and its ``warmup_report`` (the front-end's ``/readyz`` detail)."""
+EXPIRED_KEEP_LEASES = 10
+"""How long (in leases) an expired front-end's id is kept to tell it ``lost``: enough for a stalled one
+to come back; one that never does must not stay forever (its client also sees the new record)."""
 
 
 class _Frontend:
@@ -108,7 +111,8 @@ class StageActor:
         self.worker: StageWorker = build(role, config)
         self.worker.stream_type = _Relay
         self.frontends: dict[str, _Frontend] = {}
-        self.expired: set[str] = set()
+        self.expired: dict[str, float] = {}
+        """Front-ends whose lease ran out while they held streams -> when (monotonic)."""
         self._records = itertools.count(1)
         self._started: asyncio.Task[None] | None = None
         self._reaper: asyncio.Future[None] | None = None
@@ -171,8 +175,7 @@ class StageActor:
         one. Each poll renews the front-end's lease. Two polls may wait at once (the front-end keeps
         one here while the other's answer travels): whichever wakes first takes the results."""
         await self._ready()
-        lost = frontend_id in self.expired
-        self.expired.discard(frontend_id)
+        lost = self.expired.pop(frontend_id, None) is not None
         frontend = self._frontend(frontend_id)
         if lost:  # "lost" means nothing of the front-end is left here: not even what it opened since
             _cancel_all(frontend)
@@ -221,16 +224,20 @@ class StageActor:
     async def _reap(self) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 8)
-            now = time.monotonic()
-            for frontend_id, frontend in list(self.frontends.items()):
-                if now - frontend.seen > self.lease_s:
-                    log.warning(
-                        "front-end %s silent for %.1f s: ending its streams", frontend_id, self.lease_s
-                    )
-                    del self.frontends[frontend_id]
-                    if frontend.streams:
-                        self.expired.add(frontend_id)
-                    _cancel_all(frontend)
+            self._reap_once(time.monotonic())
+
+    def _reap_once(self, now: float) -> None:
+        for frontend_id, frontend in list(self.frontends.items()):
+            if now - frontend.seen > self.lease_s:
+                log.warning("front-end %s silent for %.1f s: ending its streams", frontend_id, self.lease_s)
+                del self.frontends[frontend_id]
+                if frontend.streams:
+                    self.expired[frontend_id] = now
+                _cancel_all(frontend)
+        keep_s = EXPIRED_KEEP_LEASES * self.lease_s
+        for frontend_id, since in list(self.expired.items()):
+            if now - since > keep_s:
+                del self.expired[frontend_id]
 
 
 def _push(stream: Stream[Any], items: list[Any]) -> None:

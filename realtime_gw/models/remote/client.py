@@ -9,7 +9,8 @@ Per replica, two loops carry every stream of this front-end: a sender (one ``sen
 opens, inputs, cancels and flow-control changes since the last one) and a long poll (``next_batch``:
 all results since the last poll, at most one message per worker step). A replica that dies (the call
 fails, or it answers from a new incarnation after Ray restarted it) fails the streams it held with
-``WorkerFault``; new streams go to the live replicas meanwhile.
+``WorkerFault``; new streams go to the live replicas meanwhile. A restarted replica is described again
+(its backend's attributes, its settings checked) before new streams go to it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -111,6 +113,11 @@ class _Replica:
     load: Load | None = None
     ready: bool = False
     faults: int = 0
+    described: str | None = None
+    """The incarnation whose ``describe`` this front-end holds; streams go only to that one."""
+    mismatch: str | None = None
+    """Why that incarnation's settings differ from this front-end's (None: they agree)."""
+    describing: bool = False
 
 
 class RemoteStage:
@@ -137,7 +144,8 @@ class RemoteStage:
         self._wake: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._cancels: set[asyncio.Task[None]] = set()
+        self._calls: set[asyncio.Task[None]] = set()
+        """One-off calls of their own (cancels of failed streams, describes of restarted replicas)."""
 
     # -- StageWorker's interface -------------------------------------------------------------------
     @property
@@ -156,7 +164,8 @@ class RemoteStage:
         """Join every replica (creating it warms it up: ``warmup`` is the actor's config's)."""
         self._wake, self._slot_freed = asyncio.Event(), asyncio.Event()
         described: list[Described] = await asyncio.gather(*(r.actor.describe.remote() for r in self.replicas))
-        for d in described:
+        for r, d in zip(self.replicas, described, strict=True):
+            r.described = d.incarnation
             if self.settings is not None:
                 why = settings_mismatch(self.role, self.settings, d.settings, self.namespace)
                 if why is not None:
@@ -181,7 +190,7 @@ class RemoteStage:
         ]
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *self._cancels]:
+        for task in [*self._tasks, *self._calls]:
             task.cancel()
         for entry in list(self._entries.values()):
             entry.stream.cancel()
@@ -324,9 +333,16 @@ class RemoteStage:
         if record != replica.record:
             if record in replica.old_records:
                 return  # a late answer from before a restart or an expired lease: its streams are gone
-            if replica.record is not None:
-                replica.old_records.add(replica.record)
-            replica.record, replica.expected, replica.early = record, 1, {}
+            old, replica.record, replica.expected, replica.early = replica.record, record, 1, {}
+            if old is not None:
+                replica.old_records.add(old)
+                if old[0] == batch.incarnation:
+                    # A new record of the same incarnation: the actor dropped this front-end when its
+                    # lease ran out, and every stream it held there (``batch.lost`` says so too, but
+                    # only while the actor still remembers the front-end: not after a long stall).
+                    self._replica_failed(
+                        replica, f"{self.name}: this front-end's lease on replica {replica.index} expired"
+                    )
         if replica.expected is None:
             replica.expected = batch.seq
         if batch.seq < replica.expected:  # crossed a failed poll's resync: nothing to wait for
@@ -340,11 +356,9 @@ class RemoteStage:
     def _apply(self, replica: _Replica, batch: Batch) -> None:
         if replica.incarnation not in (None, batch.incarnation):
             self._replica_failed(replica, f"{self.name}: worker replica {replica.index} restarted")
-        if batch.lost:
-            self._replica_failed(
-                replica, f"{self.name}: this front-end's lease on replica {replica.index} expired"
-            )
         replica.incarnation = batch.incarnation
+        if replica.described != batch.incarnation:
+            self._describe(replica)
         now = time.time()
         delivery = REMOTE_DELIVERY.labels(self.name)
         for sid, outputs, done, error, posted_at in batch.results:
@@ -357,12 +371,57 @@ class RemoteStage:
             entry.received += len(outputs)
             if done or error is not None:
                 self._forget(sid)
-        if batch.load.ready and not replica.ready:
-            log.info("%s: replica %d ready (incarnation %s)", self.name, replica.index, batch.incarnation[:8])
-        replica.load, replica.ready = batch.load, batch.load.ready
-        self._export(replica)
+        replica.load = batch.load
+        self._update_ready(replica)
         if batch.load.free_slots:
             self._slots_returned()  # maybe freed by another front-end: waiters try again
+
+    def _update_ready(self, replica: _Replica) -> None:
+        """Ready: warmed up as last reported, and this incarnation described with settings that agree."""
+        ready = (
+            replica.load is not None
+            and replica.load.ready
+            and replica.incarnation is not None
+            and replica.incarnation == replica.described
+            and replica.mismatch is None
+        )
+        if ready and not replica.ready:
+            log.info(
+                "%s: replica %d ready (incarnation %s)", self.name, replica.index, str(replica.described)[:8]
+            )
+        replica.ready = ready
+        self._export(replica)
+
+    def _describe(self, replica: _Replica) -> None:
+        """Describe a restarted replica again, in a call of its own (the poll loop goes on): its
+        backend's attributes (``voices``, ``spec``, ``warmup_report``) may have changed, and its
+        settings must still agree with this front-end's, as ``start`` checks."""
+        if replica.describing:
+            return
+        replica.describing = True
+
+        async def describe() -> None:
+            try:
+                d: Described = await replica.actor.describe.remote()
+            except Exception as e:  # died again: its next incarnation's first answer asks anew
+                log.warning("%s replica %d: describe failed: %s", self.name, replica.index, e)
+                return
+            finally:
+                replica.describing = False
+            self._described(replica, d)
+
+        self._call(describe(), f"{self.name}-describe-{replica.index}")
+
+    def _described(self, replica: _Replica, d: Described) -> None:
+        why = None
+        if self.settings is not None:
+            why = settings_mismatch(self.role, self.settings, d.settings, self.namespace)
+        if why is not None:  # not a crash of this front-end: that replica is left out until it changes
+            log.error("%s: replica %d not used: %s", self.name, replica.index, why)
+        else:  # replicas agree on settings: the freshest description stands for all
+            self.backend = SimpleNamespace(name=d.name, **d.attributes)
+        replica.described, replica.mismatch = d.incarnation, why
+        self._update_ready(replica)
 
     def _replica_failed(self, replica: _Replica, reason: str) -> None:
         log.error("%s; failing its streams", reason)
@@ -391,9 +450,12 @@ class RemoteStage:
             with contextlib.suppress(Exception):
                 await replica.actor.send.remote(self.frontend_id, Outbound(cancels=sids))
 
-        task = asyncio.create_task(cancel(), name=f"{self.name}-cancel-{replica.index}")
-        self._cancels.add(task)
-        task.add_done_callback(self._cancels.discard)
+        self._call(cancel(), f"{self.name}-cancel-{replica.index}")
+
+    def _call(self, call: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(call, name=name)
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
 
     def _export(self, replica: _Replica) -> None:
         labels = (self.name, str(replica.index))
