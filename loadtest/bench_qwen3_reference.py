@@ -133,10 +133,11 @@ def main() -> None:
     import qwen_tts  # noqa: F401 - fail early, before building anything
     import transformers
 
+    on_gpu = args.device.startswith("cuda")
     result = {
         "bench": "qwen3_reference", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "python": platform.python_version(), "weights": "random-init at the published shapes", "text": TEXT,
+        "device": torch.cuda.get_device_name() if on_gpu else platform.processor(),
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(), "weights": "random-init at the published shapes", "text": TEXT,
         "sizes": [time_size(s, args.frames, args.runs, args.device) for s in args.sizes],
     }
     print(json.dumps(result, indent=1))
