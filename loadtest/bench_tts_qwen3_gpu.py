@@ -13,8 +13,12 @@ start from the cached prompt vs a prefill. Then N concurrent streams through a r
 (``bench_tts_gpu.run_streams``: first audio = submit -> first 80 ms frame at the consumer; RTF per stream
 = synthesis wall time / audio length; frame lateness against real-time playback; the longest garbage
 collection during the run), and the largest N whose p95 lateness stays <= 20 ms ("streams in real time").
+With ``--reference-path DIR`` (qwen-tts and transformers 4.57 installed there with ``pip --target``), the
+reference package's own ``generate_custom_voice`` at the same sizes follows in the same run
+(``bench_qwen3_reference.py`` in a child interpreter).
 
     python3 loadtest/bench_tts_qwen3_gpu.py --json out.json            # on a CUDA machine
+    python3 loadtest/bench_tts_qwen3_gpu.py --sizes 0.6b --streams 1 64 --reference-path /tmp/ref  # + reference
     python3 loadtest/bench_tts_qwen3_gpu.py --sizes 0.6b --device cpu --streams 1 --capacity 2 --micro  # dry run
 """
 
@@ -24,7 +28,10 @@ import argparse
 import asyncio
 import gc
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -284,6 +291,21 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def run_reference(args: argparse.Namespace) -> dict[str, Any]:
+    """The reference package's own ``generate_custom_voice`` at the same sizes, same machine, same run: in a
+    child interpreter, since it pins another transformers than ours."""
+    here = Path(__file__).resolve().parent
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.reference_path, env.get("PYTHONPATH")]))
+        cmd = [sys.executable, str(here / "bench_qwen3_reference.py"), "--sizes", *args.sizes]
+        cmd += ["--frames", str(args.reference_frames), "--device", args.device, "--json", out.name]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            return {"error": done.stderr[-2000:]}
+        return json.loads(Path(out.name).read_text())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", nargs="+", default=["0.6b", "1.7b"])
@@ -301,9 +323,18 @@ def main() -> None:
         default=[1, 64, 256],
         help="batches for the per-stage and per-decoder-mode graph timings (none: skip)",
     )
+    p.add_argument(
+        "--reference-path",
+        default=None,
+        help="a directory with qwen-tts and its transformers 4.57 (pip --target): after our rows, "
+        "bench_qwen3_reference.py runs in a child interpreter with it first on PYTHONPATH, the same sizes",
+    )
+    p.add_argument("--reference-frames", type=int, default=150)
     p.add_argument("--json", default=None)
     args = p.parse_args()
     r = asyncio.run(amain(args))
+    if args.reference_path:
+        r["reference"] = run_reference(args)
     text = json.dumps(r, indent=1, default=str)
     print(text)
     if args.json:
