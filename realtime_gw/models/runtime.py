@@ -173,6 +173,26 @@ class Stream(Generic[S]):
         return backend.has_work(self.state)
 
 
+class SlotFreed:
+    """"A slot may be free": waiters wake at the next ``notify``, one event per generation, so a waiter
+    that comes later waits for the next release rather than returning on a stale set event."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout: float) -> bool:
+        """True once notified, False after ``timeout`` seconds."""
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def notify(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+
 class StageWorker:
     """Queue in, per-request result streams out, one batched backend step per iteration."""
 
@@ -215,7 +235,7 @@ class StageWorker:
         self._orphans: list[Any] = []
         """States no stream owns any more (left by an abandoned step), released at the next iteration."""
         self._wake_event: asyncio.Event | None = None
-        self._slot_freed: asyncio.Event | None = None
+        self._slot_freed: SlotFreed | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"worker-{self.name}")
@@ -225,7 +245,7 @@ class StageWorker:
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self, warmup: bool = True) -> None:
         self._wake_event = asyncio.Event()
-        self._slot_freed = asyncio.Event()
+        self._slot_freed = SlotFreed()
         loop = asyncio.get_running_loop()
         if self.hosted:  # its child runs from the start, warm or not: nothing spawns on the event loop later
             await loop.run_in_executor(self._thread, self.backend.start)  # type: ignore[attr-defined]
@@ -289,18 +309,11 @@ class StageWorker:
     async def slot_freed(self, timeout: float) -> bool:
         """Wait until a request leaves the worker (a slot may be free), at most ``timeout`` seconds."""
         assert self._slot_freed is not None, "worker not started"
-        event = self._slot_freed
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        return await self._slot_freed.wait(timeout)
 
     def _slots_returned(self) -> None:
-        # One event per generation: waiters of this one wake; later waiters wait for the next release.
         if self._slot_freed is not None:
-            event, self._slot_freed = self._slot_freed, asyncio.Event()
-            event.set()
+            self._slot_freed.notify()
 
     # -- the loop: decide on the event loop, execute on the worker thread --------------------------
     async def _schedule(self) -> None:

@@ -33,7 +33,7 @@ from realtime_gw.models.contract import NoFreeSlot, RequestRefused, WorkerFault
 from realtime_gw.models.remote.routing import replica_order
 from realtime_gw.models.remote.settings import settings_mismatch
 from realtime_gw.models.remote.wire import Batch, Described, Load, Outbound, RefusalText
-from realtime_gw.models.runtime import Stream
+from realtime_gw.models.runtime import SlotFreed, Stream
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,46 @@ class _Replica:
     """Why that incarnation's settings differ from this front-end's (None: they agree)."""
     describing: bool = False
 
+    def update_ready(self, stage: str) -> None:
+        """Ready: warmed up as last reported, and this incarnation described with settings that agree."""
+        ready = (
+            self.load is not None
+            and self.load.ready
+            and self.incarnation is not None
+            and self.incarnation == self.described
+            and self.mismatch is None
+        )
+        if ready and not self.ready:
+            log.info("%s: replica %d ready (incarnation %s)", stage, self.index, str(self.described)[:8])
+        self.ready = ready
+        self.export(stage)
+
+    def export(self, stage: str) -> None:
+        labels = (stage, str(self.index))
+        load = self.load or Load()
+        REMOTE_READY.labels(*labels).set(1 if self.ready else 0)
+        REMOTE_FREE.labels(*labels).set(load.free_slots if self.ready else 0)
+        REMOTE_ACTIVE.labels(*labels).set(load.active)
+        REMOTE_QUEUE.labels(*labels).set(load.queue)
+        REMOTE_FRONTENDS.labels(*labels).set(load.frontends)
+        REMOTE_FAULTS.labels(*labels).set(self.faults)
+
+    async def describe(self, stage: str) -> Described | None:
+        """The actor's description, or None when the call fails (it died again: its next incarnation's
+        first answer asks anew). At most one at a time (``describing``)."""
+        try:
+            d: Described = await self.actor.describe.remote()
+            return d
+        except Exception as e:
+            log.warning("%s replica %d: describe failed: %s", stage, self.index, e)
+            return None
+        finally:
+            self.describing = False
+
+    async def cancel(self, frontend_id: str, sids: list[int]) -> None:
+        with contextlib.suppress(Exception):
+            await self.actor.send.remote(frontend_id, Outbound(cancels=sids))
+
 
 class RemoteStage:
     """What ``registry.Workers`` holds for a stage served by Ray actors (``StageWorker``'s interface)."""
@@ -142,7 +182,7 @@ class RemoteStage:
         self._entries: dict[int, _Entry] = {}
         self._sids = itertools.count(1)
         self._wake: asyncio.Event | None = None
-        self._slot_freed: asyncio.Event | None = None
+        self._slot_freed: SlotFreed | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._calls: set[asyncio.Task[None]] = set()
         """One-off calls of their own (cancels of failed streams, describes of restarted replicas)."""
@@ -162,7 +202,7 @@ class RemoteStage:
 
     async def start(self, warmup: bool = True) -> None:
         """Join every replica (creating it warms it up: ``warmup`` is the actor's config's)."""
-        self._wake, self._slot_freed = asyncio.Event(), asyncio.Event()
+        self._wake, self._slot_freed = asyncio.Event(), SlotFreed()
         described: list[Described] = await asyncio.gather(*(r.actor.describe.remote() for r in self.replicas))
         for r, d in zip(self.replicas, described, strict=True):
             r.described = d.incarnation
@@ -219,11 +259,7 @@ class RemoteStage:
 
     async def slot_freed(self, timeout: float) -> bool:
         assert self._slot_freed is not None, "remote stage not started"
-        try:
-            await asyncio.wait_for(self._slot_freed.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        return await self._slot_freed.wait(timeout)
 
     # -- sender: one call per replica with everything since the last ------------------------------
     async def _send_loop(self) -> None:
@@ -304,10 +340,8 @@ class RemoteStage:
             self._slots_returned()
 
     def _slots_returned(self) -> None:
-        # One event per generation, as StageWorker's: waiters of this one wake, later ones wait anew.
         if self._slot_freed is not None:
-            event, self._slot_freed = self._slot_freed, asyncio.Event()
-            event.set()
+            self._slot_freed.notify()
 
     # -- long poll: every result for this front-end, one message per step -------------------------
     async def _poll_loop(self, replica: _Replica) -> None:
@@ -372,25 +406,9 @@ class RemoteStage:
             if done or error is not None:
                 self._forget(sid)
         replica.load = batch.load
-        self._update_ready(replica)
+        replica.update_ready(self.name)
         if batch.load.free_slots:
             self._slots_returned()  # maybe freed by another front-end: waiters try again
-
-    def _update_ready(self, replica: _Replica) -> None:
-        """Ready: warmed up as last reported, and this incarnation described with settings that agree."""
-        ready = (
-            replica.load is not None
-            and replica.load.ready
-            and replica.incarnation is not None
-            and replica.incarnation == replica.described
-            and replica.mismatch is None
-        )
-        if ready and not replica.ready:
-            log.info(
-                "%s: replica %d ready (incarnation %s)", self.name, replica.index, str(replica.described)[:8]
-            )
-        replica.ready = ready
-        self._export(replica)
 
     def _describe(self, replica: _Replica) -> None:
         """Describe a restarted replica again, in a call of its own (the poll loop goes on): its
@@ -401,14 +419,8 @@ class RemoteStage:
         replica.describing = True
 
         async def describe() -> None:
-            try:
-                d: Described = await replica.actor.describe.remote()
-            except Exception as e:  # died again: its next incarnation's first answer asks anew
-                log.warning("%s replica %d: describe failed: %s", self.name, replica.index, e)
-                return
-            finally:
-                replica.describing = False
-            self._described(replica, d)
+            if (d := await replica.describe(self.name)) is not None:
+                self._described(replica, d)
 
         self._call(describe(), f"{self.name}-describe-{replica.index}")
 
@@ -421,7 +433,7 @@ class RemoteStage:
         else:  # replicas agree on settings: the freshest description stands for all
             self.backend = SimpleNamespace(name=d.name, **d.attributes)
         replica.described, replica.mismatch = d.incarnation, why
-        self._update_ready(replica)
+        replica.update_ready(self.name)
 
     def _replica_failed(self, replica: _Replica, reason: str) -> None:
         log.error("%s; failing its streams", reason)
@@ -437,32 +449,13 @@ class RemoteStage:
             else:
                 self._next_replica(entry, reason)  # not sent yet: another replica may take it
         if failed:
-            self._cancel_failed(replica, failed)
-        self._export(replica)
-
-    def _cancel_failed(self, replica: _Replica, sids: list[int]) -> None:
-        """Cancel on the replica the streams failed here: unknown there (a no-op) unless it opened them
-        after the restart or the lost lease it reported, before this front-end heard of it; they would
-        hold their slots for good. A call of its own: one to a restarting replica waits until it is up,
-        and must not hold up the sender's calls to the live ones."""
-
-        async def cancel() -> None:
-            with contextlib.suppress(Exception):
-                await replica.actor.send.remote(self.frontend_id, Outbound(cancels=sids))
-
-        self._call(cancel(), f"{self.name}-cancel-{replica.index}")
+            # Cancelled on the replica too: unknown there (a no-op) unless it opened them after the restart
+            # or the lost lease, before this front-end heard of it (they would hold their slots for good). A
+            # call of its own: one to a restarting replica waits until it is up; the sender must not.
+            self._call(replica.cancel(self.frontend_id, failed), f"{self.name}-cancel-{replica.index}")
+        replica.export(self.name)
 
     def _call(self, call: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(call, name=name)
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
-
-    def _export(self, replica: _Replica) -> None:
-        labels = (self.name, str(replica.index))
-        load = replica.load or Load()
-        REMOTE_READY.labels(*labels).set(1 if replica.ready else 0)
-        REMOTE_FREE.labels(*labels).set(load.free_slots if replica.ready else 0)
-        REMOTE_ACTIVE.labels(*labels).set(load.active)
-        REMOTE_QUEUE.labels(*labels).set(load.queue)
-        REMOTE_FRONTENDS.labels(*labels).set(load.frontends)
-        REMOTE_FAULTS.labels(*labels).set(replica.faults)
