@@ -160,7 +160,14 @@ class ChunkSlots:
         self.slot_pool.give(slot)  # raises on a slot freed twice
 
     def reset(self) -> None:
-        """Every slot free (after a supervisor restart that dropped states unreleased)."""
+        """Every slot free (after a supervisor restart that dropped states unreleased). A prefix still in
+        flight is waited for first: its copies may still read the pinned staging rows the next prefix
+        writes on the host."""
+        if self._inflight is not None:
+            try:
+                self._inflight.event.synchronize()
+            except Exception as e:  # a broken device: nothing is left to protect, the reset goes on
+                log.warning("policy: the prefix in flight failed at reset: %s", e)
         self.slot_pool.reset()
         self._inflight, self.pending = None, set()
 

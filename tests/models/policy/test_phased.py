@@ -141,3 +141,19 @@ def test_a_prefix_in_flight_leaves_the_admitted_robots_stepping(
     for a, b in zip(got, alone, strict=True):
         assert a is not None and b is not None and np.abs(a - b).max() <= TOL
     assert runner.slots.free_slots == runner.capacity and not runner.slots.pending
+
+
+def test_reset_waits_for_the_prefix_in_flight(tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A supervisor's reset drops the slots' states, but not before the prefix in flight is done: its
+    copies may still read the pinned staging rows that the next prefix writes."""
+    runner = fast_runner(tiny)
+    runner.slots.overlap = True
+    monkeypatch.setattr(HostEvent, "query", lambda self: False)  # the prefix stays in flight
+    waited: list[HostEvent] = []
+    monkeypatch.setattr(HostEvent, "synchronize", lambda self: waited.append(self))
+    r = robot(16)
+    (slot,) = runner.slots.admit([(runner.prepare(r), r.num_steps)])
+    assert slot is not None and runner.slots.pending and not waited
+    runner.slots.reset()
+    assert len(waited) == 1 and not runner.slots.pending
+    assert runner.slots.free_slots == runner.capacity
