@@ -174,7 +174,7 @@ class Stream(Generic[S]):
 
 
 class SlotFreed:
-    """"A slot may be free": waiters wake at the next ``notify``, one event per generation, so a waiter
+    """The notice "a slot may be free": waiters wake at the next ``notify``, one event per generation, so a waiter
     that comes later waits for the next release rather than returning on a stale set event."""
 
     def __init__(self) -> None:
