@@ -34,7 +34,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from realtime_gw.models.speech.qwen3.checkpoint import published_configs  # noqa: E402
-from tests.fixtures.make_qwen3_tts import randomize_decoder, write_tokenizer  # noqa: E402
+from tests.fixtures.make_qwen3_tts import (  # noqa: E402
+    GENERATION,
+    randomize_decoder,
+    save_published,
+    save_speech_tokenizer,
+    write_tokenizer,
+)
 
 TEXT = "The quick brown fox jumps over the lazy dog while the band plays on."
 
@@ -62,30 +68,16 @@ def write_checkpoint(size: str, out: Path, device: str) -> None:
 
     config, codec = published_configs(size)
     torch.manual_seed(0)
-    cfg = Qwen3TTSConfig(**config)
     with torch.device(device):
-        model = Qwen3TTSForConditionalGeneration(cfg).to(torch.bfloat16).eval()
-    model.save_pretrained(str(out), safe_serialization=True)
+        model = Qwen3TTSForConditionalGeneration(Qwen3TTSConfig(**config)).to(torch.bfloat16).eval()
+    save_published(model, out)
     del model
-    # the published files carry only the speaker encoder's own fields (its config takes no others)
-    saved = json.loads((out / "config.json").read_text())
-    enc = cfg.speaker_encoder_config
-    saved["speaker_encoder_config"] = {k: getattr(enc, k) for k in (
-        "mel_dim", "enc_dim", "enc_channels", "enc_kernel_sizes", "enc_dilations", "enc_attention_channels",
-        "enc_res2net_scale", "enc_se_channels", "sample_rate")}
-    (out / "config.json").write_text(json.dumps(saved))
-    (out / "generation_config.json").write_text(json.dumps({
-        "do_sample": True, "top_k": 50, "top_p": 1.0, "temperature": 0.9, "repetition_penalty": 1.05,
-        "subtalker_dosample": True, "subtalker_top_k": 50, "subtalker_top_p": 1.0, "subtalker_temperature": 0.9,
-        "max_new_tokens": 2048}))
+    (out / "generation_config.json").write_text(json.dumps(GENERATION))
     write_tokenizer(out)
     with torch.device(device):
         st = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(**codec)).eval()
     randomize_decoder(st.decoder)
-    st.save_pretrained(str(out / "speech_tokenizer"), safe_serialization=True)
-    (out / "speech_tokenizer" / "preprocessor_config.json").write_text(json.dumps({
-        "feature_extractor_type": "EncodecFeatureExtractor", "feature_size": 1, "padding_side": "right",
-        "padding_value": 0.0, "return_attention_mask": True, "sampling_rate": 24000}))
+    save_speech_tokenizer(st, out / "speech_tokenizer")
 
 
 def sync(device: str) -> None:
