@@ -27,17 +27,17 @@ from typing import Any
 import httpx
 import websockets
 
+from loadtest import voice_client
+
 FRAME_S = 0.080
 TURN_TEXT = "Please open the door for me."
 PROBE_INTERVAL_S = 0.050
 
 
 def percentile(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile; NaN for no samples."""
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+    """The load clients' nearest-rank percentile; NaN for no samples, as these reports have it."""
+    p = voice_client.percentile(xs, q)
+    return float("nan") if p is None else p
 
 
 @dataclass

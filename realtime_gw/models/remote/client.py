@@ -145,15 +145,13 @@ class _Replica:
 
     async def describe(self, stage: str) -> Described | None:
         """The actor's description, or None when the call fails (it died again: its next incarnation's
-        first answer asks anew). At most one at a time (``describing``)."""
+        first answer asks anew)."""
         try:
             d: Described = await self.actor.describe.remote()
             return d
         except Exception as e:
             log.warning("%s replica %d: describe failed: %s", stage, self.index, e)
             return None
-        finally:
-            self.describing = False
 
     async def cancel(self, frontend_id: str, sids: list[int]) -> None:
         with contextlib.suppress(Exception):
@@ -411,23 +409,25 @@ class RemoteStage:
             self._slots_returned()  # maybe freed by another front-end: waiters try again
 
     def _describe(self, replica: _Replica) -> None:
-        """Describe a restarted replica again, in a call of its own (the poll loop goes on): its
-        backend's attributes (``voices``, ``spec``, ``warmup_report``) may have changed, and its
-        settings must still agree with this front-end's, as ``start`` checks."""
+        """Describe a restarted replica again, in a call of its own (the poll loop goes on): its backend's
+        attributes (``voices``, ``spec``, ``warmup_report``) may have changed; its settings must still agree."""
         if replica.describing:
             return
         replica.describing = True
 
         async def describe() -> None:
-            if (d := await replica.describe(self.name)) is not None:
+            try:
+                d = await replica.describe(self.name)
+            finally:
+                replica.describing = False
+            if d is not None:
                 self._described(replica, d)
 
         self._call(describe(), f"{self.name}-describe-{replica.index}")
 
     def _described(self, replica: _Replica, d: Described) -> None:
-        why = None
-        if self.settings is not None:
-            why = settings_mismatch(self.role, self.settings, d.settings, self.namespace)
+        mine = self.settings
+        why = None if mine is None else settings_mismatch(self.role, mine, d.settings, self.namespace)
         if why is not None:  # not a crash of this front-end: that replica is left out until it changes
             log.error("%s: replica %d not used: %s", self.name, replica.index, why)
         else:  # replicas agree on settings: the freshest description stands for all
@@ -449,9 +449,8 @@ class RemoteStage:
             else:
                 self._next_replica(entry, reason)  # not sent yet: another replica may take it
         if failed:
-            # Cancelled on the replica too: unknown there (a no-op) unless it opened them after the restart
-            # or the lost lease, before this front-end heard of it (they would hold their slots for good). A
-            # call of its own: one to a restarting replica waits until it is up; the sender must not.
+            # Cancelled there too (a no-op unless it opened them after the restart or lost lease: they would
+            # hold their slots for good), in a call of its own: one to a restarting replica waits for it.
             self._call(replica.cancel(self.frontend_id, failed), f"{self.name}-cancel-{replica.index}")
         replica.export(self.name)
 
