@@ -59,9 +59,10 @@ from realtime_gw.models.speech.qwen3.talker import Sampling  # noqa: E402
 from realtime_gw.models.speech.tts_qwen3 import QWEN_ROLE_IDS, Qwen3TtsBackend  # noqa: E402
 
 
-def graph_vs_eager(ck: Any, precision: str, fuse: bool) -> dict[str, Any]:
+def graph_vs_eager(ck: Any, precision: str, fuse: bool, compile_predictor: bool) -> dict[str, Any]:
     """Greedy: 12 frames of two streams (the second from the cached prompt K/V), eager vs CUDA graphs,
-    give the same codes and PCM (decoder as served: ``precision``, fused SnakeBeta or not)."""
+    give the same codes and PCM (decoder as served: ``precision``, fused SnakeBeta or not; code predictor
+    compiled or not, both alike)."""
     codes, pcm = [], []
     for graphs in (False, True):
         eng = Qwen3Engine(
@@ -72,6 +73,7 @@ def graph_vs_eager(ck: Any, precision: str, fuse: bool) -> dict[str, Any]:
             cuda_graphs=graphs,
             decoder_precision=precision,
             fuse_snake=fuse,
+            compile_predictor="inductor" if compile_predictor else None,
         )
         p = build_prompt(ck, QWEN_ROLE_IDS, "ryan", "english")
         a, b = eng.alloc_prompt(p), eng.alloc_prompt(p)
@@ -145,15 +147,23 @@ def decoder_modes(ck: Any, batches: list[int]) -> dict[str, Any]:
 @torch.no_grad()
 def stage_times(ck: Any, eng: Qwen3Engine, batches: list[int]) -> dict[str, float]:
     """Graph-replay ms of the talker + code predictor alone and of the whole frame, per batch (KV length
-    64), and of a stream's start from a cached prompt vs the prompt prefill (eager, 1 stream)."""
+    64), with the code predictor as served and (``_uncompiled``) without torch.compile when it is compiled,
+    and of a stream's start from a cached prompt vs the prompt prefill (eager, 1 stream)."""
     out: dict[str, float] = {}
     eng.d_active.zero_()  # every row inactive: replays leave the streams' state alone
-    for b in batches:
-        tok, act, ok = eng.d_tok[:b], eng.d_active[:b], eng.d_eos_ok[:b]
-        out[f"talker_cp_b{b}"] = graph_ms(
-            lambda b=b, tok=tok, act=act, ok=ok: eng.talker.frame_step(b, 64, tok, act, ok)
-        )
-        out[f"frame_b{b}"] = graph_ms(lambda b=b: eng._frame(b, 64))
+    compiled = eng.talker.compiled_predictor
+    for suffix, on in [("", compiled), *([("_uncompiled", False)] if compiled else [])]:
+        eng.talker.compiled_predictor = on
+        for b in batches:
+            tok, act, ok = eng.d_tok[:b], eng.d_active[:b], eng.d_eos_ok[:b]
+            out[f"talker_cp_b{b}{suffix}"] = graph_ms(
+                lambda b=b, tok=tok, act=act, ok=ok: eng.talker.frame_step(b, 64, tok, act, ok)
+            )
+            h = torch.zeros(b, eng.talker.hidden, device="cuda", dtype=eng.talker.bos_emb.dtype)
+            code0 = torch.zeros(b, dtype=torch.long, device="cuda")
+            out[f"cp_b{b}{suffix}"] = graph_ms(lambda h=h, c=code0: eng.talker.predict_codes(h, c))
+            out[f"frame_b{b}{suffix}"] = graph_ms(lambda b=b: eng._frame(b, 64))
+    eng.talker.compiled_predictor = compiled
     p = build_prompt(ck, QWEN_ROLE_IDS, "ryan", "english")
     eng.cache_prompts([p])
     kv, idx = eng._prompt_kv[p], torch.tensor([0], device="cuda")
@@ -216,9 +226,10 @@ async def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
     )
     prec, fuse = args.decoder_precision, not args.no_fuse_snake
     r["decoder"] = {"precision": prec, "fused_snake": fuse}
+    r["compiled_code_predictor"] = args.compile_predictor
     if dev.startswith("cuda"):
         try:
-            r["check"] = graph_vs_eager(ck, prec, fuse)
+            r["check"] = graph_vs_eager(ck, prec, fuse, args.compile_predictor == "on")
             log(f"[{size}] check {r['check']}")
             if args.micro and size == args.sizes[0]:  # the decoder is the same at every talker size
                 r["decoder_modes"] = decoder_modes(ck, args.micro)
@@ -233,6 +244,7 @@ async def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
         max_positions=args.max_positions,
         decoder_precision=prec,
         fuse_snake=fuse,
+        compile_predictor=args.compile_predictor == "on" and dev.startswith("cuda"),
     )
     t = time.perf_counter()
     backend.warmup()
@@ -316,6 +328,12 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--decoder-precision", default="tf32", choices=["fp32", "tf32", "bf16"])
     p.add_argument("--no-fuse-snake", action="store_true")
+    p.add_argument(
+        "--compile-predictor",
+        default="off",
+        choices=["on", "off"],
+        help="torch.compile the code predictor's passes (CUDA; the gateway's --tts-compile)",
+    )
     p.add_argument(
         "--micro",
         type=int,

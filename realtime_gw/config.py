@@ -133,6 +133,10 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     `NAME=path.wav:transcript` (ICL mode: the recording's codes and transcript in each prompt);
     `voice: NAME` selects one."""
     tts_device: str = "cpu"
+    tts_compile: bool = False
+    """`qwen3` on CUDA: torch.compile the code predictor's 15 passes a frame (four compiles at start-up,
+    ~20 s). Measured on an H200 (docs/benchmarks.md): the predictor 0.7-0.8 ms faster a frame at 1-64
+    streams, no faster at 256; its bf16 rounding differs from the uncompiled kernels'. Off by default."""
     asr: Literal["pocketsphinx", "kyutai"] = "pocketsphinx"
     asr_slots: int = 4
     asr_path: str | None = None

@@ -118,6 +118,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         checkpoint: Qwen3TtsCheckpoint | None = None,
         decoder_precision: str | None = None,
         fuse_snake: bool | None = None,
+        compile_predictor: bool = False,
         instructions: str | None = None,
         designs: dict[str, str] | None = None,
         clones: dict[str, str] | None = None,
@@ -164,6 +165,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
             cuda_graphs=cuda_graphs,
             decoder_precision=decoder_precision,
             fuse_snake=fuse_snake,
+            compile_predictor="inductor" if compile_predictor and cuda else None,
         )
         for name, clone in self.clones.items():
             if clone.icl:  # the recording's frames sit in every prompt; its codes are decoded ahead
@@ -179,6 +181,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
             "talker_dtype": str(dtype).removeprefix("torch."),
             "decoder_precision": decoder_precision,
             "fused_snake": fuse_snake,
+            "compiled_code_predictor": compile_predictor and cuda,
             "slots": slots,
             "tokenizer": self.tokenizer.name,
             "kind": self.kind,

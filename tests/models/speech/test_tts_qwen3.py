@@ -18,7 +18,7 @@ from realtime_gw.models.runtime import NoFreeSlot
 from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint, load_checkpoint
 from realtime_gw.models.speech.qwen3.decoder import StreamingQwen3Decoder
 from realtime_gw.models.speech.qwen3.engine import Qwen3Engine, build_prompt
-from realtime_gw.models.speech.qwen3.talker import Sampling
+from realtime_gw.models.speech.qwen3.talker import Qwen3TalkerRuntime, Sampling
 from realtime_gw.models.speech.tts_qwen3 import Qwen3TtsBackend
 from realtime_gw.records.voice import FRAME_SAMPLES, TtsRequest
 
@@ -37,6 +37,14 @@ def ref() -> Any:
 
 
 # -- talker + code predictor ------------------------------------------------------------------------------
+PREDICTOR_FORMS = {
+    "eager": {},  # the CPU's
+    # CUDA's: torch.compile of each pass, over all columns under a mask (inductor on the GPU; traced here)
+    "compiled": {"compile_predictor": "aot_eager"},
+}
+
+
+@pytest.mark.parametrize("form", PREDICTOR_FORMS)
 @pytest.mark.parametrize(
     ("case", "speaker", "language", "do_sample", "seed"),
     [
@@ -46,15 +54,24 @@ def ref() -> Any:
     ],
 )
 def test_codes_equal_reference(
-    ck: Qwen3TtsCheckpoint, ref: Any, case: str, speaker: str, language: str, do_sample: bool, seed: int
+    ck: Qwen3TtsCheckpoint,
+    ref: Any,
+    case: str,
+    speaker: str,
+    language: str,
+    do_sample: bool,
+    seed: int,
+    form: str,
 ) -> None:
     """Same prompt ids, speaker, language and ``torch.manual_seed``: the reference's ``generate`` (streaming
     mode, top-k 50, T 0.9, repetition penalty 1.05, or greedy) and our engine give the same 16 codes per
-    frame, and stop on the same codec EOS."""
+    frame, and stop on the same codec EOS, with the code predictor in each of its forms."""
     ids = [int(x) for x in ref["text_ids"]]
     role, text = ids[:3], ids[3:-5]
     sampling = Sampling.from_generation(ck.generation, do_sample=do_sample, sub_do_sample=do_sample)
-    eng = Qwen3Engine(ck, 2, max_positions=64, sampling=sampling, cuda_graphs=False)
+    eng = Qwen3Engine(
+        ck, 2, max_positions=64, sampling=sampling, cuda_graphs=False, **PREDICTOR_FORMS[form]
+    )
     slot = eng.alloc_prompt(build_prompt(ck, role, speaker, language))
     want = ref[f"codes_{case}"]
     eos = ck.talker_config["codec_eos_token_id"]
@@ -75,6 +92,29 @@ def test_codes_equal_reference(
         got = got[: len(want)]
     assert np.array_equal(np.stack(got), want)
     assert ended == (len(want) < 23)
+
+
+def test_compiled_predictor_falls_back_when_compiling_fails(
+    ck: Qwen3TtsCheckpoint, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A compile that fails (as inductor can on an unusual GPU) is logged and the frame runs uncompiled,
+    with the codes the uncompiled predictor gives."""
+    greedy = Sampling(do_sample=False, sub_do_sample=False)
+    plain = Qwen3TalkerRuntime(ck, 4, 32, greedy)
+    rt = Qwen3TalkerRuntime(ck, 4, 32, greedy, "aot_eager")
+
+    def broken(*args: torch.Tensor) -> Any:
+        raise RuntimeError("inductor: no kernel for this device")
+
+    rt._next_pass = broken
+    h, code0 = torch.randn(3, rt.hidden), torch.tensor([1, 5, 9])
+    with torch.no_grad(), caplog.at_level("ERROR"):
+        got = rt.predict_codes(h, code0)
+        want = plain.predict_codes(h, code0)
+    assert not rt.compiled_predictor
+    assert "runs uncompiled" in caplog.text
+    assert torch.equal(got[0], want[0])
+    assert torch.equal(got[1], want[1])
 
 
 # -- codec decoder ----------------------------------------------------------------------------------------

@@ -107,9 +107,10 @@ class Qwen3Engine(SlotEngine):
         decoder_precision: str = "fp32",
         fuse_snake: bool = False,
         prompt_cache: int = 64,
+        compile_predictor: str | None = None,
     ) -> None:
         sampling = sampling or Sampling.from_generation(ck.generation)
-        talker = Qwen3TalkerRuntime(ck, slots, max_positions, sampling)
+        talker = Qwen3TalkerRuntime(ck, slots, max_positions, sampling, compile_predictor)
         decoder = StreamingQwen3Decoder(ck.decoder, slots, decoder_precision, fuse_snake)
         super().__init__(
             talker,
