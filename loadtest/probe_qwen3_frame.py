@@ -23,28 +23,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "loadtest"))
 
-from realtime_gw.models.kernels import GraphCapture  # noqa: E402
+from bench_tts_qwen3_gpu import graph_ms  # noqa: E402
+
 from realtime_gw.models.speech.qwen3.checkpoint import random_checkpoint  # noqa: E402
 from realtime_gw.models.speech.qwen3.talker import Qwen3TalkerRuntime, Sampling  # noqa: E402
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def replay_ms(fn: Any, reps: int = 30) -> float:
-    g = GraphCapture("cuda").capture(fn, warmup_runs=2)
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def kernels(fn: Any) -> dict[str, float]:
@@ -116,10 +104,10 @@ def main() -> None:
                 else:
                     res[f"greedy_equal_b{b}"] = float((codes_g == ref_codes[("g", b)]).float().mean())
                     res[f"sampled_equal_b{b}"] = float((codes_s == ref_codes[("s", b)]).float().mean())
-                res[f"cp_ms_b{b}"] = round(replay_ms(lambda b=b, cp=cp: cp(hs[b], c0[b])), 3)
+                res[f"cp_ms_b{b}"] = round(graph_ms(lambda b=b, cp=cp: cp(hs[b], c0[b])), 3)
                 res[f"cp_prof_b{b}"] = kernels(lambda b=b, cp=cp: cp(hs[b], c0[b]))
                 step = lambda b=b, frame=frame: frame(b, 64, tok[b], act[b], ok[b])  # noqa: E731
-                res[f"frame_ms_b{b}"] = round(replay_ms(step), 3)
+                res[f"frame_ms_b{b}"] = round(graph_ms(step), 3)
                 res[f"frame_prof_b{b}"] = kernels(step)
                 log(f"{variant} b={b}: {json.dumps({k: v for k, v in res.items() if k.endswith(f'b{b}')})}")
             res["total_s"] = round(time.perf_counter() - t0, 1)
