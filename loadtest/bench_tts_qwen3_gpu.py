@@ -59,10 +59,12 @@ from realtime_gw.models.speech.qwen3.talker import Sampling  # noqa: E402
 from realtime_gw.models.speech.tts_qwen3 import QWEN_ROLE_IDS, Qwen3TtsBackend  # noqa: E402
 
 
-def graph_vs_eager(ck: Any, precision: str, fuse: bool, compile_predictor: bool) -> dict[str, Any]:
+def graph_vs_eager(
+    ck: Any, precision: str, fuse: bool, compile_predictor: bool, pipelined: bool
+) -> dict[str, Any]:
     """Greedy: 12 frames of two streams (the second from the cached prompt K/V), eager vs CUDA graphs,
     give the same codes and PCM (decoder as served: ``precision``, fused SnakeBeta or not; code predictor
-    compiled or not, both alike)."""
+    compiled or not, both alike); the served form (``pipelined`` or not) against eager one-graph frames."""
     codes, pcm = [], []
     for graphs in (False, True):
         eng = Qwen3Engine(
@@ -74,6 +76,7 @@ def graph_vs_eager(ck: Any, precision: str, fuse: bool, compile_predictor: bool)
             decoder_precision=precision,
             fuse_snake=fuse,
             compile_predictor="inductor" if compile_predictor else None,
+            pipelined=pipelined and graphs,
         )
         p = build_prompt(ck, QWEN_ROLE_IDS, "ryan", "english")
         a, b = eng.alloc_prompt(p), eng.alloc_prompt(p)
@@ -227,9 +230,12 @@ async def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
     prec, fuse = args.decoder_precision, not args.no_fuse_snake
     r["decoder"] = {"precision": prec, "fused_snake": fuse}
     r["compiled_code_predictor"] = args.compile_predictor
+    r["pipelined"] = args.pipelined
     if dev.startswith("cuda"):
         try:
-            r["check"] = graph_vs_eager(ck, prec, fuse, args.compile_predictor == "on")
+            r["check"] = graph_vs_eager(
+                ck, prec, fuse, args.compile_predictor == "on", args.pipelined == "on"
+            )
             log(f"[{size}] check {r['check']}")
             if args.micro and size == args.sizes[0]:  # the decoder is the same at every talker size
                 r["decoder_modes"] = decoder_modes(ck, args.micro)
@@ -245,6 +251,7 @@ async def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
         decoder_precision=prec,
         fuse_snake=fuse,
         compile_predictor=args.compile_predictor == "on" and dev.startswith("cuda"),
+        pipelined=args.pipelined == "on",
     )
     t = time.perf_counter()
     backend.warmup()
@@ -333,6 +340,12 @@ def main() -> None:
         default="off",
         choices=["on", "off"],
         help="torch.compile the code predictor's passes (CUDA; the gateway's --tts-compile)",
+    )
+    p.add_argument(
+        "--pipelined",
+        default="on",
+        choices=["on", "off"],
+        help="decode each frame behind the next frame's talker step (served on CUDA; the gateway's --tts-pipelined)",
     )
     p.add_argument(
         "--micro",

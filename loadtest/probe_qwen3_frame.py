@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "loadtest"))
 
 from bench_tts_qwen3_gpu import graph_ms  # noqa: E402
+from kernel_profile import kernels  # noqa: E402
 
 from realtime_gw.models.speech.qwen3.checkpoint import random_checkpoint  # noqa: E402
 from realtime_gw.models.speech.qwen3.talker import Qwen3TalkerRuntime, Sampling  # noqa: E402
@@ -33,26 +34,6 @@ from realtime_gw.models.speech.qwen3.talker import Qwen3TalkerRuntime, Sampling 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def kernels(fn: Any) -> dict[str, float]:
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    by: dict[str, float] = {}
-    for e in evs:
-        by[e.name] = by.get(e.name, 0.0) + e.device_time / 1000
-    top = sorted(by.items(), key=lambda kv: -kv[1])[:8]
-    return {
-        "kernels": len(evs),
-        "kernel_ms": round(sum(e.device_time for e in evs) / 1000, 3),
-        "top": [(n[:60], round(t, 3)) for n, t in top],  # type: ignore[dict-item]
-    }
 
 
 @torch.no_grad()
@@ -72,7 +53,9 @@ def main() -> None:
     rt_g = Qwen3TalkerRuntime(ck, slots, 128, greedy)
     out: dict[str, Any] = {"size": args.size, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     gen = torch.Generator(device="cuda").manual_seed(0)
-    hs = {b: torch.randn(b, rt.hidden, device="cuda", dtype=torch.bfloat16, generator=gen) for b in args.batches}
+    hs = {
+        b: torch.randn(b, rt.hidden, device="cuda", dtype=torch.bfloat16, generator=gen) for b in args.batches
+    }
     c0 = {b: torch.randint(0, 2048, (b,), device="cuda", generator=gen) for b in args.batches}
     tok = {b: torch.randint(0, 1000, (b,), device="cuda", generator=gen) for b in args.batches}
     act = {b: torch.zeros(b, dtype=torch.bool, device="cuda") for b in args.batches}

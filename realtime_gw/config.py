@@ -137,6 +137,10 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`qwen3` on CUDA: torch.compile the code predictor's 15 passes a frame (four compiles at start-up,
     ~20 s). Measured on an H200 (docs/benchmarks.md): the predictor 0.7-0.8 ms faster a frame at 1-64
     streams, no faster at 256; its bf16 rounding differs from the uncompiled kernels'. Off by default."""
+    tts_pipelined: bool = True
+    """`qwen3` on CUDA: each frame's codec decoder runs behind the next frame's talker step (its own CUDA
+    stream), overlapping it and the host's work between steps; a frame's audio leaves one step after its
+    codes. Off: talker and decoder in one graph per step."""
     asr: Literal["pocketsphinx", "kyutai"] = "pocketsphinx"
     asr_slots: int = 4
     asr_path: str | None = None

@@ -162,6 +162,7 @@ def build_tts(config: GatewayConfig) -> StageWorker:
                 designs=parse_voice_specs(config.tts_voice_design, "--tts-voice-design"),
                 clones=parse_voice_specs(config.tts_voice_clone, "--tts-voice-clone"),
                 compile_predictor=config.tts_compile,
+                pipelined=None if config.tts_pipelined else False,
             )
         except (ValueError, OSError, RuntimeError) as e:  # a bad voice spec or recording, a mismatched checkpoint
             raise ConfigError(f"--tts qwen3: {e}") from e

@@ -328,7 +328,11 @@ class SentenceTtsBackend(TtsBackendBase[TtsState]):
 class FrameTtsLoop:
     """The frame-per-step loop of the codec-LM backends (Mimi LM, Qwen3-TTS): every live stream with a
     token to say (or its tail) advances one 80 ms frame per step, all in one ``engine.step``. A backend
-    says only which token a stream feeds next (``_next_token``) and turns codes into frames (``_emit``)."""
+    says only which token a stream feeds next (``_next_token``) and turns codes into frames (``_emit``).
+
+    With a pipelined engine (``engine.pipelined``: a frame's decoder runs behind the next frame's talker)
+    a frame's codes wait on the stream's state (``state.flight``) until its PCM is decoded, one step
+    later, and ``_emit`` then sees both; a stream with a frame in flight has work until it is out."""
 
     engine: Any
     name: str
@@ -337,15 +341,19 @@ class FrameTtsLoop:
         """(token to feed, whether EOS may end the utterance this frame); pops the token it feeds."""
         raise NotImplementedError
 
-    def _emit(self, state: Any, codes: Any, pcm: Any) -> StepResult:
+    def _emit(self, state: Any, codes: Any, pcm: Any, spoken: int) -> StepResult:
+        """One frame out: its codes, PCM16 and how many text tokens had been fed when it was made."""
         raise NotImplementedError
 
     def has_work(self, state: Any) -> bool:
+        if state.flight is not None:
+            return True
         return not state.done and (bool(state.text.tokens) or state.text.ended)
 
     def release(self, state: Any) -> None:
         if not state.released:
             state.released = True
+            state.flight = None
             self.engine.free(state.slot)
 
     def step(self, work: list[tuple[Any, list[Any]]]) -> list[StepResult]:
@@ -360,21 +368,41 @@ class FrameTtsLoop:
             text = state.text
             if state.done:
                 results[i] = StepResult(done=True)
-            elif text.ended and text.queued == 0:  # nothing to say: one empty final frame
+            elif state.flight is not None and self.engine.frames[state.slot] >= self.engine.max_positions:
+                pass  # its last possible frame is in flight: that frame ends it
+            elif text.ended and text.queued == 0 and state.flight is None:  # nothing to say: empty final
                 state.done = True
                 results[i] = StepResult(outputs=[TtsFrame(pcm=b"", final=True)], done=True)
             elif text.tokens or text.ended:
                 go.append(i)
-            else:
+            elif state.flight is None:
                 results[i] = StepResult()  # waiting for a complete word
+        states = [work[i][0] for i in go]
+        fed = [self._next_token(st) for st in states]
+        slots, tokens, eos_ok = [st.slot for st in states], [t for t, _ in fed], [ok for _, ok in fed]
+        if not self.engine.pipelined:
+            if go:
+                codes, pcm = self.engine.step(slots, tokens, eos_ok)
+                for j, i in enumerate(go):
+                    results[i] = self._emit(states[j], codes[j], pcm[j], states[j].spoken)
+            return [r if r is not None else StepResult() for r in results]
+        landed = [
+            (i, st.flight) for i, (st, _) in enumerate(work) if st.flight is not None and results[i] is None
+        ]
         if go:
-            states = [work[i][0] for i in go]
-            fed = [self._next_token(st) for st in states]
-            codes, pcm = self.engine.step(
-                [st.slot for st in states], [t for t, _ in fed], [ok for _, ok in fed]
-            )
-            for j, i in enumerate(go):
-                results[i] = self._emit(states[j], codes[j], pcm[j])
+            codes = self.engine.launch(slots, tokens, eos_ok)  # the frames in flight land in its course
+        elif landed:
+            self.engine.flush()
+        for j, st in enumerate(states):
+            st.flight = (codes[j], st.spoken)
+        for i, (frame_codes, spoken) in landed:
+            state = work[i][0]
+            pcm = self.engine.take(state.slot)
+            if i not in go:
+                state.flight = None
+            results[i] = self._emit(state, frame_codes, pcm, spoken)
+            if results[i].done:  # type: ignore[union-attr]
+                state.flight = None  # the frame launched after its last one is dropped
         return [r if r is not None else StepResult() for r in results]
 
     def warmup(self) -> None:

@@ -49,6 +49,8 @@ class CodecTtsState:
     """Frames after the text ran out (pad text token)."""
     done: bool = False
     released: bool = False
+    flight: Any = None
+    """A pipelined engine's frame in flight (``FrameTtsLoop``)."""
 
 
 class CodecTtsBackend(FrameTtsLoop, TtsBackendBase[CodecTtsState]):
@@ -135,10 +137,10 @@ class CodecTtsBackend(FrameTtsLoop, TtsBackendBase[CodecTtsState]):
             cap = min(cap, per_token * state.text.queued + self.tail_frames)
         return cap
 
-    def _emit(self, state: CodecTtsState, codes: np.ndarray, pcm: np.ndarray) -> StepResult:
+    def _emit(self, state: CodecTtsState, codes: np.ndarray, pcm: np.ndarray, spoken: int) -> StepResult:
         state.frames += 1
         text = state.text
-        words = text.take_marks(state.spoken)
+        words = text.take_marks(spoken)
         finished_text = text.ended and not text.tokens
         if self.allow_eos and state.tail > 0 and int(codes[0]) == self.spec.eos_id:
             # EOS is not audio: the utterance ends with an empty final frame

@@ -95,6 +95,10 @@ class Qwen3TtsState:
     icl: ClonedVoice | None = None
     """An ICL clone's stream whose prompt (which holds the first text tokens) is not built yet."""
     lead: deque[int] = field(default_factory=deque)
+    fed: int = 0
+    """Frames launched (``frames`` counts those emitted: one fewer while a frame is in flight)."""
+    flight: Any = None
+    """A pipelined engine's frame in flight (``FrameTtsLoop``)."""
 
 
 class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
@@ -119,6 +123,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         decoder_precision: str | None = None,
         fuse_snake: bool | None = None,
         compile_predictor: bool = False,
+        pipelined: bool | None = None,
         instructions: str | None = None,
         designs: dict[str, str] | None = None,
         clones: dict[str, str] | None = None,
@@ -166,6 +171,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
             decoder_precision=decoder_precision,
             fuse_snake=fuse_snake,
             compile_predictor="inductor" if compile_predictor and cuda else None,
+            pipelined=cuda if pipelined is None else pipelined,
         )
         for name, clone in self.clones.items():
             if clone.icl:  # the recording's frames sit in every prompt; its codes are decoded ahead
@@ -182,6 +188,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
             "decoder_precision": decoder_precision,
             "fused_snake": fuse_snake,
             "compiled_code_predictor": compile_predictor and cuda,
+            "pipelined": self.engine.pipelined,
             "slots": slots,
             "tokenizer": self.tokenizer.name,
             "kind": self.kind,
@@ -297,7 +304,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         return Qwen3TtsState(request=request, slot=slot, text=TextFeed(self.tokenizer))
 
     def has_work(self, state: Qwen3TtsState) -> bool:
-        if state.icl is not None:
+        if state.icl is not None and state.flight is None:
             return self._icl_ready(state)
         return super().has_work(state)
 
@@ -343,6 +350,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
     def _next_token(self, st: Qwen3TtsState) -> tuple[int, bool]:
         if st.icl is not None:
             self._start_icl(st)
+        st.fed += 1
         if st.lead:
             return st.lead.popleft(), False
         if st.text.tokens:
@@ -353,7 +361,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
             st.tail += 1
         # the reference's min_new_tokens=2; and EOS only once every text token was fed (as the codec
         # LM): with text still streaming in, an early EOS would drop words
-        return token, st.frames >= 2 and st.tail > 0 and not self.random_init
+        return token, st.fed > 2 and st.tail > 0 and not self.random_init
 
     # -- internals -------------------------------------------------------------------------------------
     def _limit(self, state: Qwen3TtsState) -> int:
@@ -369,13 +377,15 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         state.done = True
         return StepResult(outputs=[TtsFrame(pcm=pcm, text=" ".join(words), final=True)], done=True)
 
-    def _emit(self, state: Qwen3TtsState, codes: np.ndarray, pcm: np.ndarray) -> StepResult:
+    def _emit(self, state: Qwen3TtsState, codes: np.ndarray, pcm: np.ndarray, spoken: int) -> StepResult:
         state.frames += 1
-        words = state.text.take_marks(state.spoken)
+        words = state.text.take_marks(spoken)
         if int(codes[0]) == self.codec_eos:  # EOS is not audio: an empty final frame
             return self._finish(state, words, b"")
         data = pcm.astype("<i2", copy=False).tobytes()
-        if state.frames >= self._limit(state) or self.engine.frames[state.slot] >= self.engine.max_positions:
+        in_flight = state.fed - state.frames  # a later frame launched already (pipelined engine)
+        full = self.engine.frames[state.slot] - in_flight >= self.engine.max_positions
+        if state.frames >= self._limit(state) or full:
             if not state.text.ended or state.text.tokens:
                 log.warning("%s: utterance cut at %d frames", self.name, state.frames)
             return self._finish(state, words, data)

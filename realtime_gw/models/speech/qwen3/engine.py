@@ -108,6 +108,7 @@ class Qwen3Engine(SlotEngine):
         fuse_snake: bool = False,
         prompt_cache: int = 64,
         compile_predictor: str | None = None,
+        pipelined: bool = False,
     ) -> None:
         sampling = sampling or Sampling.from_generation(ck.generation)
         talker = Qwen3TalkerRuntime(ck, slots, max_positions, sampling, compile_predictor)
@@ -120,6 +121,7 @@ class Qwen3Engine(SlotEngine):
             num_codebooks=talker.num_codebooks,
             device=next(ck.talker.parameters()).device,
             cuda_graphs=cuda_graphs,
+            pipelined=pipelined,
         )
         self._prompts: dict[int, Prompt] = {}
         self._recordings: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
@@ -162,10 +164,12 @@ class Qwen3Engine(SlotEngine):
         groups: dict[Prompt, list[int]] = {}
         for s in fresh:
             groups.setdefault(self._prompts.pop(s), []).append(s)
-        self.decoder.reset(self._index(fresh))
-        for key in {p.recording for p in groups} - {""}:
-            primed = [s for p, slots in groups.items() if p.recording == key for s in slots]
-            self.decoder.load_slot(self._index(primed), self._recordings[key][1])
+        idx = self._index(fresh)
+        with self.decoding(idx):  # pipelined: behind the frame being decoded
+            self.decoder.reset(idx)
+            for key in {p.recording for p in groups} - {""}:
+                primed = self._index([s for p, slots in groups.items() if p.recording == key for s in slots])
+                self.decoder.load_slot(primed, self._recordings[key][1])
         kvs = self.cache_prompts(list(groups), {p: slots[0] for p, slots in groups.items()})
         for p, slots in groups.items():
             first = self._recordings[p.recording][0][-1] if p.recording else None
