@@ -332,7 +332,9 @@ class FrameTtsLoop:
 
     With a pipelined engine (``engine.pipelined``: a frame's decoder runs behind the next frame's talker)
     a frame's codes wait on the stream's state (``state.flight``) until its PCM is decoded, one step
-    later, and ``_emit`` then sees both; a stream with a frame in flight has work until it is out."""
+    later, and ``_emit`` then sees both; a stream with a frame in flight has work until it is out. A
+    stream's first frame is waited for in its own step (first audio after one talker step and one
+    decoder step; that step loses the overlap)."""
 
     engine: Any
     name: str
@@ -389,17 +391,21 @@ class FrameTtsLoop:
         landed = [
             (i, st.flight) for i, (st, _) in enumerate(work) if st.flight is not None and results[i] is None
         ]
+        starting = [j for j, st in enumerate(states) if st.frames == 0 and st.flight is None]
         if go:
             codes = self.engine.launch(slots, tokens, eos_ok)  # the frames in flight land in its course
-        elif landed:
-            self.engine.flush()
         for j, st in enumerate(states):
             st.flight = (codes[j], st.spoken)
-        for i, (frame_codes, spoken) in landed:
+        if starting or (landed and not go):  # launch itself lands the frames in flight before it
+            self.engine.flush()
+        # a stream's first audio waits for one talker step and its decoding, not for the next step
+        landed += [(go[j], states[j].flight) for j in starting]
+        for i, flight in landed:
             state = work[i][0]
             pcm = self.engine.take(state.slot)
-            if i not in go:
+            if state.flight is flight:  # not relaunched this step (or its first frame, taken at once)
                 state.flight = None
+            frame_codes, spoken = flight
             results[i] = self._emit(state, frame_codes, pcm, spoken)
             if results[i].done:  # type: ignore[union-attr]
                 state.flight = None  # the frame launched after its last one is dropped

@@ -176,3 +176,23 @@ def test_cancelled_stream_mid_flight_leaves_the_others_as_they_were() -> None:
     backend.release(doomed)
     assert _drive(backend, scripts[1:]) == alone
     assert backend.engine.free_slots == 2
+
+
+def test_first_audio_leaves_in_the_step_that_launched_it() -> None:
+    """A stream's first frame is not left in flight: first audio after one talker step and its decoding,
+    also for a stream joining a running batch (whose mates' frames then keep their order)."""
+    torch.manual_seed(0)
+    backend = Qwen3TtsBackend(
+        path=str(CKPT), slots=2, sampling=GREEDY, pipelined=True, max_frames_per_token=2
+    )
+    a = backend.open(TtsRequest(voice="ryan"))
+    (first,) = backend.step([(a, ["One two three four five six", END_OF_INPUT])])
+    assert [len(f.pcm) for f in first.outputs] == [2 * FRAME_SAMPLES]
+    assert a.flight is None
+    (second,) = backend.step([(a, [])])
+    assert not second.outputs and a.flight is not None  # later frames: one step behind
+    b = backend.open(TtsRequest(voice="dylan"))
+    mate, joined = backend.step([(a, []), (b, ["Seven eight", END_OF_INPUT])])
+    assert [len(f.pcm) for f in joined.outputs] == [2 * FRAME_SAMPLES]
+    assert len(mate.outputs) == 1 and a.flight is not None  # its second frame; the third stays queued
+    assert a.frames == 2 and b.frames == 1

@@ -9,15 +9,17 @@ furthest active position. Subclasses build the runtimes and may add per-stream s
 
 ``pipelined``: a frame's decoder runs behind the next frame's talker instead of inside its step. ``launch``
 returns the frame's codes once the talker is done and leaves its decoding running (on a CUDA stream of its
-own, a graph per batch bucket in a pool of its own); the next ``launch`` (or ``flush``) picks that frame's
-PCM up for ``take``. The decoder then overlaps the next talker step and the host's work between steps,
-and a stream's audio arrives one step later than its codes.
+own, a graph per batch bucket in a pool of its own). The next ``launch`` (or ``flush``) picks that
+frame's PCM up for ``take`` (or a ``flush`` right after the launch waits for it: a stream's first frame).
+The decoder then overlaps the next talker step and the host's work between steps, and a stream's audio
+arrives one step later than its codes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
@@ -109,8 +111,9 @@ class SlotEngine:
         """Bumped when a slot is handed out or freed: a frame in flight for an earlier stream is dropped."""
         self._in_flight: list[tuple[int, int]] = []
         """(slot, generation) of the frame being decoded."""
-        self._ready: dict[int, np.ndarray] = {}
-        """Decoded PCM16 frames not taken yet, by slot."""
+        self._ready: dict[int, deque[np.ndarray]] = {}
+        """Decoded PCM16 frames not taken yet, by slot, oldest first (a flush right after a launch lands
+        a frame while the slot's previous one is still untaken)."""
 
     @property
     def graph_count(self) -> int:
@@ -281,8 +284,14 @@ class SlotEngine:
         self._collect()
 
     def take(self, slot: int) -> np.ndarray | None:
-        """Pipelined: the slot's decoded frame, once (None if there is none)."""
-        return self._ready.pop(slot, None)
+        """Pipelined: the slot's oldest decoded frame not taken yet, once (None if there is none)."""
+        frames = self._ready.get(slot)
+        if not frames:
+            return None
+        frame = frames.popleft()
+        if not frames:
+            del self._ready[slot]
+        return frame
 
     def _collect(self) -> None:
         if not self._in_flight:
@@ -291,7 +300,7 @@ class SlotEngine:
             self._decoded.synchronize()
         for slot, generation in self._in_flight:
             if self._generation[slot] == generation:  # not freed (or handed out again) since
-                self._ready[slot] = self.h_pcm[slot].numpy().copy()
+                self._ready.setdefault(slot, deque()).append(self.h_pcm[slot].numpy().copy())
         self._in_flight = []
 
     def _prepare(

@@ -184,14 +184,16 @@ class Qwen3Engine(SlotEngine):
         if slot is None:
             raise ValueError("no free slot to prime the decoder in")
         b = slot + 1
-        self.decoder.reset(self._index([slot]))
-        active = torch.zeros(b, dtype=torch.bool, device=self.device)
-        active[slot] = True
-        batch = torch.zeros(b, codes.shape[1], dtype=torch.long, device=self.device)
-        for frame in codes.to(self.device):
-            batch[slot] = frame
-            self.decoder.step(b, batch, active)
-        self._recordings[key] = (frames.to(self.device), self.decoder.export_slot(slot))
+        with self.decoding():  # pipelined: behind the frame being decoded, which rewrites the state rows
+            self.decoder.reset(self._index([slot]))
+            active = torch.zeros(b, dtype=torch.bool, device=self.device)
+            active[slot] = True
+            batch = torch.zeros(b, codes.shape[1], dtype=torch.long, device=self.device)
+            for frame in codes.to(self.device):
+                batch[slot] = frame
+                self.decoder.step(b, batch, active)
+            state = self.decoder.export_slot(slot)
+        self._recordings[key] = (frames.to(self.device), state)
 
     def cache_prompts(
         self, prompts: list[Prompt], scratch: dict[Prompt, int] | None = None
