@@ -5,8 +5,8 @@ graph-replay ms of the talker + code predictor (A, ``frame_step``) alone, of the
 on one stream (today's frame), and of A and B launched together on two streams (each graph in its own memory
 pool), which is what a pipelined frame loop (decode frame n while frame n + 1's codes are predicted) costs
 per frame; and the same with the talker's stream at the highest CUDA priority and the decoder's at the lowest
-(a decoder kernel's pending blocks then wait while the talker's, the critical path, are scheduled: what the
-pipelined ``SlotEngine`` does). Every row inactive: the replays leave the streams' state alone.
+(would the talker's kernels, the critical path, then be scheduled ahead of a decoder kernel's pending
+blocks? Measured no gain, so the pipelined ``SlotEngine`` leaves priorities alone). Every row inactive: the replays leave the streams' state alone.
 
     python3 loadtest/probe_qwen3_overlap.py --batches 1 64 256 --json out.json
 """
@@ -68,11 +68,10 @@ def main() -> None:
     side = torch.cuda.Stream()
     main_stream = torch.cuda.current_stream()
     high, low = torch.cuda.Stream(priority=-100), torch.cuda.Stream(priority=100)
-    out_prio = {"talker": high.priority, "decoder": low.priority}
     out: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "priorities": out_prio,
+        "priorities": {"talker": high.priority, "decoder": low.priority},
         "batches": {},
     }
     for b in args.batches:

@@ -286,12 +286,7 @@ class SlotEngine:
     def take(self, slot: int) -> np.ndarray | None:
         """Pipelined: the slot's oldest decoded frame not taken yet, once (None if there is none)."""
         frames = self._ready.get(slot)
-        if not frames:
-            return None
-        frame = frames.popleft()
-        if not frames:
-            del self._ready[slot]
-        return frame
+        return frames.popleft() if frames else None  # ``free`` drops the slot's queue
 
     def _collect(self) -> None:
         if not self._in_flight:
