@@ -1,12 +1,14 @@
 """A ``StageActor`` behind Ray's call syntax in this process (``handle.method.remote(...)`` awaitable),
 with every argument and answer pickled as Ray would, and a ``kill`` that behaves like a Ray actor dying
-and being restarted: calls in flight fail, the next calls reach a fresh instance; ``Cluster``: a test's
-replicas and front-ends."""
+and being restarted: calls in flight fail, the next calls reach a fresh instance (or, as Ray does, a call
+made while the actor restarts fails only after a grace period); ``Cluster``: a test's replicas and
+front-ends."""
 
 from __future__ import annotations
 
 import asyncio
 import pickle
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,11 +38,16 @@ class LocalActor:
         self.target = self._make()
         self._in_flight: set[asyncio.Future[Any]] = set()
         self._killed: set[asyncio.Future[Any]] = set()
+        self._restarting_until = 0.0
+        self._grace_s = 0.0
 
     def __getattr__(self, method: str) -> _Method:
         return _Method(self, method)
 
-    async def kill(self, restart: bool = True) -> None:
+    async def kill(self, restart: bool = True, restarting_s: float = 0.0, grace_s: float = 0.0) -> None:
+        """``restarting_s``: how long the restart takes; a call made meanwhile fails after ``grace_s``
+        (Ray holds such calls until it learns the old actor's fate)."""
+        self._restarting_until, self._grace_s = time.monotonic() + restarting_s, grace_s
         old = self.target
         for call in list(self._in_flight):
             self._killed.add(call)
@@ -60,6 +67,9 @@ class _Method:
         return asyncio.ensure_future(self._call(pickle.loads(pickle.dumps(args))))
 
     async def _call(self, args: tuple[Any, ...]) -> Any:
+        if time.monotonic() < self.actor._restarting_until:
+            await asyncio.sleep(self.actor._grace_s)
+            raise ActorDied(f"{self.name} was called while the actor restarted")
         call = asyncio.ensure_future(getattr(self.actor.target, self.name)(*args))
         self.actor._in_flight.add(call)
         try:

@@ -5,6 +5,7 @@ tests/server/test_ray_frontends.py."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -105,6 +106,23 @@ async def test_a_restarted_replica_fails_the_old_streams_and_serves_again(cluste
         if stage.ready:
             break
         await asyncio.sleep(0.1)
+    assert await stage.submit(Req(n=1)).collect() == [1]
+
+
+async def test_a_restarted_replica_is_routed_to_once_up_not_after_the_grace_for_calls_made_meanwhile(
+    cluster: Cluster,
+) -> None:
+    stage, replicas = await cluster.serve()
+    old = stage.submit(Req(n=None))
+    await asyncio.sleep(0.1)
+    await replicas[0].kill(restart=True, restarting_s=0.3, grace_s=5.0)
+    killed_at = time.monotonic()
+    with pytest.raises(WorkerFault):
+        await asyncio.wait_for(old.collect(), 5)
+    while not stage.ready:
+        # The polls made during the restart fail only after 5 s; pings find the actor up at ~1 s.
+        assert time.monotonic() - killed_at < 3.0, "the restarted replica was not used until the grace ran out"
+        await asyncio.sleep(0.05)
     assert await stage.submit(Req(n=1)).collect() == [1]
 
 

@@ -191,6 +191,11 @@ class StageActor:
         frontend.seq += 1
         return Batch(self.incarnation, frontend.record, frontend.seq, self.load(), results, lost)
 
+    async def ping(self) -> str:
+        """Answers at once, warm or not: a front-end whose call failed learns the restarted actor is up
+        without a call of its own waiting out Ray's grace for a dead actor's calls."""
+        return self.incarnation
+
     async def leave(self, frontend_id: str) -> None:
         """A front-end shutting down in order: its streams end now, not at its lease's end."""
         if (frontend := self.frontends.pop(frontend_id, None)) is not None:
