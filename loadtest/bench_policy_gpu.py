@@ -570,11 +570,11 @@ def main() -> None:
         spec,
         dev,
         buckets=tuple(args.batches),
-        compile_expert=compiled,
+        compile_graphs=compiled,
         compile_budget_s=args.compile_budget_s,
         compile_cache=compile_cache(config, model, spec),
     )
-    RESULTS["compile_expert"] = compiled
+    RESULTS["compile_graphs"] = compiled
     fast.warmup()
     RESULTS["warmup"] = fast.warmup_report
     log(f"warm-up (graph capture{' + compile' if compiled else ''}): {fast.warmup_report}")
@@ -704,7 +704,7 @@ def main() -> None:
         def uncompiled_phase() -> None:
             # The same sampler without torch.compile: what the compile buys, and the start-up it costs.
             sizes = tuple(b for b in (1, 8) if b in args.batches)
-            plain = FastPi0Runner(model, tok, spec, dev, buckets=sizes, compile_expert=False)
+            plain = FastPi0Runner(model, tok, spec, dev, buckets=sizes, compile_graphs=False)
             plain.warmup()
             RESULTS["uncompiled"] = {"warmup": plain.warmup_report}
             for b in sizes:

@@ -40,6 +40,7 @@ from realtime_gw.models.policy.pi0_functional import (
     Cache,
     Chunk,
     Pi0Functional,
+    PrefixFill,
     Prepared,
     Velocity,
     rtc_stack,
@@ -85,11 +86,13 @@ class ChunkSlots:
         cuda_graphs: bool,
         beta: float,
         compiled_velocity: Velocity | None = None,
+        compiled_prefix: PrefixFill | None = None,
     ) -> None:
         self.fn, self.buckets, self.device, self.beta = fn, tuple(buckets), device, beta
         self.capacity = cap = self.buckets[-1]
         self.cuda_graphs = cuda_graphs
         self.compiled_velocity = compiled_velocity
+        self.compiled_prefix = compiled_prefix
         dt, (h, w) = fn.dtype, image_size
         actions = (cap, fn.chunk, fn.max_action_dim)
         # Staging: new robots' prefix inputs, rows [0, n) for n robots.
@@ -136,7 +139,8 @@ class ChunkSlots:
         self.graphs: dict[tuple[str, int], Any] = {}
         """("prefix", robots) and (kind, bucket) -> CUDA graph."""
         self.compiled: set[tuple[str, int]] = set()
-        """Step graphs captured with the compiled expert step."""
+        """Graphs captured from compiled code: steps with the compiled expert step, prefixes with the
+        compiled prefix."""
         self.failed: set[tuple[str, int]] = set()
         self._capturer = GraphCapture(device)
         """Graphs of the main stream: steps, commits."""
@@ -231,7 +235,7 @@ class ChunkSlots:
         if graph is not None:
             graph.replay()
         else:
-            self._prefix_body(n)
+            self._prefix_body(n, ("prefix", n) in self.compiled)
 
     def commit(self, wait: bool) -> None:
         """The prefix batch in flight into its slots (on the main stream), if it is done or ``wait``."""
@@ -252,9 +256,10 @@ class ChunkSlots:
             self._commit_body(n)
         self._inflight, self.pending = None, set()
 
-    def _prefix_body(self, n: int) -> None:
+    def _prefix_body(self, n: int, compiled: bool = False) -> None:
         """The VLM over staging rows [0, n): their K/V, masks and rotary tables in the staging cache."""
-        self.fn.fill_prefix(self.stage_cache.rows(n), self.stage.rows(n))
+        fill = self.compiled_prefix if compiled and self.compiled_prefix is not None else self.fn.fill_prefix
+        fill(self.stage_cache.rows(n), self.stage.rows(n))
 
     def _commit_body(self, n: int) -> None:
         """Staging rows [0, n) into their slots."""
@@ -297,8 +302,7 @@ class ChunkSlots:
             if graph is not None:
                 graph.replay()
             else:
-                velocity = self.compiled_velocity if (kind, size) in self.compiled else None
-                self._step_body(kind, size, velocity or self.fn.velocity)()
+                self._step_body(kind, size, (kind, size) in self.compiled)()
         return [s for s in slots if self.step_of[s] >= self.steps_of[s]]
 
     def _params_buffers(self, steps: int) -> torch.Tensor:
@@ -308,8 +312,9 @@ class ChunkSlots:
             self._dev_params = torch.zeros(shape, device=self.device)
         return self._host_params
 
-    def _step_body(self, kind: str, size: int, velocity: Velocity) -> Callable[[], None]:
+    def _step_body(self, kind: str, size: int, compiled: bool = False) -> Callable[[], None]:
         fn, cache, x, params = self.fn, self.cache.rows(size), self.x[:size], self.params[:, :size]
+        velocity = self.compiled_velocity if compiled and self.compiled_velocity is not None else fn.velocity
         chunk = (self.chunk if kind == "rtc" else self.chunk.plain()).rows(size)
 
         def step() -> None:
@@ -334,30 +339,29 @@ class ChunkSlots:
             return self.graphs[key]
         if key in self.failed:
             return None
-        tries: list[Velocity] = [self.fn.velocity]
-        if kind != "prefix" and compiled and self.compiled_velocity is not None:
-            tries.insert(0, self.compiled_velocity)
-        for velocity in tries:
+        compiled_code = self.compiled_prefix if kind == "prefix" else self.compiled_velocity
+        tries = [True, False] if compiled and kind != "commit" and compiled_code is not None else [False]
+        for with_compiled in tries:
             try:
-                graph = self._capture(kind, size, velocity)
+                graph = self._capture(kind, size, with_compiled)
             except Exception as e:  # capture is an optimisation: fall back to less of it
-                how = "compiled" if velocity is self.compiled_velocity else "uncompiled"
+                how = "compiled" if with_compiled else "uncompiled"
                 log.warning("policy: CUDA graph capture of %s at %d (%s) failed: %s", kind, size, how, e)
                 continue
-            if velocity is self.compiled_velocity:
+            if with_compiled:
                 self.compiled.add(key)
             self.graphs[key] = graph
             return graph
         self.failed.add(key)
         return None
 
-    def _capture(self, kind: str, size: int, velocity: Velocity) -> Any:
+    def _capture(self, kind: str, size: int, compiled: bool) -> Any:
         if kind == "prefix":
-            return self._prefix_capturer.capture(lambda: self._prefix_body(size), warmup_runs=2)
+            return self._prefix_capturer.capture(lambda: self._prefix_body(size, compiled), warmup_runs=2)
         if kind == "commit":  # its warm-ups are the commit itself, twice: the same copies
             return self._capturer.capture(lambda: self._commit_body(size))
         # Warm-ups and capture with every row idle: live slots keep their actions (the suffix K/V the
         # step writes is rewritten by every step before it is read).
         self.params.copy_(self.idle)
         # Two warm-ups outside the capture: compiles, cuBLAS handles, autograd.
-        return self._capturer.capture(self._step_body(kind, size, velocity), warmup_runs=2)
+        return self._capturer.capture(self._step_body(kind, size, compiled), warmup_runs=2)

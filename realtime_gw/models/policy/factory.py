@@ -243,7 +243,7 @@ def build_pi0_runner(config: GatewayConfig) -> Pi0Runner:
             norm,
             rtc_beta=config.policy_rtc_beta,
             buckets=tuple(config.policy_graph_buckets),
-            compile_expert=compile_enabled(config),
+            compile_graphs=compile_enabled(config),
             compile_budget_s=config.policy_compile_budget_s,
             compile_cache=compile_cache(config, model, spec),
         )

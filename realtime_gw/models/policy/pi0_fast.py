@@ -30,7 +30,7 @@ import torch
 from realtime_gw.models.policy.chunk_slots import KINDS, ChunkSlots
 from realtime_gw.models.policy.compile_cache import CompileCache
 from realtime_gw.models.policy.pi0 import Pi0Runner
-from realtime_gw.models.policy.pi0_functional import Pi0Functional, Prepared, Velocity
+from realtime_gw.models.policy.pi0_functional import Pi0Functional, PrefixFill, Prepared, Velocity
 from realtime_gw.models.policy.rtc import DEFAULT_BETA
 
 log = logging.getLogger(__name__)
@@ -43,10 +43,11 @@ class FastPi0Runner(Pi0Runner):
     """``Pi0Runner`` with the fast sampler: static KV in fixed slots, bucketed CUDA graphs on CUDA (eager
     elsewhere). Also a phased runner for ``PolicyBackend``: ``admit``, ``advance``, ``free``.
 
-    ``compile_expert``: the expert's step goes through ``torch.compile`` (one compile per bucket and step
-    kind, the guided one's with its backward). ``warmup`` compiles bucket by bucket, smallest first,
-    while ``compile_budget_s`` lasts; buckets begun after that run the uncompiled step (same function,
-    slower), and so does any capture that fails compiled. ``compile_cache``: where the compile work is
+    ``compile_graphs``: the graphs are captured from ``torch.compile``-d code: the expert's step (one
+    compile per bucket and step kind, the guided one's with its backward) and the prefix (two compiles:
+    one robot, and any other count). ``warmup`` compiles bucket by bucket, smallest first, while
+    ``compile_budget_s`` lasts; graphs begun after that run the uncompiled code (same function, slower),
+    and so does any capture that fails compiled. ``compile_cache``: where the compile work is
     kept between start-ups."""
 
     def __init__(
@@ -59,7 +60,7 @@ class FastPi0Runner(Pi0Runner):
         rtc_beta: float = DEFAULT_BETA,
         buckets: tuple[int, ...] = DEFAULT_BUCKETS,
         cuda_graphs: bool | None = None,
-        compile_expert: bool = False,
+        compile_graphs: bool = False,
         compile_budget_s: float = DEFAULT_COMPILE_BUDGET_S,
         compile_cache: CompileCache | None = None,
     ) -> None:
@@ -69,10 +70,11 @@ class FastPi0Runner(Pi0Runner):
         self.buckets = tuple(sorted(set(buckets)))
         if not self.buckets or self.buckets[0] < 1:
             raise ValueError(f"policy_graph_buckets must be positive batch sizes, got {list(buckets)}")
-        self.compile_expert, self.compile_budget_s = compile_expert, compile_budget_s
+        self.compile_graphs, self.compile_budget_s = compile_graphs, compile_budget_s
         self.compile_cache = compile_cache
         self._compiled_velocity: Velocity | None = None
-        if compile_expert:
+        self._compiled_prefix: PrefixFill | None = None
+        if compile_graphs:
             import torch._dynamo
 
             # One compiled entry per bucket and grad mode (plain / guided), plus slack.
@@ -80,6 +82,9 @@ class FastPi0Runner(Pi0Runner):
             cfg = torch._dynamo.config
             cfg.recompile_limit = max(cfg.recompile_limit, need)
             self._compiled_velocity = torch.compile(self.fn.velocity, dynamic=False)
+            # The prefix has a graph per exact robot count: compiled once static for one robot, then
+            # once with the robot count dynamic (dynamo's automatic dynamic shapes) for all the others.
+            self._compiled_prefix = torch.compile(self.fn.fill_prefix)
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         tokens = spec.image_slots * self.tokens_per_image + spec.max_prompt_tokens
         self.slots = ChunkSlots(
@@ -92,6 +97,7 @@ class FastPi0Runner(Pi0Runner):
             self.cuda_graphs,
             rtc_beta,
             self._compiled_velocity,
+            self._compiled_prefix,
         )
         self._prepared: dict[int, Prepared] = {}
         self.warmup_report: dict[str, Any] = {}
@@ -155,7 +161,7 @@ class FastPi0Runner(Pi0Runner):
         if not self.cuda_graphs:
             return
         start = time.monotonic()
-        compiling = self.compile_expert
+        compiling = self.compile_graphs
         if compiling and self.compile_cache is not None:
             self.compile_cache.load()
         prev = 0
@@ -168,20 +174,21 @@ class FastPi0Runner(Pi0Runner):
                     size,
                 )
             for robots in range(prev + 1, size + 1):
-                self.slots.graph("prefix", robots)
+                self.slots.graph("prefix", robots, compiled=compiling)
                 self.slots.graph("commit", robots)
             for kind in KINDS:
                 self.slots.graph(kind, size, compiled=compiling)
             prev = size
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        if self.compile_expert and self.compile_cache is not None:
+        if self.compile_graphs and self.compile_cache is not None:
             self.compile_cache.save()
         self.warmup_report = self._report(time.monotonic() - start)
         log.info("policy: graphs ready %s", self.warmup_report)
 
     def _report(self, seconds: float) -> dict[str, Any]:
-        """For the log and ``/readyz``: which buckets run the compiled step, which fall back."""
+        """For the log and ``/readyz``: which buckets run the compiled step, which fall back, and the robot
+        counts whose prefix runs compiled."""
         compiled = {
             size: sorted(k for k in KINDS if (k, size) in self.slots.compiled) for size in self.buckets
         }
@@ -191,6 +198,7 @@ class FastPi0Runner(Pi0Runner):
             "compiled": compiled,
             "buckets_compiled": [s for s, kinds in compiled.items() if len(kinds) == len(KINDS)],
             "buckets_uncompiled": [s for s, kinds in compiled.items() if len(kinds) < len(KINDS)],
+            "prefixes_compiled": sorted(n for kind, n in self.slots.compiled if kind == "prefix"),
             "failed": sorted(map(str, self.slots.failed)),
         }
         if self.compile_cache is not None:

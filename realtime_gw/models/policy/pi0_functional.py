@@ -49,6 +49,8 @@ from realtime_gw.models.policy.rtc import DEFAULT_BETA, RtcArrays, guidance_scal
 
 Velocity = Callable[..., torch.Tensor]
 """``Pi0Functional.velocity``'s signature: (cache, x, time, state) -> velocity."""
+PrefixFill = Callable[["Cache", "Batch"], None]
+"""``Pi0Functional.fill_prefix``'s signature (or its compiled form): (cache rows, batch rows) -> None."""
 STEP_PARAMS = 6
 """Rows of a denoising step's per-robot parameters (``step_params``): t, dt, t_next, 1 - t_next, the
 guidance scale c(t), active (1/0). Per robot, so robots at different steps (or step counts) share a step."""

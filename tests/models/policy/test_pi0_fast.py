@@ -126,17 +126,46 @@ def test_compiled_expert_step_is_the_same_function(tiny: tuple[Any, Any], rtc: b
     assert (outs[0] - outs[1]).abs().max().item() <= TOL
 
 
+def test_compiled_prefix_is_the_same_function_in_two_compiles(tiny: tuple[Any, Any]) -> None:
+    """The compiled prefix (AOTAutograd without inductor, as above) writes the same K/V, masks and rotary
+    tables as the eager one at every robot count, over row views of the slots' staging buffers as served:
+    one compile for one robot, one with the count dynamic for the rest, and no graph break."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    _, fast = runners(tiny)
+    fn = fast.fn
+    graphs: list[Any] = []
+
+    def counting(gm: Any, inputs: Any) -> Any:
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn.fill_prefix, backend=aot_autograd(fw_compiler=counting))
+    prepared = [fast.prepare(request(40 + i)) for i in range(4)]
+    full = fn.stack(prepared, fast.device, rtc=False)
+    caches = [Cache(fn, 4, full.input_ids.shape[1], fast.device) for _ in range(2)]
+    with torch.no_grad():
+        for n in (1, 2, 3, 4):
+            for fill, cache in zip((fn.fill_prefix, compiled), caches, strict=True):
+                fill(cache.rows(n), full.rows(n))
+            for a, b in zip(caches[0].buffers(), caches[1].buffers(), strict=True):
+                assert (a[:n].float() - b[:n].float()).abs().max().item() <= TOL
+    assert len(graphs) == 2
+
+
 def test_compiles_only_in_warmup_and_within_budget(
     tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Buckets are compiled smallest first while the budget lasts; a capture after warm-up (a new step
     count) never compiles, since a serving step must not stall for a compile."""
-    _, fast = runners(tiny, cuda_graphs=True, buckets=(1, 2, 4), compile_expert=True, compile_budget_s=16)
+    _, fast = runners(tiny, cuda_graphs=True, buckets=(1, 2, 4), compile_graphs=True, compile_budget_s=16)
     clock = [0.0]
     captured: list[tuple[int, str, bool]] = []
 
-    def fake_capture(kind: str, size: int, velocity: Any) -> object:
-        captured.append((size, kind, velocity is fast._compiled_velocity))
+    def fake_capture(kind: str, size: int, compiled: bool) -> object:
+        captured.append((size, kind, compiled))
         clock[0] += 3.0  # each capture "takes" 3 s: the budget runs out during bucket 2
         return object()
 
@@ -144,13 +173,14 @@ def test_compiles_only_in_warmup_and_within_budget(
     monkeypatch.setattr(policy_fast.time, "monotonic", lambda: clock[0])
     fast.warmup()
     compiled = {(size, kind) for size, kind, c in captured if c}
-    assert compiled == {(1, "plain"), (1, "rtc"), (2, "plain"), (2, "rtc")}
+    assert compiled == {(1, "prefix"), (1, "plain"), (1, "rtc"), (2, "prefix"), (2, "plain"), (2, "rtc")}
     prefixes = [size for size, kind, _ in captured if kind == "prefix"]
     assert prefixes == [1, 2, 3, 4]  # one prefix graph per exact robot count
     assert [size for size, kind, _ in captured if kind == "commit"] == [1, 2, 3, 4]
     report = fast.warmup_report
     assert report["compiled"] == {1: ["plain", "rtc"], 2: ["plain", "rtc"], 4: []}
     assert report["buckets_compiled"] == [1, 2] and report["buckets_uncompiled"] == [4]
+    assert report["prefixes_compiled"] == [1, 2]
     captured.clear()
     del fast.slots.graphs[("plain", 1)]
     fast.slots.graph("plain", 1)  # captured again while serving: never compiled
