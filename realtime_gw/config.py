@@ -235,11 +235,12 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     policy_graph_buckets: list[int] = msgspec.field(default_factory=lambda: [1, 2, 4, 8, 16])
     """`fast` on CUDA: batch sizes with captured graphs; a batch runs padded to the next bucket."""
     policy_compile: Literal["auto", "on", "off"] = "auto"
-    """`fast`: torch.compile the action expert's step (fuses its small kernels, plain and RTC loops);
-    `auto` = on with CUDA graphs (CUDA), off on the CPU. Costs start-up time (see the budget)."""
+    """`fast`: torch.compile the action expert's step (fuses its small kernels, plain and RTC loops) and
+    the VLM prefix; `auto` = on with CUDA graphs (CUDA), off on the CPU. Costs start-up time (see the
+    budget)."""
     policy_compile_budget_s: float = 300.0
-    """Start-up seconds for compiling, bucket by bucket from the smallest; buckets begun after it run
-    the uncompiled step. Inductor's on-disk cache makes later start-ups much shorter."""
+    """Start-up seconds for compiling, bucket by bucket from the smallest; buckets (and prefix robot counts)
+    begun after it run uncompiled. Inductor's on-disk cache makes later start-ups much shorter."""
     policy_compile_cache: str = "auto"
     """`fast` with `policy_compile`: directory of the on-disk compile cache that lets a warm start-up skip
     inductor's work, one file per key (model config, dtype, shapes, torch version, GPU, sampler code);
