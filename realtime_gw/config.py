@@ -243,8 +243,8 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     begun after it run uncompiled. Inductor's on-disk cache makes later start-ups much shorter."""
     policy_compile_cache: str = "auto"
     """`fast` with `policy_compile`: directory of the on-disk compile cache that lets a warm start-up skip
-    inductor's work, one file per key (model config, dtype, shapes, torch version, GPU, sampler code);
-    `auto` = $XDG_CACHE_HOME/realtime-gw/policy-compile (~/.cache/...), `off` = none."""
+    inductor's work, one file per key (model config, dtype, shapes, torch and transformers versions, GPU,
+    sampler code); `auto` = $XDG_CACHE_HOME/realtime-gw/policy-compile (~/.cache/...), `off` = none."""
     policy_phase_steps: int = 0
     """`fast`: denoising steps each robot's chunk advances per worker step (phases). A robot that arrives
     while other chunks run then waits for one worker step of theirs, not for their whole chunks (on CUDA

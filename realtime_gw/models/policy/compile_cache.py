@@ -11,8 +11,8 @@ a CPU compile) survive a restart as well; its default is under ``/tmp``, which a
 empties. Both are process-wide: other stages' compiles land there as well.
 
 The key names everything the compiled code depends on: the model's config and dtype, the static shapes
-(buckets, prompt and image layout), the torch version, the device (name and compute capability) and the
-source of the compiled modules. A changed model, GPU, torch or sampler never reads another's file (and
+(buckets, prompt and image layout), the torch and transformers versions, the device (name and compute
+capability) and the source of the compiled modules. A changed model, GPU, torch or sampler never reads another's file (and
 inductor's own entries are keyed by graph and inputs inside, so even a wrong file could not be used).
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -62,6 +63,8 @@ def cache_key(
         "dtype": str(dtype),
         "shapes": shapes,
         "torch": torch.__version__,
+        # The prefix's compiled code traces transformers' SigLIP and rotary modules as well.
+        "transformers": importlib.metadata.version("transformers"),
         "device": device_signature(device),
         "sources": sources.hexdigest(),
     }

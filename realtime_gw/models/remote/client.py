@@ -157,6 +157,15 @@ class _Replica:
             log.warning("%s replica %d: describe failed: %s", stage, self.index, e)
             return None
 
+    async def until_reachable(self) -> None:
+        """Until the actor answers a ping: polls resume as soon as its restart is up (a poll itself
+        cannot be abandoned on a timeout: its answer takes this front-end's results)."""
+        while True:
+            await asyncio.sleep(RETRY_S)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.actor.ping.remote(), PING_S)
+                return
+
     async def cancel(self, frontend_id: str, sids: list[int]) -> None:
         with contextlib.suppress(Exception):
             await self.actor.send.remote(frontend_id, Outbound(cancels=sids))
@@ -359,18 +368,9 @@ class RemoteStage:
                     )
                     replica.incarnation = None
                 replica.expected = None
-                await self._until_reachable(replica)
+                await replica.until_reachable()
                 continue
             self._receive(replica, batch)
-
-    async def _until_reachable(self, replica: _Replica) -> None:
-        """Until the replica answers a ping: polls resume as soon as its restart is up (a poll itself
-        cannot be abandoned on a timeout: its answer takes this front-end's results)."""
-        while True:
-            await asyncio.sleep(RETRY_S)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(replica.actor.ping.remote(), PING_S)
-                return
 
     def _receive(self, replica: _Replica, batch: Batch) -> None:
         """Apply answers in the order the actor gave them (two polls' answers may cross)."""
