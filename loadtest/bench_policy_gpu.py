@@ -509,7 +509,7 @@ def main() -> None:
         choices=["auto", "on", "off"],
         help="the main fast runner's policy_compile (auto: on for CUDA, as the server's default)",
     )
-    ap.add_argument("--compile-budget-s", type=float, default=300.0)
+    ap.add_argument("--compile-budget-s", type=float, default=450.0)
     ap.add_argument(
         "--compile-cache",
         default="auto",

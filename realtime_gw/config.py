@@ -238,7 +238,7 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`fast`: torch.compile the action expert's step (fuses its small kernels, plain and RTC loops) and
     the VLM prefix; `auto` = on with CUDA graphs (CUDA), off on the CPU. Costs start-up time (see the
     budget)."""
-    policy_compile_budget_s: float = 300.0
+    policy_compile_budget_s: float = 450.0
     """Start-up seconds for compiling, bucket by bucket from the smallest; buckets (and prefix robot counts)
     begun after it run uncompiled. Inductor's on-disk cache makes later start-ups much shorter."""
     policy_compile_cache: str = "auto"

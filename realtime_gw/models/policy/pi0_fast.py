@@ -36,7 +36,7 @@ from realtime_gw.models.policy.rtc import DEFAULT_BETA
 log = logging.getLogger(__name__)
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16)
-DEFAULT_COMPILE_BUDGET_S = 300.0
+DEFAULT_COMPILE_BUDGET_S = 450.0
 
 
 class FastPi0Runner(Pi0Runner):
