@@ -169,7 +169,7 @@ class FastPi0Runner(Pi0Runner):
             if compiling and time.monotonic() - start > self.compile_budget_s:
                 compiling = False
                 log.warning(
-                    "policy: compile budget (%.0f s) spent; buckets from %d on run the uncompiled step",
+                    "policy: compile budget (%.0f s) spent; graphs from bucket %d on run uncompiled code",
                     self.compile_budget_s,
                     size,
                 )
