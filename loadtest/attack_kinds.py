@@ -484,13 +484,26 @@ async def slow_sockets(port: int, sizes: Sizes) -> dict[str, Any]:
                 while sent < mb * MIB:
                     await loop.sock_sendall(s, chunk)
                     sent += len(chunk)
-            return f"{sent / MIB:.0f} MiB taken"
         except TimeoutError:
+            s.close()
             return f"stalled after {sent / MIB:.1f} MiB"
         except OSError as e:
+            s.close()
             return f"cut off after {sent / MIB:.1f} MiB ({type(e).__name__})"
+        # All of it went out: to the server, or only into the kernel's buffers (~4 MiB on loopback) after
+        # the server hung up. Its answer tells which: a hang-up or an error status, or nothing at all.
+        try:
+            async with asyncio.timeout(5):
+                answer = await loop.sock_recv(s, 64)
+        except TimeoutError:
+            return f"{sent / MIB:.0f} MiB taken"
+        except OSError as e:
+            return f"cut off: {sent / MIB:.1f} MiB sent, into buffers ({type(e).__name__})"
         finally:
             s.close()
+        if not answer or answer.startswith((b"HTTP/1.1 4", b"HTTP/1.0 4")):
+            return f"cut off: {sent / MIB:.1f} MiB sent, into buffers ({answer[:12]!r})"
+        return f"{sent / MIB:.0f} MiB taken (answered {answer[:12]!r})"
 
     header = await endless(
         f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-Long: ".encode(), sizes.huge_header_mb
