@@ -121,7 +121,7 @@ async def test_a_restarted_replica_is_routed_to_once_up_not_after_the_grace_for_
         await asyncio.wait_for(old.collect(), 5)
     while not stage.ready:
         # The polls made during the restart fail only after 5 s; pings find the actor up at ~1 s.
-        assert time.monotonic() - killed_at < 3.0, (
+        assert time.monotonic() - killed_at < 4.5, (
             "the restarted replica was not used until the grace ran out"
         )
         await asyncio.sleep(0.05)
