@@ -475,6 +475,12 @@ async def slow_sockets(port: int, sizes: Sizes) -> dict[str, Any]:
 
     async def endless(prefix: bytes, mb: float) -> str:
         s = await attacker_socket(port)
+        try:
+            return await sent_and_answered(s, prefix, mb)
+        finally:
+            s.close()
+
+    async def sent_and_answered(s: socket.socket, prefix: bytes, mb: float) -> str:
         loop = asyncio.get_running_loop()
         sent = 0
         chunk = b"a" * 65536
@@ -485,10 +491,8 @@ async def slow_sockets(port: int, sizes: Sizes) -> dict[str, Any]:
                     await loop.sock_sendall(s, chunk)
                     sent += len(chunk)
         except TimeoutError:
-            s.close()
             return f"stalled after {sent / MIB:.1f} MiB"
         except OSError as e:
-            s.close()
             return f"cut off after {sent / MIB:.1f} MiB ({type(e).__name__})"
         # All of it went out: to the server, or only into the kernel's buffers (~4 MiB on loopback) after
         # the server hung up. Its answer tells which: a hang-up or an error status, or nothing at all.
@@ -499,9 +503,7 @@ async def slow_sockets(port: int, sizes: Sizes) -> dict[str, Any]:
             return f"{sent / MIB:.0f} MiB taken"
         except OSError as e:
             return f"cut off: {sent / MIB:.1f} MiB sent, into buffers ({type(e).__name__})"
-        finally:
-            s.close()
-        if not answer or answer.startswith((b"HTTP/1.1 4", b"HTTP/1.0 4")):
+        if not answer or answer.startswith((b"HTTP/1.1 4", b"HTTP/1.1 5", b"HTTP/1.0 4", b"HTTP/1.0 5")):
             return f"cut off: {sent / MIB:.1f} MiB sent, into buffers ({answer[:12]!r})"
         return f"{sent / MIB:.0f} MiB taken (answered {answer[:12]!r})"
 

@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from realtime_gw.config import ConfigError, GatewayConfig
+from realtime_gw.models.remote import client as remote_client
 from realtime_gw.models.remote.actor import EXPIRED_KEEP_LEASES, StageActor
 from realtime_gw.models.remote.client import POLLS, RemoteStage, _Entry
 from realtime_gw.models.remote.settings import SECRETS, actor_config, stage_settings
@@ -124,6 +125,28 @@ async def test_a_restarted_replica_is_routed_to_once_up_not_after_the_grace_for_
         assert time.monotonic() - killed_at < 4.5, (
             "the restarted replica was not used until the grace ran out"
         )
+        await asyncio.sleep(0.05)
+    assert await stage.submit(Req(n=1)).collect() == [1]
+
+
+async def test_a_restarted_replica_too_slow_to_answer_pings_is_polled_all_the_same(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote_client, "PINGS", 2)
+    stage, replicas = await cluster.serve()
+    await replicas[0].kill(restart=True, restarting_s=0.3)  # calls made meanwhile fail: polls too
+
+    async def never() -> str:
+        await asyncio.sleep(60)
+        return ""
+
+    replicas[0].target.ping = never  # alive and polled, but no ping answers in time
+    killed_at = time.monotonic()
+    while stage.ready:  # until a poll has failed
+        assert time.monotonic() - killed_at < 2.0, "the kill was not noticed"
+        await asyncio.sleep(0.01)
+    while not stage.ready:
+        assert time.monotonic() - killed_at < 5.0, "polls never resumed while pings went unanswered"
         await asyncio.sleep(0.05)
     assert await stage.submit(Req(n=1)).collect() == [1]
 

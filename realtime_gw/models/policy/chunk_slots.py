@@ -333,7 +333,7 @@ class ChunkSlots:
     def graph(self, kind: str, size: int, compiled: bool = False) -> Any:
         """The graph of ``kind`` at ``size`` (captured on first use); None where capture failed (launch
         eagerly). Only warm-up asks for ``compiled``: a compile takes tens of seconds, which a serving
-        step must not (the supervisor would take it for a hang), so later captures use the plain step."""
+        step must not (the supervisor would take it for a hang), so later captures use the uncompiled code."""
         key = (kind, size)
         if key in self.graphs:
             return self.graphs[key]

@@ -12,8 +12,9 @@ empties. Both are process-wide: other stages' compiles land there as well.
 
 The key names everything the compiled code depends on: the model's config and dtype, the static shapes
 (buckets, prompt and image layout), the torch and transformers versions, the device (name and compute
-capability) and the source of the compiled modules. A changed model, GPU, torch or sampler never reads another's file (and
-inductor's own entries are keyed by graph and inputs inside, so even a wrong file could not be used).
+capability) and the source of the compiled modules. A changed model, GPU, torch, transformers or sampler
+never reads another's file (and inductor's own entries are keyed by graph and inputs inside, so even a
+wrong file could not be used).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = ("pi0_functional.py", "chunk_slots.py", "../kernels.py")
-"""The modules whose code the compiled step runs (relative to this package)."""
+"""The modules whose code the compiled step and prefix run (relative to this package)."""
 
 
 def default_cache_dir() -> Path:

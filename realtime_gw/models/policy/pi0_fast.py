@@ -9,8 +9,9 @@ graphs per batch bucket for the prefix and for one denoising step.
 - On CUDA the prefix (per exact robot count: padding rows would cost a full robot each) and the step
   (per bucket, 1, 2, 4, 8, 16 by default: latency-bound, padding costs little) are **CUDA graphs** in one
   pool. Inputs go up through pinned staging buffers; one host sync per call.
-- By default on CUDA the expert's step is ``torch.compile``-d (plain and RTC-guided; the guided one's
-  backward too), bucket by bucket within a start-up budget, with an on-disk cache of the compile work
+- By default on CUDA the graphs are captured from ``torch.compile``-d code: the expert's step (plain and
+  RTC-guided; the guided one's backward too) bucket by bucket, and the prefix (once for one robot, once
+  for any other count), within a start-up budget, with an on-disk cache of the compile work
   (``compile_cache``) so that a warm start-up skips it.
 
 The maths (static KV cache, fused layers, RTC guidance) is ``pi0_functional``; the slots and graphs are

@@ -48,6 +48,8 @@ PING_S = 0.5
 """How long a ping to a failed replica is waited for before the next is sent. A call made while Ray
 restarts the actor fails only after Ray's grace for a dead actor's calls (1.5-2 s measured here), even
 when the new actor is up by then; a call made once it is up answers in milliseconds."""
+PINGS = 8
+"""Pings before the next poll is sent anyway (~6 s)."""
 
 REMOTE_READY = Gauge(
     "realtime_gw_remote_worker_ready", "Remote replica warmed up and reachable", ["worker", "replica"]
@@ -158,9 +160,10 @@ class _Replica:
             return None
 
     async def until_reachable(self) -> None:
-        """Until the actor answers a ping: polls resume as soon as its restart is up (a poll itself
-        cannot be abandoned on a timeout: its answer takes this front-end's results)."""
-        while True:
+        """Until the actor answers a ping, or ``PINGS`` went unanswered in time: polls resume as soon as
+        its restart is up (a poll itself cannot be abandoned on a timeout: its answer takes this
+        front-end's results), and a live actor too slow for ``PING_S`` is polled all the same."""
+        for _ in range(PINGS):
             await asyncio.sleep(RETRY_S)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.actor.ping.remote(), PING_S)

@@ -182,9 +182,12 @@ def test_compiles_only_in_warmup_and_within_budget(
     assert report["buckets_compiled"] == [1, 2] and report["buckets_uncompiled"] == [4]
     assert report["prefixes_compiled"] == [1, 2]
     captured.clear()
-    del fast.slots.graphs[("plain", 1)]
+    for key in (("plain", 1), ("prefix", 1)):
+        del fast.slots.graphs[key]
+        fast.slots.compiled.discard(key)
     fast.slots.graph("plain", 1)  # captured again while serving: never compiled
-    assert captured == [(1, "plain", False)]
+    fast.slots.graph("prefix", 1)
+    assert captured == [(1, "plain", False), (1, "prefix", False)]
 
 
 def test_compile_setting() -> None:
