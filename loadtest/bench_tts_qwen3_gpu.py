@@ -51,6 +51,7 @@ except ImportError:  # a bare GPU machine: the codec stages never resample (nati
     sys.modules["soxr"] = types.ModuleType("soxr")
 
 from bench_tts_gpu import SHORT_TEXT, TEXT, hardware, log, run_streams  # noqa: E402
+from kernel_profile import graph_ms  # noqa: E402
 
 from realtime_gw.models.runtime import StageWorker  # noqa: E402
 from realtime_gw.models.speech.qwen3.checkpoint import random_checkpoint  # noqa: E402
@@ -88,22 +89,6 @@ def graph_vs_eager(
         "graph_vs_eager_pcm_max_lsb": int(np.abs(pcm[0] - pcm[1]).max()),
         "cached_prompt_stream_equals_prefilled": bool((codes[1][:, 0] == codes[1][:, 1]).all()),
     }
-
-
-def graph_ms(fn: Any, reps: int = 20) -> float:
-    """Median ms of one CUDA-graph replay of ``fn``."""
-    from realtime_gw.models.kernels import GraphCapture
-
-    g = GraphCapture("cuda").capture(fn)
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times))
 
 
 @torch.no_grad()

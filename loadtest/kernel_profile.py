@@ -1,10 +1,12 @@
-"""One call's CUDA kernels under ``torch.profiler``, for the GPU probes: count, summed time, time by kind
-(GEMM, attention, copies, the rest) and the top kernels by summed time."""
+"""For the GPU probes and benches: one call's CUDA kernels under ``torch.profiler`` (count, summed time,
+time by kind: GEMM, attention, copies, the rest; the top kernels by summed time), and the median time of
+a CUDA-graph replay."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 KINDS = (
@@ -21,6 +23,26 @@ def kind_of(name: str) -> str:
         if any(k in low for k in keys):
             return kind
     return "elementwise/norm"
+
+
+def replay_ms(graph: Any, reps: int = 20) -> float:
+    """Median ms of ``reps`` replays of a captured CUDA graph (CUDA events around each)."""
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return float(np.median(times))
+
+
+def graph_ms(fn: Any, reps: int = 20, warmup_runs: int = 1) -> float:
+    """Median ms of one CUDA-graph replay of ``fn`` (captured after ``warmup_runs`` plain calls)."""
+    from realtime_gw.models.kernels import GraphCapture
+
+    return replay_ms(GraphCapture("cuda").capture(fn, warmup_runs=warmup_runs), reps)
 
 
 def kernels(fn: Any, top: int = 12) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 bf16 (``torch.mm``, what the prefix runs) against FP8 e4m3 with row-wise scales (``torch._scaled_mm``,
 the activation quantized per token, the weight per output channel, bf16 out), and the cost of
 quantizing the activation unfused (amax, scale, cast). Summed over the layers of SigLIP So400m/14 and
-Gemma 2B as PI0 configures them, at 3 cameras and 48 prompt tokens. Random data; nothing is served.
+Gemma 2B as PI0 configures them, at 3 cameras and 48 prompt tokens; each timed as a CUDA-graph replay
+(``kernel_profile.graph_ms``). Random data; nothing is served.
 
     python3 loadtest/probe_fp8_gemm.py --batches 1 8 --json out.json
 """
@@ -21,6 +22,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "loadtest"))
+
+from kernel_profile import graph_ms  # noqa: E402
 
 from realtime_gw.models.policy.factory import pi0_config  # noqa: E402
 
@@ -54,25 +58,6 @@ def gemm_shapes(batch: int, images: int = 3, text: int = 48) -> list[tuple[str, 
     ]
 
 
-def timed_ms(fn: Any, reps: int = 50) -> float:
-    """Median of ``reps`` CUDA-graph replays of ``fn`` (launch overhead out, as in the served prefix)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
-
-
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row e4m3 and the float32 scale that undoes it."""
     scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
@@ -100,9 +85,9 @@ def probe(name: str, m: int, k: int, n: int) -> dict[str, Any]:
     err = float((fp8().float() - ref.float()).norm() / ref.float().norm())
     row = {
         "shape": [m, k, n],
-        "bf16_ms": timed_ms(lambda: x @ w.t()),
-        "fp8_ms": timed_ms(fp8),
-        "quantize_ms": timed_ms(lambda: quantize_rows(x)),
+        "bf16_ms": graph_ms(lambda: x @ w.t(), reps=50, warmup_runs=3),
+        "fp8_ms": graph_ms(fp8, reps=50, warmup_runs=3),
+        "quantize_ms": graph_ms(lambda: quantize_rows(x), reps=50, warmup_runs=3),
         "fp8_rel_l2": err,
     }
     flops = 2.0 * m * k * n

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "loadtest"))
 
 from bench_policy_gpu import CAMERAS, request  # noqa: E402
-from kernel_profile import kernels  # noqa: E402
+from kernel_profile import kernels, replay_ms  # noqa: E402
 
 from realtime_gw.config import GatewayConfig  # noqa: E402
 from realtime_gw.models.policy.factory import load_model, policy_spec  # noqa: E402
@@ -51,18 +50,6 @@ def prefix_flops(cfg: Any, batch: int, images: int, text: int) -> float:
     attn = 2 * seq * seq * t.num_attention_heads * hd
     lm = t.num_hidden_layers * qkv + (t.num_hidden_layers - 1) * (rest + attn)
     return 2.0 * batch * (vis + lm)
-
-
-def replay_ms(graph: Any, reps: int = 20) -> float:
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times))
 
 
 def compiled_prefix(runner: FastPi0Runner, b: int, flops: float) -> dict[str, Any]:

@@ -25,8 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "loadtest"))
 
-from bench_tts_qwen3_gpu import graph_ms  # noqa: E402
-from kernel_profile import kernels  # noqa: E402
+from kernel_profile import graph_ms, kernels  # noqa: E402
 
 from realtime_gw.models.speech.qwen3.checkpoint import random_checkpoint  # noqa: E402
 from realtime_gw.models.speech.qwen3.talker import Qwen3TalkerRuntime, Sampling  # noqa: E402
