@@ -42,6 +42,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+from kernel_profile import replay_ms  # noqa: E402
+
 from realtime_gw.models.kernels import GraphCapture  # noqa: E402
 from realtime_gw.models.runtime import StageWorker  # noqa: E402
 from realtime_gw.models.speech.codec.engine import LoadedModels, load_models  # noqa: E402
@@ -86,15 +88,7 @@ def time_graph(g: Any, iters: int = 100) -> float:
     for _ in range(10):
         g.replay()
     torch.cuda.synchronize()
-    out = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return float(np.median(out))
+    return replay_ms(g, iters)
 
 
 # -- phase 1: checks --------------------------------------------------------------------------------------
