@@ -516,6 +516,8 @@ def main() -> None:
         help="the server's policy_compile_cache: auto (~/.cache/realtime-gw/policy-compile), off, or a "
         "directory. Run twice with the same directory: the second warm-up is the warm start-up",
     )
+    ap.add_argument("--fp8", action="store_true", help="the main fast runner's policy_fp8 (FP8 prefix)")
+    ap.add_argument("--fp8-max-error", type=float, default=0.05, help="policy_fp8_max_error: the guard")
     ap.add_argument("--cpu-threads", type=int, default=2, help="torch threads with --device cpu")
     ap.add_argument("--quick", action="store_true", help="few reps, small robot counts (smoke run)")
     ap.add_argument(
@@ -573,8 +575,13 @@ def main() -> None:
         compile_graphs=compiled,
         compile_budget_s=args.compile_budget_s,
         compile_cache=compile_cache(config, model, spec),
+        prefix_fp8=args.fp8,
+        fp8_max_error=args.fp8_max_error,
     )
     RESULTS["compile_graphs"] = compiled
+    if fast.fp8_check is not None:
+        RESULTS["fp8"] = fast.fp8_check
+        log(f"fp8 guard: {fast.fp8_check}")
     fast.warmup()
     RESULTS["warmup"] = fast.warmup_report
     log(f"warm-up (graph capture{' + compile' if compiled else ''}): {fast.warmup_report}")

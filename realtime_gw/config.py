@@ -245,6 +245,13 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`fast` with `policy_compile`: directory of the on-disk compile cache that lets a warm start-up skip
     inductor's work, one file per key (model config, dtype, shapes, torch and transformers versions, GPU,
     sampler code); `auto` = $XDG_CACHE_HOME/realtime-gw/policy-compile (~/.cache/...), `off` = none."""
+    policy_fp8: bool = False
+    """`fast`: the VLM prefix's projections (SigLIP and Gemma) in FP8 e4m3 with row-wise scales (the action
+    expert stays in the model dtype). Served only if a start-up probe's actions stay within
+    `policy_fp8_max_error` of transformers' `sample_actions`; else the prefix runs in the model dtype and
+    `/readyz` says why (`detail.policy.fp8`). Pays on GPUs with FP8 tensor cores (Hopper and later)."""
+    policy_fp8_max_error: float = 0.05
+    """`policy_fp8`'s guard: the largest relative L2 error (model-space actions of the probe) served."""
     policy_phase_steps: int = 0
     """`fast`: denoising steps each robot's chunk advances per worker step (phases). A robot that arrives
     while other chunks run then waits for one worker step of theirs, not for their whole chunks (on CUDA

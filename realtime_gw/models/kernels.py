@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from realtime_gw.models.fp8 import Fp8Weight, Weight, linear
+
 
 # -- fused projections ---------------------------------------------------------------------------------------
 def cat_bias(*linears: Any) -> torch.Tensor | None:
@@ -41,24 +43,23 @@ def fuse_linears(*linears: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         return torch.cat([m.weight for m in linears]).contiguous(), cat_bias(*linears)
 
 
-def linear_add(
-    residual: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
-) -> torch.Tensor:
-    """residual + x @ w.T (+ b): one GEMM with the residual as its C operand when there is no bias."""
-    if b is not None:
-        return residual + F.linear(x, w, b)
+def linear_add(residual: torch.Tensor, x: torch.Tensor, w: Weight, b: torch.Tensor | None) -> torch.Tensor:
+    """residual + x @ w.T (+ b): one GEMM with the residual as its C operand when there is no bias (and
+    the weight is not FP8, whose GEMM has no C operand)."""
+    if b is not None or isinstance(w, Fp8Weight):
+        return residual + linear(x, w, b)
     d = residual.shape[-1]
     return torch.addmm(residual.reshape(-1, d), x.reshape(-1, x.shape[-1]), w.t()).view(residual.shape)
 
 
 def qkv_heads(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, heads: int, kv_heads: int
+    x: torch.Tensor, w: Weight, b: torch.Tensor | None, heads: int, kv_heads: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One fused QKV projection of ``x (B, S, hidden)`` -> (q and k heads, v heads), laid out
     ``(B, S, heads + kv_heads, D)`` and ``(B, S, kv_heads, D)`` (views of one output): q and k get
     their norms and rotary together."""
     bsz, s, _ = x.shape
-    qkv = F.linear(x, w, b).view(bsz, s, heads + 2 * kv_heads, -1)
+    qkv = linear(x, w, b).view(bsz, s, heads + 2 * kv_heads, -1)
     return qkv[:, :, : heads + kv_heads], qkv[:, :, heads + kv_heads :]
 
 

@@ -246,6 +246,8 @@ def build_pi0_runner(config: GatewayConfig) -> Pi0Runner:
             compile_graphs=compile_enabled(config),
             compile_budget_s=config.policy_compile_budget_s,
             compile_cache=compile_cache(config, model, spec),
+            prefix_fp8=config.policy_fp8,
+            fp8_max_error=config.policy_fp8_max_error,
         )
     return Pi0Runner(model, tok, spec, config.policy_device, norm, rtc_beta=config.policy_rtc_beta)
 
@@ -318,6 +320,7 @@ def compile_cache(config: GatewayConfig, model: Any, spec: PolicySpec) -> Compil
         "image_slots": spec.image_slots,
         "image_size": list(spec.image_size),
         "prompt_tokens": spec.max_prompt_tokens,
+        "prefix_fp8": config.policy_fp8,  # its prefix graphs differ (as requested; the guard is seeded)
     }
     device = torch.device(config.policy_device)
     dtype = next(model.parameters()).dtype

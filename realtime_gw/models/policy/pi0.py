@@ -28,6 +28,24 @@ from realtime_gw.models.policy.preprocess import (
 from realtime_gw.models.policy.rtc import DEFAULT_BETA, rtc_arrays
 from realtime_gw.records.policy import PolicyRequest, PolicySpec
 
+PROBE_PROMPT = "pick up the red block and put it in the bowl"
+
+
+def probe_requests(spec: PolicySpec, n: int, seed: int = 0) -> list[PolicyRequest]:
+    """``n`` seeded observations of ``spec``'s shape (noise images, normal state) for start-up checks of
+    a sampler's numerics: the same on every run."""
+    rng = np.random.default_rng(seed)
+    h, w = spec.image_size
+    return [
+        PolicyRequest(
+            images=[rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for _ in range(spec.image_slots)],
+            state=rng.standard_normal((len(spec.state_history), spec.state_dim)).astype(np.float32),
+            prompt=PROBE_PROMPT,
+            seed=seed + i,
+        )
+        for i in range(n)
+    ]
+
 
 class Pi0Runner:
     def __init__(
@@ -66,7 +84,9 @@ class Pi0Runner:
     def prepare(self, request: PolicyRequest) -> Prepared:
         spec = self.spec
         pixels, present = zip(*(image_to_uint8(img, spec.image_size) for img in request.images), strict=True)
-        states = np.asarray(request.state if self.norm is None else self.norm.state(request.state), np.float32)
+        states = np.asarray(
+            request.state if self.norm is None else self.norm.state(request.state), np.float32
+        )
         # Checkpoints that read the state as text get the current frame's, normalized (openpi's order).
         in_prompt = states[-1] if spec.state_in_prompt else None
         tokens, text_mask = tokenize_prompt(self.tokenizer, request.prompt, spec.max_prompt_tokens, in_prompt)

@@ -30,7 +30,7 @@ import torch
 
 from realtime_gw.models.policy.chunk_slots import KINDS, ChunkSlots
 from realtime_gw.models.policy.compile_cache import CompileCache
-from realtime_gw.models.policy.pi0 import Pi0Runner
+from realtime_gw.models.policy.pi0 import Pi0Runner, probe_requests
 from realtime_gw.models.policy.pi0_functional import Pi0Functional, PrefixFill, Prepared, Velocity
 from realtime_gw.models.policy.rtc import DEFAULT_BETA
 
@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16)
 DEFAULT_COMPILE_BUDGET_S = 450.0
+DEFAULT_FP8_MAX_ERROR = 0.05
+"""``policy_fp8``'s guard: the largest relative L2 error of the probe's actions against transformers'
+``sample_actions`` at which the FP8 prefix is served."""
+FP8_PROBE_ROBOTS = 2
 
 
 class FastPi0Runner(Pi0Runner):
@@ -64,18 +68,32 @@ class FastPi0Runner(Pi0Runner):
         compile_graphs: bool = False,
         compile_budget_s: float = DEFAULT_COMPILE_BUDGET_S,
         compile_cache: CompileCache | None = None,
+        prefix_fp8: bool = False,
+        fp8_max_error: float = DEFAULT_FP8_MAX_ERROR,
     ) -> None:
         super().__init__(model, tokenizer, spec, device, norm, rtc_beta)
-        self.fn = Pi0Functional(model)
-        self._functional = self.fn
         self.buckets = tuple(sorted(set(buckets)))
         if not self.buckets or self.buckets[0] < 1:
             raise ValueError(f"policy_graph_buckets must be positive batch sizes, got {list(buckets)}")
         self.compile_graphs, self.compile_budget_s = compile_graphs, compile_budget_s
         self.compile_cache = compile_cache
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self._prepared: dict[int, Prepared] = {}
+        self.fp8_check: dict[str, Any] | None = None
+        """``prefix_fp8``'s guard: the probe's error, the limit, whether FP8 is served."""
+        self._build(prefix_fp8)
+        if prefix_fp8:
+            self._guard_fp8(fp8_max_error)
+        self.warmup_report: dict[str, Any] = {} if self.fp8_check is None else {"fp8": self.fp8_check}
+        """What ``warmup`` did: seconds, graphs, buckets compiled or not, failures, the compile cache."""
+
+    def _build(self, prefix_fp8: bool) -> None:
+        """The functional sampler, its compiled entry points and the slots (no graphs yet)."""
+        self.fn = Pi0Functional(self.model, prefix_fp8)
+        self._functional = self.fn
         self._compiled_velocity: Velocity | None = None
         self._compiled_prefix: PrefixFill | None = None
-        if compile_graphs:
+        if self.compile_graphs:
             import torch._dynamo
 
             # One compiled entry per bucket and grad mode (plain / guided), plus slack.
@@ -86,7 +104,7 @@ class FastPi0Runner(Pi0Runner):
             # The prefix has a graph per exact robot count: compiled once static for one robot, then
             # once with the robot count dynamic (dynamo's automatic dynamic shapes) for all the others.
             self._compiled_prefix = torch.compile(self.fn.fill_prefix)
-        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        spec = self.spec
         tokens = spec.image_slots * self.tokens_per_image + spec.max_prompt_tokens
         self.slots = ChunkSlots(
             self.fn,
@@ -96,13 +114,41 @@ class FastPi0Runner(Pi0Runner):
             tokens,
             self.device,
             self.cuda_graphs,
-            rtc_beta,
+            self.rtc_beta,
             self._compiled_velocity,
             self._compiled_prefix,
         )
-        self._prepared: dict[int, Prepared] = {}
-        self.warmup_report: dict[str, Any] = {}
-        """What ``warmup`` did: seconds, graphs, buckets compiled or not, failures, the compile cache."""
+
+    def _guard_fp8(self, max_error: float) -> None:
+        """Serve the FP8 prefix only if a probe's actions stay within ``max_error`` (relative L2, model
+        space, the robot's action dims) of transformers' ``sample_actions`` in the model dtype; else fall
+        back to the model dtype, say so in the log and ``/readyz``. Eager and before any graph: the
+        compiled graphs compute the same function to fusion rounding (``loadtest/bench_policy_gpu.py``
+        measures the served path's error)."""
+        probe = [self.prepare(r) for r in probe_requests(self.spec, FP8_PROBE_ROBOTS)]
+        steps = self.spec.num_inference_steps
+        with torch.inference_mode():
+            ref = self._sample(probe, steps)[..., : self.spec.action_dim].float()
+        got = self.fn.sample(probe, steps, self.device)[..., : self.spec.action_dim].float()
+        error = float((got - ref).norm() / ref.norm().clamp(min=1e-12))
+        served = error <= max_error
+        self.fp8_check = {
+            "served": served,
+            "error": round(error, 5),
+            "max_error": max_error,
+            "max_abs_diff": round(float((got - ref).abs().max()), 5),
+        }
+        if served:
+            log.info("policy: FP8 prefix served %s", self.fp8_check)
+            return
+        log.warning(
+            "policy: FP8 prefix off: its probe's actions are %.4f (relative L2) from the model dtype's, over "
+            "policy_fp8_max_error %.4f; serving the prefix in %s",
+            error,
+            max_error,
+            self.dtype,
+        )
+        self._build(prefix_fp8=False)
 
     # -- the phased interface (PolicyBackend) ----------------------------------------------------------
     @property
@@ -202,6 +248,8 @@ class FastPi0Runner(Pi0Runner):
             "prefixes_compiled": sorted(n for kind, n in self.slots.compiled if kind == "prefix"),
             "failed": sorted(map(str, self.slots.failed)),
         }
+        if self.fp8_check is not None:
+            report["fp8"] = self.fp8_check
         if self.compile_cache is not None:
             report["compile_cache"] = self.compile_cache.describe()
         return report

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from realtime_gw.models.fp8 import Weight, fp8_weight, linear
 from realtime_gw.models.kernels import (
     additive_mask,
     apply_rope,
@@ -82,25 +83,36 @@ def _rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, to
 class _Block:
     """One decoder layer's weights, fused for few kernels: QKV in one matrix, gate|up in one matrix,
     Gemma's RMSNorm weight as (1 + w) in float32. Copies of the layer's weights (about 2.8 GB extra at
-    the full PI0 size), made once; the model's own modules stay as they are."""
+    the full PI0 size), made once; the model's own modules stay as they are. ``fp8``: the projections
+    are kept in e4m3 with row-wise scales instead (``realtime_gw.models.fp8``)."""
 
-    def __init__(self, layer: Any, gemma: bool) -> None:
+    def __init__(self, layer: Any, gemma: bool, fp8: bool = False) -> None:
         attn = layer.self_attn
-        self.qkv, self.qkv_bias = fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj)
         out = attn.o_proj if gemma else attn.out_proj
-        self.o, self.o_bias = out.weight, out.bias
+        quant = fp8_weight if fp8 else _same
+        qkv, self.qkv_bias = fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.qkv, self.o, self.o_bias = quant(qkv), quant(out.weight), out.bias
         self.scale = float(attn.scaling if gemma else attn.scale)
         if gemma:
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
             self.norm1 = (1.0 + n1.weight.float(), float(n1.eps))
             self.norm2 = (1.0 + n2.weight.float(), float(n2.eps))
             mlp = layer.mlp
-            self.gate_up, self.gate_up_bias = fuse_linears(mlp.gate_proj, mlp.up_proj)
+            gate_up, self.gate_up_bias = fuse_linears(mlp.gate_proj, mlp.up_proj)
+            self.gate_up = quant(gate_up)
             self.inter = mlp.gate_proj.weight.shape[0]
-            self.down, self.down_bias = mlp.down_proj.weight, mlp.down_proj.bias
+            self.down, self.down_bias = quant(mlp.down_proj.weight), mlp.down_proj.bias
             self.act = mlp.act_fn
         else:
-            self.ln1, self.ln2, self.mlp = layer.layer_norm1, layer.layer_norm2, layer.mlp
+            self.ln1, self.ln2 = layer.layer_norm1, layer.layer_norm2
+            mlp = layer.mlp
+            self.fc1, self.fc1_bias = quant(mlp.fc1.weight), mlp.fc1.bias
+            self.fc2, self.fc2_bias = quant(mlp.fc2.weight), mlp.fc2.bias
+            self.act = mlp.activation_fn
+
+
+def _same(w: torch.Tensor) -> Weight:
+    return w
 
 
 def _rms(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
@@ -203,7 +215,7 @@ class Pi0Functional:
     """PI0 inference over a loaded ``PI0ForConditionalGeneration``'s weights (fused copies of the decoder
     layers' projections, see ``_Block``; everything else shared with the model)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, prefix_fp8: bool = False) -> None:
         cfg = model.config
         self.model = model
         vlm = model.model.vlm
@@ -239,8 +251,11 @@ class Pi0Functional:
         # Inference only; RTC's vector-Jacobian product then differentiates w.r.t. the actions alone.
         model.requires_grad_(False)
         self.vision_heads = int(cfg.vlm_config.vision_config.num_attention_heads)
-        self.vision_blocks = [_Block(layer, gemma=False) for layer in self.vision.encoder.layers]
-        self.lm_blocks = [_Block(layer, gemma=True) for layer in self.lm.layers]
+        # FP8 only where the GEMMs are large enough to be bound by tensor throughput: the prefix. The
+        # expert's steps (51 tokens) are bound by their chain of kernels and stay in the model dtype.
+        self.prefix_fp8 = prefix_fp8
+        self.vision_blocks = [_Block(layer, False, prefix_fp8) for layer in self.vision.encoder.layers]
+        self.lm_blocks = [_Block(layer, True, prefix_fp8) for layer in self.lm.layers]
         self.dit_blocks = [_Block(layer, gemma=True) for layer in self.dit.layers]
         self.dit_final_norm = (1.0 + self.dit.norm.weight.float(), float(self.dit.norm.eps))
 
@@ -271,7 +286,7 @@ class Pi0Functional:
         fused = qk.shape[1] >= UNFUSED_MAX_QUERIES
         o = attend(qk[:, :, :n_q], k_buf[:, :, keys], v_buf[:, :, keys], mask, blk.scale, fused)
         x = linear_add(x, o, blk.o, blk.o_bias)
-        gu = F.linear(_rms(x, blk.norm2), blk.gate_up, blk.gate_up_bias)
+        gu = linear(_rms(x, blk.norm2), blk.gate_up, blk.gate_up_bias)
         return linear_add(x, blk.act(gu[..., : blk.inter]) * gu[..., blk.inter :], blk.down, blk.down_bias)
 
     # -- prefix -----------------------------------------------------------------------------------------
@@ -285,7 +300,7 @@ class Pi0Functional:
             k, v = qk[:, :, nh:].transpose(1, 2), v.transpose(1, 2)
             o = attend(qk[:, :, :nh], k, v, None, blk.scale, fused=True)
             x = linear_add(x, o, blk.o, blk.o_bias)
-            x = x + blk.mlp(blk.ln2(x))
+            x = linear_add(x, blk.act(linear(blk.ln2(x), blk.fc1, blk.fc1_bias)), blk.fc2, blk.fc2_bias)
         return self.projector(vt.post_layernorm(x))
 
     def embed_prefix(self, pixel_values: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

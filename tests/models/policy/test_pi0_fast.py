@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from realtime_gw.config import GatewayConfig
+from realtime_gw.models.fp8 import Fp8Weight
 from realtime_gw.models.policy import pi0_fast as policy_fast
 from realtime_gw.models.policy.factory import (
     build_pi0_runner,
@@ -126,15 +127,18 @@ def test_compiled_expert_step_is_the_same_function(tiny: tuple[Any, Any], rtc: b
     assert (outs[0] - outs[1]).abs().max().item() <= TOL
 
 
-def test_compiled_prefix_is_the_same_function_in_two_compiles(tiny: tuple[Any, Any]) -> None:
+@pytest.mark.parametrize("fp8", [False, True])
+def test_compiled_prefix_is_the_same_function_in_two_compiles(tiny: tuple[Any, Any], fp8: bool) -> None:
     """The compiled prefix (AOTAutograd without inductor, as above) writes the same K/V, masks and rotary
     tables as the eager one at every robot count, over row views of the slots' staging buffers as served:
-    one compile for one robot, one with the count dynamic for the rest, and no graph break."""
+    one compile for one robot, one with the count dynamic for the rest, and no graph break; the FP8
+    prefix (its quantizing and ``_scaled_mm``) as well."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
-    _, fast = runners(tiny)
+    _, fast = runners(tiny, prefix_fp8=fp8)
     fn = fast.fn
+    assert fn.prefix_fp8 == fp8
     graphs: list[Any] = []
 
     def counting(gm: Any, inputs: Any) -> Any:
@@ -254,6 +258,44 @@ def test_eager_runner_serves_rtc_through_the_guided_sampler(tiny: tuple[Any, Any
     np.testing.assert_array_equal(a[:3], prev[:3])  # robot space, exact, through the normalization
     with pytest.raises(ValueError, match="prev_actions has shape"):
         eager.prepare(request(3, rtc=RtcGuide(np.zeros((11, 8), np.float32), 1, 1)))
+
+
+def test_fp8_prefix_is_served_within_its_guard(tiny: tuple[Any, Any]) -> None:
+    """``prefix_fp8``: SigLIP's and Gemma's projections in e4m3, the expert's untouched; the actions stay
+    near transformers' (the guard measured it) but are not the model dtype's."""
+    eager, fast = runners(tiny, prefix_fp8=True)
+    _, plain = runners(tiny)
+    assert fast.fp8_check is not None and fast.fp8_check["served"]
+    assert 0 < fast.fp8_check["error"] <= fast.fp8_check["max_error"]
+    assert fast.warmup_report["fp8"] == fast.fp8_check
+    for blocks in (fast.fn.vision_blocks, fast.fn.lm_blocks):
+        assert all(isinstance(getattr(b, w), Fp8Weight) for b in blocks for w in ("qkv", "o"))
+    assert all(isinstance(b.gate_up, Fp8Weight) and isinstance(b.down, Fp8Weight) for b in fast.fn.lm_blocks)
+    assert all(isinstance(b.fc1, Fp8Weight) for b in fast.fn.vision_blocks)
+    assert not any(isinstance(b.qkv, Fp8Weight) or isinstance(b.down, Fp8Weight) for b in fast.fn.dit_blocks)
+    prepared = [eager.prepare(request(50 + i)) for i in range(3)]
+    got, ref, bf = fast.run(prepared, None), eager.run(prepared, None), plain.run(prepared, None)
+    for g, r, b in zip(got, ref, bf, strict=True):
+        assert np.linalg.norm(g - r) <= 0.1 * np.linalg.norm(r)
+        assert np.abs(g - r).max() > TOL  # FP8 really ran
+        assert np.abs(b - r).max() <= TOL
+
+
+def test_fp8_prefix_over_its_limit_falls_back(tiny: tuple[Any, Any], caplog: pytest.LogCaptureFixture) -> None:
+    eager, _ = runners(tiny)
+    with caplog.at_level(logging.WARNING, logger="realtime_gw.models.policy.pi0_fast"):
+        _, fast = runners(tiny, prefix_fp8=True, fp8_max_error=1e-4)
+    assert "FP8 prefix off" in caplog.text
+    assert fast.fp8_check is not None and not fast.fp8_check["served"] and fast.fp8_check["error"] > 1e-4
+    assert not fast.fn.prefix_fp8 and fast.slots.fn is fast.fn
+    p = eager.prepare(request(60))
+    assert np.abs(fast.run([p], None)[0] - eager.run([p], None)[0]).max() <= TOL
+
+
+def test_build_passes_the_fp8_setting() -> None:
+    runner = build_pi0_runner(GatewayConfig(policy_impl="fast", policy_fp8=True, policy_fp8_max_error=0.5))
+    assert isinstance(runner, FastPi0Runner) and runner.fn.prefix_fp8
+    assert runner.fp8_check is not None and runner.fp8_check["max_error"] == 0.5
 
 
 def test_build_selects_the_sampler() -> None:
