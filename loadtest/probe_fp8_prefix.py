@@ -1,0 +1,131 @@
+"""Which FP8 prefix to serve (H200 probe, issue 19 item 1): for variants of ``policy_fp8`` (which towers
+and projections are quantized, Hopper's fast or exact FP8 accumulation), the error of the actions
+against transformers' ``sample_actions`` (bf16, the guard's measure: relative L2 of the probe's
+model-space actions), and for some, the compiled prefix's CUDA-graph replay at batch 1 and 8 against
+bf16, compiled the way the server compiles it (one robot static, then the count dynamic).
+
+**Random-init weights**, full PI0 config, bf16, 3 cameras at 224x224, 48 prompt tokens.
+
+    python3 loadtest/probe_fp8_prefix.py --timed bf16 all all-exact --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "loadtest"))
+
+from bench_policy_gpu import CAMERAS, request  # noqa: E402
+from kernel_profile import graph_ms  # noqa: E402
+
+import realtime_gw.models.fp8 as fp8  # noqa: E402
+from realtime_gw.config import GatewayConfig  # noqa: E402
+from realtime_gw.models.policy.factory import load_model, policy_spec  # noqa: E402
+from realtime_gw.models.policy.pi0 import Pi0Runner, probe_requests  # noqa: E402
+from realtime_gw.models.policy.pi0_functional import Cache, Pi0Functional, _Block  # noqa: E402
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "bf16": {"fp8": False},
+    "all": {"fp8": True, "fast_accum": True},
+    "all-exact": {"fp8": True, "fast_accum": False},
+    "gemma-exact": {"fp8": True, "fast_accum": False, "siglip": False},
+    "siglip-exact": {"fp8": True, "fast_accum": False, "gemma": False},
+    "no-down-exact": {"fp8": True, "fast_accum": False, "down": False},
+}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def build(model: Any, v: dict[str, Any]) -> Pi0Functional:
+    fp8.FAST_ACCUM = v.get("fast_accum", True)
+    fn = Pi0Functional(model, prefix_fp8=v["fp8"])
+    if not v.get("siglip", True):
+        fn.vision_blocks = [_Block(layer, False) for layer in fn.vision.encoder.layers]
+    if not v.get("gemma", True):
+        fn.lm_blocks = [_Block(layer, True) for layer in fn.lm.layers]
+    if not v.get("down", True):
+        for blk, layer in zip(fn.lm_blocks, fn.lm.layers, strict=True):
+            blk.down = layer.mlp.down_proj.weight
+    return fn
+
+
+def error(fn: Pi0Functional, runner: Pi0Runner, probe: list[Any], ref: torch.Tensor) -> dict[str, float]:
+    d = runner.spec.action_dim
+    got = fn.sample(probe, runner.spec.num_inference_steps, runner.device)[..., :d].float()
+    return {
+        "rel_l2": round(float((got - ref).norm() / ref.norm()), 5),
+        "max_abs": round(float((got - ref).abs().max()), 4),
+    }
+
+
+def timed(fn: Pi0Functional, runner: Pi0Runner, batches: list[int]) -> dict[str, Any]:
+    """The compiled prefix's graph replay per batch, compiled as served (static first, then dynamic)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn.fill_prefix)
+    out: dict[str, Any] = {}
+    for b in batches:
+        prepared = [runner.prepare(request(i)) for i in range(b)]
+        batch = fn.stack(prepared, runner.device, rtc=False)
+        cache = Cache(fn, b, batch.input_ids.shape[1], runner.device)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            compiled(cache, batch)
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - t0
+        with torch.no_grad():
+            ms = graph_ms(lambda cache=cache, batch=batch: compiled(cache, batch), reps=30)
+        out[b] = {"prefix_ms": round(ms, 3), "compile_s": round(compile_s, 1)}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--timed", nargs="*", default=["bf16", "all", "all-exact"], choices=list(VARIANTS))
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--config", default="pi0", choices=["pi0", "tiny"], help="tiny: a CPU smoke run")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    config = GatewayConfig(
+        policy_config=args.config,
+        policy_device=args.device,
+        policy_cameras=CAMERAS,
+        policy_optional_cameras=[],
+        policy_max_batch=max(args.batches),
+    )
+    model, tok, desc, _ = load_model(config)
+    spec = policy_spec(config, model=desc, action_horizon=model.config.chunk_size, tokenizer=tok.name,
+                       max_prompt_tokens=48)  # fmt: skip
+    runner = Pi0Runner(model, tok, spec, args.device)
+    probe = [runner.prepare(r) for r in probe_requests(spec, 2)]
+    with torch.inference_mode():
+        ref = runner._sample(probe, spec.num_inference_steps)[..., : spec.action_dim].float()
+    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    out: dict[str, Any] = {"gpu": gpu, "torch": torch.__version__, "variants": {}}
+    for name in dict.fromkeys(args.variants + args.timed):
+        fn = build(model, VARIANTS[name])
+        row: dict[str, Any] = {"error": error(fn, runner, probe, ref)}
+        if name in args.timed:
+            row["timed"] = timed(fn, runner, args.batches)
+        out["variants"][name] = row
+        log(f"{name}: {json.dumps(row)}")
+        del fn
+        torch.cuda.empty_cache()
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
