@@ -26,10 +26,8 @@ sys.path.insert(0, str(ROOT / "loadtest"))
 
 from kernel_profile import graph_ms  # noqa: E402
 
+from realtime_gw.models.fp8 import quantize_rows  # noqa: E402
 from realtime_gw.models.policy.factory import pi0_config  # noqa: E402
-
-FP8 = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8).max
 
 
 def log(msg: str) -> None:
@@ -56,12 +54,6 @@ def gemm_shapes(batch: int, images: int = 3, text: int = 48) -> list[tuple[str, 
         ("gemma gate+up", m_lm, h, 2 * t.intermediate_size, nl - 1),
         ("gemma down", m_lm, t.intermediate_size, h, nl - 1),
     ]
-
-
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row e4m3 and the float32 scale that undoes it."""
-    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
-    return (x.float() / scale).to(FP8), scale
 
 
 def probe(name: str, m: int, k: int, n: int) -> dict[str, Any]:

@@ -207,6 +207,11 @@ def policy_spec(config: GatewayConfig, **fields: Any) -> PolicySpec:
 
 
 def build_pi0_runner(config: GatewayConfig) -> Pi0Runner:
+    if config.policy_fp8 and resolve_impl(config) != "fast":
+        raise ConfigError(
+            f"policy_fp8 needs the fast sampler, and policy_impl={config.policy_impl!r} on "
+            f"{config.policy_device!r} is eager: set policy_impl=fast, or leave policy_fp8 off"
+        )
     model, tok, desc, random_init = load_model(config)
     cfg = model.config
     checkpoint = dict(cfg.to_dict()) if config.policy_path else {}

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from realtime_gw.config import GatewayConfig
+from realtime_gw.config import ConfigError, GatewayConfig
 from realtime_gw.models.fp8 import Fp8Weight
 from realtime_gw.models.policy import pi0_fast as policy_fast
 from realtime_gw.models.policy.factory import (
@@ -296,6 +296,8 @@ def test_build_passes_the_fp8_setting() -> None:
     runner = build_pi0_runner(GatewayConfig(policy_impl="fast", policy_fp8=True, policy_fp8_max_error=0.5))
     assert isinstance(runner, FastPi0Runner) and runner.fn.prefix_fp8
     assert runner.fp8_check is not None and runner.fp8_check["max_error"] == 0.5
+    with pytest.raises(ConfigError, match="policy_fp8 needs the fast sampler"):
+        build_pi0_runner(GatewayConfig(policy_fp8=True))  # auto on the CPU is eager
 
 
 def test_build_selects_the_sampler() -> None:
