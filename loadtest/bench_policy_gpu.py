@@ -99,6 +99,23 @@ def make_config(args: argparse.Namespace) -> GatewayConfig:
     )
 
 
+def load_pi0(name: str, device: str, max_batch: int) -> tuple[Any, Any, Any]:
+    """(model, tokenizer, spec) of the ``name`` config as the probes use it: random init, the bench's
+    cameras, 48 prompt tokens."""
+    config = GatewayConfig(
+        policy_config=name,
+        policy_device=device,
+        policy_cameras=CAMERAS,
+        policy_optional_cameras=[],
+        policy_max_batch=max_batch,
+    )
+    model, tok, desc, _ = load_model(config)
+    spec = policy_spec(
+        config, model=desc, action_horizon=model.config.chunk_size, tokenizer=tok.name, max_prompt_tokens=48
+    )
+    return model, tok, spec
+
+
 def request(i: int, seed: int | None = None, rtc: RtcGuide | None = None) -> PolicyRequest:
     rng = np.random.default_rng(i)
     return PolicyRequest(

@@ -24,13 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "loadtest"))
 
-from bench_policy_gpu import CAMERAS, request  # noqa: E402
+from bench_policy_gpu import load_pi0, request  # noqa: E402
 from kernel_profile import graph_ms  # noqa: E402
 
 import realtime_gw.models.fp8 as fp8  # noqa: E402
-from realtime_gw.config import GatewayConfig  # noqa: E402
-from realtime_gw.models.policy.factory import load_model, policy_spec  # noqa: E402
-from realtime_gw.models.policy.pi0 import Pi0Runner, probe_requests  # noqa: E402
+from realtime_gw.models.policy.pi0 import Pi0Runner, action_error, probe_requests  # noqa: E402
 from realtime_gw.models.policy.pi0_functional import Cache, Pi0Functional, _Block  # noqa: E402
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -61,12 +59,9 @@ def build(model: Any, v: dict[str, Any]) -> Pi0Functional:
 
 
 def error(fn: Pi0Functional, runner: Pi0Runner, probe: list[Any], ref: torch.Tensor) -> dict[str, float]:
-    d = runner.spec.action_dim
-    got = fn.sample(probe, runner.spec.num_inference_steps, runner.device)[..., :d].float()
-    return {
-        "rel_l2": round(float((got - ref).norm() / ref.norm()), 5),
-        "max_abs": round(float((got - ref).abs().max()), 4),
-    }
+    got = fn.sample(probe, runner.spec.num_inference_steps, runner.device)[..., : runner.spec.action_dim]
+    rel, max_abs = action_error(got, ref)
+    return {"rel_l2": round(rel, 5), "max_abs": round(max_abs, 4)}
 
 
 def timed(fn: Pi0Functional, runner: Pi0Runner, batches: list[int]) -> dict[str, Any]:
@@ -98,20 +93,10 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
-    config = GatewayConfig(
-        policy_config=args.config,
-        policy_device=args.device,
-        policy_cameras=CAMERAS,
-        policy_optional_cameras=[],
-        policy_max_batch=max(args.batches),
-    )
-    model, tok, desc, _ = load_model(config)
-    spec = policy_spec(config, model=desc, action_horizon=model.config.chunk_size, tokenizer=tok.name,
-                       max_prompt_tokens=48)  # fmt: skip
+    model, tok, spec = load_pi0(args.config, args.device, max(args.batches))
     runner = Pi0Runner(model, tok, spec, args.device)
     probe = [runner.prepare(r) for r in probe_requests(spec, 2)]
-    with torch.inference_mode():
-        ref = runner._sample(probe, spec.num_inference_steps)[..., : spec.action_dim].float()
+    ref = runner.reference_actions(probe)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     out: dict[str, Any] = {"gpu": gpu, "torch": torch.__version__, "variants": {}}
     for name in dict.fromkeys(args.variants + args.timed):

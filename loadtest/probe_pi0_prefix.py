@@ -23,11 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "loadtest"))
 
-from bench_policy_gpu import CAMERAS, request  # noqa: E402
+from bench_policy_gpu import CAMERAS, load_pi0, request  # noqa: E402
 from kernel_profile import kernels, replay_ms  # noqa: E402
 
-from realtime_gw.config import GatewayConfig  # noqa: E402
-from realtime_gw.models.policy.factory import load_model, policy_spec  # noqa: E402
 from realtime_gw.models.policy.pi0_fast import FastPi0Runner  # noqa: E402
 
 
@@ -84,16 +82,7 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also the prefix through torch.compile")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
-    config = GatewayConfig(
-        policy_config="pi0",
-        policy_device="cuda",
-        policy_cameras=CAMERAS,
-        policy_optional_cameras=[],
-        policy_max_batch=max(args.batches),
-    )
-    model, tok, desc, _ = load_model(config)
-    spec = policy_spec(config, model=desc, action_horizon=model.config.chunk_size, tokenizer=tok.name,
-                       max_prompt_tokens=48)  # fmt: skip
+    model, tok, spec = load_pi0("pi0", "cuda", max(args.batches))
     runner = FastPi0Runner(model, tok, spec, "cuda", buckets=tuple(sorted(set(args.batches))))
     out: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "batches": {}}
     backends = torch.backends.cuda

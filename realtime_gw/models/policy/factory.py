@@ -325,7 +325,7 @@ def compile_cache(config: GatewayConfig, model: Any, spec: PolicySpec) -> Compil
         "image_slots": spec.image_slots,
         "image_size": list(spec.image_size),
         "prompt_tokens": spec.max_prompt_tokens,
-        "prefix_fp8": config.policy_fp8,  # its prefix graphs differ (as requested; the guard is seeded)
+        "prefix_fp8": config.policy_fp8,  # the FP8 prefix compiles to other graphs
     }
     device = torch.device(config.policy_device)
     dtype = next(model.parameters()).dtype

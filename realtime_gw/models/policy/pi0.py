@@ -47,6 +47,12 @@ def probe_requests(spec: PolicySpec, n: int, seed: int = 0) -> list[PolicyReques
     ]
 
 
+def action_error(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(relative L2, max |diff|) of actions ``got`` against ``ref``."""
+    got, ref = got.float(), ref.float()
+    return float((got - ref).norm() / ref.norm().clamp(min=1e-12)), float((got - ref).abs().max())
+
+
 class Pi0Runner:
     def __init__(
         self,
@@ -140,6 +146,11 @@ class Pi0Runner:
                 a[: len(p.frozen)] = p.frozen
             results.append(a)
         return results
+
+    def reference_actions(self, prepared: list[Prepared]) -> torch.Tensor:
+        """transformers' ``sample_actions`` in the model dtype, model space, the robot's action dims: what
+        start-up checks of a faster sampler's numerics compare against."""
+        return self._sample(prepared, self.spec.num_inference_steps)[..., : self.spec.action_dim]
 
     @torch.inference_mode()
     def _sample(self, prepared: list[Prepared], num_steps: int | None) -> torch.Tensor:
