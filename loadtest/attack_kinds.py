@@ -1,4 +1,4 @@
-"""The attacks of issue 13, as an attacker would run them, each bounded by its size and a deadline.
+"""Attacks on the gateway, as an attacker would run them, each bounded by its size and a deadline.
 
 Each attack is ``async def attack(port, sizes) -> dict`` and returns its own outcome (``outcome``: one
 line for the table, plus details). ``loadtest/attacks.py`` runs each in a child process (so the
@@ -35,7 +35,7 @@ MIB = 1024 * 1024
 
 @dataclass
 class Sizes:
-    """CI-sized defaults; ``Sizes.full()`` is the size of the issue's report."""
+    """CI-sized defaults; ``Sizes.full()`` is the size of docs/reliability.md's table."""
 
     noise_s: float = 8.0
     bomb_frames: int = 3

@@ -1,4 +1,4 @@
-"""Issue 13's attacks against a live gateway, each measured by a bystander: the table in docs/reliability.md.
+"""Attacks against a live gateway, each measured by a bystander: the table in docs/reliability.md.
 
 For every attack: a fresh gateway (tone TTS, no-op policy) on a free loopback port; the bystander alone
 (baseline: realtime text->audio turns, /healthz every 50 ms, a robot); then the same bystander while

@@ -1,4 +1,4 @@
-"""What FP8 GEMMs would buy PI0's prefix (H200 probe, issue 19 item 1): each of the prefix's GEMM shapes,
+"""What FP8 GEMMs would buy PI0's prefix (H200 probe): each of the prefix's GEMM shapes,
 bf16 (``torch.mm``, what the prefix runs) against FP8 e4m3 with row-wise scales (``torch._scaled_mm``,
 the activation quantized per token, the weight per output channel, bf16 out), and the cost of
 quantizing the activation unfused (amax, scale, cast). Summed over the layers of SigLIP So400m/14 and

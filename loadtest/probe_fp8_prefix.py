@@ -1,4 +1,4 @@
-"""Which FP8 prefix to serve (H200 probe, issue 19 item 1): for variants of ``policy_fp8`` (which towers
+"""Which FP8 prefix to serve (H200 probe): for variants of ``policy_fp8`` (which towers
 and projections are quantized, Hopper's fast or exact FP8 accumulation), the error of the actions
 against transformers' ``sample_actions`` (bf16, the guard's measure: relative L2 of the probe's
 model-space actions), and for some, the compiled prefix's CUDA-graph replay at batch 1 and 8 against

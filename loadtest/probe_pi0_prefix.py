@@ -1,4 +1,4 @@
-"""Where PI0's prefix (SigLIP + Gemma over the observation) spends the GPU (H200 probe, issue 19 item 1).
+"""Where PI0's prefix (SigLIP + Gemma over the observation) spends the GPU (H200 probe).
 
 **Random-init weights**, full PI0 config, bf16, 3 cameras at 224x224, 48 prompt tokens. Per batch: the
 prefix graph's replay ms and TFLOP/s (FLOPs counted from the config: projections, MLPs and attention

@@ -1,20 +1,20 @@
-"""Issue 13: no client can hurt another. Each attack of ``loadtest/attack_kinds.py`` at a CI size, run
+"""No client can hurt another. Each attack of ``loadtest/attack_kinds.py`` at a CI size, run
 from 127.0.0.2 in its own process, while the bystander of ``tests/bystander.py`` (realtime text->audio
 turns, /healthz every 50 ms, a robot) is measured first alone and then through the attack, on the same
 gateway in the same test. Then: the attack got its documented answer, and /readyz is 200 again.
 
 The full-size runs and the before/after table are ``loadtest/attacks.py`` (docs/reliability.md).
 
-Thresholds. The issue's targets are: bystander TTFA p95 <= 2x its baseline, no audio frame more than
+Thresholds. The targets are: bystander TTFA p95 <= 2x its baseline, no audio frame more than
 100 ms late, /healthz within 100 ms. This machine (and CI) is shared and has 2 cores that the attacker,
 the gateway, its worker processes and the bystander all use (with other test runs beside them, load
 averages of 10 were seen while writing these), so a baseline TTFA of 5 ms, or one /healthz answer,
 can take 300-400 ms from scheduling alone; TTFA and /healthz bounds therefore have a floor of
 ``NOISE_MS``: TTFA p95 <= max(2x baseline, baseline + NOISE_MS), /healthz max <= max(100 ms, 2x
 baseline's max) + NOISE_MS. Lateness
-keeps the issue's 100 ms over the baseline's worst: the gateway sends audio 400 ms ahead of real time,
+keeps the target's 100 ms over the baseline's worst: the gateway sends audio 400 ms ahead of real time,
 which absorbs scheduling noise, so a frame only comes late when the gateway stalls for ~0.5 s. The
-attacks these tests guard against cost seconds (the issue measured 10-47 s stalls; docs/reliability.md
+attacks these tests guard against cost seconds (10-47 s stalls before the fixes; docs/reliability.md
 has the before figures), far above every floor: the floors hide scheduling noise, not regressions.
 """
 
