@@ -1,7 +1,7 @@
 """FP8 (e4m3) linear layers with row-wise scales: weights quantized once per output channel, activations
 per token at run time, one ``torch._scaled_mm`` with bf16 (the activation's dtype) out.
 
-Used by PI0's prefix under ``policy_fp8`` (issue 19): its GEMMs are large enough to be bound by tensor
+Used by PI0's prefix under ``policy_fp8``: its GEMMs are large enough to be bound by tensor
 throughput, where e4m3 runs at up to twice bf16's rate on Hopper. The activation's quantizing (row amax,
 scale, cast) is pointwise plus a row reduction, so under ``torch.compile`` it fuses into the norm or
 activation before each GEMM; eager, it costs more than it saves (``loadtest/probe_fp8_gemm.py``).
@@ -22,9 +22,9 @@ FP8_MAX = float(torch.finfo(FP8).max)
 ALIGN = 16
 """``_scaled_mm`` on CUDA needs both of a weight's dimensions divisible by this."""
 FAST_ACCUM = True
-"""Hopper's fast FP8 accumulation (no periodic promotion to float32). On PI0's prefix (H200) it was 8 %
-faster at batch 8 than exact accumulation, and its actions' error the same to 2 %: the e4m3 rounding
-of the operands is what costs accuracy (``loadtest/probe_fp8_prefix.py``)."""
+"""Hopper's fast FP8 accumulation (no periodic promotion to float32): faster than exact accumulation on
+PI0's prefix at the same action error, since the e4m3 rounding of the operands is what costs accuracy
+(``loadtest/probe_fp8_prefix.py``; figures in docs/benchmarks-log.md)."""
 
 
 @dataclass(frozen=True, slots=True)

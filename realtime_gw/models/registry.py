@@ -50,8 +50,8 @@ class Workers:
 
 def freeze_heap() -> None:
     """What is alive once the stages are warm (weights, compiled graphs, tokenizers) lives as long as the
-    process: frozen, a full garbage collection skips it. Unfrozen, one took 230-290 ms on the H200 with
-    Qwen3-TTS loaded and delayed every stream's frame at once (loadtest/bench_tts_qwen3_gpu.py)."""
+    process: frozen, a full garbage collection skips it. Unfrozen, one over that heap stalls every stream's
+    frame at once (docs/benchmarks-log.md, the Qwen3-TTS second pass)."""
     gc.collect()
     gc.freeze()
 

@@ -102,7 +102,7 @@ class StageActor:
         logging.basicConfig(level=config.log_level.upper())
         # This process holds only the stage: its event loop, its worker thread and Ray's own threads
         # pass the GIL around ten times as often as Python's default 5 ms, so a step's results leave
-        # without waiting out a busy thread's interval (single-stream delivery p95 10 -> 6 ms here).
+        # without waiting out a busy thread's interval (docs/benchmarks-log.md).
         sys.setswitchinterval(0.0005)
         self.role = role
         self.config = config

@@ -22,7 +22,7 @@ ROLES = ("tts", "asr", "vad", "turn", "policy")
 INLINE_BYTES = 8 * 1024 * 1024
 """Ray passes objects up to this size inside the call's gRPC reply (its default: 100 KiB) instead of
 through the object store: one step's frames for 64 codec-TTS streams are ~250 KB. On one machine
-either way costs the same (docs/benchmarks.md); across machines the object store would add a pull
+either way costs the same (docs/benchmarks-log.md); across machines the object store would add a pull
 between raylets after every reply."""
 _INLINE_ENV = {"RAY_max_direct_call_object_size": str(INLINE_BYTES)}
 

@@ -75,7 +75,7 @@ OPENAI_SPEAKERS = {
 """OpenAI voice -> CustomVoice speaker (used when the checkpoint has that speaker)."""
 GPU_DECODER_PRECISION = "tf32"
 """The codec decoder's precision on CUDA (``qwen3/decoder.py``): max abs waveform error vs float32 is in
-docs/benchmarks.md; CPU runs stay float32 (the parity tests)."""
+docs/benchmarks-log.md; CPU runs stay float32 (the parity tests)."""
 QWEN_ROLE_IDS = [151644, 77091, 198]
 """``<|im_start|>assistant\\n`` in Qwen's vocabulary (random init has no tokenizer files)."""
 MAX_INSTRUCT_TOKENS = 512

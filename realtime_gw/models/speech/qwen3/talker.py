@@ -157,8 +157,8 @@ class Qwen3TalkerRuntime:
         arguments, so all passes after the first have one shape: two compiled functions (first pass, later
         passes), each compiled for batch 1 and then once for any batch. ``backend``: torch.compile's
         (``inductor``; the CPU tests trace with ``aot_eager``); inductor's ``fallback_random`` keeps the
-        sampling draws on torch's generator, as eager's. On an H200 it fuses the elementwise work but leaves
-        the ~300 small GEMMs of a frame as they are: 1,880 -> 1,645 kernels, 0.7-0.8 ms off at 1-64 streams."""
+        sampling draws on torch's generator, as eager's. It fuses the elementwise work but leaves the ~300
+        small GEMMs of a frame as they are, so it gains little (docs/benchmarks.md)."""
         opts = {"fallback_random": True} if backend == "inductor" else None
         self._first_pass = torch.compile(self._pass_first, fullgraph=True, backend=backend, options=opts)
         self._next_pass = torch.compile(self._pass_next, fullgraph=True, backend=backend, options=opts)
