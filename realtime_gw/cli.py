@@ -42,17 +42,18 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         for name in section.fields:
             flag = "--" + name.replace("_", "-")
             hint = hints[name]
-            text = plain(docs.get(name, "")) + f" (default: {_default_text(getattr(defaults, name))})"
+            is_list = typing.get_origin(hint) is list
+            text = plain(docs.get(name, "")) + (" Repeatable, or one JSON list." if is_list else "")
+            text += f" (default: {_default_text(getattr(defaults, name))})"
             text = text.replace("%", "%%")  # argparse formats help with %
             if hint is bool or set(typing.get_args(hint)) == {bool, type(None)}:
                 group.add_argument(
                     flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text
                 )
-            elif typing.get_origin(hint) is list:
+            elif is_list:
                 group.add_argument(
-                    flag, dest=name, default=None, action=_ListItems, metavar="ITEM",
-                    help=text + "; repeatable, or one JSON list",
-                )  # fmt: skip
+                    flag, dest=name, default=None, action=_ListItems, metavar="ITEM", help=text
+                )
             else:
                 choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
                 group.add_argument(flag, dest=name, default=None, choices=choices, help=text)
