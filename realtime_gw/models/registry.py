@@ -142,7 +142,7 @@ def build_tts(config: GatewayConfig) -> StageWorker:
         # so a full worker refuses at submit ("no free slot") instead of queueing.
         slots = config.tts_max_batch
         codec = CodecTtsBackend(
-            config=config.tts_config, path=config.tts_path, device=config.tts_device, slots=slots
+            config=config.tts_shape, path=config.tts_path, device=config.tts_device, slots=slots
         )
         return _worker("tts", codec, config, device=config.tts_device, max_batch=slots, max_active=slots)
     if config.tts == "qwen3":
@@ -153,7 +153,7 @@ def build_tts(config: GatewayConfig) -> StageWorker:
         try:
             qwen = Qwen3TtsBackend(
                 path=config.tts_path,
-                size="1.7b" if config.tts_config == "1.7b" else "0.6b",
+                size=config.tts_shape,
                 device=config.tts_device,
                 slots=slots,
                 voice=config.tts_voice,

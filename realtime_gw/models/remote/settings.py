@@ -12,39 +12,32 @@ from typing import Any
 
 import msgspec
 
-from realtime_gw.config import ENV_PREFIX, GatewayConfig
+from realtime_gw.config import ENV_PREFIX, SECRETS, GatewayConfig
+from realtime_gw.config.sections import fields_under
 
-SECRETS = ("api_key", "api_keys", "responder_api_key")
-"""Config fields that never leave a front-end: the actors get their defaults."""
 SECRET_ENV = tuple(ENV_PREFIX + name.upper() for name in SECRETS)
-"""The environment variables that may carry them (``config.load_config``): a local Ray cluster's
-processes, the actors among them, inherit the environment of the front-end that starts it."""
-STAGE_FIELDS_COMMON = (
-    "warmup", "worker_max_active", "worker_step_timeout_s", "cpu_backends_in_process", "cpu_backend_spare",
-    "fault_injection",
-)  # fmt: skip
-STAGE_FIELD_PREFIXES = {
-    "tts": ("tts",),
-    "asr": ("asr",),
-    "vad": ("vad",),
-    "turn": ("turn",),
-    "policy": ("policy", "robot", "openpi_image_history", "openpi_state_history", "openpi_max_sessions"),
+"""The environment variables that may carry the secrets (``config.load_config``): a local Ray cluster's
+processes, the actors among them, inherit the environment of the front-end that starts it. The actors
+get the secrets' defaults (``actor_config``)."""
+STAGE_SETTINGS = {
+    "tts": ("workers", "tts"),
+    "asr": ("workers", "asr"),
+    "vad": ("workers", "vad"),
+    "turn": ("workers",),
+    "policy": ("workers", "policy", "robot", "openpi.max_sessions"),
 }
-"""Which config fields build each role's worker (``registry.build_stage`` and its factories read no
-others): the settings every front-end sharing that role's actors must agree on."""
+"""Which config sections (with their subsections) or single settings build each role's worker
+(``registry.build_stage`` and its factories read no others): the settings every front-end sharing that
+role's actors must agree on. ``workers`` holds what every stage worker is built with."""
 
 
 def stage_settings(role: str, config: GatewayConfig) -> dict[str, Any]:
     """The config fields ``role``'s worker is built from (no secrets), as plain values."""
+    names = {f for path in STAGE_SETTINGS[role] for f in fields_under(path)} - set(SECRETS)
     fields = msgspec.to_builtins(config)
     # Test faults name their role ("tts:raise@3"): another role's do not build this worker.
     fields["fault_injection"] = [f for f in fields["fault_injection"] if f.split(":", 1)[0] == role]
-    prefixes = STAGE_FIELD_PREFIXES[role]
-    return {
-        k: v
-        for k, v in sorted(fields.items())
-        if k in STAGE_FIELDS_COMMON or (k.startswith(prefixes) and k not in SECRETS)
-    }
+    return {k: v for k, v in sorted(fields.items()) if k in names}
 
 
 def settings_digest(settings: dict[str, Any]) -> str:

@@ -1,0 +1,484 @@
+"""The gateway's settings, section by section.
+
+Each section is a struct adding its fields to the one before it (msgspec structs inherit along one line),
+so ``GatewayConfig`` at the end holds every field flat (``config.tts_device``) while each field still
+belongs to exactly one section, named by its class's ``SECTION``. A section's docstring is what users
+read above its flags in ``realtime-gw serve --help`` and above its table in ``realtime-gw config --show``;
+a field's docstring is its help. ``KEYS`` names a field in its TOML table where the field's name less
+the section's prefix (``tts_device`` -> ``[tts] device``) would not read well.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import msgspec
+
+
+class ConfigError(ValueError):
+    """The configuration cannot serve (a file missing, or not matching another); the message names the
+    file and what to change. ``realtime-gw serve`` prints it and exits."""
+
+
+class ServerSettings(msgspec.Struct, kw_only=True):
+    """Where the gateway listens and who may use it."""
+
+    SECTION: ClassVar[str] = "server"
+    KEYS: ClassVar[dict[str, str]] = {}
+    host: str = "127.0.0.1"
+    """Address to listen on (0.0.0.0 = every interface)."""
+    port: int = 8000
+    """TCP port of HTTP, /v1/realtime, the speech stream and the OpenPI socket."""
+    log_level: str = "info"
+    """Python logging level: debug, info, warning, error."""
+    api_key: str | None = None
+    """Bearer key for HTTP and /v1/realtime, ``Api-Key`` for the OpenPI socket; unset = open."""
+    api_keys: list[str] = msgspec.field(default_factory=list)
+    """More accepted keys (each with its own session slots), in addition to ``api_key``."""
+    allowed_origins: list[str] = msgspec.field(default_factory=list)
+    """Browser origins allowed to open WebSockets besides the gateway's own; "*" = any."""
+    allowed_hosts: list[str] = msgspec.field(default_factory=list)
+    """Names the gateway answers to besides localhost, 127.0.0.1, ::1, the bind address and any IP
+    literal ("*.example.com" matches subdomains; "*" = any). Other ``Host`` headers get HTTP 421 (a DNS
+    rebinding page names its own domain); browsers' ``Origin`` headers are judged against the same list."""
+    ws_per_message_deflate: bool = False
+    """Offer permessage-deflate. Off: a small compressed frame can inflate to ``max_frame_bytes`` on the
+    event loop (bounded by that size when on)."""
+
+
+class LimitsSettings(ServerSettings, kw_only=True):
+    """Bounds and timeouts of connections and sessions, for every socket (docs/security.md)."""
+
+    SECTION: ClassVar[str] = "limits"
+    max_sessions: int = 256
+    """Open sessions of every socket together (realtime, speech stream, OpenPI); one more is refused."""
+    max_sessions_per_key: int = 0
+    """Open sessions (all sockets together) one key may hold; 0 = only the global limits."""
+    session_starts_per_key_per_min: int = 0
+    """Sessions one key may start in any 60 s (all sockets together); 0 = no limit. Over it: an error
+    `rate_limit_exceeded` (realtime, speech stream) or HTTP 429 (OpenPI), with the wait in seconds."""
+    max_connections_per_client: int = 64
+    """Open TCP connections (HTTP and WebSocket) from one client address; further ones get HTTP 429.
+    0 = no cap. Behind a proxy every client shares its address: raise it or let the proxy cap."""
+    max_frame_bytes: int = 16 * 1024 * 1024
+    """Largest WebSocket message accepted (uvicorn closes with 1009 above it)."""
+    max_header_bytes: int = 64 * 1024
+    """Request line plus headers of one HTTP request or WebSocket upgrade (h11); above it: HTTP 400."""
+    handshake_timeout_s: float = 10.0
+    """A connection must finish its request line and headers within this (from its first byte or from
+    its previous response): raw sockets that send nothing and endless headers are closed."""
+    outbound_queue_frames: int = 2048
+    """Per-session outbound events waiting for the socket; a client that stops reading is closed."""
+    send_timeout_s: float = 10.0
+    """A socket write blocked this long means the client stopped reading: close 1008."""
+
+
+class RealtimeSettings(LimitsSettings, kw_only=True):
+    """Voice sessions on /v1/realtime (the OpenAI Realtime API)."""
+
+    SECTION: ClassVar[str] = "realtime"
+    realtime_idle_timeout_s: float = 900.0
+    """A realtime session with no client event for this long gets `error` `session_expired`, then close
+    1000. 0 = never."""
+    realtime_max_session_s: float = 3600.0
+    """Longest realtime session (OpenAI's limit is 60 min): `error` `session_expired`, then close 1000.
+    0 = no limit."""
+    audio_lead_ms: int = 400
+    """How far ahead of real-time playback audio is sent (0 = as fast as produced)."""
+    input_audio_rate_factor: float = 10.0
+    """Realtime input audio may arrive this many times faster than real time (counted in decoded
+    bytes at 24 kHz PCM16, 48,000 B/s), after a burst of ``input_audio_burst_s``; beyond that the
+    session's socket is read more slowly (backpressure), never refused. 0 = no limit."""
+    input_audio_burst_s: float = 60.0
+    """Seconds of audio a realtime session may send at once before the rate above applies."""
+    max_input_buffer_bytes: int = 15 * 1024 * 1024
+    """Bound on the decoded input audio buffer of one session (PCM16)."""
+    max_conversation_items: int = 512
+    """Items a session with ``truncation: "disabled"`` may hold; one more is refused `conversation_full`."""
+    max_retained_items: int = 4096
+    """Items a session with truncation on (``auto``, ``retention_ratio``) keeps in memory: past it the
+    oldest are forgotten silently (the client's own view is untouched), so a long call never fills up."""
+    max_instructions_chars: int = 64 * 1024
+    """Session or response ``instructions``; longer: `error` `string_above_max_length`, nothing echoed."""
+    max_item_text_chars: int = 64 * 1024
+    """Each text of a conversation item (a text part, a transcript, function arguments, a function
+    output; `input_image` URLs are bounded by `max_frame_bytes` only); longer: `error`
+    `string_above_max_length`."""
+    max_tools: int = 128
+    """Function tools in `session.tools` or a response's `tools`; their JSON is capped at
+    ``max_instructions_chars`` too."""
+
+
+class SpeechSettings(RealtimeSettings, kw_only=True):
+    """Text to speech over HTTP (POST /v1/audio/speech) and the speech stream socket."""
+
+    SECTION: ClassVar[str] = "speech"
+    max_request_body_bytes: int = 1024 * 1024
+    """Body of `POST /v1/audio/speech`; above it: HTTP 413."""
+    speech_idle_timeout_s: float = 300.0
+    """A speech stream with no client event for this long (and nothing being spoken): `error`
+    `session_expired`, then close 1000. 0 = no limit."""
+    speech_max_session_s: float = 3600.0
+    """Longest speech stream: `error` `session_expired`, then close 1000. 0 = no limit."""
+    speech_max_pending_chars: int = 16 * 1024
+    """Speech stream text waiting to be spoken: the socket is not read while more waits; one
+    `input.text` longer than this gets `error` `string_above_max_length`."""
+    speech_max_utterance_chars: int = 256 * 1024
+    """Text of one speech-stream utterance (from its first `input.text` to `input.done`); above it:
+    `error` `string_above_max_length`, the piece dropped."""
+
+
+class ResponderSettings(SpeechSettings, kw_only=True):
+    """The chat model that writes a realtime session's replies."""
+
+    SECTION: ClassVar[str] = "responder"
+    KEYS: ClassVar[dict[str, str]] = {"responder": "kind"}
+    responder: Literal["echo", "openai"] = "echo"
+    """`echo` speaks back what it heard (no model); `openai` asks an OpenAI-compatible chat completions
+    server at ``responder_url``."""
+    responder_url: str = "http://127.0.0.1:8001/v1"
+    """`openai`: base URL of the chat completions API (e.g. a local vLLM server)."""
+    responder_model: str = "default"
+    """`openai`: the model name sent with each request."""
+    responder_api_key: str | None = None
+    """`openai`: bearer key of the chat server; unset = none sent."""
+    responder_max_tokens: int = 256
+    """Reply tokens asked for when a response gives no ``max_output_tokens``."""
+    responder_timeout_s: float = 30.0
+    """`openai`: seconds a chat request may take before the response fails."""
+    responder_context_tokens: int = 8192
+    """The chat backend's context window. With truncation on, the oldest items leave the model's
+    context (never the client's view) so instructions + items + tools + the reserved reply fit it;
+    tokens are estimated (about 4 UTF-8 bytes per token plus a per-message overhead)."""
+
+
+class TtsSettings(ResponderSettings, kw_only=True):
+    """Text to speech: the family, its voice and device; the batching families' (codec, qwen3) shape."""
+
+    SECTION: ClassVar[str] = "tts"
+    KEYS: ClassVar[dict[str, str]] = {"tts": "family"}
+    tts: Literal["piper", "tone", "codec", "qwen3"] = "piper"
+    """`piper` (Piper VITS on the CPU), `tone` (a beep per sentence, for measuring the gateway),
+    `codec` (a streaming codec LM, tests and GPU benches), `qwen3` (Qwen3-TTS-12Hz)."""
+    tts_voice: str = "joe"
+    """The voice of requests and sessions that name none: Piper's `joe`; `qwen3`: one of the checkpoint's
+    voices (a name it does not have falls back to its default voice)."""
+    tts_device: str = "cpu"
+    """`codec`, `qwen3`: torch device (e.g. `cuda`, `cuda:1`)."""
+    tts_path: str | None = None
+    """`codec`: local weight directory (see realtime_gw/models/speech/codec/spec.py); `qwen3`: a
+    published Qwen3-TTS-12Hz checkpoint directory, CustomVoice, VoiceDesign or Base (see
+    models/speech/qwen3/checkpoint.py); unset = random init at ``tts_config``'s shape."""
+    tts_config: Literal["auto", "tiny", "full", "0.6b", "1.7b"] = "auto"
+    """Random-init shape: `codec` has `tiny` (CPU tests) and `full` (Qwen3-TTS-0.6B-shaped); `qwen3` has the
+    published `0.6b` and `1.7b`; `auto` = the family's first. A shape the family lacks is refused."""
+    tts_max_batch: int = 8
+    """`codec`, `qwen3`: slots, the streams synthesising at once, all advanced together each step (one
+    more is refused, "no free slot"); 64 suits a GPU. Piper and tone speak one sentence a step and admit
+    ``worker_max_active`` streams."""
+    tts_max_text_chars: int = 256 * 1024
+    """Text one TTS stream (a response's audio, a speech request, a speech-stream utterance) may receive
+    in all (Piper, tone); more fails that stream. Keep it >= ``speech_max_utterance_chars``."""
+
+    @property
+    def tts_shape(self) -> str:
+        """``tts_config`` with `auto` resolved to the family's default shape."""
+        shapes = TTS_SHAPES.get(self.tts, ())
+        return shapes[0] if self.tts_config == "auto" and shapes else self.tts_config
+
+
+TTS_SHAPES: dict[str, tuple[str, ...]] = {"codec": ("tiny", "full"), "qwen3": ("0.6b", "1.7b")}
+"""Random-init shapes of the TTS families that have them, the default first."""
+
+
+class PiperSettings(TtsSettings, kw_only=True):
+    """Piper only."""
+
+    SECTION: ClassVar[str] = "tts.piper"
+    tts_deterministic: bool = False
+    """Speak each sentence without VITS' sampling noise, so the same text always gives the same audio
+    (reproducible output and tests, cacheable); slightly flatter prosody. Off: Piper's default,
+    different audio on every call."""
+
+
+class Qwen3Settings(PiperSettings, kw_only=True):
+    """Qwen3-TTS only: language, voices, and how it runs on CUDA."""
+
+    SECTION: ClassVar[str] = "tts.qwen3"
+    tts_language: str = "auto"
+    """The language of speech ("auto" or one of the checkpoint's, e.g. "english")."""
+    tts_instructions: str | None = None
+    """How to speak, in words, when a request gives no `instructions` (realtime sessions never do): a
+    VoiceDesign checkpoint's default voice description; a CustomVoice checkpoint's style (1.7B)."""
+    tts_voice_design: list[str] = msgspec.field(default_factory=list)
+    """VoiceDesign checkpoint: named voices, `NAME=description` each; `voice: NAME` selects one."""
+    tts_voice_clone: list[str] = msgspec.field(default_factory=list)
+    """Base checkpoint: voices cloned at start-up from recordings, `NAME=path.wav` each (x-vector mode) or
+    `NAME=path.wav:transcript` (ICL mode: the recording's codes and transcript in each prompt);
+    `voice: NAME` selects one."""
+    tts_compile: bool = False
+    """On CUDA: torch.compile the code predictor's 15 passes a frame (four compiles at start-up, ~20 s):
+    a little faster per frame at small batches, no faster at large ones, and its bf16 rounding differs
+    from the uncompiled kernels' (docs/benchmarks.md)."""
+    tts_pipelined: bool = True
+    """On CUDA: each frame's codec decoder runs behind the next frame's talker step (its own CUDA
+    stream), overlapping it and the host's work between steps; a frame's audio leaves one step after its
+    codes. Off: talker and decoder in one graph per step."""
+
+
+class AsrSettings(Qwen3Settings, kw_only=True):
+    """Speech to text of the realtime sessions' input audio."""
+
+    SECTION: ClassVar[str] = "asr"
+    KEYS: ClassVar[dict[str, str]] = {"asr": "family"}
+    asr: Literal["pocketsphinx", "kyutai"] = "pocketsphinx"
+    """`pocketsphinx` (CPU, transcribes each committed turn) or `kyutai` (streaming, transcribes while
+    the user speaks; for a GPU)."""
+    asr_max_utterance_s: float = 60.0
+    """Longest committed utterance transcribed; a longer one fails its transcription with a clear error
+    (the decode's cost grows with it; the input buffer itself may hold more)."""
+
+
+class PocketsphinxSettings(AsrSettings, kw_only=True):
+    """Pocketsphinx only."""
+
+    SECTION: ClassVar[str] = "asr.pocketsphinx"
+    asr_slots: int = 4
+    """Decoders, the utterances transcribed at once; one more is refused at once ("no free slot")."""
+
+
+class KyutaiSettings(PocketsphinxSettings, kw_only=True):
+    """Kyutai streaming speech to text only."""
+
+    SECTION: ClassVar[str] = "asr.kyutai"
+    asr_path: str | None = None
+    """A transformers `save_pretrained` directory of KyutaiSpeechToTextForConditionalGeneration
+    (e.g. kyutai/stt-1b-en_fr-trfs; see realtime_gw/models/speech/kyutai/checkpoint.py); unset = random
+    init."""
+    asr_config: Literal["tiny", "1b"] = "tiny"
+    """Random-init shape: `tiny` (CPU tests) or `1b` (kyutai/stt-1b-en_fr)."""
+    asr_device: str = "cpu"
+    """Torch device (e.g. `cuda`, `cuda:1`)."""
+    asr_max_batch: int = 64
+    """Slots, the streams transcribed at once, all advanced one 80 ms frame per step
+    (loadtest/bench_asr_kyutai_gpu.py measures how many keep up with real time on a GPU)."""
+    asr_flush_s: float | None = None
+    """Seconds of silence run after a turn's audio to flush the text, which lags the audio by the model's
+    delay; unset = the reference's (delay + 1 s). Down to the delay (0.5 s for 1b): the transcript sooner,
+    the last word possibly cut."""
+    asr_catchup_steps: int = 0
+    """Once a turn's input has ended, extra sub-steps per worker step that advance only the ending streams
+    (one frame each, moved into the lowest slots so that their batch is small), so the flush does not wait
+    one full-batch step per frame; 0 = off. The tokens are the same either way. It pays for a GPU that
+    serves ASR alone (e.g. 7); with TTS on the same GPU it can make whole turns slower
+    (docs/benchmarks.md)."""
+    asr_catchup_budget_ms: float = 50.0
+    """No catch-up sub-step starts once the worker step would pass this (its main step included), so the
+    step stays inside the 80 ms frame; 0 = no time bound."""
+
+
+class VadSettings(KyutaiSettings, kw_only=True):
+    """Voice activity detection of the realtime sessions' input audio (server VAD turns)."""
+
+    SECTION: ClassVar[str] = "vad"
+    KEYS: ClassVar[dict[str, str]] = {"vad": "family"}
+    vad: Literal["silero"] = "silero"
+    """Silero VAD, the only family."""
+    vad_max_batch: int = 64
+    """Streams whose next 32 ms window is judged in one batched call."""
+    vad_device: str | None = None
+    """Silero VAD in torch on this device (`cuda`, `cuda:1`, `cpu`): every session's next window in one
+    batched forward, CUDA graphs on CUDA (models/speech/vad_silero_torch.py). Unset = onnxruntime's CPU
+    provider (no torch import), right for CPU-only deployments; give `cuda` when ASR and TTS are on a GPU."""
+
+
+class WorkerSettings(VadSettings, kw_only=True):
+    """The stage workers that run every model (TTS, ASR, VAD, turn detection, policy)."""
+
+    SECTION: ClassVar[str] = "workers"
+    KEYS: ClassVar[dict[str, str]] = {
+        "worker_max_active": "max_active", "worker_step_timeout_s": "step_timeout_s",
+    }  # fmt: skip
+    warmup: bool = True
+    """Run every model once before the gateway reports ready, so the first users do not pay for it."""
+    worker_max_active: int = 256
+    """Streams a worker without fixed slots admits at once (Piper TTS, VAD, turn detection); one more is
+    refused at once ("no free slot")."""
+    worker_step_timeout_s: float = 30.0
+    """A backend step running longer is a hang: the supervisor kills the backend's child process and
+    starts a fresh one (in-thread backends: abandons the thread), and every slot comes back."""
+    cpu_backends_in_process: bool = False
+    """Run the GIL-holding CPU backends (pocketsphinx ASR, Piper TTS) on threads of the gateway process
+    instead of one child process per worker (the default), e.g. where processes cannot be spawned.
+    In-process, a long decode stalls the event loop and a hung step cannot be killed."""
+    cpu_backend_spare: bool = True
+    """Keep a second child per CPU worker built and warmed, so a killed step's worker is back at once
+    instead of after a fresh start and warm-up. Costs that backend's memory twice (hundreds of MB for
+    pocketsphinx, less for Piper)."""
+    fault_injection: list[str] = msgspec.field(default_factory=list)
+    """Tests only: e.g. ["tts:raise@3"], see realtime_gw/models/faults.py."""
+
+
+class PolicySettings(WorkerSettings, kw_only=True):
+    """The robot policy model behind the OpenPI socket, and how it samples actions."""
+
+    SECTION: ClassVar[str] = "policy"
+    KEYS: ClassVar[dict[str, str]] = {"policy": "model"}
+    policy: Literal["pi0", "noop", "none"] = "pi0"
+    """`pi0` (PI0 or PI0.5 in transformers), `noop` (zero actions, for tests without torch); `none`
+    disables the robot socket and skips loading torch."""
+    policy_config: Literal["tiny", "pi0"] = "tiny"
+    """Random-init shape when ``policy_path`` is unset: `tiny` (CPU tests) or `pi0` (the published PI0)."""
+    policy_path: str | None = None
+    """A transformers `save_pretrained` directory of PI0 or PI0.5; unset = random init at
+    ``policy_config``."""
+    policy_device: str = "cpu"
+    """Torch device (e.g. `cuda`, `cuda:1`)."""
+    policy_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """`auto`: bfloat16 on CUDA, float32 on the CPU."""
+    policy_max_batch: int = 16
+    """Robots whose action chunks are sampled in one batch."""
+    policy_max_wait_ms: float = 2.0
+    """How long the policy worker holds a step open for more robots once steps are being shared."""
+    policy_impl: Literal["auto", "fast", "eager"] = "auto"
+    """PI0 sampler: `fast` (static prefix KV, CUDA graphs per batch bucket), `eager` (transformers'
+    `sample_actions`); `auto` = `fast` on CUDA, `eager` on the CPU. Both give the same actions."""
+    policy_graph_buckets: list[int] = msgspec.field(default_factory=lambda: [1, 2, 4, 8, 16])
+    """`fast` on CUDA: batch sizes with captured graphs; a batch runs padded to the next bucket."""
+    policy_compile: Literal["auto", "on", "off"] = "auto"
+    """`fast`: torch.compile the action expert's step (fuses its small kernels, plain and RTC loops) and
+    the VLM prefix; `auto` = on with CUDA graphs (CUDA), off on the CPU. Costs start-up time (see the
+    budget)."""
+    policy_compile_budget_s: float = 450.0
+    """Start-up seconds for compiling, bucket by bucket from the smallest; buckets (and prefix robot counts)
+    begun after it run uncompiled. Inductor's on-disk cache makes later start-ups much shorter."""
+    policy_compile_cache: str = "auto"
+    """`fast` with `policy_compile`: directory of the on-disk compile cache that lets a warm start-up skip
+    inductor's work, one file per key (model config, dtype, shapes, torch and transformers versions, GPU,
+    sampler code); `auto` = $XDG_CACHE_HOME/realtime-gw/policy-compile (~/.cache/...), `off` = none."""
+    policy_fp8: bool = False
+    """`fast`: the VLM prefix's projections (SigLIP and Gemma) in FP8 e4m3 with row-wise scales (the action
+    expert stays in the model dtype). Served only if a start-up probe's actions stay within
+    `policy_fp8_max_error` of transformers' `sample_actions`; else the prefix runs in the model dtype and
+    `/readyz` says why (`detail.policy.fp8`). Pays on GPUs with FP8 tensor cores (Hopper and later)."""
+    policy_fp8_max_error: float = 0.05
+    """`policy_fp8`'s guard: the largest relative L2 error (model-space actions of the probe) served."""
+    policy_phase_steps: int = 0
+    """`fast`: denoising steps each robot's chunk advances per worker step (phases). A robot that arrives
+    while other chunks run then waits for one worker step of theirs, not for their whole chunks (on CUDA
+    its prefix runs on a second stream beside their steps; elsewhere it delays them); 0 = one-shot
+    chunks (the prefix and every step in one worker step). With phases the worker holds no step open for
+    more robots (`policy_max_wait_ms`)."""
+    policy_rtc_beta: float = 5.0
+    """Real-time chunking: clip of the guidance weight (the RTC paper's beta)."""
+    policy_norm_stats: str | None = None
+    """Statistics file: openpi's norm_stats.json, LeRobot's stats.json / normalizer safetensors, or
+    transformers' processor_config.json; unset = the one inside `policy_path`, if any."""
+    policy_norm_mode: Literal["auto", "zscore", "quantile"] = "auto"
+    """`zscore` (PI0) or `quantile` (PI0-FAST, PI0.5) normalization; `auto` = what the checkpoint's
+    config.json names (`use_quantile_norm`, LeRobot's `normalization_mapping`), else `zscore`."""
+    policy_state_in_prompt: Literal["auto", "on", "off"] = "auto"
+    """Write the normalized state into the prompt as openpi's discrete state tokens; `auto` = the
+    checkpoint's config.json `discrete_state_input`."""
+
+
+class RobotSettings(PolicySettings, kw_only=True):
+    """The robots' observations and actions: an openpi preset, or the generic layout below."""
+
+    SECTION: ClassVar[str] = "robot"
+    KEYS: ClassVar[dict[str, str]] = {
+        "robot": "preset", "openpi_image_history": "image_history", "openpi_state_history": "state_history",
+        "policy_state_dim": "state_dim", "policy_action_dim": "action_dim", "policy_cameras": "cameras",
+        "policy_optional_cameras": "optional_cameras",
+    }  # fmt: skip
+    robot: Literal["generic", "droid", "libero", "aloha"] = "generic"
+    """openpi robot preset: the observation keys, image conventions, state layout and action space of
+    openpi's DROID / LIBERO / ALOHA policies; `generic` = the state, action and camera layout below."""
+    robot_delta_actions: bool | None = None
+    """`libero` / `aloha`: joint actions relative to the state (openpi's DeltaActions); unset = as openpi's
+    PI0 checkpoint for the robot was trained (pi0_libero, pi0_aloha: on)."""
+    robot_adapt_to_pi: bool = True
+    """`aloha`: convert joints and grippers between standard ALOHA and the PI runtime (openpi's
+    adapt_to_pi)."""
+    robot_default_prompt: str | None = None
+    """The prompt of observations that carry none (openpi's default_prompt)."""
+    openpi_image_history: list[int] = msgspec.field(default_factory=lambda: [0])
+    """Frames the model sees of every camera, as offsets from the current one (0), oldest first; e.g.
+    [-2, -1, 0] = the last three observations' images."""
+    openpi_state_history: list[int] = msgspec.field(default_factory=lambda: [0])
+    """States the model sees, as offsets from the current one (0), oldest first."""
+    policy_state_dim: int = 8
+    """`generic`: length of the observation's state vector."""
+    policy_action_dim: int = 8
+    """`generic`: length of each action the policy returns."""
+    policy_cameras: list[str] = msgspec.field(
+        default_factory=lambda: [
+            "observation/exterior_image_1_left",
+            "observation/wrist_image_left",
+            "observation/exterior_image_2_left",
+        ]
+    )
+    """`generic`: observation image keys in model camera-slot order (at most 3 for PI0)."""
+    policy_optional_cameras: list[str] = msgspec.field(
+        default_factory=lambda: ["observation/exterior_image_2_left"]
+    )
+    """`generic`: cameras a robot may leave out; their slot is masked."""
+
+
+class OpenpiSettings(RobotSettings, kw_only=True):
+    """The OpenPI robot socket (openpi's websocket policy server protocol)."""
+
+    SECTION: ClassVar[str] = "openpi"
+    openpi_max_sessions: int = 64
+    """OpenPI connections open at once (within ``max_sessions``); the policy worker keeps two slots for
+    each."""
+    openpi_max_robots: int = 64
+    """Distinct ``session_id`` histories one OpenPI connection may hold."""
+    openpi_idle_timeout_s: float = 30.0
+    """A robot connection that sends no frame for this long (while no reply is due) is closed; 0 = never."""
+    openpi_max_frame_bytes: int = 64 * 1024 * 1024
+    """Largest observation message accepted on the robot socket (images make it larger than
+    ``max_frame_bytes``)."""
+    openpi_tracebacks: bool = False
+    """On an internal error, send the Python traceback as the last text frame before close 1011 (as
+    openpi's server does); off: one line naming the error."""
+
+
+class RaySettings(OpenpiSettings, kw_only=True):
+    """Scale-out: stages served by Ray actors that several front-ends share (docs/architecture.md)."""
+
+    SECTION: ClassVar[str] = "ray"
+    remote_stages: str = ""
+    """Comma-separated stages served by Ray actors shared by every front-end of the cluster: any of
+    ``tts``, ``asr``, ``vad``, ``turn``, ``policy`` (e.g. "tts,policy"); the others stay in process."""
+    ray_address: str = ""
+    """Ray cluster to join (e.g. "10.0.0.5:6379", or "auto"); used only when ``remote_stages`` names a
+    stage. Needs the ``ray`` extra; without remote stages Ray is never imported."""
+    ray_namespace: str = "realtime_gw"
+    """Ray namespace of the named stage actors: front-ends in one namespace share the same actors."""
+    ray_replicas: int = 1
+    """Actors per remote stage (a stream sticks to the replica that opened it)."""
+    ray_num_cpus: float = 1.0
+    """CPUs Ray reserves for each stage actor."""
+    ray_num_gpus: float | None = None
+    """GPUs Ray reserves for each stage actor; unset = 1 for a stage on a CUDA device, else 0."""
+    ray_max_restarts: int = -1
+    """Times Ray restarts a dead stage actor (-1: always)."""
+    ray_lease_s: float = 0.9
+    """A front-end silent this long (it polls every ~0.2 s) is dead: the actors end its streams."""
+
+
+class GatewayConfig(RaySettings, kw_only=True, forbid_unknown_fields=True):
+    """Every setting of the gateway, flat: ``config.<field>``. Its sections are the classes above."""
+
+    def __post_init__(self) -> None:
+        shapes = TTS_SHAPES.get(self.tts)
+        if shapes and self.tts_config not in ("auto", *shapes):
+            raise ConfigError(
+                f"tts_config {self.tts_config!r} is not a shape of tts {self.tts!r}: "
+                f"use one of {', '.join(shapes)} (or auto = {shapes[0]})"
+            )
+
+
+SECRETS = ("api_key", "api_keys", "responder_api_key")
+"""Fields that are credentials: never sent to stage actors, never printed by ``config --show``."""

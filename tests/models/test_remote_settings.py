@@ -1,0 +1,28 @@
+"""The settings a stage's Ray actors and front-ends must agree on come from the config's sections."""
+
+from __future__ import annotations
+
+import pytest
+
+from realtime_gw.config import FIELDS, SECRETS, GatewayConfig
+from realtime_gw.models.remote.settings import STAGE_SETTINGS, stage_settings
+
+# The rule these sections replaced (fields chosen by name prefix), kept as the oracle.
+COMMON = (
+    "warmup", "worker_max_active", "worker_step_timeout_s", "cpu_backends_in_process", "cpu_backend_spare",
+    "fault_injection",
+)  # fmt: skip
+PREFIXES = {
+    "tts": ("tts",),
+    "asr": ("asr",),
+    "vad": ("vad",),
+    "turn": ("turn",),
+    "policy": ("policy", "robot", "openpi_image_history", "openpi_state_history", "openpi_max_sessions"),
+}
+
+
+@pytest.mark.parametrize("role", sorted(STAGE_SETTINGS))
+def test_each_stage_gets_the_same_fields_as_before(role: str) -> None:
+    before = {f for f in FIELDS if f in COMMON or (f.startswith(PREFIXES[role]) and f not in SECRETS)}
+    assert set(stage_settings(role, GatewayConfig())) == before
+    assert set(STAGE_SETTINGS) == set(PREFIXES)
