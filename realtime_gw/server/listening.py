@@ -23,15 +23,15 @@ from realtime_gw.sessions.events import (
     AskTurn,
     CancelAsr,
     FeedAsr,
+    ListenEffect,
     StartAsr,
     TranscriptionDelta,
     TranscriptionDone,
     TurnVerdict,
+    unhandled,
 )
 
 log = logging.getLogger(__name__)
-
-ListenEffect = StartAsr | FeedAsr | CancelAsr | AskTurn
 
 
 @dataclass(eq=False)
@@ -58,18 +58,21 @@ class Listening:
         self.streams: dict[str, TurnStream] = {}
 
     def run(self, e: ListenEffect) -> None:
-        if isinstance(e, StartAsr):
-            self._start(e)
-        elif isinstance(e, FeedAsr):
-            turn = self.streams.get(e.item_id)
-            if turn is not None:
-                turn.stream.push(e.pcm)
-        elif isinstance(e, CancelAsr):
-            turn = self.streams.pop(e.item_id, None)
-            if turn is not None:
-                turn.stream.cancel()
-        else:
-            self.spawn(self._ask(e), f"turn-{e.pause_id}")
+        match e:
+            case StartAsr():
+                self._start(e)
+            case FeedAsr():
+                turn = self.streams.get(e.item_id)
+                if turn is not None:
+                    turn.stream.push(e.pcm)
+            case CancelAsr():
+                turn = self.streams.pop(e.item_id, None)
+                if turn is not None:
+                    turn.stream.cancel()
+            case AskTurn():
+                self.spawn(self._ask(e), f"turn-{e.pause_id}")
+            case _:
+                unhandled(e)
 
     def _start(self, e: StartAsr) -> None:
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from realtime_gw.protocols.realtime import ServerEvent, error_event
 from realtime_gw.records.voice import ChatMessage, ChatUsage, ToolCallDelta, TtsFrame, VadProbs
@@ -280,9 +280,27 @@ class Ids:
         return self.send(error_event(message, code=code, param=param, event_id=event_id, type=type))
 
 
-Effect = AwaitDelivery | Close | Send | StartVad | StopVad | FeedVad | Transcribe | StartResponse | CancelResponse | PurgeAudio
-AsrEffect = StartAsr | FeedAsr | CancelAsr
-Effect = Effect | AsrEffect | AskTurn
+ListenEffect = StartAsr | FeedAsr | CancelAsr | AskTurn
+"""What the transport's listening part runs (streamed ASR, turn questions)."""
+Effect = (
+    AwaitDelivery
+    | Close
+    | Send
+    | StartVad
+    | StopVad
+    | FeedVad
+    | Transcribe
+    | StartResponse
+    | CancelResponse
+    | PurgeAudio
+    | ListenEffect
+)
+
+
+def unhandled(effect: NoReturn) -> NoReturn:
+    """The ``case _`` of every effect interpreter: a type checker flags an effect type the ``match``
+    forgot (``effect`` is then not ``Never``), and at run time it raises instead of dropping it."""
+    raise TypeError(f"no interpreter for the effect {effect!r}")
 
 
 @dataclass(slots=True)
