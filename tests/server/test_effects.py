@@ -12,9 +12,9 @@ from typing import Any, cast
 
 import pytest
 
-from realtime_gw.server import openpi_ws, realtime_ws
+from realtime_gw.server import openpi_ws, realtime_ws, speech_stream
 from realtime_gw.server.listening import Listening
-from realtime_gw.sessions import events, openpi
+from realtime_gw.sessions import events, openpi, speech
 from tests.server import fakes
 
 
@@ -38,6 +38,7 @@ def cases(function: Callable[..., Any]) -> tuple[set[str], ast.match_case]:
 INTERPRETERS = {
     "realtime": (realtime_ws.RealtimeConnection._run_effects, events.Effect),
     "openpi": (openpi_ws._Loop._execute, openpi.OpenPIEffect),
+    "speech": (speech_stream.SpeechStream._run_effects, speech.SpeechEffect),
 }
 
 
@@ -62,3 +63,7 @@ async def test_an_unknown_effect_raises() -> None:
         realtime_ws.RealtimeConnection(
             cast(Any, fakes.FakeSocket()), fakes.gateway(), cast(Any, None)
         )._run_effects([cast(Any, object())])
+    with pytest.raises(TypeError, match="no interpreter for the effect"):
+        speech_stream.SpeechStream(cast(Any, fakes.FakeSocket()), fakes.gateway())._run_effects(
+            [cast(Any, object())]
+        )
