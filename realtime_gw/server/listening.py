@@ -2,11 +2,11 @@
 
 It runs the session's ``StartAsr`` / ``FeedAsr`` / ``CancelAsr`` / ``AskTurn`` effects against the
 ASR and turn workers and posts what comes back to the session's mailbox (``TranscriptionDelta``,
-``TurnVerdict``). At a commit (``Transcribe(streamed=True)``), ``end`` closes the turn's stream and
-returns its outcome (the transcript, or the worker fault that failed it, as for a one-shot decode), or
-None when the turn has no stream (none was free when the user started speaking): the caller then
-transcribes the committed audio in one shot, which ``Transcribe`` always carries, so a turn never goes
-without a transcript for want of a decoder.
+``TurnVerdict``, and ``AsrUnavailable`` when no stream could be opened: the session decides). At a
+commit (``Transcribe(streamed=True)``), ``end`` closes the turn's stream and returns its outcome (the
+transcript, or the worker fault that failed it, as for a one-shot decode), or None when the turn has
+no stream (its refusal was still on its way to the session at the commit): the caller then
+transcribes the committed audio in one shot, which ``Transcribe`` always carries.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFa
 from realtime_gw.records.voice import AsrStreamRequest, TurnRequest
 from realtime_gw.sessions.events import (
     AskTurn,
+    AsrUnavailable,
     CancelAsr,
     FeedAsr,
     ListenEffect,
@@ -77,8 +78,8 @@ class Listening:
     def _start(self, e: StartAsr) -> None:
         try:
             stream = self.asr.submit(AsrStreamRequest(e.sample_rate))
-        except NoFreeSlot as err:  # the commit transcribes this turn in one shot instead
-            log.info("no ASR stream for %s: %s", e.item_id, err)
+        except NoFreeSlot as err:  # reported, not decided: the session says what the turn does without it
+            self.spawn(self.post(AsrUnavailable(e.item_id, str(err))), f"asr-{e.item_id}")
             return
         turn = TurnStream(stream)
         self.streams[e.item_id] = turn

@@ -2,7 +2,8 @@
 
 Every worker result carries the ``(response_id, epoch)`` it was started under; the session drops
 results whose pair is not the live one, so late frames of a cancelled response can never leak out.
-What the transport had to decide (a worker with no free slot: ``VadUnavailable``, ``ResponseRefused``)
+What the transport had to decide (a worker with no free slot: ``VadUnavailable``, ``AsrUnavailable``,
+``ResponseRefused``)
 comes in as an event too, so the session, not the transport, says what it means to the client.
 """
 
@@ -31,6 +32,16 @@ class VadUnavailable:
     slot). The session decides what that means; the transport only reports it."""
 
     stream_id: int
+    reason: str
+
+
+@dataclass(slots=True)
+class AsrUnavailable:
+    """The transport could not open the streamed transcription of ``item_id`` (``StartAsr``: no free
+    decoder). The session decides what that means: the turn goes on unheard by ASR and its audio is
+    transcribed in one shot at the commit."""
+
+    item_id: str
     reason: str
 
 
