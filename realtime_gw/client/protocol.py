@@ -10,7 +10,6 @@ connect options and the real-time pacing of audio sends.
 
 from __future__ import annotations
 
-import base64
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -267,10 +266,6 @@ class ClientState:
     def supports_playback_ack(self) -> bool:
         return bool(self.capabilities.get("supports_playback_ack"))
 
-    @property
-    def lost_frames(self) -> int:
-        return sum(r.seqs_lost for r in self.replies.values())
-
     def feed(self, ev: rt.ServerEvent | UnknownEvent, now: float) -> Reply | None:
         """Update from one event; returns the reply it belongs to, if any."""
         if isinstance(ev, rt.ResponseAudioDeltaEvent):
@@ -348,7 +343,3 @@ class ClientState:
         if reply.audio is not None:
             reply.audio += ev.delta
         return reply
-
-
-def b64(pcm: bytes) -> str:
-    return base64.b64encode(pcm).decode()

@@ -30,12 +30,6 @@ def bearer_key(header: str | None, scheme: str = "Bearer") -> str | None:
     return key.strip()
 
 
-def key_matches(given: str | None, expected: str) -> bool:
-    if given is None:
-        return False
-    return hmac.compare_digest(given.encode(), expected.encode())
-
-
 def offered_subprotocols(headers: Mapping[str, str]) -> list[str]:
     return [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
 

@@ -11,7 +11,8 @@ finishes its headers) is held for ever. Here the HTTP parser is h11, whose buffe
   HTTP 429 as soon as its request line and headers are in, then the socket is closed.
 
 A WebSocket upgrade hands the socket to ``GuardedWebSocketProtocol``, which gives the connection's
-place back when the socket closes.
+place back when the socket closes and keeps the keepalive honest under backpressure (see
+``WS_PING_TIMEOUT_S``).
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ from realtime_gw.config import GatewayConfig
 log = logging.getLogger(__name__)
 
 WS_PING_INTERVAL_S = 20.0
-WS_PING_TIMEOUT_S = 120.0
-"""Long on purpose: uvicorn stops reading a socket between our reads, so while a session is slowed
-by backpressure (input audio budget: up to ~32 s for one 15 MiB append at 10x real time) the client's
-pong waits behind its own audio. A dead peer is still found (and idle sessions end by their idle
-timeout); a throttled client is not cut off as if it were dead."""
+WS_PING_TIMEOUT_S = 20.0
+"""How long a ping waits for its pong while the socket is read. uvicorn stops reading a socket while
+a message waits for the app, so while a session is slowed by backpressure (the input audio budget:
+up to ~32 s for one 15 MiB append at 10x real time) the client's pong waits behind its own data,
+unread. That time does not count: the deadline is extended while reading is held back or the peer
+is still sending (``GuardedWebSocketProtocol.keepalive_timeout``). A peer that sends nothing, pong
+included, for a whole timeout while it is read is dropped: ping interval + timeout, ~40 s at most."""
 
 
 class ConnectionGuard:
@@ -88,6 +91,34 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
             if self.release is not None:
                 self.release()
                 self.release = None
+
+    # -- keepalive under backpressure -----------------------------------------------------------------
+    # A pong cannot overtake the data the peer sent before it, and reading that data ahead of the app
+    # would buffer what backpressure leaves in the peer's socket. So the pong's deadline only counts
+    # time in which the pong could have arrived: a wait in which reading was held back (a message
+    # waiting for the app) or bytes kept coming is extended by another timeout.
+    _pong_may_be_queued = False
+    """Since the ping (or the last extension): reading was held back or the peer sent something."""
+
+    def data_received(self, data: bytes) -> None:
+        self._pong_may_be_queued = True  # a peer that sends is alive; its pong may be behind this data
+        super().data_received(data)
+
+    def send_receive_event_to_app(self) -> None:
+        super().send_receive_event_to_app()
+        self._pong_may_be_queued = self._pong_may_be_queued or self.read_paused
+
+    def send_keepalive_ping(self) -> None:
+        self._pong_may_be_queued = self.read_paused
+        super().send_keepalive_ping()
+
+    def keepalive_timeout(self) -> None:
+        held = self._pong_may_be_queued
+        if held and self.ping_timeout is not None and not (self.close_sent or self.transport.is_closing()):
+            self._pong_may_be_queued = self.read_paused
+            self.pong_timer = self.loop.call_later(self.ping_timeout, self.keepalive_timeout)
+            return
+        super().keepalive_timeout()
 
 
 class GuardedH11Protocol(H11Protocol):

@@ -2,11 +2,11 @@
 
 It runs the session's ``StartAsr`` / ``FeedAsr`` / ``CancelAsr`` / ``AskTurn`` effects against the
 ASR and turn workers and posts what comes back to the session's mailbox (``TranscriptionDelta``,
-``TurnVerdict``). At a commit (``Transcribe(streamed=True)``), ``end`` closes the turn's stream and
-returns its outcome (the transcript, or the worker fault that failed it, as for a one-shot decode), or
-None when the turn has no stream (none was free when the user started speaking): the caller then
-transcribes the committed audio in one shot, which ``Transcribe`` always carries, so a turn never goes
-without a transcript for want of a decoder.
+``TurnVerdict``, and ``AsrUnavailable`` when no stream could be opened: the session decides). At a
+commit (``Transcribe(streamed=True)``), ``end`` closes the turn's stream and returns its outcome (the
+transcript, or the worker fault that failed it, as for a one-shot decode), or None when the turn has
+no stream (its refusal was still on its way to the session at the commit): the caller then
+transcribes the committed audio in one shot, which ``Transcribe`` always carries.
 """
 
 from __future__ import annotations
@@ -21,17 +21,18 @@ from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFa
 from realtime_gw.records.voice import AsrStreamRequest, TurnRequest
 from realtime_gw.sessions.events import (
     AskTurn,
+    AsrUnavailable,
     CancelAsr,
     FeedAsr,
+    ListenEffect,
     StartAsr,
     TranscriptionDelta,
     TranscriptionDone,
     TurnVerdict,
+    unhandled,
 )
 
 log = logging.getLogger(__name__)
-
-ListenEffect = StartAsr | FeedAsr | CancelAsr | AskTurn
 
 
 @dataclass(eq=False)
@@ -58,24 +59,27 @@ class Listening:
         self.streams: dict[str, TurnStream] = {}
 
     def run(self, e: ListenEffect) -> None:
-        if isinstance(e, StartAsr):
-            self._start(e)
-        elif isinstance(e, FeedAsr):
-            turn = self.streams.get(e.item_id)
-            if turn is not None:
-                turn.stream.push(e.pcm)
-        elif isinstance(e, CancelAsr):
-            turn = self.streams.pop(e.item_id, None)
-            if turn is not None:
-                turn.stream.cancel()
-        else:
-            self.spawn(self._ask(e), f"turn-{e.pause_id}")
+        match e:
+            case StartAsr():
+                self._start(e)
+            case FeedAsr():
+                turn = self.streams.get(e.item_id)
+                if turn is not None:
+                    turn.stream.push(e.pcm)
+            case CancelAsr():
+                turn = self.streams.pop(e.item_id, None)
+                if turn is not None:
+                    turn.stream.cancel()
+            case AskTurn():
+                self.spawn(self._ask(e), f"turn-{e.pause_id}")
+            case _:
+                unhandled(e)
 
     def _start(self, e: StartAsr) -> None:
         try:
             stream = self.asr.submit(AsrStreamRequest(e.sample_rate))
-        except NoFreeSlot as err:  # the commit transcribes this turn in one shot instead
-            log.info("no ASR stream for %s: %s", e.item_id, err)
+        except NoFreeSlot as err:  # reported, not decided: the session says what the turn does without it
+            self.spawn(self.post(AsrUnavailable(e.item_id, str(err))), f"asr-{e.item_id}")
             return
         turn = TurnStream(stream)
         self.streams[e.item_id] = turn

@@ -29,6 +29,7 @@ from realtime_gw.protocols.openpi import DecodeError, FrameLimits, packb, unpack
 from realtime_gw.records.policy import PolicyRequest
 from realtime_gw.server.admission import Admission
 from realtime_gw.server.gateway import Gateway
+from realtime_gw.sessions.events import unhandled
 from realtime_gw.sessions.openpi import (
     CancelPolicy,
     CloseSocket,
@@ -179,22 +180,23 @@ class _Loop:
         await self._execute(self.session.handle(event, time.monotonic()))
 
     async def _execute(self, effects: list[OpenPIEffect]) -> None:
-        """The one interpreter of the session's effects."""
+        """The one interpreter of the session's effects: every ``OpenPIEffect`` type has its case."""
         for effect in effects:
-            if isinstance(effect, SendReply):
-                await self._send(packb(effect.payload))
-            elif isinstance(effect, SendError):
-                await self._send(effect.message)
-            elif isinstance(effect, RunPolicy):
-                self.jobs[effect.job] = asyncio.create_task(self._run(effect))
-            elif isinstance(effect, CancelPolicy):
-                task = self.jobs.pop(effect.job, None)
-                if task is not None:
-                    _drop(task)
-            elif isinstance(effect, CloseSocket):
-                await self.ws.close(code=effect.code, reason=effect.reason)
-            else:
-                raise TypeError(f"not an OpenPI effect: {effect!r}")
+            match effect:
+                case SendReply():
+                    await self._send(packb(effect.payload))
+                case SendError():
+                    await self._send(effect.message)
+                case RunPolicy():
+                    self.jobs[effect.job] = asyncio.create_task(self._run(effect))
+                case CancelPolicy():
+                    task = self.jobs.pop(effect.job, None)
+                    if task is not None:
+                        _drop(task)
+                case CloseSocket():
+                    await self.ws.close(code=effect.code, reason=effect.reason)
+                case _:
+                    unhandled(effect)
 
     async def _send(self, data: bytes | str) -> None:
         """One write, bounded: a robot that stops reading is closed (1008), not waited on for ever."""

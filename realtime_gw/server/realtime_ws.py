@@ -65,6 +65,7 @@ from realtime_gw.sessions.events import (
     TranscriptionDone,
     VadResult,
     VadUnavailable,
+    unhandled,
 )
 from realtime_gw.sessions.realtime import RealtimeSession
 
@@ -189,39 +190,40 @@ class RealtimeConnection:
 
     # -- effects -------------------------------------------------------------------------------------
     def _run_effects(self, effects: list[Effect], closing: bool = False) -> None:
+        """The one interpreter of the session's effects: every ``Effect`` type has its case."""
         for e in effects:
-            if isinstance(e, Send):
-                if not closing:
-                    self._enqueue(e)
-            elif isinstance(e, FeedVad):
-                stream = self.vad_streams.get(e.stream_id)
-                if stream is not None:
-                    stream.push(e.pcm)
-            elif isinstance(e, StartVad):
-                self._start_vad(e)
-            elif isinstance(e, StopVad):
-                stream = self.vad_streams.pop(e.stream_id, None)
-                if stream is not None:
-                    stream.cancel()
-            elif isinstance(e, (StartAsr, FeedAsr, CancelAsr, AskTurn)):
-                self.listening.run(e)
-            elif isinstance(e, Transcribe):
-                self.spawn(self._transcribe(e), f"asr-{e.item_id}")
-            elif isinstance(e, StartResponse):
-                self.responses[e.response_id] = self.spawn(self._respond(e), f"resp-{e.response_id}")
-            elif isinstance(e, CancelResponse):
-                task = self.responses.pop(e.response_id, None)
-                if task is not None:
-                    task.cancel()
-            elif isinstance(e, PurgeAudio):
-                self._post(self.outbox.purge(e.response_id))
-                self._outbox_changed()
-            elif isinstance(e, AwaitDelivery):
-                self._post(self.outbox.await_delivery(e.response_id, e.epoch))
-            elif isinstance(e, Close):
-                self._post(self.outbox.purge_all_audio())
-                self._outbox_changed()
-                self.close_reason = (e.code, e.reason)
+            match e:
+                case Send():
+                    if not closing:
+                        self._enqueue(e)
+                case FeedVad():
+                    if (stream := self.vad_streams.get(e.stream_id)) is not None:
+                        stream.push(e.pcm)
+                case StartVad():
+                    self._start_vad(e)
+                case StopVad():
+                    if (stream := self.vad_streams.pop(e.stream_id, None)) is not None:
+                        stream.cancel()
+                case StartAsr() | FeedAsr() | CancelAsr() | AskTurn():
+                    self.listening.run(e)
+                case Transcribe():
+                    self.spawn(self._transcribe(e), f"asr-{e.item_id}")
+                case StartResponse():
+                    self.responses[e.response_id] = self.spawn(self._respond(e), f"resp-{e.response_id}")
+                case CancelResponse():
+                    if (task := self.responses.pop(e.response_id, None)) is not None:
+                        task.cancel()
+                case PurgeAudio():
+                    self._post(self.outbox.purge(e.response_id))
+                    self._outbox_changed()
+                case AwaitDelivery():
+                    self._post(self.outbox.await_delivery(e.response_id, e.epoch))
+                case Close():
+                    self._post(self.outbox.purge_all_audio())
+                    self._outbox_changed()
+                    self.close_reason = (e.code, e.reason)
+                case _:
+                    unhandled(e)
 
     def _enqueue(self, e: Send) -> None:
         try:

@@ -1,14 +1,15 @@
-"""``WS /v1/audio/speech/stream``: incremental text in, 80 ms PCM16 frames out.
+"""``WS /v1/audio/speech/stream``: incremental text in, 80 ms PCM16 frames out; a thin loop around
+``SpeechSession`` (``sessions/speech.py``), which decides what is spoken when and what is answered.
 
-An utterance grows while it is spoken, but a TTS slot is held only while text is being synthesized:
-text waits here until a sentence is complete (or ``input.done``), then that segment gets its own TTS
-stream, which ends when the segment is spoken. An idle socket, or one waiting for the rest of a
-sentence, holds no slot. Segments' audio is reframed so every frame but an utterance's last is 80 ms.
+Here: a reader (client frames, decoded, handed in), a speaker task per segment (the session's
+``Speak``: a TTS stream whose audio and end are handed in), one writer, and the effects' runner. The
+session is only ever called synchronously (``_handle``), so the tasks never interleave inside it.
 
 Bounds: text waiting to be spoken (``speech_max_pending_chars``: the socket is not read while more
-waits), text per utterance (``speech_max_utterance_chars``), the outbox (audio waits for room; the
-reader stops while it is three-quarters full; a client that stops reading is closed 1008 after
-``send_timeout_s``), idle timeout and maximum duration (``error`` ``session_expired``, close 1000).
+waits, see ``SpeechSession.takes_text``), text per utterance (``speech_max_utterance_chars``), the
+outbox (a segment's audio waits for room; the reader stops while it is three-quarters full; a client
+that stops reading is closed 1008 after ``send_timeout_s``), idle timeout and maximum duration
+(``error`` ``session_expired``, close 1000).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from typing import Any
 
@@ -26,12 +26,26 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from realtime_gw.models.registry import accepted_voices
 from realtime_gw.models.runtime import NoFreeSlot, Stream, WorkerFault
 from realtime_gw.protocols import speech as sp
-from realtime_gw.protocols.audio import SPEED_ERROR, Reframer, speed_in_range
-from realtime_gw.records.voice import OUTPUT_RATE, TtsFrame, TtsRequest
+from realtime_gw.records.voice import TtsFrame
 from realtime_gw.server.admission import Admission, admit_socket
 from realtime_gw.server.auth import Refusal
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.limits import Lifetime
+from realtime_gw.sessions.events import unhandled
+from realtime_gw.sessions.speech import (
+    Close,
+    Expired,
+    SegmentAudio,
+    SegmentEnded,
+    SegmentFailed,
+    SegmentRefused,
+    Send,
+    Speak,
+    SpeechEffect,
+    SpeechEvent,
+    SpeechLimits,
+    SpeechSession,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,33 +53,10 @@ OFFLOAD_DECODE_BYTES = 256 * 1024
 """Client frames above this are decoded on a thread, off the event loop."""
 WATCH_S = 0.5
 """How often the idle timeout and the maximum duration are checked."""
-RUN_ON_CHARS = 400
-"""Text without a sentence end is spoken up to its last space once it is this long."""
-
-_SPACE = re.compile(r"\s+")
-_CLOSERS = frozenset("\"')]\u201d\u2019")
-
-
-def segment_end(text: str, start: int = 0, run_on: int = RUN_ON_CHARS) -> int:
-    """Where the complete sentences in ``text`` end (0: none yet): after whitespace that follows .!?
-    (and closing quotes or brackets), or after a newline. Text without one is cut at its last space
-    once ``run_on`` long. Scans from ``start`` and looks back only over closers, so text that grows
-    piece by piece costs linear time in all (a pattern like ``[.!?]+`` then whitespace backtracks quadratically on a
-    long run of dots)."""
-    end = 0
-    for match in _SPACE.finditer(text, max(0, start)):
-        i = match.start()
-        while i > 0 and text[i - 1] in _CLOSERS:
-            i -= 1
-        if (i > 0 and text[i - 1] in ".!?") or "\n" in match.group():
-            end = match.end()
-    if end == 0 and len(text) >= run_on:
-        end = text.rfind(" ") + 1 or len(text)
-    return end
 
 
 class _Closed(Exception):
-    """The stream must end: a limit was hit (``close_reason`` says which)."""
+    """The stream must end: the outbox is full (``close_reason`` says so)."""
 
 
 async def speech_stream_endpoint(ws: WebSocket) -> None:
@@ -82,74 +73,80 @@ async def speech_stream_endpoint(ws: WebSocket) -> None:
 
 
 class SpeechStream:
-    """One WebSocket. A reader handles client events, a speaker task per utterance turns its text into
-    audio segment by segment, one writer task sends everything."""
+    """One WebSocket: moves bytes and runs the session's effects."""
 
     def __init__(self, ws: WebSocket, gateway: Gateway) -> None:
         config = gateway.config
         self.ws = ws
         self.gateway = gateway
-        self.voices = accepted_voices(gateway.workers.tts.backend)
-        self.session = sp.SessionConfig()
-        self.max_pending = config.speech_max_pending_chars
-        self.max_utterance = config.speech_max_utterance_chars
+        self.session = SpeechSession(
+            SpeechLimits(
+                voices=frozenset(accepted_voices(gateway.workers.tts.backend)),
+                max_pending_chars=config.speech_max_pending_chars,
+                max_utterance_chars=config.speech_max_utterance_chars,
+            )
+        )
         self.send_timeout_s = config.send_timeout_s
         self.max_frame_bytes = config.max_frame_bytes
         # The outbox: replies never wait (a reader that stops at input_high leaves them room up to
-        # `bound`); audio waits below audio_high.
+        # `bound`); a segment's audio waits below audio_high.
         self.outbox: asyncio.Queue[str | bytes] = asyncio.Queue()
         self.bound = config.outbound_queue_frames
         self.audio_high = max(1, self.bound // 2)
         self.input_high = max(1, self.bound * 3 // 4)
-        self.room = asyncio.Event()  # set by the writer as it takes an item, and when text is taken
+        self.room = asyncio.Event()  # set as the writer takes an item, and after every session event
+        self.ended = asyncio.Event()  # an effect or a full outbox ends the stream
         self.lifetime = Lifetime(config.speech_idle_timeout_s, config.speech_max_session_s, time.monotonic())
         self.close_reason: tuple[int, str] | None = None
-        # The utterance in progress: its number, all its text, what is not yet handed to a TTS stream.
-        self.utterance = 0
-        self.text: list[str] = []  # pieces, joined once at audio.done (+= on an attribute copies)
-        self.text_chars = 0
-        self.pending = ""
-        self.scanned = 0  # how far `pending` has been scanned for a sentence end
-        self.done = False  # input.done came: speak the rest, then end the utterance
-        self.text_ready = asyncio.Event()
         self.speaker: asyncio.Task[None] | None = None
         self.tts: Stream[Any] | None = None
-        """The TTS stream of the segment being synthesized (None between segments: no slot held)."""
+        """The TTS stream of the segment being spoken (None between segments: no slot held)."""
 
-    # -- outbox ------------------------------------------------------------------------------------------
-    @staticmethod
-    def _wire(item: sp.StreamEvent | bytes) -> str | bytes:
-        return item if isinstance(item, bytes) else msgspec.json.encode(item).decode()
+    # -- the session and its effects ----------------------------------------------------------------------
+    def _handle(self, event: SpeechEvent) -> None:
+        try:
+            self._run_effects(self.session.handle(event))
+        except _Closed:
+            self.ended.set()
+        self.room.set()  # the session may take text again (its pending text was taken)
 
-    def send(self, item: sp.StreamEvent | bytes) -> None:
-        """Queue a reply at once. The reader stops well before the bound, so only a bug reaches it."""
-        if self.outbox.qsize() >= self.bound:
+    def _run_effects(self, effects: list[SpeechEffect]) -> None:
+        """The one interpreter of the session's effects: every ``SpeechEffect`` type has its case."""
+        for effect in effects:
+            match effect:
+                case Send():
+                    self._send(effect)
+                case Speak():
+                    self.speaker = asyncio.create_task(self._speak(effect))
+                case Close():
+                    self.close_reason = self.close_reason or (effect.code, effect.reason)
+                    self.ended.set()
+                case _:
+                    unhandled(effect)
+
+    def _send(self, effect: Send) -> None:
+        """Queue at once. A reply past the bound is a bug: the reader stops well before it."""
+        if not effect.audio and self.outbox.qsize() >= self.bound:
             self.close_reason = (1008, "outbound queue full: the client is not reading")
             raise _Closed
-        self.outbox.put_nowait(self._wire(item))
-
-    async def send_audio(self, item: sp.StreamEvent | bytes) -> None:
-        """Queue synthesis output, waiting for room (the TTS stream pauses meanwhile)."""
-        while self.outbox.qsize() >= self.audio_high:
-            self.room.clear()
-            await self.room.wait()
-        self.outbox.put_nowait(self._wire(item))
-
-    def error(self, message: str, code: str = "invalid_value", param: str | None = None) -> None:
-        self.send(sp.StreamError(message=message, code=code, param=param))
+        item = effect.item
+        self.outbox.put_nowait(item if isinstance(item, bytes) else msgspec.json.encode(item).decode())
 
     # -- tasks ---------------------------------------------------------------------------------------------
     async def run(self) -> None:
         writer = asyncio.create_task(self._writer())
         reader = asyncio.create_task(self._reader())
+        ended = asyncio.create_task(self.ended.wait())
         try:
-            # Either ends the stream: the client left (reader) or stopped reading (writer), or a limit.
-            while not (reader.done() or writer.done()):
-                await asyncio.wait({reader, writer}, timeout=WATCH_S, return_when=asyncio.FIRST_COMPLETED)
-                if not (reader.done() or writer.done()) and await self._expired():
+            # Any ends the stream: the client left (reader), stopped reading (writer), or an effect.
+            while not (reader.done() or writer.done() or ended.done()):
+                await asyncio.wait(
+                    {reader, writer, ended}, timeout=WATCH_S, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not (reader.done() or writer.done() or ended.done()) and await self._expired():
                     break
         finally:
-            tasks = [t for t in (reader, writer, self.speaker) if t is not None]
+            tasks = [t for t in (reader, writer, ended, self.speaker) if t is not None]
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -163,14 +160,12 @@ class SpeechStream:
 
     async def _expired(self) -> bool:
         now = time.monotonic()
-        if self.tts is not None:
+        if self.session.speaking:
             self.lifetime.touch(now)  # being spoken is not idle
         why = self.lifetime.expired(now)
         if why is None:
             return False
-        with contextlib.suppress(_Closed):
-            self.error(f"Speech stream closed: {why}.", "session_expired")
-        self.close_reason = self.close_reason or (1000, why[:120])
+        self._handle(Expired(why))
         with contextlib.suppress(TimeoutError):  # let the writer deliver the error first
             async with asyncio.timeout(2.0):
                 while not self.outbox.empty():
@@ -179,160 +174,58 @@ class SpeechStream:
         return True
 
     async def _reader(self) -> None:
-        with contextlib.suppress(WebSocketDisconnect, RuntimeError, _Closed):
-            while True:
-                while self._input_blocked():
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+            while not self.ended.is_set():
+                while self.outbox.qsize() >= self.input_high or not self.session.takes_text:
                     self.room.clear()
                     await self.room.wait()
                 msg = await self.ws.receive()
                 self.lifetime.touch(time.monotonic())
                 if msg["type"] == "websocket.disconnect":
                     return
-                text = msg.get("text")
-                if text is None:
-                    self.error("Binary frames are not accepted; send JSON events", "invalid_frame")
-                elif len(text) > self.max_frame_bytes:  # uvicorn's cap is the largest of all sockets'
-                    self.error(
-                        f"Message of {len(text)} bytes exceeds the limit of {self.max_frame_bytes}",
-                        "message_too_large",
-                    )
-                elif len(text) > OFFLOAD_DECODE_BYTES:
-                    self.handle(await asyncio.to_thread(sp.decode_stream_event, text))
-                else:
-                    self.handle(sp.decode_stream_event(text))
+                self._handle(await self._decode(msg))
 
-    def _input_blocked(self) -> bool:
-        """Backpressure: replies have no room, too much text waits, or the last utterance is finishing."""
-        finishing = self.done and self.speaker is not None and not self.speaker.done()
-        return self.outbox.qsize() >= self.input_high or len(self.pending) >= self.max_pending or finishing
-
-    def handle(self, ev: sp.StreamClientEvent | sp.StreamError) -> None:
-        if isinstance(ev, sp.StreamError):
-            self.send(ev)
-        elif isinstance(ev, sp.SessionConfig):
-            if self._in_utterance():
-                self.error("session.config cannot change during an utterance", "utterance_in_progress")
-            elif ev.voice not in self.voices:
-                self.error(
-                    f"Unknown voice '{ev.voice}'; available: {', '.join(sorted(self.voices))}", param="voice"
-                )
-            elif not speed_in_range(ev.speed):
-                self.error(SPEED_ERROR, param="speed")
-            elif (why := sp.instructions_error(ev.instructions)) is not None:
-                self.error(why, param="instructions")
-            else:
-                self.session = ev
-        elif isinstance(ev, sp.InputText):
-            self._add_text(ev.text)
-        elif not self._in_utterance() or self.done:
-            self.error("input.done without an utterance in progress", "no_utterance")
-        else:
-            self.done = True
-            self.text_ready.set()
-
-    def _in_utterance(self) -> bool:
-        return self.speaker is not None and not self.speaker.done()
-
-    def _add_text(self, text: str) -> None:
-        if not text:
-            self.error("input.text needs non-empty text", param="text")
-            return
-        if len(text) > self.max_pending:
-            self.error(
-                f"input.text of {len(text)} characters is over the limit of {self.max_pending}; send it in pieces",
-                "string_above_max_length",
-                "text",
+    async def _decode(self, msg: dict[str, Any]) -> sp.StreamClientEvent | sp.StreamError:
+        text = msg.get("text")
+        if text is None:
+            return sp.StreamError(
+                message="Binary frames are not accepted; send JSON events", code="invalid_frame"
             )
-            return
-        if not self._in_utterance():
-            self._start_utterance()
-        if self.text_chars + len(text) > self.max_utterance:
-            self.error(
-                f"the utterance would exceed {self.max_utterance} characters; send input.done and start another",
-                "string_above_max_length",
-                "text",
+        if len(text) > self.max_frame_bytes:  # uvicorn's cap is the largest of all sockets'
+            return sp.StreamError(
+                message=f"Message of {len(text)} bytes exceeds the limit of {self.max_frame_bytes}",
+                code="message_too_large",
             )
-            return
-        self.text.append(text)
-        self.text_chars += len(text)
-        self.pending += text
-        self.text_ready.set()
+        if len(text) > OFFLOAD_DECODE_BYTES:
+            return await asyncio.to_thread(sp.decode_stream_event, text)
+        return sp.decode_stream_event(text)
 
-    def _start_utterance(self) -> None:
-        self.utterance += 1
-        self.text, self.text_chars, self.pending = [], 0, ""
-        self.scanned = 0
-        self.done = False
-        self.send(sp.AudioStart(utterance=self.utterance))
-        self.speaker = asyncio.create_task(self._speak(self.utterance))
-
-    def _next_segment(self) -> str | None:
-        """The text to synthesize next ("" = wait for more), or None when the utterance is complete."""
-        run_on = min(RUN_ON_CHARS, self.max_pending)  # so pending text at its bound always has a segment
-        end = len(self.pending) if self.done else segment_end(self.pending, self.scanned - 8, run_on)
-        self.scanned = len(self.pending)
-        if end == 0:
-            return None if self.done else ""
-        segment, self.pending = self.pending[:end], self.pending[end:]
-        self.scanned = len(self.pending)
-        self.room.set()  # text was taken: a reader held back by pending text may go on
-        return segment
-
-    async def _speak(self, utterance: int) -> None:
-        """One utterance: each segment through its own TTS stream (the slot held only meanwhile)."""
-        reframer = Reframer()
-        frames = samples = 0
-        while True:
-            segment = self._next_segment()
-            if segment is None:
-                break
-            if not segment.strip():
-                if segment == "":
-                    self.text_ready.clear()
-                    await self.text_ready.wait()
-                continue
-            async for pcm in self._synthesize(segment):
-                for frame in reframer.push(pcm):
-                    frames += 1
-                    samples += len(frame) // 2
-                    await self.send_audio(frame)
-        tail = reframer.flush()
-        if tail:
-            frames += 1
-            samples += len(tail) // 2
-            await self.send_audio(tail)
-        await self.send_audio(
-            sp.AudioDone(
-                utterance=utterance,
-                frames=frames,
-                audio_ms=samples / OUTPUT_RATE * 1000,
-                text="".join(self.text),
-            )
-        )
-
-    async def _synthesize(self, text: str) -> Any:
-        """PCM of one segment (an async iterator); errors become error events, the utterance goes on."""
+    async def _speak(self, speak: Speak) -> None:
+        """One segment through its own TTS stream (the slot held only meanwhile); its audio waits for
+        room in the outbox, and the TTS stream pauses meanwhile."""
         try:
-            self.tts = self.gateway.workers.tts.submit(
-                TtsRequest(
-                    voice=self.session.voice, speed=self.session.speed, instructions=self.session.instructions
-                )
-            )
+            tts = self.gateway.workers.tts.submit(speak.request)
         except NoFreeSlot as e:
-            await self.send_audio(sp.StreamError(message=str(e), code="server_busy"))
+            self._handle(SegmentRefused(speak.segment, str(e)))
             return
+        self.tts = tts
+        outcome: SpeechEvent = SegmentEnded(speak.segment)
         try:
-            self.tts.push(text)
-            self.tts.close_input()
-            async for frame in self.tts:
+            tts.push(speak.text)
+            tts.close_input()
+            async for frame in tts:
                 assert isinstance(frame, TtsFrame)
                 if frame.pcm:
-                    yield frame.pcm
+                    self._handle(SegmentAudio(speak.segment, frame.pcm))
+                    while self.outbox.qsize() >= self.audio_high:
+                        self.room.clear()
+                        await self.room.wait()
         except WorkerFault as e:
-            await self.send_audio(sp.StreamError(message=f"synthesis failed: {e}", code="server_error"))
+            outcome = SegmentFailed(speak.segment, str(e))
         finally:
-            self.tts.cancel()  # a no-op when it finished; frees the slot at once otherwise
+            tts.cancel()  # a no-op when it finished; frees the slot at once otherwise
             self.tts = None
+        self._handle(outcome)
 
     async def _writer(self) -> None:
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):

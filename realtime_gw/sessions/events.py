@@ -2,7 +2,8 @@
 
 Every worker result carries the ``(response_id, epoch)`` it was started under; the session drops
 results whose pair is not the live one, so late frames of a cancelled response can never leak out.
-What the transport had to decide (a worker with no free slot: ``VadUnavailable``, ``ResponseRefused``)
+What the transport had to decide (a worker with no free slot: ``VadUnavailable``, ``AsrUnavailable``,
+``ResponseRefused``)
 comes in as an event too, so the session, not the transport, says what it means to the client.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from realtime_gw.protocols.realtime import ServerEvent, error_event
 from realtime_gw.records.voice import ChatMessage, ChatUsage, ToolCallDelta, TtsFrame, VadProbs
@@ -31,6 +32,16 @@ class VadUnavailable:
     slot). The session decides what that means; the transport only reports it."""
 
     stream_id: int
+    reason: str
+
+
+@dataclass(slots=True)
+class AsrUnavailable:
+    """The transport could not open the streamed transcription of ``item_id`` (``StartAsr``: no free
+    decoder). The session decides what that means: the turn goes on unheard by ASR and its audio is
+    transcribed in one shot at the commit."""
+
+    item_id: str
     reason: str
 
 
@@ -280,9 +291,27 @@ class Ids:
         return self.send(error_event(message, code=code, param=param, event_id=event_id, type=type))
 
 
-Effect = AwaitDelivery | Close | Send | StartVad | StopVad | FeedVad | Transcribe | StartResponse | CancelResponse | PurgeAudio
-AsrEffect = StartAsr | FeedAsr | CancelAsr
-Effect = Effect | AsrEffect | AskTurn
+ListenEffect = StartAsr | FeedAsr | CancelAsr | AskTurn
+"""What the transport's listening part runs (streamed ASR, turn questions)."""
+Effect = (
+    AwaitDelivery
+    | Close
+    | Send
+    | StartVad
+    | StopVad
+    | FeedVad
+    | Transcribe
+    | StartResponse
+    | CancelResponse
+    | PurgeAudio
+    | ListenEffect
+)
+
+
+def unhandled(effect: NoReturn) -> NoReturn:
+    """The ``case _`` of every effect interpreter: a type checker flags an effect type the ``match``
+    forgot (``effect`` is then not ``Never``), and at run time it raises instead of dropping it."""
+    raise TypeError(f"no interpreter for the effect {effect!r}")
 
 
 @dataclass(slots=True)

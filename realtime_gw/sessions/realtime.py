@@ -11,7 +11,7 @@ decide, in order. The parts:
   ``response.done`` per response, no output of a stale epoch.
 
 It never awaits or calls a model; the transport runs its effects and feeds results (and its own
-decisions: ``VadUnavailable``, ``ResponseRefused``) back in.
+decisions: ``VadUnavailable``, ``AsrUnavailable``, ``ResponseRefused``) back in.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from realtime_gw.sessions.conversation import (
 from realtime_gw.sessions.duplex import Playbacks
 from realtime_gw.sessions.events import (
     AskTurn,
+    AsrUnavailable,
     AudioDelivered,
     Close,
     Effect,
@@ -376,6 +377,7 @@ _HANDLERS: dict[type, Any] = {
     Tick: RealtimeSession._on_tick,
     TranscriptionDone: lambda s, ev, now: s.transcriber.finished(ev, s._on_transcription(ev, now)),
     TranscriptionDelta: lambda s, ev, now: s.transcriber.partial(ev, s.settings.transcription is not None),
+    AsrUnavailable: lambda s, ev, now: s.transcriber.unavailable(ev),
     TurnVerdict: lambda s, ev, now: [e for step in s.turns.verdict(s.settings, ev, now) for e in s._carry_out(step, now)],
     PlaybackStarted: lambda s, ev, now: s.turns.playback_started(ev),
     # worker results go to the slot of the response they are of (the main one, or out-of-band)

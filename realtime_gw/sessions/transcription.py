@@ -17,8 +17,12 @@ recogniser later revises one, the deltas keep it and go on with the words after 
 past those sent; ``.completed`` has the whole transcript.
 
 A commit without a stream (a turn that began without one, an idle timeout) transcribes its audio in
-one shot. ``Transcribe`` always carries the committed audio, so the transport falls back to one shot
-by itself when a stream could not be opened (no free decoder) or failed.
+one shot. When the transport reports that a turn's stream could not be opened (``AsrUnavailable``: no
+free decoder), the turn keeps its item id but is no longer fed, and its commit asks for the one-shot
+decode (``Transcribe(streamed=False)``), which waits a moment for a decoder; if none frees, the
+transcription fails (``...input_audio_transcription.failed``) while the turn itself goes on.
+``Transcribe`` always carries the committed audio, so a stream whose refusal was still on its way at
+the commit is decoded in one shot too.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.sessions.events import (
+    AsrUnavailable,
     CancelAsr,
     Effect,
     FeedAsr,
@@ -47,6 +52,8 @@ class TurnStream:
     """Words already sent as deltas."""
     heard: list[str] = field(default_factory=list)
     """The last partial hypothesis but its last word."""
+    streamed: bool = True
+    """False once the transport reported that no stream could be opened (``AsrUnavailable``)."""
 
 
 class Transcriber:
@@ -69,7 +76,14 @@ class Transcriber:
 
     def feed(self, pcm: bytes) -> list[Effect]:
         s = self.live
-        return [FeedAsr(s.item_id, pcm)] if s is not None and pcm else []
+        return [FeedAsr(s.item_id, pcm)] if s is not None and s.streamed and pcm else []
+
+    def unavailable(self, ev: AsrUnavailable) -> list[Effect]:
+        """The turn's stream could not be opened: it is heard in one shot at its commit instead."""
+        s = self._stream(ev.item_id)
+        if s is not None:
+            s.streamed = False
+        return []
 
     def end(self, item_id: str, pcm: bytes, rate: int) -> list[Effect]:
         """The turn was committed as ``item_id`` with ``pcm``: its stream ends, or (no stream heard
@@ -78,13 +92,15 @@ class Transcriber:
         if s is None or s.item_id != item_id:
             return [*self.cancel(), Transcribe(item_id, pcm, rate)]
         self.live = None
+        if not s.streamed:
+            return [Transcribe(item_id, pcm, rate)]
         self.ending[item_id] = s
         return [Transcribe(item_id, pcm, rate, streamed=True)]
 
     def cancel(self) -> list[Effect]:
         """The turn in progress will not be committed (cleared, dropped, replaced)."""
         s, self.live = self.live, None
-        return [CancelAsr(s.item_id)] if s is not None else []
+        return [CancelAsr(s.item_id)] if s is not None and s.streamed else []
 
     def close(self) -> list[Effect]:
         out = self.cancel() + [CancelAsr(item_id) for item_id in self.ending]

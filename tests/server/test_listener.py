@@ -1,19 +1,26 @@
 """Bounds before any handler runs (server/listener.py, the Host allowlist, log redaction), against a live
 gateway: permessage-deflate not offered, an endless header cut off, sockets that never finish a request
 closed, a cap on connections per client address, names that are not served refused, keys kept out of
-the log."""
+the log; and (in process) the keepalive: a client held back by backpressure keeps its socket, a peer
+that answers nothing is dropped."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 import websockets
+import websockets.sync.client
 
+from realtime_gw.config import GatewayConfig
+from realtime_gw.server.listener import GuardedWebSocketProtocol, uvicorn_options
 from tests.conftest import LiveServer, start_server, stop_server
 
 HANDSHAKE_TIMEOUT_S = 1.5
@@ -200,3 +207,83 @@ async def test_keys_are_redacted_from_the_log(guarded: LiveServer) -> None:
 def _rss_kib(server: LiveServer) -> int:
     with open(f"/proc/{server.proc.pid}/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+# -- keepalive under backpressure (in process, with short ping intervals) ---------------------------------
+PING_S = 0.3
+
+
+@pytest.fixture
+async def keepalive_server() -> AsyncIterator[tuple[int, asyncio.Event]]:
+    """uvicorn with the gateway's WebSocket protocol, pinging every ``PING_S`` with a ``PING_S``
+    timeout, and an app that takes nothing from the socket until the event is set (backpressure),
+    then echoes."""
+    release = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        assert scope["type"] == "websocket"
+        await receive()
+        await send({"type": "websocket.accept"})
+        await release.wait()
+        while (message := await receive())["type"] == "websocket.receive":
+            await send({"type": "websocket.send", "text": "got " + message["text"]})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    protocol = type("KeepaliveProtocol", (GuardedWebSocketProtocol,), {})
+    config = uvicorn.Config(
+        app, ws=protocol, ws_ping_interval=PING_S, ws_ping_timeout=PING_S, lifespan="off", log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    yield sock.getsockname()[1], release
+    server.should_exit = True
+    await asyncio.wait_for(task, 5.0)
+
+
+def _handshake(port: int) -> socket.socket:
+    """A WebSocket whose peer answers nothing (no pong, no read): a raw socket after the upgrade."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(
+        b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    assert sock.recv(4096).startswith(b"HTTP/1.1 101")
+    return sock
+
+
+async def test_a_client_held_back_by_backpressure_keeps_its_socket(
+    keepalive_server: tuple[int, asyncio.Event],
+) -> None:
+    """The app takes nothing for 10 ping timeouts, so uvicorn reads nothing and the client's pongs
+    (its library answers every ping) wait unread behind its message: the socket stays open, and
+    once the app reads again the message and the pongs come in."""
+    port, release = keepalive_server
+    loop = asyncio.get_running_loop()
+
+    def client() -> str:
+        with websockets.sync.client.connect(f"ws://127.0.0.1:{port}/", ping_interval=None) as ws:
+            ws.send("hello")
+            time.sleep(10 * PING_S)
+            loop.call_soon_threadsafe(release.set)
+            reply = ws.recv(timeout=5)
+            time.sleep(4 * PING_S)  # read again: the pongs flow, the keepalive goes on
+            ws.send("again")
+            return f"{reply}, {ws.recv(timeout=5)}"
+
+    assert await asyncio.to_thread(client) == "got hello, got again"
+
+
+async def test_a_peer_that_answers_nothing_is_dropped(keepalive_server: tuple[int, asyncio.Event]) -> None:
+    port, release = keepalive_server
+    release.set()  # the app reads: nothing holds the socket back
+    with await asyncio.to_thread(_handshake, port) as sock:
+        elapsed = await asyncio.to_thread(_closed_within, sock, 10 * PING_S)
+    assert 2 * PING_S * 0.8 <= elapsed <= 2 * PING_S + 1.0  # one ping interval, then its timeout
+
+
+def test_the_keepalive_is_the_usual_twenty_seconds() -> None:
+    options = uvicorn_options(GatewayConfig())
+    assert (options["ws_ping_interval"], options["ws_ping_timeout"]) == (20.0, 20.0)

@@ -16,6 +16,7 @@ import soundfile
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.protocols import speech as sp
+from realtime_gw.protocols.text import segment_end
 from realtime_gw.records.voice import FRAME_SAMPLES, TtsRequest
 from realtime_gw.server import speech, speech_stream
 from realtime_gw.server.gateway import Gateway
@@ -128,7 +129,7 @@ async def test_a_tts_slot_is_held_only_while_a_segment_is_spoken(tone_gateway: G
     ws.feed_text(json.dumps({"type": "input.text", "text": "Hello there. And then"}))
     await _wait(lambda: any(isinstance(m, bytes) for m in ws.sent))  # the first sentence is spoken
     await _wait(lambda: stream.tts is None and not tone_gateway.workers.tts._active)
-    assert stream.pending == "And then"  # waits for the rest of its sentence without a slot
+    assert stream.session.pending == "And then"  # waits for the rest of its sentence without a slot
     ws.feed_text(json.dumps({"type": "input.done"}))
     await _wait(lambda: any(isinstance(m, str) and "audio.done" in m for m in ws.sent))
     assert not tone_gateway.workers.tts._active
@@ -172,12 +173,12 @@ async def test_an_idle_stream_expires(tone_gateway: Gateway) -> None:
 
 
 def test_segment_ends() -> None:
-    assert speech_stream.segment_end("Hello there. And") == len("Hello there. ")
-    assert speech_stream.segment_end("Pi is 3.14 and") == 0
-    assert speech_stream.segment_end("One.\nTwo! Three?") == len("One.\nTwo! ")
-    assert speech_stream.segment_end("word " * 100) == 500  # run-on text is cut at its last space
-    assert speech_stream.segment_end('He said "no." Then') == len('He said "no." ')
-    assert speech_stream.segment_end("." * 100_000 + " x", run_on=10**6) == 100_001  # linear, no backtracking
+    assert segment_end("Hello there. And") == len("Hello there. ")
+    assert segment_end("Pi is 3.14 and") == 0
+    assert segment_end("One.\nTwo! Three?") == len("One.\nTwo! ")
+    assert segment_end("word " * 100) == 500  # run-on text is cut at its last space
+    assert segment_end('He said "no." Then') == len('He said "no." ')
+    assert segment_end("." * 100_000 + " x", run_on=10**6) == 100_001  # linear, no backtracking
 
 
 @pytest.mark.parametrize("tone_gateway", [GatewayConfig(tts="tone")], indirect=True)

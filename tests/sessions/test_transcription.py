@@ -9,6 +9,7 @@ from typing import Any
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.sessions.events import (
     AskTurn,
+    AsrUnavailable,
     CancelAsr,
     FeedAsr,
     FeedVad,
@@ -120,6 +121,36 @@ def test_a_commit_without_a_stream_transcribes_in_one_shot() -> None:
     assert not tr.streamed and len(tr.pcm) == 1000 * MS
     done = s.handle(TranscriptionDone(tr.item_id, "hello there"), 0.0)
     assert deltas(done) == ["hello there"]  # one-shot: the whole transcript in one delta, as before
+
+
+def test_no_free_decoder_the_turn_goes_on_and_its_commit_decodes_in_one_shot() -> None:
+    """The transport could not open the turn's stream: the session stops feeding it, keeps the item
+    id speech_started announced, and asks for the one-shot decode at the commit."""
+    s = session()
+    append(s, 640)
+    (start,) = of(vad(s, 0.0, [0.0] * 10 + [0.9] * 10), StartAsr)
+    assert s.handle(AsrUnavailable(start.item_id, "no free asr slot"), 0.0) == []  # nothing to tell yet
+    fed = append(s, 1000)
+    assert of(fed, FeedVad) and not of(fed, FeedAsr)  # VAD still hears the turn; no stream does
+    stopped = vad(s, 640.0, [0.9] * 20 + [0.0] * 20)
+    assert kinds(stopped)[:2] == ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed"]
+    (tr,) = of(stopped, Transcribe)
+    assert tr.item_id == start.item_id and not tr.streamed and tr.pcm
+    assert not of(stopped, CancelAsr)  # there is no stream to cancel
+
+
+def test_no_decoder_at_the_commit_either_fails_the_transcription_and_the_turn_goes_on() -> None:
+    s = session("null")
+    (start,) = of(append(s, 300), StartAsr)
+    s.handle(AsrUnavailable(start.item_id, "no free asr slot"), 0.0)
+    assert not of(append(s, 100), FeedAsr) and not of(append(s, 100), StartAsr)  # one turn, one id
+    (tr,) = of(s.handle(decode('{"type":"input_audio_buffer.commit"}'), 0.0), Transcribe)
+    assert tr.item_id == start.item_id and not tr.streamed and len(tr.pcm) == 500 * MS
+    s.handle(decode('{"type":"response.create"}'), 0.0)
+    done = s.handle(TranscriptionDone(tr.item_id, None, "no free asr slot"), 0.0)
+    (failed,) = [e for e in sent(done) if isinstance(e, rt.ConversationItemInputAudioTranscriptionFailedEvent)]
+    assert failed.item_id == start.item_id and "no free asr slot" in failed.error.message
+    assert of(done, StartResponse), "the turn still gets its reply"
 
 
 # -- semantic VAD ------------------------------------------------------------------------------------------

@@ -15,13 +15,15 @@ No model library is imported here, so a backend can reuse this without loading a
 from __future__ import annotations
 
 import logging
-import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from realtime_gw.models.runtime import END_OF_INPUT, StepResult
 from realtime_gw.protocols.audio import SPEED_ERROR, Reframer, StreamingResampler, speed_in_range
+from realtime_gw.protocols.text import MAX_SENTENCE_CHARS as MAX_SENTENCE_CHARS
+from realtime_gw.protocols.text import SentenceBuffer as SentenceBuffer
+from realtime_gw.protocols.text import TextTooLong as TextTooLong
 from realtime_gw.records.voice import FRAME_SAMPLES, OUTPUT_RATE, TtsFrame, TtsRequest
 
 log = logging.getLogger(__name__)
@@ -46,16 +48,6 @@ OPENAI_VOICES = frozenset(
     }
 )
 """OpenAI voice names; clients send them, so they map onto the backend's default voice."""
-
-
-# A sentence ends at .!? (optionally followed by closing quotes/brackets) plus whitespace, or a newline.
-# Requiring the whitespace keeps "3.14" and a half-streamed "Hello." (more may follow) together.
-# Linear on any input: a match starts only at the first mark of a run (the lookbehind) and possessive
-# quantifiers never backtrack, so a megabyte of "!!!!" is scanned once, not once per position.
-_SENTENCE_END = re.compile(r"(?<![.!?])[.!?]++[\"'\u201d\u2019)\]]*+\s++|\n++")
-_END_MARKS = ".!?\"'\u201d\u2019)]"
-MAX_SENTENCE_CHARS = 400
-"""Text without any sentence end is cut at a space beyond this, so a run-on stream still speaks."""
 
 
 class TextSink(Protocol):
@@ -83,72 +75,6 @@ def feed_inputs(text: TextSink, inputs: list[Any]) -> None:
             text.feed(item)
         else:
             raise TypeError(f"TTS input must be str, got {type(item).__name__}")
-
-
-class TextTooLong(ValueError):
-    """A stream's text went past its backend's ``max_text_chars`` (config ``tts_max_text_chars``)."""
-
-
-class SentenceBuffer:
-    """Accumulates streamed text and hands out complete sentences, in time linear in the text."""
-
-    def __init__(self, max_chars: int = MAX_SENTENCE_CHARS, max_text_chars: int | None = None) -> None:
-        self.max_chars = max_chars
-        self.max_text_chars = max_text_chars
-        self.ended = False
-        self.fed = 0
-        """Characters fed so far (bounded by ``max_text_chars``)."""
-        self.sentences: deque[str] = deque()
-        self._buf = ""
-
-    def feed(self, text: str) -> None:
-        if self.ended:
-            raise ValueError("text pushed after END_OF_INPUT")
-        self.fed += len(text)
-        if self.max_text_chars is not None and self.fed > self.max_text_chars:
-            raise TextTooLong(
-                f"text exceeds {self.max_text_chars} characters per request (tts_max_text_chars)"
-            )
-        # Offsets into one string, one scan: the buffer is sliced once per sentence and once at the end
-        # (re-slicing the remainder after every sentence made a megabyte quadratic).
-        # The buffered text held no sentence end, so a new one can begin at the earliest within its
-        # trailing run of end marks: only that and the new text are scanned.
-        scan = len(self._buf.rstrip(_END_MARKS))
-        buf = self._buf + text
-        start = 0
-        for m in _SENTENCE_END.finditer(buf, scan):
-            start = self._take(buf, start, m.end(), keep_tail=False)
-        self._buf = buf[self._take(buf, start, len(buf), keep_tail=True) :]
-
-    def _take(self, buf: str, start: int, end: int, keep_tail: bool) -> int:
-        """Add ``buf[start:end]`` as sentences of at most ``max_chars`` (cut at a space when there is
-        one); with ``keep_tail`` the last piece (not longer than ``max_chars``) stays buffered, as more
-        text may complete it. Returns where the buffered text starts."""
-        while end - start > self.max_chars:
-            cut = buf.rfind(" ", start, start + self.max_chars)
-            cut = cut if cut > start else start + self.max_chars
-            self._add(buf[start:cut])
-            start = cut
-        if not keep_tail:
-            self._add(buf[start:end])
-            start = end
-        return start
-
-    def end(self) -> None:
-        """No more text: whatever is buffered becomes the last sentence."""
-        if not self.ended:
-            self.ended = True
-            self._add(self._buf)
-            self._buf = ""
-
-    def _add(self, sentence: str) -> None:
-        sentence = sentence.strip()
-        if sentence:
-            self.sentences.append(sentence)
-
-    @property
-    def ready(self) -> bool:
-        return bool(self.sentences) or self.ended
 
 
 class FrameAssembler:
