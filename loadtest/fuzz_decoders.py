@@ -271,7 +271,7 @@ def openpi_target(allow_known: bool, stats: Stats) -> Any:
 
     from realtime_gw.protocols.openpi import DecodeError, unpackb
     from realtime_gw.records.policy import PolicySpec
-    from realtime_gw.sessions.policy import Infer, PolicyConnection, SendError, SendReply
+    from realtime_gw.sessions.policy_request_reply import Infer, PolicyConnection, SendError, SendReply
 
     warnings.simplefilter("ignore")  # NumPy 1.x overflow/deprecation warnings on odd scalars
     spec = PolicySpec(model="fuzz", action_horizon=4, action_dim=8, state_dim=8, image_history=(-1, 0))
@@ -310,7 +310,7 @@ def run_one(target: str, args: argparse.Namespace, extra: list[str]) -> None:
     instrumented = (
         ["realtime_gw.protocols.realtime"]
         if target == "realtime"
-        else ["realtime_gw.protocols.openpi", "realtime_gw.sessions.observation", "realtime_gw.sessions.policy"]
+        else ["realtime_gw.protocols.openpi", "realtime_gw.sessions.observation", "realtime_gw.sessions.policy_request_reply"]
     )
     with atheris.instrument_imports(include=instrumented):
         if target == "realtime":
@@ -318,7 +318,7 @@ def run_one(target: str, args: argparse.Namespace, extra: list[str]) -> None:
         else:
             import realtime_gw.protocols.openpi  # noqa: F401
             import realtime_gw.sessions.observation  # noqa: F401
-            import realtime_gw.sessions.policy  # noqa: F401
+            import realtime_gw.sessions.policy_request_reply  # noqa: F401
     stats = Stats()
     test_one = (realtime_target if target == "realtime" else openpi_target)(args.allow_known_bugs, stats)
     artifacts = Path(args.artifacts or ROOT / "test-artifacts" / "fuzz-decoders")

@@ -65,7 +65,7 @@ from loadtest.voice_client import open_session, send_text  # noqa: E402
 from realtime_gw.protocols import realtime as rt  # noqa: E402
 from realtime_gw.protocols.openpi import DecodeError, FrameLimits, packb, unpackb  # noqa: E402
 from realtime_gw.records.policy import PolicySpec  # noqa: E402
-from realtime_gw.sessions.policy import Infer, PolicyConnection, SendError, SendReply  # noqa: E402
+from realtime_gw.sessions.policy_request_reply import Infer, PolicyConnection, SendError, SendReply  # noqa: E402
 
 RECV_TIMEOUT_S = 20.0
 BAD_JSON_FRAME = '{"type": "response.create",'  # always invalid_json

@@ -15,8 +15,8 @@ from realtime_gw.config import GatewayConfig
 from realtime_gw.models.registry import Workers, build_workers
 from realtime_gw.server import log_hygiene, openpi_ws, ops, realtime_ws, speech, speech_stream
 from realtime_gw.server.auth import Access, HostAllowlist, HostPolicy
+from realtime_gw.server.connections import raise_open_files_limit, uvicorn_options
 from realtime_gw.server.gateway import Gateway
-from realtime_gw.server.listener import raise_open_files_limit, uvicorn_options
 from realtime_gw.server.responder import build_responder
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
 
 
 def serve(app: Starlette, config: GatewayConfig) -> None:
-    """Run ``app`` under uvicorn with the gateway's connection bounds (``server/listener.py``)."""
+    """Run ``app`` under uvicorn with the gateway's connection bounds (``server/connections.py``)."""
     import uvicorn
 
     soft, hard = raise_open_files_limit()

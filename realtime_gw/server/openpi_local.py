@@ -24,7 +24,7 @@ from realtime_gw.sessions.openpi import (
     PolicyDone,
     RunPolicy,
 )
-from realtime_gw.sessions.policy import SendError, SendReply
+from realtime_gw.sessions.policy_request_reply import SendError, SendReply
 
 
 class LocalPolicy:

@@ -46,7 +46,7 @@ from realtime_gw.sessions.openpi import (
     RunPolicy,
     Wakeup,
 )
-from realtime_gw.sessions.policy import SendError, SendReply
+from realtime_gw.sessions.policy_request_reply import SendError, SendReply
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from realtime_gw.server import auth
 from realtime_gw.server.admission import Admission, admit_socket
 from realtime_gw.server.auth import Refusal
 from realtime_gw.server.gateway import Gateway
-from realtime_gw.server.listening import Listening
+from realtime_gw.server.listen_effects import Listening
 from realtime_gw.server.metrics import FRAME_LATENESS, TTFA
 from realtime_gw.server.outbox import Notice, Outbox, OutboxFull, Outgoing
 from realtime_gw.server.realtime_input import ClientInput, FromClient

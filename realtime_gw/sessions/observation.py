@@ -3,7 +3,7 @@
 ``parse_observation`` turns one decoded msgpack-numpy map into an ``Observation`` or raises
 ``ObservationError`` whose message names exactly what to fix; ``endpoint_name`` and
 ``parse_stream_start`` do the same for ``{"endpoint": ...}`` frames. Nothing here keeps state: the
-history rings and the modes live in ``sessions/policy.py`` and ``sessions/openpi.py``.
+history rings and the modes live in ``sessions/policy_request_reply.py`` and ``sessions/openpi.py``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ States (h11-style: an event that cannot happen in a state raises ``OpenPIStateEr
 
 Request/reply is the stock contract: one reply per observation, in order, so while INFERRING the
 session takes no frame (the transport leaves them unread). Streamed mode takes frames, chunk results
-and wake-ups in any order. The modes' rules are parts: ``PolicyConnection`` (``sessions/policy.py``)
+and wake-ups in any order. The modes' rules are parts: ``PolicyConnection`` (``sessions/policy_request_reply.py``)
 and ``StreamSession`` (``sessions/policy_stream.py``); this object routes between them and numbers
 the policy jobs, so a result always finds the request it answers.
 
@@ -34,7 +34,13 @@ import numpy as np
 
 from realtime_gw.records.policy import PolicyRequest, PolicySpec
 from realtime_gw.sessions.observation import StreamSettings
-from realtime_gw.sessions.policy import Infer, PolicyConnection, SendError, SendReply, StartStream
+from realtime_gw.sessions.policy_request_reply import (
+    Infer,
+    PolicyConnection,
+    SendError,
+    SendReply,
+    StartStream,
+)
 from realtime_gw.sessions.policy_stream import RunChunk, StopStream, StreamEffect, StreamSession
 
 IDLE_CLOSE_CODE = 1000

@@ -34,7 +34,7 @@ import numpy as np
 
 from realtime_gw.records.policy import PolicyRequest, PolicySpec, RtcGuide
 from realtime_gw.sessions.observation import ObservationError, StreamSettings, endpoint_name
-from realtime_gw.sessions.policy import PolicyConnection, SendError, SendReply
+from realtime_gw.sessions.policy_request_reply import PolicyConnection, SendError, SendReply
 
 LATENCY_WINDOW = 8
 

@@ -7,7 +7,7 @@ decide, in order. The parts:
 - ``Turns`` (``turns.py``): the VAD stream, turn starts and stops, barge-in, duplex overlap, the
   playback ledger and the idle timeout;
 - ``Conversation`` (``conversation.py``): the items and their pending transcripts;
-- ``Responses`` (``responses.py``): the response lifecycle in named phases, exactly one
+- ``Responses`` (``response_lifecycle.py``): the response lifecycle in named phases, exactly one
   ``response.done`` per response, no output of a stale epoch.
 
 It never awaits or calls a model; the transport runs its effects and feeds results (and its own
@@ -53,10 +53,10 @@ from realtime_gw.sessions.events import (
     VadUnavailable,
 )
 from realtime_gw.sessions.input_buffer import InputBuffer, decode_audio_part
-from realtime_gw.sessions.response import LiveResponse
-from realtime_gw.sessions.responses import Phase, Responses
+from realtime_gw.sessions.out_of_band import SideResponses
+from realtime_gw.sessions.response_lifecycle import Phase, Responses
+from realtime_gw.sessions.response_state import LiveResponse
 from realtime_gw.sessions.settings import SessionError, SessionSettings, TextLimits, apply_session_update
-from realtime_gw.sessions.side import SideResponses
 from realtime_gw.sessions.transcription import Transcriber
 from realtime_gw.sessions.turn_detection import PauseHeard
 from realtime_gw.sessions.turns import Backchannel, Decided, Interrupt, Turns, UserTurn, prefix_ms
@@ -82,7 +82,7 @@ class RealtimeSession:
         self.side = SideResponses(
             lambda: Responses(self.ids, self.conversation, self.turns.playbacks, limits.voices, f"conv_{session_id}", limits)
         )
-        """Out-of-band responses running beside the live one (``side.py``)."""
+        """Out-of-band responses running beside the live one (``out_of_band.py``)."""
         self.text_limits = TextLimits(limits.max_instructions_chars, limits.max_tools)
 
     # -- what the transport and tests read ---------------------------------------------------------

@@ -34,7 +34,7 @@ from realtime_gw.sessions.openpi import (
     RunPolicy,
     Wakeup,
 )
-from realtime_gw.sessions.policy import (
+from realtime_gw.sessions.policy_request_reply import (
     Infer,
     PolicyConnection,
     SendError,

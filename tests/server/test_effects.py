@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 
 from realtime_gw.server import openpi_ws, realtime_ws, speech_stream
-from realtime_gw.server.listening import Listening
+from realtime_gw.server.listen_effects import Listening
 from realtime_gw.sessions import events, openpi, speech
 from tests.server import fakes
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import resource
 
+from realtime_gw.server.connections import ConnectionGuard, raise_open_files_limit
 from realtime_gw.server.limits import REALTIME_AUDIO_BYTES_PER_S, InputBudget, InputGate, Lifetime
-from realtime_gw.server.listener import ConnectionGuard, raise_open_files_limit
 
 
 def test_input_budget_allows_a_burst_then_the_rate_and_answers_with_a_wait() -> None:

@@ -1,4 +1,4 @@
-"""Bounds before any handler runs (server/listener.py, the Host allowlist, log redaction), against a live
+"""Bounds before any handler runs (server/connections.py, the Host allowlist, log redaction), against a live
 gateway: permessage-deflate not offered, an endless header cut off, sockets that never finish a request
 closed, a cap on connections per client address, names that are not served refused, keys kept out of
 the log; and (in process) the keepalive: a client held back by backpressure keeps its socket, a peer
@@ -20,7 +20,7 @@ import websockets
 import websockets.sync.client
 
 from realtime_gw.config import GatewayConfig
-from realtime_gw.server.listener import GuardedWebSocketProtocol, uvicorn_options
+from realtime_gw.server.connections import GuardedWebSocketProtocol, uvicorn_options
 from tests.conftest import LiveServer, start_server, stop_server
 
 HANDSHAKE_TIMEOUT_S = 1.5

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any, cast
 
 from realtime_gw.models.runtime import NoFreeSlot
-from realtime_gw.server.listening import Listening
+from realtime_gw.server.listen_effects import Listening
 from realtime_gw.sessions.events import AsrUnavailable, FeedAsr, StartAsr
 
 

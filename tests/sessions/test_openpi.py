@@ -23,7 +23,7 @@ from realtime_gw.sessions.openpi import (
     RunPolicy,
     Wakeup,
 )
-from realtime_gw.sessions.policy import SendError, SendReply
+from realtime_gw.sessions.policy_request_reply import SendError, SendReply
 from tests.sessions.policy_helpers import A, H, obs, spec
 
 

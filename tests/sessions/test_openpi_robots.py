@@ -11,7 +11,7 @@ import pytest
 from realtime_gw.protocols.robots import MODEL_CAMERAS, robot_format
 from realtime_gw.records.policy import PolicyRequest, PolicySpec
 from realtime_gw.sessions.openpi import FrameReceived, Opened, OpenPISession, PolicyDone, RunPolicy, Wakeup
-from realtime_gw.sessions.policy import SendError, SendReply
+from realtime_gw.sessions.policy_request_reply import SendError, SendReply
 from tests.openpi_examples import ACTION_DIMS, EXAMPLES
 
 H = 10

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from realtime_gw.records.policy import PolicyRequest, PolicySpec
-from realtime_gw.sessions.policy import (
+from realtime_gw.sessions.policy_request_reply import (
     Infer,
     PolicyConnection,
     SendError,

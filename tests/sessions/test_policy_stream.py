@@ -9,7 +9,7 @@ import pytest
 
 from realtime_gw.records.policy import PolicyRequest
 from realtime_gw.sessions.observation import StreamSettings
-from realtime_gw.sessions.policy import (
+from realtime_gw.sessions.policy_request_reply import (
     Infer,
     PolicyConnection,
     SendError,

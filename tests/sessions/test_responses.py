@@ -23,7 +23,7 @@ from realtime_gw.sessions.events import (
     Transcribe,
     TranscriptionDone,
 )
-from realtime_gw.sessions.responses import Phase, ResponsePhaseError, Responses
+from realtime_gw.sessions.response_lifecycle import Phase, ResponsePhaseError, Responses
 from realtime_gw.sessions.settings import SessionSettings
 from tests.sessions.realtime_helpers import (
     FRAME,

@@ -1,5 +1,5 @@
 """One response: what it was asked for, what it has produced so far, and how it appears on the wire.
-Pure. Its lifecycle (phases, the one ``response.done``) is ``sessions/responses.py``.
+Pure. Its lifecycle (phases, the one ``response.done``) is ``sessions/response_lifecycle.py``.
 
 Its outputs, in ``output_index`` order: the message (spoken or written; announced at creation when no
 tools are offered, else at its first text or audio, so a response that only calls tools has none),

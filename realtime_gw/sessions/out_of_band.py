@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.sessions.events import Effect
-from realtime_gw.sessions.responses import Phase, Responses
+from realtime_gw.sessions.response_lifecycle import Phase, Responses
 from realtime_gw.sessions.settings import SessionError, SessionSettings
 
 MAX_SIDE_RESPONSES = 8

@@ -51,7 +51,7 @@ from realtime_gw.sessions.events import (
     ResponseToolCall,
     ResponseUsage,
 )
-from realtime_gw.sessions.response import LiveResponse
+from realtime_gw.sessions.response_state import LiveResponse
 from realtime_gw.sessions.settings import (
     OUTPUT_RATES,
     SessionError,
@@ -218,7 +218,7 @@ class Responses:
         return [*out, self._send(r, rt.ResponseTextDeltaEvent(**r.ref(), delta=ev.text))]
 
     def on_tool_call(self, ev: ResponseToolCall) -> list[Effect]:
-        """A fragment of a function call: kept until generation completes (see ``response.py``)."""
+        """A fragment of a function call: kept until generation completes (see ``response_state.py``)."""
         r = self._accepts(ev.response_id, ev.epoch, Phase.GENERATING)
         if r is not None:
             r.calls.feed(ev.delta, self.ids.new)
