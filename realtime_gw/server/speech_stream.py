@@ -89,7 +89,7 @@ class SpeechStream:
         config = gateway.config
         self.ws = ws
         self.gateway = gateway
-        self.voices = accepted_voices(gateway.workers.tts.backend)
+        self.voices = accepted_voices(gateway.workers.tts.describe())
         self.session = sp.SessionConfig()
         self.max_pending = config.speech_max_pending_chars
         self.max_utterance = config.speech_max_utterance_chars

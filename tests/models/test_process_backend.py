@@ -44,7 +44,7 @@ async def test_a_hosted_backend_serves_as_it_would_in_a_thread(start_hosted: Sta
     w = await start_hosted(max_batch=8)
     backend: ProcessBackend = w.backend  # type: ignore[assignment]
     assert backend.pid is not None and backend.pid != os.getpid()
-    assert backend.voices == ("toy-voice",)  # described attributes cross once, at start
+    assert backend.describe().voices == ("toy-voice",)  # the description crosses at start
     a, b = w.submit(Req(n=3)), w.submit(Req(n=0))
     b.push("x")
     b.close_input()  # END_OF_INPUT crosses the pipe and is still END_OF_INPUT there

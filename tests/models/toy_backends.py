@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from realtime_gw.models.contract import BackendInfo
 from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, StepResult
 
 
@@ -32,6 +33,7 @@ class Toy:
 
     name = "toy"
     voices = ("toy-voice",)
+    warmup_report: dict[str, Any] = {}
 
     def __init__(self) -> None:
         self.batches: list[int] = []
@@ -71,6 +73,9 @@ class Toy:
 
     def warmup(self) -> None:
         pass
+
+    def describe(self) -> BackendInfo:
+        return BackendInfo(name=self.name, voices=self.voices, warmup_report=self.warmup_report)
 
 
 class SlotToy(Toy):
