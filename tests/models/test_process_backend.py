@@ -16,7 +16,7 @@ import pytest
 from realtime_gw.models.faults import FaultyFactory
 from realtime_gw.models.process_backend import ProcessBackend
 from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, StageWorker, WorkerFault
-from tests.models.toy_backends import Req, SlotToy
+from tests.models.toy_backends import Req, SlotToy, WarmingToy
 from tests.models.waiting import wait_for
 
 StartHosted = Callable[..., Awaitable[StageWorker]]
@@ -178,5 +178,19 @@ def test_direct_use_outside_a_worker() -> None:
         assert backend.step([(state, [])])[0].outputs == [1]
         backend.release(state)
         assert backend.open(Req(n=1)) is not None  # the slot came back
+    finally:
+        backend.close()
+
+
+def test_the_description_is_read_again_after_the_warmup() -> None:
+    """The child sends its backend's description when built and again after the warm-up (which fills the
+    report); a fresh child after a reset describes itself anew."""
+    backend = ProcessBackend(WarmingToy, name="warming-toy")
+    try:
+        assert backend.describe().warmup_report == {}
+        backend.warmup()
+        assert backend.describe().warmup_report == {"warm_batches": 1}
+        backend.reset()
+        assert backend.describe().warmup_report == {}
     finally:
         backend.close()

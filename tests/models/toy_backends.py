@@ -107,3 +107,13 @@ class SlotToy(Toy):
         finally:
             for st in states:
                 self.release(st)
+
+
+class WarmingToy(SlotToy):
+    """``SlotToy`` whose warm-up fills its report, as a real backend's does."""
+
+    name = "warming-toy"
+
+    def warmup(self) -> None:
+        super().warmup()
+        self.warmup_report = {"warm_batches": len(self.batches)}
