@@ -18,6 +18,8 @@ import pytest
 from realtime_gw.models.contract import BackendInfo, NoFreeSlot, WorkerFault
 from realtime_gw.models.families import FAMILIES, StagePlan, chosen
 from realtime_gw.models.runtime import END_OF_INPUT, StageWorker, Stream
+from realtime_gw.models.speech.frame_engine import FrameEngine
+from realtime_gw.models.speech.tts_base import FrameTtsLoop
 from realtime_gw.records.voice import FRAME_SAMPLES, OUTPUT_RATE
 from tests.models.contract_kit import CASES, OUTPUTS, Counting, KitCase, run_to_end
 from tests.models.waiting import wait_for
@@ -95,6 +97,8 @@ def test_the_warmup_infers_and_fills_the_report(kit: Kit) -> None:
 def test_a_request_runs_to_its_end_in_outputs_of_its_kind(kit: Kit) -> None:
     outputs = run_to_end(kit.backend, *kit.good())
     assert outputs and all(isinstance(o, OUTPUTS[kit.case.role]) for o in outputs)
+    if isinstance(kit.backend, FrameTtsLoop):  # the codec-LM families: their engine is the typed one
+        assert isinstance(kit.backend.engine, FrameEngine)
     if kit.case.role == "tts":
         size = 2 * (kit.info.frame_samples or 0)
         *frames, last = outputs

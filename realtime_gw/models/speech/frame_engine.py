@@ -7,9 +7,10 @@ Qwen3-TTS's engines) satisfies it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 
+@runtime_checkable
 class FrameEngine(Protocol):
     """What ``FrameTtsLoop`` asks of its engine (``codec.slots.SlotEngine``: the Mimi codec LM's and
     Qwen3-TTS's): fixed slots on one device, each advanced one 80 ms frame per ``step``."""
