@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from loadtest.bench_realtime import Stats, hardware, pct, turns_load  # noqa: E402
 from realtime_gw.config import GatewayConfig  # noqa: E402
+from realtime_gw.models.contract import BackendInfo  # noqa: E402
 from realtime_gw.models.registry import build_stage  # noqa: E402
 from realtime_gw.models.remote.client import RemoteStage  # noqa: E402
 from realtime_gw.models.remote.routing import stage_actors  # noqa: E402
@@ -83,6 +84,9 @@ class FrameStepTts:
     def warmup(self) -> None:
         pass
 
+    def describe(self) -> BackendInfo:
+        return BackendInfo(name=self.name, voices=self.voices)
+
 
 def frame_step_stage(role: str, config: GatewayConfig) -> StageWorker:
     return StageWorker(FrameStepTts(), max_batch=64, max_active=256, max_backlog=25)
@@ -115,7 +119,7 @@ def codec_stage(role: str, config: GatewayConfig) -> StageWorker:
 async def streams_round(stage: Any, n: int, out: Worker) -> None:
     async def one() -> None:
         t0 = time.perf_counter()
-        stream = stage.submit(TtsRequest(voice=stage.backend.voices[0]))
+        stream = stage.submit(TtsRequest(voice=stage.describe().voices[0]))
         stream.push(TEXT)
         stream.close_input()
         first = None

@@ -9,7 +9,11 @@ Backend contract (see ``Backend``):
 - ``has_work(state) -> bool``: whether the state can advance without new input (a generating stream).
   It must depend on the state alone (it changes only in ``open`` and ``step``): a hosted backend
   answers it from the value its child reported after the last iteration.
-- ``warmup()``: one real inference, so ``/readyz`` means the model really runs.
+- ``warmup()``: one real inference, so ``/readyz`` means the model really runs; it fills the report
+  ``describe`` gives.
+- ``describe() -> BackendInfo``: what the backend is, as a plain record (voices, rates, slots, the
+  policy's spec, the warm-up report). The server reads only this record, never attributes of the
+  object: the record crosses a process boundary (``process_backend``) and Ray (``remote``) as it is.
 
 One worker iteration is a plain record (``Iteration``: states to release, requests to open, states to
 step) executed by ``run_iteration`` next to the backend and answered by one ``IterationResult``. In
@@ -24,6 +28,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
+
+import msgspec
+
+from realtime_gw.records.policy import PolicySpec
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +58,30 @@ class StepResult:
     error: str | None = None
 
 
+class BackendInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """How a backend describes itself to the server (``Backend.describe``): plain data, the same in the
+    gateway's process, a hosted backend's child and a Ray stage actor. Fields a role has no use for stay
+    at their defaults."""
+
+    name: str
+    slots: int | None = None
+    """Streams it holds at once (a full backend refuses ``open`` with ``NoFreeSlot``); None: no fixed pool."""
+    voices: tuple[str, ...] = ()
+    """TTS: the voice names it answers to besides "default" and OpenAI's names."""
+    default_voice: str | None = None
+    """TTS: what "default" and OpenAI's voice names map to."""
+    native_rate: int | None = None
+    """The model's own audio rate (Hz): what it synthesizes (TTS) or listens at (ASR, VAD, turn)."""
+    output_rate: int | None = None
+    """TTS: the rate of the frames it yields (Hz)."""
+    frame_samples: int | None = None
+    """TTS: samples per frame it yields (the last frame of a stream may be shorter)."""
+    policy_spec: PolicySpec | None = None
+    """Policy: what it consumes and produces (the robot socket's session is built from it)."""
+    warmup_report: dict[str, Any] = {}
+    """What its last warm-up ran and built (``/readyz`` ``detail``); empty before a warm-up."""
+
+
 class Backend(Protocol[S]):
     name: str
 
@@ -62,6 +94,13 @@ class Backend(Protocol[S]):
     def has_work(self, state: S) -> bool: ...
 
     def warmup(self) -> None: ...
+
+    def describe(self) -> BackendInfo: ...
+
+
+def warmup_seconds(start: float) -> float:
+    """A warm-up report's ``seconds``: the time since ``start`` (``time.perf_counter``), rounded."""
+    return round(time.perf_counter() - start, 3)
 
 
 class HostedBackend(Backend[S], Protocol):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from realtime_gw.models import process_backend
-from realtime_gw.models.contract import StepResult
+from realtime_gw.models.contract import BackendInfo, StepResult
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,9 @@ class FaultyBackend:
 
     def warmup(self) -> None:
         self.inner.warmup()
+
+    def describe(self) -> BackendInfo:
+        return self.inner.describe()  # type: ignore[no-any-return]
 
     def step(self, work: list[tuple[Any, list[Any]]]) -> list[StepResult]:
         self.steps += 1

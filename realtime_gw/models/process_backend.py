@@ -34,17 +34,20 @@ from typing import Any
 
 from prometheus_client import Gauge
 
-from realtime_gw.models.contract import Iteration, IterationResult, NoFreeSlot, StepResult, run_iteration
+from realtime_gw.models.contract import (
+    BackendInfo,
+    Iteration,
+    IterationResult,
+    NoFreeSlot,
+    StepResult,
+    run_iteration,
+)
 
 log = logging.getLogger(__name__)
 
 LAUNCH = 0
 """In a child: which start of its ``ProcessBackend`` this process is (0 = the first). Test faults fire
 only in the first, so a fault that kills the child happens once, not on every restart."""
-
-DESCRIBED = ("voices", "default_voice", "native_rate", "slots")
-"""Plain attributes the parent may read from the hosted backend (``accepted_voices`` reads ``voices``)."""
-
 
 SPARE_READY = Gauge(
     "realtime_gw_backend_spare_ready", "Whether a warm spare child process waits for a reset", ["worker"]
@@ -72,12 +75,8 @@ class BackendHost:
         self.states: dict[int, Any] = {}
         self._ids = itertools.count(1)
 
-    def describe(self) -> dict[str, Any]:
-        info = {"name": self.backend.name}
-        for attr in DESCRIBED:
-            with contextlib.suppress(AttributeError):
-                info[attr] = getattr(self.backend, attr)
-        return info
+    def describe(self) -> BackendInfo:
+        return self.backend.describe()  # type: ignore[no-any-return]
 
     def iterate(self, wire: Iteration) -> tuple[IterationResult, dict[int, bool]]:
         """Run one iteration whose states are ids; answer with ids, and ``has_work`` of every state
@@ -104,8 +103,10 @@ class BackendHost:
                 del self.states[i]  # run_iteration released it
         return result, {i: self.backend.has_work(self.states[i]) for i in touched if i in self.states}
 
-    def warmup(self) -> None:
+    def warmup(self) -> BackendInfo:
+        """Warm up, then answer the description again: the warm-up fills its report."""
         self.backend.warmup()
+        return self.describe()
 
 
 def _serve(conn: Connection, factory: Callable[[], Any], launch: int, log_level: int) -> None:
@@ -140,7 +141,8 @@ def _serve(conn: Connection, factory: Callable[[], Any], launch: int, log_level:
 class _Child:
     process: Any
     conn: Connection
-    info: dict[str, Any]
+    info: BackendInfo
+    """The hosted backend's description: sent when it is built, again after its warm-up."""
     warmed: bool = False
 
 
@@ -149,7 +151,7 @@ class ProcessBackend:
 
     ``factory`` must be picklable (a top-level function or class, or a ``functools.partial`` of one):
     it is sent to the child, which calls it to build the backend. The child starts on the first use
-    (``warmup``, an iteration, or reading a described attribute) and again after every ``reset``.
+    (``warmup``, an iteration, or ``describe``) and again after every ``reset``.
 
     With ``spare``, a second child is built and warmed in the background once the first is warm; a
     ``reset`` switches to it at once (then prepares the next), so a worker is back in well under a
@@ -175,7 +177,8 @@ class ProcessBackend:
         self.launches = 0
         self._context = multiprocessing.get_context(start_method)
         self._child: _Child | None = None
-        self._info: dict[str, Any] = {}
+        self._described: BackendInfo | None = None
+        """The description of the last child that ran: answered while a reset starts the next."""
         self._lock = threading.Lock()  # start/kill may come from a new worker thread while an old one waits
         self._spare: _Child | None = None
         self._preparing: threading.Thread | None = None
@@ -200,7 +203,7 @@ class ProcessBackend:
                 return
             self._closed = False
             child = self._take_spare() or self._launch()
-            self._child, self._info = child, child.info
+            self._child, self._described = child, child.info
         log.info("%s runs in child process %d", self.name, child.process.pid)
 
     def _take_spare(self) -> _Child | None:
@@ -328,7 +331,7 @@ class ProcessBackend:
         return value
 
     def _warm(self, child: _Child) -> None:
-        self._call("warmup", None, child)
+        child.info = self._call("warmup", None, child)
         child.warmed = True
 
     # -- Backend -----------------------------------------------------------------------------------
@@ -374,13 +377,13 @@ class ProcessBackend:
             self._warm(child)
         self._prepare_spare()  # only now: at start-up the first warm-up has the cores to itself
 
-    def __getattr__(self, attr: str) -> Any:
-        """The hosted backend's described attributes (``DESCRIBED``), e.g. ``voices``."""
-        if attr.startswith("_") or attr not in DESCRIBED:
-            raise AttributeError(attr)
-        if not self._info:
+    def describe(self) -> BackendInfo:
+        """The hosted backend's description as its child last sent it (at start, after warm-up); the
+        child is started first if none runs yet."""
+        child = self._child
+        if child is not None:
+            return child.info
+        if self._described is None:
             self.start()
-        try:
-            return self._info[attr]
-        except KeyError:
-            raise AttributeError(attr) from None
+            return self.describe()
+        return self._described

@@ -24,6 +24,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from realtime_gw.models.contract import (
     END_OF_INPUT,
     Backend,
+    BackendInfo,
     HostedBackend,
     Iteration,
     IterationResult,
@@ -285,6 +286,10 @@ class StageWorker:
     def wake(self) -> None:
         if self._wake_event is not None:
             self._wake_event.set()
+
+    def describe(self) -> BackendInfo:
+        """The backend's own description (after ``start``: with its warm-up report)."""
+        return self.backend.describe()
 
     # -- submission --------------------------------------------------------------------------------
     def submit(self, request: Any) -> Stream[Any]:

@@ -117,7 +117,9 @@ class _Loop:
         self.limits = FrameLimits(
             max_frame_bytes=config.openpi_max_frame_bytes, max_array_bytes=config.openpi_max_frame_bytes
         )
-        spec = worker.backend.spec  # type: ignore[attr-defined]
+        spec = worker.describe().policy_spec
+        if spec is None:
+            raise RuntimeError(f"{worker.name} is not a policy stage: it describes no policy spec")
         self.session = OpenPISession(spec, max_robots=config.openpi_max_robots)
         self.frame: asyncio.Task[tuple[OpenPIEvent, float]] | None = None
         """The next frame being read and decoded: one frame of read-ahead, never an unbounded buffer."""

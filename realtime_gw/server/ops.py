@@ -16,18 +16,15 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """200 only after every worker has run one real warm-up inference. ``detail``: what the warm-up of a
-    backend that reports one built (the policy: its CUDA graphs, which batch buckets run the compiled
-    expert step and which fall back to the uncompiled one, the compile cache it loaded)."""
+    """200 only after every worker has run one real warm-up inference. ``detail``: each backend's warm-up
+    report from its description (what the warm-up ran and built; the policy's: its CUDA graphs, which
+    batch buckets run the compiled expert step and which fall back to the uncompiled one, the compile
+    cache it loaded)."""
     workers = request.app.state.gateway.workers
     status = {w.name: w.ready for w in workers.all}
     ready = bool(status) and all(status.values())
     body: dict[str, Any] = {"ready": ready, "workers": status}
-    detail = {
-        w.name: report
-        for w in workers.all
-        if (report := getattr(getattr(w, "backend", None), "warmup_report", None))
-    }
+    detail = {w.name: report for w in workers.all if (report := w.describe().warmup_report)}
     if detail:
         body["detail"] = detail
     return JSONResponse(body, status_code=200 if ready else 503)

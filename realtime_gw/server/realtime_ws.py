@@ -417,7 +417,7 @@ def _limits(gateway: Gateway, model: str) -> Limits:
     return Limits(
         max_input_buffer_bytes=gateway.config.max_input_buffer_bytes,
         max_items=gateway.config.max_conversation_items,
-        voices=accepted_voices(gateway.workers.tts.backend),
+        voices=accepted_voices(gateway.workers.tts.describe()),
         model=model,
         max_retained_items=gateway.config.max_retained_items,
         max_instructions_chars=gateway.config.max_instructions_chars,

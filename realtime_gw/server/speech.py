@@ -53,7 +53,7 @@ async def speech_endpoint(request: Request) -> Response:
         return openai_error(413, f"Request body is over the limit of {limit} bytes", code="request_too_large")
     try:
         req = msgspec.json.decode(body, type=sp.SpeechRequest)
-        sp.check_speech_request(req, accepted_voices(gateway.workers.tts.backend))
+        sp.check_speech_request(req, accepted_voices(gateway.workers.tts.describe()))
     except msgspec.ValidationError as e:
         return openai_error(400, f"Invalid request: {e}", code="invalid_value")
     except msgspec.DecodeError as e:

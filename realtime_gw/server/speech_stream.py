@@ -81,7 +81,7 @@ class SpeechStream:
         self.gateway = gateway
         self.session = SpeechSession(
             SpeechLimits(
-                voices=frozenset(accepted_voices(gateway.workers.tts.backend)),
+                voices=frozenset(accepted_voices(gateway.workers.tts.describe())),
                 max_pending_chars=config.speech_max_pending_chars,
                 max_utterance_chars=config.speech_max_utterance_chars,
             )

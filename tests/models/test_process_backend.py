@@ -16,7 +16,7 @@ import pytest
 from realtime_gw.models.faults import FaultyFactory
 from realtime_gw.models.process_backend import ProcessBackend
 from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, StageWorker, WorkerFault
-from tests.models.toy_backends import Req, SlotToy
+from tests.models.toy_backends import Req, SlotToy, WarmingToy
 from tests.models.waiting import wait_for
 
 StartHosted = Callable[..., Awaitable[StageWorker]]
@@ -44,7 +44,7 @@ async def test_a_hosted_backend_serves_as_it_would_in_a_thread(start_hosted: Sta
     w = await start_hosted(max_batch=8)
     backend: ProcessBackend = w.backend  # type: ignore[assignment]
     assert backend.pid is not None and backend.pid != os.getpid()
-    assert backend.voices == ("toy-voice",)  # described attributes cross once, at start
+    assert backend.describe().voices == ("toy-voice",)  # the description crosses at start
     a, b = w.submit(Req(n=3)), w.submit(Req(n=0))
     b.push("x")
     b.close_input()  # END_OF_INPUT crosses the pipe and is still END_OF_INPUT there
@@ -178,5 +178,19 @@ def test_direct_use_outside_a_worker() -> None:
         assert backend.step([(state, [])])[0].outputs == [1]
         backend.release(state)
         assert backend.open(Req(n=1)) is not None  # the slot came back
+    finally:
+        backend.close()
+
+
+def test_the_description_is_read_again_after_the_warmup() -> None:
+    """The child sends its backend's description when built and again after the warm-up (which fills the
+    report); a fresh child after a reset describes itself anew."""
+    backend = ProcessBackend(WarmingToy, name="warming-toy")
+    try:
+        assert backend.describe().warmup_report == {}
+        backend.warmup()
+        assert backend.describe().warmup_report == {"warm_batches": 1}
+        backend.reset()
+        assert backend.describe().warmup_report == {}
     finally:
         backend.close()

@@ -9,7 +9,8 @@ import pytest
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.process_backend import ProcessBackend
-from realtime_gw.models.registry import Workers, build_tts, build_workers, utterance_bound
+from realtime_gw.models.registry import Workers, build_tts, build_workers
+from realtime_gw.models.speech.asr_base import utterance_bound
 from realtime_gw.records.voice import AsrRequest, TtsRequest
 
 

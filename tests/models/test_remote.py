@@ -41,7 +41,7 @@ async def cluster() -> AsyncIterator[Cluster]:
 
 async def test_streams_run_remotely_as_locally(cluster: Cluster) -> None:
     stage, _ = await cluster.serve()
-    assert stage.ready and stage.backend.voices == ("toy-voice",) and stage.max_active == 4
+    assert stage.ready and stage.describe().voices == ("toy-voice",) and stage.max_active == 4
     counted = stage.submit(Req(n=3))
     echoed = stage.submit(Req(n=None))
     echoed.push("a")
@@ -326,9 +326,9 @@ async def test_a_restarted_replica_is_described_again(cluster: Cluster) -> None:
     replica = LocalActor(build, CONFIG)
     cluster.actors.append(replica)
     stage = await cluster.frontend([replica], settings=stage_settings("tts", CONFIG))
-    assert stage.backend.warmup_report == {"build": 0}
+    assert stage.describe().warmup_report == {"build": 0}
     await replica.kill(restart=True)
-    await _eventually(lambda: stage.ready and stage.backend.warmup_report == {"build": 1})
+    await _eventually(lambda: stage.ready and stage.describe().warmup_report == {"build": 1})
     assert stage.replicas[0].described == replica.target.incarnation
     assert await asyncio.wait_for(stage.submit(Req(n=2)).collect(), 5) == [1, 2]
 
@@ -349,7 +349,7 @@ async def test_a_replica_restarted_with_other_settings_is_left_out_not_fatal(clu
 
 async def test_a_remote_backends_warmup_report_reaches_the_front_end(cluster: Cluster) -> None:
     """``/readyz`` lists what a backend's warm-up built (the policy's compiled buckets) from
-    ``backend.warmup_report``: a remote stage's front-end has the actor's."""
+    ``describe().warmup_report``: a remote stage's front-end has the actor's."""
 
     class ReportingToy(Toy):
         warmup_report = {"buckets_compiled": [1, 2], "buckets_uncompiled": [4]}
@@ -357,7 +357,7 @@ async def test_a_remote_backends_warmup_report_reaches_the_front_end(cluster: Cl
     replica = LocalActor(lambda role, config: StageWorker(ReportingToy()), CONFIG)
     cluster.actors.append(replica)
     stage = await cluster.frontend([replica])
-    assert stage.backend.warmup_report == ReportingToy.warmup_report
+    assert stage.describe().warmup_report == ReportingToy.warmup_report
 
 
 async def test_a_request_the_remote_worker_refuses_is_a_refusal_at_the_front_end(cluster: Cluster) -> None:

@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from realtime_gw.models.contract import BackendInfo
 from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, StepResult
 
 
@@ -32,6 +33,7 @@ class Toy:
 
     name = "toy"
     voices = ("toy-voice",)
+    warmup_report: dict[str, Any] = {}
 
     def __init__(self) -> None:
         self.batches: list[int] = []
@@ -72,6 +74,9 @@ class Toy:
     def warmup(self) -> None:
         pass
 
+    def describe(self) -> BackendInfo:
+        return BackendInfo(name=self.name, voices=self.voices, warmup_report=self.warmup_report)
+
 
 class SlotToy(Toy):
     """``Toy`` with a fixed pool of slots, like pocketsphinx's decoders: a full pool refuses ``open``,
@@ -102,3 +107,13 @@ class SlotToy(Toy):
         finally:
             for st in states:
                 self.release(st)
+
+
+class WarmingToy(SlotToy):
+    """``SlotToy`` whose warm-up fills its report, as a real backend's does."""
+
+    name = "warming-toy"
+
+    def warmup(self) -> None:
+        super().warmup()
+        self.warmup_report = {"warm_batches": len(self.batches)}

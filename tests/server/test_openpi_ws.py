@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from realtime_gw.config import GatewayConfig
+from realtime_gw.models.contract import BackendInfo
 from realtime_gw.models.policy.factory import policy_spec
 from realtime_gw.server import openpi_ws
 from tests.server import fakes
@@ -225,9 +226,8 @@ def test_client_disconnect_mid_inference_frees_everything(gw: Served) -> None:
 async def test_a_robot_that_stops_reading_is_closed_after_the_send_timeout() -> None:
     """In process: the metadata frame cannot be written (the client's buffers are full): close 1008."""
     config = GatewayConfig(policy="noop", send_timeout_s=0.3)
-    worker = SimpleNamespace(
-        backend=SimpleNamespace(spec=policy_spec(config, model="noop", action_horizon=10))
-    )
+    info = BackendInfo(name="policy", policy_spec=policy_spec(config, model="noop", action_horizon=10))
+    worker = SimpleNamespace(name="policy", describe=lambda: info)
     ws = fakes.FakeSocket()
     ws.stalled = True
     await asyncio.wait_for(openpi_ws._Loop(ws, SimpleNamespace(config=config), worker).run(), 5.0)  # type: ignore[arg-type]

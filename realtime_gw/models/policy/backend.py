@@ -13,11 +13,13 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from realtime_gw.models.contract import BackendInfo, warmup_seconds
 from realtime_gw.models.runtime import NoFreeSlot, StepResult
 from realtime_gw.records.policy import PolicyRequest, PolicySpec
 
@@ -82,6 +84,7 @@ class PolicyBackend:
         self.phase_steps = phase_steps if phase_steps > 0 else 1 << 30
         """Denoising steps per worker step (phased runners); 0 = the whole chunk in one step."""
         self._used = 0
+        self._warmup_s: float | None = None
 
     @property
     def one_shot(self) -> bool:
@@ -90,8 +93,14 @@ class PolicyBackend:
 
     @property
     def warmup_report(self) -> dict[str, Any]:
-        """The runner's start-up report (graphs, what is compiled), for ``/readyz``."""
-        return dict(getattr(self.runner, "warmup_report", None) or {})
+        """The warm-up's time and the runner's start-up report (graphs, what is compiled), for ``/readyz``."""
+        report = {} if self._warmup_s is None else {"seconds": self._warmup_s}
+        return report | dict(getattr(self.runner, "warmup_report", None) or {})
+
+    def describe(self) -> BackendInfo:
+        return BackendInfo(
+            name=self.name, slots=self.slots, policy_spec=self.spec, warmup_report=self.warmup_report
+        )
 
     def open(self, request: Any) -> PolicyState:
         if not isinstance(request, PolicyRequest):
@@ -145,6 +154,7 @@ class PolicyBackend:
         return not state.done
 
     def warmup(self) -> None:
+        start = time.perf_counter()
         # The runtime warms up only when no request holds a slot: at start, and after a supervisor
         # restart, which may drop a hung step's states without releasing them.
         self._used = 0
@@ -159,3 +169,4 @@ class PolicyBackend:
                 self.step([(state, [])])
         finally:
             self.release(state)
+        self._warmup_s = warmup_seconds(start)

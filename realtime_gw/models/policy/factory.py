@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from realtime_gw.config import ConfigError, GatewayConfig
+from realtime_gw.models.families import StagePlan
 from realtime_gw.models.policy.backend import PolicyBackend
 from realtime_gw.models.policy.compile_cache import CompileCache, cache_key, default_cache_dir
 from realtime_gw.models.policy.noop import NoopRunner
@@ -341,12 +342,45 @@ def worker_max_wait_ms(config: GatewayConfig) -> float:
 
 def build_policy_backend(config: GatewayConfig) -> PolicyBackend:
     """The backend ``policy`` names: ``pi0`` (tiny/full/local weights) or ``noop`` (zeros, no model)."""
-    slots = max(1, config.openpi_max_sessions * 2)
     if config.policy == "noop":
-        spec = policy_spec(
-            config, model="noop (zeros)", action_horizon=TINY_CHUNK, tokenizer="none", sampler="none"
-        )
-        return PolicyBackend(NoopRunner(spec), slots=slots)
+        return noop_backend(config)
     if config.policy != "pi0":
         raise ValueError(f"no policy backend for policy={config.policy!r}")
-    return PolicyBackend(build_pi0_runner(config), slots=slots, phase_steps=config.policy_phase_steps)
+    return pi0_backend(config)
+
+
+def _slots(config: GatewayConfig) -> int:
+    return max(1, config.openpi_max_sessions * 2)
+
+
+def noop_backend(config: GatewayConfig) -> PolicyBackend:
+    spec = policy_spec(
+        config, model="noop (zeros)", action_horizon=TINY_CHUNK, tokenizer="none", sampler="none"
+    )
+    return PolicyBackend(NoopRunner(spec), slots=_slots(config))
+
+
+def pi0_backend(config: GatewayConfig) -> PolicyBackend:
+    return PolicyBackend(
+        build_pi0_runner(config), slots=_slots(config), phase_steps=config.policy_phase_steps
+    )
+
+
+def policy_plan(backend: PolicyBackend, config: GatewayConfig) -> StagePlan:
+    """How a policy worker serves ``backend``: up to ``policy_max_batch`` robots per step, two requests in
+    flight per robot session."""
+    return StagePlan(
+        backend=backend,
+        device=config.policy_device,
+        max_batch=config.policy_max_batch,
+        max_wait_ms=worker_max_wait_ms(config),
+        max_active=config.openpi_max_sessions * 2,
+    )
+
+
+def pi0_from_config(config: GatewayConfig) -> StagePlan:
+    return policy_plan(pi0_backend(config), config)
+
+
+def noop_from_config(config: GatewayConfig) -> StagePlan:
+    return policy_plan(noop_backend(config), config)

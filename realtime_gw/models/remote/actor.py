@@ -21,16 +21,12 @@ from typing import Any
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.contract import END_OF_INPUT, Backend, NoFreeSlot, RequestRefused, WorkerFault
-from realtime_gw.models.process_backend import DESCRIBED
 from realtime_gw.models.remote.settings import stage_settings
 from realtime_gw.models.remote.wire import Batch, Described, Load, Outbound, RefusalText
 from realtime_gw.models.runtime import StageWorker, Stream
 
 log = logging.getLogger(__name__)
 
-REMOTE_DESCRIBED = (*DESCRIBED, "spec", "warmup_report")
-"""Backend attributes a front-end reads: a hosted backend's, the policy's ``spec`` (the robot
-socket's session is built from it) and its ``warmup_report`` (the front-end's ``/readyz`` detail)."""
 EXPIRED_KEEP_LEASES = 10
 """How long (in leases) an expired front-end's id is kept to tell it ``lost``: enough for a stalled one
 to come back; one that never does must not stay forever (its client also sees the new record)."""
@@ -132,13 +128,11 @@ class StageActor:
     # -- the front-ends' calls ---------------------------------------------------------------------
     async def describe(self) -> Described:
         await self._ready()
-        backend = self.worker.backend
-        attributes = {a: getattr(backend, a) for a in REMOTE_DESCRIBED if hasattr(backend, a)}
         return Described(
             self.incarnation,
             self.worker.name,
             self.worker.max_backlog,
-            attributes,
+            self.worker.describe(),
             stage_settings(self.role, self.config),
         )
 

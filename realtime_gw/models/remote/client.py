@@ -10,7 +10,7 @@ opens, inputs, cancels and flow-control changes since the last one) and a long p
 all results since the last poll, at most one message per worker step). A replica that dies (the call
 fails, or it answers from a new incarnation after Ray restarted it) fails the streams it held with
 ``WorkerFault``; new streams go to the live replicas meanwhile. A restarted replica is described again
-(its backend's attributes, its settings checked) before new streams go to it.
+(its backend's description, its settings checked) before new streams go to it.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ import time
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from prometheus_client import Gauge, Histogram
 
 from realtime_gw.config import ConfigError
-from realtime_gw.models.contract import NoFreeSlot, RequestRefused, WorkerFault
+from realtime_gw.models.contract import BackendInfo, NoFreeSlot, RequestRefused, WorkerFault
 from realtime_gw.models.remote.routing import replica_order
 from realtime_gw.models.remote.settings import settings_mismatch
 from realtime_gw.models.remote.wire import Batch, Described, Load, Outbound, RefusalText
@@ -188,10 +187,8 @@ class RemoteStage:
         self.name = f"remote-{role}"
         self.frontend_id = uuid.uuid4().hex
         self.replicas = [_Replica(i, a) for i, a in enumerate(actors)]
-        self.backend: Any = SimpleNamespace(name=self.name)
-        """The hosted backend's described attributes (``voices`` for ``accepted_voices``)."""
-        self.max_backlog = 64
-        self.ack_every = 16
+        self.info = BackendInfo(name=self.name)  # the hosted backend's, as the replicas last gave it
+        self.max_backlog, self.ack_every = 64, 16
         self.restarts = 0
         self._entries: dict[int, _Entry] = {}
         self._sids = itertools.count(1)
@@ -214,6 +211,9 @@ class RemoteStage:
     def active_count(self) -> int:
         return len(self._entries)
 
+    def describe(self) -> BackendInfo:
+        return self.info
+
     async def start(self, warmup: bool = True) -> None:
         """Join every replica (creating it warms it up: ``warmup`` is the actor's config's)."""
         self._wake, self._slot_freed = asyncio.Event(), SlotFreed()
@@ -224,9 +224,7 @@ class RemoteStage:
                 why = settings_mismatch(self.role, self.settings, d.settings, self.namespace)
                 if why is not None:
                     raise ConfigError(why)
-        first = described[0]
-        self.backend = SimpleNamespace(name=first.name, **first.attributes)
-        self.max_backlog = first.max_backlog
+        self.info, self.max_backlog = described[0].info, described[0].max_backlog
         # Reads are acknowledged a quarter window at a time: a stream never waits on an ack while a
         # quarter of its window is left, and there is one ack per quarter window, not per output.
         self.ack_every = max(1, self.max_backlog // 4)
@@ -426,7 +424,7 @@ class RemoteStage:
 
     def _describe(self, replica: _Replica) -> None:
         """Describe a restarted replica again, in a call of its own (the poll loop goes on): its backend's
-        attributes (``voices``, ``spec``, ``warmup_report``) may have changed; its settings must still agree."""
+        description (voices, policy spec, warm-up report) may have changed; its settings must still agree."""
         if replica.describing:
             return
         replica.describing = True
@@ -447,7 +445,7 @@ class RemoteStage:
         if why is not None:  # not a crash of this front-end: that replica is left out until it changes
             log.error("%s: replica %d not used: %s", self.name, replica.index, why)
         else:  # replicas agree on settings: the freshest description stands for all
-            self.backend = SimpleNamespace(name=d.name, **d.attributes)
+            self.info = d.info
         replica.described, replica.mismatch = d.incarnation, why
         replica.update_ready(self.name)
 

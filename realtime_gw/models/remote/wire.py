@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from realtime_gw.models.contract import BackendInfo
+
 
 class RefusalText(str):
     """A result's error that is the worker's refusal of the request (its ``admit``): the front-end's
@@ -66,12 +68,13 @@ class Batch:
 
 @dataclass(slots=True)
 class Described:
-    """What a front-end learns about the hosted stage when it joins (``accepted_voices`` etc.)."""
+    """What a front-end learns about the hosted stage when it joins."""
 
     incarnation: str
     name: str
     max_backlog: int
-    attributes: dict[str, Any]
+    info: BackendInfo
+    """The hosted backend's own description (after its warm-up), as a local worker's ``describe``."""
     settings: dict[str, Any] = field(default_factory=dict)
     """The stage's config fields the actor was built with (``settings.stage_settings``: no secrets);
     a front-end whose own differ refuses to start."""

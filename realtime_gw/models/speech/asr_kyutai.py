@@ -46,13 +46,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.families import StagePlan
 from realtime_gw.models.kernels import bucket_for
 from realtime_gw.models.runtime import END_OF_INPUT, StepResult
+from realtime_gw.models.speech.asr_base import AsrBackendBase, noise_clip, utterance_bound
 from realtime_gw.models.speech.kyutai.checkpoint import KyutaiCheckpoint, load
 from realtime_gw.models.speech.kyutai.config import FRAME_SAMPLES, SAMPLE_RATE
 from realtime_gw.models.speech.kyutai.engine import KyutaiAsrEngine
 from realtime_gw.protocols.audio import Reframer, StreamingResampler
-from realtime_gw.records.voice import AsrResult
+from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +85,9 @@ class KyutaiAsrState:
     released: bool = False
 
 
-class KyutaiAsrBackend:
+class KyutaiAsrBackend(AsrBackendBase):
     name = "asr-kyutai"
+    native_rate = SAMPLE_RATE
 
     def __init__(
         self,
@@ -108,6 +112,7 @@ class KyutaiAsrBackend:
         time bound)."""
         if slots < 1:
             raise ValueError("slots must be >= 1")
+        self.slots = slots
         if catchup_steps < 0 or (catchup_budget_s is not None and catchup_budget_s < 0):
             raise ValueError(
                 f"catch-up needs steps >= 0, budget >= 0; got {catchup_steps}, {catchup_budget_s}"
@@ -159,13 +164,11 @@ class KyutaiAsrBackend:
         return self.engine.free_slots
 
     # -- Backend protocol ------------------------------------------------------------------------------
-    def open(self, request: Any) -> KyutaiAsrState:
+    def open(self, request: AsrRequest | AsrStreamRequest) -> KyutaiAsrState:
         """``AsrStreamRequest`` (audio pushed later) or ``AsrRequest`` (the whole utterance now)."""
-        rate = int(request.sample_rate)
-        resampler = StreamingResampler(rate, SAMPLE_RATE)  # before taking the slot: may raise
-        pcm = getattr(request, "pcm", None)
-        if pcm is not None and len(pcm) % 2:
-            raise ValueError(f"PCM16 data must have an even number of bytes, got {len(pcm)}")
+        self.check_request(request)  # before taking the slot
+        resampler = StreamingResampler(int(request.sample_rate), SAMPLE_RATE)
+        pcm = request.pcm if isinstance(request, AsrRequest) else None
         state = KyutaiAsrState(slot=self.engine.alloc(), resampler=resampler)  # NoFreeSlot when full
         self._holders[state.slot] = state
         if self.timing.prefix_samples:
@@ -185,9 +188,8 @@ class KyutaiAsrBackend:
             try:
                 self._ingest(state, inputs)
             except Exception as e:  # bad input fails this stream only
-                log.warning("%s: bad input: %s", self.name, e)
                 state.done = True
-                results[i] = StepResult(done=True, error=f"{self.name}: {e}")
+                results[i] = self._failed(e)
                 continue
             if state.done:
                 results[i] = StepResult(done=True)
@@ -209,19 +211,17 @@ class KyutaiAsrBackend:
             self._holders.pop(state.slot, None)
             self.engine.free(state.slot)
 
-    def warmup(self) -> None:
+    def _warm_up(self) -> dict[str, Any]:
         """Capture every CUDA graph bucket, then one real stream: a second of low noise, end to end."""
         self.engine.capture_all()
-        from realtime_gw.records.voice import AsrRequest
-
-        rng = np.random.default_rng(0)
-        clip = (rng.standard_normal(SAMPLE_RATE) * 100).astype("<i2").tobytes()
-        state = self.open(AsrRequest(pcm=clip, sample_rate=SAMPLE_RATE))
+        state = self.open(AsrRequest(pcm=noise_clip(SAMPLE_RATE), sample_rate=SAMPLE_RATE))
+        steps = 0
         try:
             while not self.step([(state, [])])[0].done:
-                pass
+                steps += 1
         finally:
             self.release(state)
+        return {"cuda_graphs": self.engine.use_graphs, "steps": steps + 1}
 
     # -- internals -------------------------------------------------------------------------------------
     def _run_frames(self, run: list[tuple[int, KyutaiAsrState]], results: dict[int, StepResult]) -> None:
@@ -327,10 +327,9 @@ class KyutaiAsrBackend:
         return StepResult()
 
 
-def build_kyutai_asr(config: Any) -> KyutaiAsrBackend:
+def build_kyutai_asr(config: GatewayConfig) -> KyutaiAsrBackend:
     """The backend the gateway config asks for (``asr_config``, ``asr_path``, ``asr_device``, ``asr_max_batch``,
-    ``asr_flush_s``, ``asr_catchup_*``): slots = batch = admission limit, so a full worker refuses at submit
-    instead of queueing."""
+    ``asr_flush_s``, ``asr_catchup_*``)."""
     budget_ms = config.asr_catchup_budget_ms
     return KyutaiAsrBackend(
         config=config.asr_config,
@@ -340,4 +339,16 @@ def build_kyutai_asr(config: Any) -> KyutaiAsrBackend:
         flush_s=config.asr_flush_s,
         catchup_steps=config.asr_catchup_steps,
         catchup_budget_s=budget_ms / 1e3 if budget_ms > 0 else None,
+    )
+
+
+def from_config(config: GatewayConfig) -> StagePlan:
+    """A GPU stage (in-thread, CUDA graphs): every stream holds a slot and all advance each step, so
+    slots = batch = admission limit, as for the codec TTS."""
+    return StagePlan(
+        backend=build_kyutai_asr(config),
+        device=config.asr_device,
+        max_batch=config.asr_max_batch,
+        max_active=config.asr_max_batch,
+        admit=utterance_bound(config.asr_max_utterance_s),
     )

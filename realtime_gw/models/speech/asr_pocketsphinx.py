@@ -21,13 +21,17 @@ free one, and a full pool answers ``NoFreeSlot`` at once.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from realtime_gw.config import ConfigError, GatewayConfig
+from realtime_gw.models.families import StagePlan
 from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, StepResult
+from realtime_gw.models.speech.asr_base import AsrBackendBase, check_pcm, noise_clip, utterance_bound
 from realtime_gw.protocols.audio import resample
 from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest
 
@@ -86,8 +90,9 @@ def trim_silence(pcm16k: bytes, margin_ms: int = 200, floor: float = 0.02) -> by
     return pcm16k[2 * lo : 2 * hi]
 
 
-class PocketsphinxAsrBackend:
+class PocketsphinxAsrBackend(AsrBackendBase):
     name = "asr-pocketsphinx"
+    native_rate = ASR_RATE
 
     def __init__(self, slots: int = 4, **decoder_kwargs: Any) -> None:
         if slots < 1:
@@ -116,12 +121,10 @@ class PocketsphinxAsrBackend:
         return len(self._free) if self._decoders else self.slots
 
     def open(self, request: AsrRequest | AsrStreamRequest) -> AsrState:
-        if request.sample_rate <= 0:
-            raise ValueError(f"sample_rate must be positive, got {request.sample_rate}")
+        self.check_request(request)
         resampler = FloatResampler(request.sample_rate)
         whole = None
         if isinstance(request, AsrRequest):
-            _check_pcm(request.pcm)
             whole = resample(request.pcm, request.sample_rate, ASR_RATE)  # before taking the slot: may raise
         self._ensure_pool()
         if not self._free:
@@ -141,8 +144,7 @@ class PocketsphinxAsrBackend:
             try:
                 results.append(self._advance(state, inputs))
             except Exception as e:  # fail this utterance only
-                log.warning("%s: decode failed: %s", self.name, e)
-                results.append(StepResult(done=True, error=f"{self.name}: {e}"))
+                results.append(self._failed(e))
         return results
 
     def _advance(self, state: AsrState, inputs: list[Any]) -> StepResult:
@@ -155,7 +157,7 @@ class PocketsphinxAsrBackend:
             elif isinstance(item, (bytes, bytearray, memoryview)):
                 if state.ended:
                     raise ValueError("audio pushed after END_OF_INPUT")
-                _check_pcm(item)
+                check_pcm(item)
                 state.pending += state.dither(state.resampler.push(bytes(item)))
             else:
                 raise TypeError(f"ASR input must be PCM16 bytes, got {type(item).__name__}")
@@ -242,11 +244,10 @@ class PocketsphinxAsrBackend:
         state.decoder = None
         self._free.append(state.slot)
 
-    def warmup(self) -> None:
+    def _warm_up(self) -> dict[str, Any]:
         self._ensure_pool()
         # One real decode per decoder: a second of low noise, so each slot has run its search once.
-        rng = np.random.default_rng(0)
-        clip = (rng.standard_normal(ASR_RATE) * 100).astype("<i2").tobytes()
+        clip = noise_clip(ASR_RATE)
         states: list[AsrState] = []
         try:  # slots taken before an open fails (another request holds one) come back too
             for _ in range(self.slots):
@@ -255,6 +256,7 @@ class PocketsphinxAsrBackend:
         finally:
             for s in states:
                 self.release(s)
+        return {"decoders": len(states)}
 
 
 class Dither:
@@ -314,6 +316,20 @@ def _primable(pending: bytearray) -> bool:
     return lo is not None and len(pending) - lo >= CMN_PRIME_BYTES
 
 
-def _check_pcm(pcm: bytes | bytearray | memoryview) -> None:
-    if len(pcm) % 2:
-        raise ValueError(f"PCM16 data must have an even number of bytes, got {len(pcm)}")
+def build_pocketsphinx(slots: int) -> PocketsphinxAsrBackend:
+    """Built where it runs (a top-level function, so a child process can be told to call it)."""
+    return PocketsphinxAsrBackend(slots=slots)
+
+
+def from_config(config: GatewayConfig) -> StagePlan:
+    """pocketsphinx holds the GIL while it decodes: built in a child process of its own. One decoder
+    per request: a full pool refuses at submit."""
+    if config.asr_slots < 1:
+        raise ConfigError(f"--asr pocketsphinx: asr_slots must be >= 1, got {config.asr_slots}")
+    return StagePlan(
+        factory=functools.partial(build_pocketsphinx, config.asr_slots),
+        name=PocketsphinxAsrBackend.name,
+        max_batch=config.asr_slots,
+        max_active=config.asr_slots,
+        admit=utterance_bound(config.asr_max_utterance_s),
+    )

@@ -15,11 +15,15 @@ No model library is imported here, so a backend can reuse this without loading a
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from realtime_gw.models.contract import BackendInfo, warmup_seconds
 from realtime_gw.models.runtime import END_OF_INPUT, StepResult
+from realtime_gw.models.speech.frame_engine import FrameEngine
 from realtime_gw.protocols.audio import SPEED_ERROR, Reframer, StreamingResampler, speed_in_range
 from realtime_gw.protocols.text import MAX_SENTENCE_CHARS as MAX_SENTENCE_CHARS
 from realtime_gw.protocols.text import SentenceBuffer as SentenceBuffer
@@ -143,6 +147,21 @@ class TtsBackendBase(Generic[S]):
     max_text_chars: int | None = None
     """Text one stream may receive in all; more fails that stream (``TextTooLong``). The registry sets
     it from ``tts_max_text_chars``."""
+    slots: int | None = None
+    """Streams it holds at once (the frame backends' device slots); None: no fixed pool."""
+    warmup_report: dict[str, Any] = {}
+
+    def describe(self) -> BackendInfo:
+        return BackendInfo(
+            name=self.name,
+            slots=self.slots,
+            voices=tuple(self.voices),
+            default_voice=self.default_voice,
+            native_rate=self.native_rate,
+            output_rate=OUTPUT_RATE,
+            frame_samples=FRAME_SAMPLES,
+            warmup_report=self.warmup_report,
+        )
 
     # -- Backend protocol (subclasses) -----------------------------------------------------------------
     def open(self, request: TtsRequest) -> S:
@@ -242,13 +261,18 @@ class SentenceTtsBackend(TtsBackendBase[TtsState]):
         return StepResult(outputs=frames)
 
     def warmup(self) -> None:
+        start = time.perf_counter()
         state = self.open(TtsRequest())
-        state.text.feed("Warming up.")
-        state.text.end()
-        result = self._advance(state, [])
-        if not result.done or not any(f.pcm for f in result.outputs):
+        try:
+            state.text.feed("Warming up.")
+            state.text.end()
+            result = self._advance(state, [])
+        finally:
+            self.release(state)
+        samples = sum(len(f.pcm) // 2 for f in result.outputs)
+        if not result.done or not samples:
             raise RuntimeError(f"{self.name}: warm-up produced no audio")
-        self.release(state)
+        self.warmup_report = {"seconds": warmup_seconds(start), "audio_ms": samples * 1000 // OUTPUT_RATE}
 
 
 class FrameTtsLoop:
@@ -262,7 +286,7 @@ class FrameTtsLoop:
     stream's first frame is waited for in its own step (first audio after one talker step and one
     decoder step; that step loses the overlap)."""
 
-    engine: Any
+    engine: FrameEngine
     name: str
 
     def _next_token(self, state: Any) -> tuple[int, bool]:
@@ -338,9 +362,31 @@ class FrameTtsLoop:
         return [r if r is not None else StepResult() for r in results]
 
     def warmup(self) -> None:
+        start = time.perf_counter()
         seconds = self.engine.capture_all()
         if seconds:
             log.info("%s: captured %d CUDA graphs in %.1f s", self.name, self.engine.graph_count, seconds)
         # ends within the slot length: each backend caps an utterance at its slot's frames
-        if not self.synthesize("Warming up."):  # type: ignore[attr-defined]
+        pcm = self.synthesize("Warming up.")  # type: ignore[attr-defined]
+        if not pcm:
             raise RuntimeError(f"{self.name}: warm-up produced no audio")
+        self.warmup_report = {
+            "seconds": warmup_seconds(start),
+            "audio_ms": len(pcm) // 2 * 1000 // OUTPUT_RATE,
+            "cuda_graphs": self.engine.graph_count,
+        }
+
+
+def request_check(backend: TtsBackendBase[Any]) -> Callable[[TtsRequest], str | None]:
+    """A TTS worker's ``admit``: the backend's own ``check_request`` (voice, speed, and what its model
+    limits, e.g. Qwen3's instruction tokens) run at submit, so a bad request is refused before it takes
+    a slot, with the reason the client sees (HTTP 400 on ``/v1/audio/speech``)."""
+
+    def admit(request: TtsRequest) -> str | None:
+        try:
+            backend.check_request(request)
+        except ValueError as e:
+            return f"{backend.name}: {e}"
+        return None
+
+    return admit

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.families import StagePlan
 from realtime_gw.models.runtime import StepResult
 from realtime_gw.models.speech.codec.engine import CodecEngine, LoadedModels, load_models
 from realtime_gw.models.speech.codec.text import TextFeed
@@ -35,6 +37,9 @@ from realtime_gw.models.speech.tts_base import FrameTtsLoop, TtsBackendBase
 from realtime_gw.records.voice import TtsFrame, TtsRequest
 
 log = logging.getLogger(__name__)
+
+CONFIGS = ("tiny", "full")
+"""The codec LM's sizes (``codec.spec.named_spec``)."""
 
 
 @dataclass(eq=False)
@@ -86,6 +91,7 @@ class CodecTtsBackend(FrameTtsLoop, TtsBackendBase[CodecTtsState]):
         self.random_init = models.random_init
         self.tail_frames = tail_frames
         self.max_frames_per_token = max_frames_per_token
+        self.slots = slots
         # EOS is only meaningful for trained weights; random init would stop at a random frame.
         self.allow_eos = not models.random_init
         self.engine = CodecEngine(
@@ -159,3 +165,13 @@ class CodecTtsBackend(FrameTtsLoop, TtsBackendBase[CodecTtsState]):
             state.done = True
         frame = TtsFrame(pcm=pcm.astype("<i2", copy=False).tobytes(), text=" ".join(words), final=done)
         return StepResult(outputs=[frame], done=done)
+
+
+def from_config(config: GatewayConfig) -> StagePlan:
+    """Every stream holds a slot and all of them advance each step: slots = batch = admission limit, so
+    a full worker refuses at submit ("no free slot") instead of queueing."""
+    slots = config.tts_max_batch
+    codec = CodecTtsBackend(
+        config=config.tts_shape, path=config.tts_path, device=config.tts_device, slots=slots
+    )
+    return StagePlan(backend=codec, device=config.tts_device, max_batch=slots, max_active=slots)

@@ -45,13 +45,27 @@ from typing import Any
 import numpy as np
 import torch
 
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.families import StagePlan
 from realtime_gw.models.runtime import StepResult
 from realtime_gw.models.speech.codec.text import TextFeed, TextTokenizer
 from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint, load_checkpoint, random_checkpoint
 from realtime_gw.models.speech.qwen3.engine import Prompt, Qwen3Engine, build_prompt
 from realtime_gw.models.speech.qwen3.talker import Sampling
-from realtime_gw.models.speech.qwen3.voices import ClonedVoice, clone_voice, icl_start, icl_tokens_needed
-from realtime_gw.models.speech.tts_base import OPENAI_VOICES, FrameTtsLoop, TtsBackendBase, feed_inputs
+from realtime_gw.models.speech.qwen3.voices import (
+    ClonedVoice,
+    clone_voice,
+    icl_start,
+    icl_tokens_needed,
+    parse_voice_specs,
+)
+from realtime_gw.models.speech.tts_base import (
+    OPENAI_VOICES,
+    FrameTtsLoop,
+    TtsBackendBase,
+    feed_inputs,
+    request_check,
+)
 from realtime_gw.models.tokenizers import ByteTokenizer, HfTokenizer, has_tokenizer_files
 from realtime_gw.records.voice import TtsFrame, TtsRequest
 
@@ -162,6 +176,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         self.codec_eos = int(ck.talker_config["codec_eos_token_id"])
         self.tail_frames = tail_frames
         self.max_frames_per_token = max_frames_per_token
+        self.slots = slots
         self.engine = Qwen3Engine(
             ck,
             slots,
@@ -239,7 +254,9 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
                     "tts-qwen3: a Base checkpoint clones voices from recordings: register at least one "
                     "with --tts-voice-clone NAME=path.wav"
                 )
-            self.clones = {k.lower(): clone_voice(ck, spec, self.tokenizer.encode) for k, spec in clones.items()}
+            self.clones = {
+                k.lower(): clone_voice(ck, spec, self.tokenizer.encode) for k, spec in clones.items()
+            }
             self.voices = tuple(sorted(self.clones))
         v = (voice or "").lower()
         if v in self.voices:
@@ -286,7 +303,9 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
     def _prompt(self, voice: str, instructions: str | None) -> Prompt:
         """The prompt of a resolved ``voice`` with a request's ``instructions`` (None: the default)."""
         ck, kind = self.ck, self.kind
-        text = instructions or (self.designs.get(voice) if kind == "voice_design" else None) or self.instructions
+        text = (
+            instructions or (self.designs.get(voice) if kind == "voice_design" else None) or self.instructions
+        )
         instruct = self.instruct_ids(text) if ck.takes_instruct() else ()
         speaker = voice if kind == "custom_voice" else None
         vector = self.clones[voice].vector if kind == "base" and voice in self.clones else ()
@@ -336,7 +355,11 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         """Build the stream's ICL prompt from the text so far and start its slot from it."""
         assert st.icl is not None
         voice = self.resolve_voice(st.request.voice)
-        ids = {"tts_eos": self.tts_eos, "tts_pad": self.tts_pad, "codec_bos": int(self.ck.talker_config["codec_bos_id"])}
+        ids = {
+            "tts_eos": self.tts_eos,
+            "tts_pad": self.tts_pad,
+            "codec_bos": int(self.ck.talker_config["codec_bos_id"]),
+        }
         head = self._prompt(voice, None)
         start = icl_start(st.icl, voice, head, list(st.text.tokens), st.text.ended, ids)
         for _ in range(start.consumed):
@@ -390,3 +413,25 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
                 log.warning("%s: utterance cut at %d frames", self.name, state.frames)
             return self._finish(state, words, data)
         return StepResult(outputs=[TtsFrame(pcm=data, text=" ".join(words))])
+
+
+def from_config(config: GatewayConfig) -> StagePlan:
+    """Slots = batch = admission limit, as for the codec LM; requests are checked at submit (voice,
+    instruction tokens), so a bad one is refused before it takes a slot."""
+    slots = config.tts_max_batch
+    qwen = Qwen3TtsBackend(
+        path=config.tts_path,
+        size=config.tts_shape,
+        device=config.tts_device,
+        slots=slots,
+        voice=config.tts_voice,
+        language=config.tts_language,
+        instructions=config.tts_instructions,
+        designs=parse_voice_specs(config.tts_voice_design, "--tts-voice-design"),
+        clones=parse_voice_specs(config.tts_voice_clone, "--tts-voice-clone"),
+        compile_predictor=config.tts_compile,
+        pipelined=None if config.tts_pipelined else False,
+    )
+    return StagePlan(
+        backend=qwen, device=config.tts_device, max_batch=slots, max_active=slots, admit=request_check(qwen)
+    )

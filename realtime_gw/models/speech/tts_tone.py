@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.families import StagePlan
 from realtime_gw.models.speech.tts_base import SentenceTtsBackend, TtsState
 from realtime_gw.protocols.audio import float32_to_pcm16
 from realtime_gw.records.voice import FRAME_SAMPLES, OUTPUT_RATE
@@ -35,3 +37,12 @@ class ToneTtsBackend(SentenceTtsBackend):
         phase = phase0 + step * np.arange(n, dtype=np.float64)
         state.extra = float((phase0 + step * n) % (2 * np.pi))
         return float32_to_pcm16(self.amplitude * np.sin(phase))
+
+
+def from_config(config: GatewayConfig) -> StagePlan:
+    """In-thread: a beep costs microseconds of numpy per sentence and its text is bounded, so a process
+    hop would only add latency to what it exists to measure (gateway overhead). Sentences are served
+    as Piper's are (one per step, a small backlog)."""
+    tone = ToneTtsBackend()
+    tone.max_text_chars = config.tts_max_text_chars
+    return StagePlan(backend=tone, max_batch=1, max_active=config.worker_max_active, max_backlog=25)

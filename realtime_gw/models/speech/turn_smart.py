@@ -14,6 +14,7 @@ One-shot: a ``TurnRequest`` is answered by one ``TurnScore`` in the step that op
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.contract import BackendInfo, warmup_seconds
+from realtime_gw.models.families import StagePlan
 from realtime_gw.models.runtime import StepResult
 from realtime_gw.protocols.audio import resample
 from realtime_gw.records.voice import TurnRequest, TurnScore
@@ -117,6 +121,7 @@ class TurnState:
 
 class SmartTurnBackend:
     name = "turn-smart"
+    warmup_report: dict[str, Any] = {}
 
     def __init__(self, model_path: str | Path | None = None, intra_op_threads: int = 1) -> None:
         import onnxruntime
@@ -129,6 +134,9 @@ class SmartTurnBackend:
         self._session = onnxruntime.InferenceSession(
             path, sess_options=opts, providers=["CPUExecutionProvider"]
         )
+
+    def describe(self) -> BackendInfo:
+        return BackendInfo(name=self.name, native_rate=TURN_RATE, warmup_report=self.warmup_report)
 
     def open(self, request: TurnRequest) -> TurnState:
         if request.sample_rate <= 0:
@@ -151,8 +159,21 @@ class SmartTurnBackend:
         return np.asarray(out, dtype=np.float32).reshape(-1)
 
     def warmup(self) -> None:
+        start = time.perf_counter()
         rng = np.random.default_rng(0)
         pcm = (rng.standard_normal(TURN_RATE) * 1000).astype("<i2").tobytes()
-        [result] = self.step([(self.open(TurnRequest(pcm, TURN_RATE)), [])])
+        state = self.open(TurnRequest(pcm, TURN_RATE))
+        try:
+            [result] = self.step([(state, [])])
+        finally:
+            self.release(state)
         if not result.outputs or not 0.0 <= result.outputs[0].probability <= 1.0:
             raise RuntimeError(f"{self.name}: warm-up produced no probability")
+        self.warmup_report = {"seconds": warmup_seconds(start), "probability": result.outputs[0].probability}
+
+
+def from_config(config: GatewayConfig) -> StagePlan:
+    """In-thread like Silero: onnxruntime releases the GIL; one batched call (~50 ms) per step."""
+    return StagePlan(
+        backend=SmartTurnBackend(), max_batch=TURN_MAX_BATCH, max_active=config.worker_max_active
+    )

@@ -17,12 +17,14 @@ results); a backend supplies only the network call for those rounds: ``SileroVad
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from realtime_gw.models.contract import BackendInfo, warmup_seconds
 from realtime_gw.models.runtime import END_OF_INPUT, StepResult
 from realtime_gw.protocols.audio import StreamingResampler
 from realtime_gw.records.voice import VadProbs, VadRequest
@@ -83,6 +85,14 @@ class SileroVadStreams:
     """The stage-worker backend every Silero VAD shares; subclasses implement ``run_rounds``."""
 
     name = "vad-silero"
+    slots: int | None = None
+    """Streams it holds at once (the torch backend's state rows); None: no fixed pool."""
+    warmup_report: dict[str, Any] = {}
+
+    def describe(self) -> BackendInfo:
+        return BackendInfo(
+            name=self.name, slots=self.slots, native_rate=VAD_RATE, warmup_report=self.warmup_report
+        )
 
     def open(self, request: VadRequest) -> VadState:
         if request.sample_rate <= 0:
@@ -150,11 +160,15 @@ class SileroVadStreams:
         raise NotImplementedError
 
     def warmup(self) -> None:
+        start = time.perf_counter()
         state = self.open(VadRequest(sample_rate=VAD_RATE))
-        result = self.step([(state, [bytes(2 * WINDOW * 2), END_OF_INPUT])])[0]
+        try:
+            result = self.step([(state, [bytes(2 * WINDOW * 2), END_OF_INPUT])])[0]
+        finally:
+            self.release(state)
         if not result.outputs or len(result.outputs[0].probs) != 2:
             raise RuntimeError(f"{self.name}: warm-up produced no probabilities")
-        self.release(state)
+        self.warmup_report = {"seconds": warmup_seconds(start), "windows": 2}
 
 
 def take_rounds(states: list[VadState], max_rounds: int) -> list[Round]:

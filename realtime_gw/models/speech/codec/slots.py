@@ -21,7 +21,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,24 +31,11 @@ from realtime_gw.models.runtime import NoFreeSlot
 from realtime_gw.models.slot_pool import SlotPool
 
 
-class FrameTalker(Protocol):
-    def reset(self, slots: torch.Tensor) -> None: ...
-
-    def frame_step(
-        self, b: int, length: int, text_tokens: torch.Tensor, active: torch.Tensor, eos_ok: torch.Tensor
-    ) -> torch.Tensor: ...
-
-
-class FrameDecoder(Protocol):
-    hop: int
-
-    def reset(self, slots: torch.Tensor) -> None: ...
-
-    def step(self, b: int, codes: torch.Tensor, active: torch.Tensor) -> torch.Tensor: ...
-
-
 class SlotEngine:
-    """Fixed slots on one device; ``step`` = one frame for the given slots, batched."""
+    """Fixed slots on one device; ``step`` = one frame for the given slots, batched. It is the
+    ``frame_engine.FrameEngine`` that ``tts_base.FrameTtsLoop`` drives. ``talker`` is a runtime with
+    ``reset(slots)`` and ``frame_step(b, length, text_tokens, active, eos_ok) -> codes``; ``decoder`` a
+    streaming decoder with ``hop`` and ``reset(slots)``, ``step(b, codes, active) -> pcm``."""
 
     name = "tts"
 

@@ -1,0 +1,105 @@
+"""The model families the gateway serves: one row per (role, name), each naming the ``from_config``
+builder of its folder. The config's choices (``--tts``, ``--asr``, ``--vad``, ``--policy``) are the names
+here; ``registry`` builds every stage through this table.
+
+A builder takes the ``GatewayConfig`` and returns a ``StagePlan``: the backend (or, for one that holds
+the GIL, a picklable factory the registry runs in a child process) and how its worker serves it. A
+config the family cannot serve is a ``ConfigError`` naming the flag. Builders are imported only when
+their family is built, so this table loads no model library (no torch).
+
+Adding a family: its folder under ``models/speech`` or ``models/policy`` with a ``from_config``, one row
+below, and the contract kit (``tests/models/contract_kit.py``) green for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any, Literal
+
+from realtime_gw.config import ConfigError, GatewayConfig
+from realtime_gw.models.contract import Backend
+
+Role = Literal["tts", "asr", "vad", "turn", "policy"]
+
+TURN_FAMILY = "smart"
+"""The end-of-turn model (semantic VAD); the config has no choice for it."""
+
+
+@dataclass(slots=True)
+class StagePlan:
+    """How a family's backend is served by its stage worker."""
+
+    backend: Backend[Any] | None = None
+    """Built here: it runs on the worker's thread (a torch or onnxruntime backend)."""
+    factory: Callable[[], Backend[Any]] | None = None
+    """Instead of ``backend``: a picklable factory for a backend that holds the GIL for long (Piper,
+    pocketsphinx); the registry runs it in a child process (``process_backend``) unless the config
+    keeps CPU backends in process."""
+    name: str = ""
+    """The worker's name for a backend built by ``factory`` (known before its child runs)."""
+    device: str = "cpu"
+    max_batch: int = 8
+    max_active: int = 64
+    max_wait_ms: float = 0.0
+    max_backlog: int = 64
+    admit: Callable[[Any], str | None] | None = None
+    """The worker's per-request check at submit (``runtime.StageWorker``'s ``admit``)."""
+
+    def build_backend(self) -> Backend[Any]:
+        """The backend itself, here (tests, tools): ``backend``, or ``factory`` run in this process."""
+        if self.backend is not None:
+            return self.backend
+        assert self.factory is not None, "a StagePlan has a backend or a factory"
+        return self.factory()
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    role: Role
+    name: str
+    builder: str
+    """``module:function``, the family's ``from_config(config) -> StagePlan``."""
+
+    def from_config(self, config: GatewayConfig) -> StagePlan:
+        module, _, function = self.builder.partition(":")
+        build: Callable[[GatewayConfig], StagePlan] = getattr(import_module(module), function)
+        try:
+            return build(config)
+        except ConfigError:
+            raise
+        except (ValueError, KeyError, OSError, RuntimeError) as e:  # a setting the family cannot serve
+            raise ConfigError(f"--{self.role} {self.name}: {e}") from e
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("tts", "piper", "realtime_gw.models.speech.tts_piper:from_config"),
+    Family("tts", "tone", "realtime_gw.models.speech.tts_tone:from_config"),
+    Family("tts", "codec", "realtime_gw.models.speech.tts_codec:from_config"),
+    Family("tts", "qwen3", "realtime_gw.models.speech.tts_qwen3:from_config"),
+    Family("asr", "pocketsphinx", "realtime_gw.models.speech.asr_pocketsphinx:from_config"),
+    Family("asr", "kyutai", "realtime_gw.models.speech.asr_kyutai:from_config"),
+    Family("vad", "silero", "realtime_gw.models.speech.vad:from_config"),
+    Family("turn", TURN_FAMILY, "realtime_gw.models.speech.turn_smart:from_config"),
+    Family("policy", "pi0", "realtime_gw.models.policy.factory:pi0_from_config"),
+    Family("policy", "noop", "realtime_gw.models.policy.factory:noop_from_config"),
+)
+
+
+def names(role: Role) -> tuple[str, ...]:
+    """The family names of ``role``: the config's choices for it."""
+    return tuple(f.name for f in FAMILIES if f.role == role)
+
+
+def family(role: Role, name: str) -> Family:
+    for f in FAMILIES:
+        if f.role == role and f.name == name:
+            return f
+    raise ConfigError(f"--{role} {name}: no such {role} family; choose one of {', '.join(names(role))}")
+
+
+def chosen(role: Role, config: GatewayConfig) -> Family:
+    """The family the config names for ``role``."""
+    name = TURN_FAMILY if role == "turn" else str(getattr(config, role))
+    return family(role, name)

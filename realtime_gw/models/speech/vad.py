@@ -1,0 +1,28 @@
+"""The Silero VAD family's builder: onnxruntime's CPU build (``vad_silero``) by default, the torch build
+(``vad_silero_torch``) on ``vad_device``. Both speak the same stream contract (``SileroVadStreams``)."""
+
+from __future__ import annotations
+
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.families import StagePlan
+from realtime_gw.models.speech.vad_silero import SileroVadBackend, SileroVadStreams
+
+
+def from_config(config: GatewayConfig) -> StagePlan:
+    """onnxruntime's CPU build by default, in-thread: it releases the GIL while it runs, one batched call
+    per 32 ms window costs ~1 ms, and a process hop on every window of every session would cost more.
+    With ``vad_device`` the torch build (``vad_silero_torch``), in-thread like the other torch stages: a
+    slot (h, c row) per open stream up to the worker's admission limit, a round batching up to
+    ``vad_max_batch`` streams (one graph bucket each on CUDA)."""
+    if config.vad_device:
+        from realtime_gw.models.speech.vad_silero_torch import TorchSileroVadBackend  # torch: only here
+
+        silero: SileroVadStreams = TorchSileroVadBackend(
+            config.vad_device, slots=config.worker_max_active, max_batch=config.vad_max_batch
+        )
+        device = config.vad_device
+    else:
+        silero, device = SileroVadBackend(), "cpu"
+    return StagePlan(
+        backend=silero, device=device, max_batch=config.vad_max_batch, max_active=config.worker_max_active
+    )
