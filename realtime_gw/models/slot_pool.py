@@ -1,6 +1,6 @@
 """A pool of fixed slot indices ``[0, capacity)`` handed out lowest first.
 
-The batched stages (codec-LM TTS and Kyutai ASR via ``speech/codec/slots.py``, the torch Silero VAD, the
+The batched stages (codec-LM TTS and Kyutai ASR via ``speech/streaming/slot_engine.py``, the torch Silero VAD, the
 policy's ``ChunkSlots``) step slots ``[0, B)``, ``B`` the bucket above the highest slot in use: handing
 out the lowest free slot keeps the active ones packed, so the bucket stays small. Pure Python (no torch).
 """

@@ -18,7 +18,7 @@ import pytest
 from realtime_gw.models.contract import BackendInfo, NoFreeSlot, WorkerFault
 from realtime_gw.models.families import FAMILIES, StagePlan, chosen
 from realtime_gw.models.runtime import END_OF_INPUT, StageWorker, Stream
-from realtime_gw.models.speech.frame_engine import FrameEngine
+from realtime_gw.models.speech.streaming.frame_engine import FrameEngine
 from realtime_gw.models.speech.tts_base import FrameTtsLoop
 from realtime_gw.records.voice import FRAME_SAMPLES, OUTPUT_RATE
 from tests.models.contract_kit import CASES, OUTPUTS, Counting, KitCase, run_to_end

@@ -1,7 +1,7 @@
 """Fixed robot slots for PI0's fast sampler: a chunk is a prefix pass, then denoising steps that every
 robot holding a slot shares, whatever step each is at.
 
-- Per-slot static buffers (as ``models/speech/codec/slots.py`` keeps them for TTS streams): the prefix's
+- Per-slot static buffers (as ``models/speech/streaming/slot_engine.py`` keeps them for TTS streams): the prefix's
   K/V, masks and rotary tables (``Cache`` rows), the chunk's state, starting noise, RTC guide and its
   current actions ``x``. New robots' prefixes run over staging rows of their exact count, then their
   rows are copied into their slots; a denoising step advances slots ``[0, B)`` (``B`` the bucket above

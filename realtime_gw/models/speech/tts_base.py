@@ -23,7 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from realtime_gw.models.contract import BackendInfo, warmup_seconds
 from realtime_gw.models.runtime import END_OF_INPUT, StepResult
-from realtime_gw.models.speech.frame_engine import FrameEngine
+from realtime_gw.models.speech.streaming.frame_engine import FrameEngine
 from realtime_gw.protocols.audio import SPEED_ERROR, Reframer, StreamingResampler, speed_in_range
 from realtime_gw.protocols.text import MAX_SENTENCE_CHARS as MAX_SENTENCE_CHARS
 from realtime_gw.protocols.text import SentenceBuffer as SentenceBuffer

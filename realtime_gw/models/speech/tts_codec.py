@@ -32,7 +32,7 @@ from realtime_gw.config import GatewayConfig
 from realtime_gw.models.families import StagePlan
 from realtime_gw.models.runtime import StepResult
 from realtime_gw.models.speech.codec.engine import CodecEngine, LoadedModels, load_models
-from realtime_gw.models.speech.codec.text import TextFeed
+from realtime_gw.models.speech.streaming.text_feed import TextFeed
 from realtime_gw.models.speech.tts_base import FrameTtsLoop, TtsBackendBase
 from realtime_gw.records.voice import TtsFrame, TtsRequest
 

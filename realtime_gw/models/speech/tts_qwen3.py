@@ -7,7 +7,7 @@ codec-decoder step (``qwen3/engine.py``); a new stream starts in its first step 
 (prefilled once per voice and language, at warm-up, and cached), so its first audio is one frame step.
 
 Text leads audio by one token per frame (the model's streaming mode); words are released to the talker
-once whitespace follows them (``codec/text.TextFeed``). A stream whose text has not ended and whose
+once whitespace follows them (``streaming/text_feed.TextFeed``). A stream whose text has not ended and whose
 tokens are all spoken waits. Once the text has ended: ``tts_eos`` once, then ``tts_pad``, until the model
 emits codec EOS (allowed from the third frame on, once every text token was fed), or at most
 ``max_frames_per_token * tokens + tail_frames`` frames (random-init weights never learned EOS: they stop
@@ -48,7 +48,6 @@ import torch
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.families import StagePlan
 from realtime_gw.models.runtime import StepResult
-from realtime_gw.models.speech.codec.text import TextFeed, TextTokenizer
 from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint, load_checkpoint, random_checkpoint
 from realtime_gw.models.speech.qwen3.engine import Prompt, Qwen3Engine, build_prompt
 from realtime_gw.models.speech.qwen3.talker import Sampling
@@ -59,6 +58,7 @@ from realtime_gw.models.speech.qwen3.voices import (
     icl_tokens_needed,
     parse_voice_specs,
 )
+from realtime_gw.models.speech.streaming.text_feed import TextFeed, TextTokenizer
 from realtime_gw.models.speech.tts_base import (
     OPENAI_VOICES,
     FrameTtsLoop,

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from realtime_gw.models.kernels import GraphCapture, bucket_for, pow2_buckets
 from realtime_gw.models.runtime import NoFreeSlot
 from realtime_gw.models.slot_pool import SlotPool
-from realtime_gw.models.speech.codec.streaming import strict_fp32
+from realtime_gw.models.speech.streaming.layers import strict_fp32
 from realtime_gw.models.speech.vad_silero import (
     CONTEXT,
     MAX_WINDOWS_PER_STEP,

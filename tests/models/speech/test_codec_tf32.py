@@ -1,4 +1,4 @@
-"""``codec/streaming.py``'s TF32 flags under concurrent stage threads (``tf32_flags``, what ``fp32_mode`` uses
+"""``streaming/layers.py``'s TF32 flags under concurrent stage threads (``tf32_flags``, what ``fp32_mode`` uses
 on CUDA): restored when the last user leaves, off while any user wants strict float32. The flags are
 process-wide on CPU builds too, so threads exercise the real torch switches here."""
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from realtime_gw.models.speech.codec.streaming import fp32_mode, tf32_flags
+from realtime_gw.models.speech.streaming.layers import fp32_mode, tf32_flags
 
 
 def flags() -> tuple[bool, bool, bool]:

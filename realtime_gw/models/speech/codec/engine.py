@@ -1,5 +1,5 @@
 """Loading the Mimi codec LM and its engine: talker (all 16 codebooks) -> Mimi decode -> PCM16, on the
-shared slots and CUDA-graph step of ``codec/slots.py``.
+shared slots and CUDA-graph step of ``streaming/slot_engine.py``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 import torch
 
 from realtime_gw.models.speech.codec.mimi_stream import StreamingMimiDecoder
-from realtime_gw.models.speech.codec.slots import SlotEngine
 from realtime_gw.models.speech.codec.spec import CODEC_DIR, SPEC_FILE, TALKER_FILE, CodecSpec, named_spec
 from realtime_gw.models.speech.codec.talker import CodecTalker, TalkerRuntime
-from realtime_gw.models.speech.codec.text import TextTokenizer
+from realtime_gw.models.speech.streaming.slot_engine import SlotEngine
+from realtime_gw.models.speech.streaming.text_feed import TextTokenizer
 from realtime_gw.models.tokenizers import ByteTokenizer, HfTokenizer, has_tokenizer_files
 
 log = logging.getLogger(__name__)

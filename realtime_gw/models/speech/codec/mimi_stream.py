@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from realtime_gw.models.speech.codec.streaming import (
+from realtime_gw.models.speech.streaming.layers import (
     ConvOp,
     ConvProgram,
     FusedScaledLayer,

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from realtime_gw.models.speech.codec.streaming import (
+from realtime_gw.models.speech.streaming.layers import (
     ConvProgram,
     FusedScaledLayer,
     RingTransformer,

@@ -1,4 +1,4 @@
-"""Kyutai STT on the shared slot engine (``codec/slots.py``): one step = one 80 ms frame for every slot.
+"""Kyutai STT on the shared slot engine (``streaming/slot_engine.py``): one step = one 80 ms frame for every slot.
 
 The frame runs the other way round from the TTS stages: PCM in, text tokens out. ``SlotEngine`` keeps
 its roles: its ``decoder`` (the per-frame audio part, ``hop`` = 1920) is here the streaming Mimi
@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from realtime_gw.models.kernels import bucket_for
-from realtime_gw.models.speech.codec.slots import SlotEngine
 from realtime_gw.models.speech.kyutai.decoder import KyutaiLmRuntime
 from realtime_gw.models.speech.kyutai.encoder import StreamingMimiEncoder
+from realtime_gw.models.speech.streaming.slot_engine import SlotEngine
 
 PCM_SCALE = 1.0 / 32768.0
 

@@ -7,7 +7,7 @@ projection -> two x2 causal transposed convs, each followed by a ConvNeXt block 
 causal conv (k=7) -> four BigVGAN/DAC-style blocks (SnakeBeta, causal transposed conv 2r/r for rates
 8,5,4,3, three residual units with dilations 1,3,9) -> SnakeBeta -> causal conv (k=7) -> clamp [-1, 1].
 
-Streaming state per slot (``codec/streaming.py``, shared with the Mimi decoder): the left context of every
+Streaming state per slot (``streaming/layers.py``, shared with the Mimi decoder): the left context of every
 causal conv, the ``k - stride`` overlap of every transposed conv, and the transformer's ring K/V over the
 last 72 frames. Each frame is decoded once; the result equals the reference decoder's full-utterance
 forward, which the tests check against the ``qwen-tts`` package's output.
@@ -30,14 +30,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from realtime_gw.models.speech.codec.streaming import (
-    FusedScaledLayer,
-    RingTransformer,
-    SlotStates,
-    causal_conv_step,
-    fp32_mode,
-    transposed_conv_step,
-)
 from realtime_gw.models.speech.qwen3.modules import (
     CausalConv,
     CausalConvT,
@@ -45,6 +37,14 @@ from realtime_gw.models.speech.qwen3.modules import (
     ConvNeXt,
     SnakeBeta,
     _Quantizer,
+)
+from realtime_gw.models.speech.streaming.layers import (
+    FusedScaledLayer,
+    RingTransformer,
+    SlotStates,
+    causal_conv_step,
+    fp32_mode,
+    transposed_conv_step,
 )
 
 

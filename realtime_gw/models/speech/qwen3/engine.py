@@ -1,6 +1,6 @@
 """Qwen3-TTS on the shared slot engine: prompts, prefill of new streams, then one frame per step.
 
-``Qwen3Engine`` is a ``SlotEngine`` (``codec/slots.py``: slots, batch/KV-length buckets, one CUDA graph
+``Qwen3Engine`` is a ``SlotEngine`` (``streaming/slot_engine.py``: slots, batch/KV-length buckets, one CUDA graph
 per bucket for the frame step) over ``Qwen3TalkerRuntime`` + ``StreamingQwen3Decoder``. A stream is
 opened with its prompt (``alloc(prompt)``); at the next step every new stream starts from its prompt's
 K/V before the frame step, so a stream's first audio leaves in its first step. A prompt's K/V depend on the
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from realtime_gw.models.speech.codec.slots import SlotEngine
 from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint
 from realtime_gw.models.speech.qwen3.decoder import StreamingQwen3Decoder
 from realtime_gw.models.speech.qwen3.talker import VECTOR_POSITION, Qwen3TalkerRuntime, Sampling
+from realtime_gw.models.speech.streaming.slot_engine import SlotEngine
 
 NO_CODEC = -1
 

@@ -1,6 +1,6 @@
 """The engine contract of the frame-per-step TTS backends (``tts_base.FrameTtsLoop``).
 
-Torch-free, so ``tts_base`` stays light; ``codec.slots.SlotEngine`` (the Mimi codec LM's and
+Torch-free, so ``tts_base`` stays light; ``streaming.slot_engine.SlotEngine`` (the Mimi codec LM's and
 Qwen3-TTS's engines) satisfies it.
 """
 
@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 @runtime_checkable
 class FrameEngine(Protocol):
-    """What ``FrameTtsLoop`` asks of its engine (``codec.slots.SlotEngine``: the Mimi codec LM's and
+    """What ``FrameTtsLoop`` asks of its engine (``streaming.slot_engine.SlotEngine``: the Mimi codec LM's and
     Qwen3-TTS's): fixed slots on one device, each advanced one 80 ms frame per ``step``."""
 
     pipelined: bool
