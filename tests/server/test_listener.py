@@ -14,7 +14,7 @@ import httpx
 import pytest
 import websockets
 
-from tests.conftest import LiveServer, start_server, stop_server
+from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 
 HANDSHAKE_TIMEOUT_S = 1.5
 PER_CLIENT = 6
