@@ -41,8 +41,28 @@ SLOW = {
     "tests/server/test_isolation.py",
     "tests/server/test_ray_frontends.py",
     "tests/models/policy/test_compile_cache.py",
+    "tests/models/test_remote_env.py::test_a_local_cluster_inherits_no_secret_from_the_front_ends_environment",
+    "tests/models/speech/test_tts_qwen3_kinds.py::test_icl_clone_streams_keep_cached_voices",
+    "tests/models/speech/test_tts_qwen3.py::test_cached_prompt_equals_prefill",
+    "tests/models/policy/test_pi0_fast.py::test_compiled_prefix_is_the_same_function_in_two_compiles",
 }
-"""Files (or ``file::test`` ids) whose tests run for tens of seconds each on two cores."""
+"""Files (or ``file::test`` ids) whose tests take 5 s or more each on two cores, outside the ``live``
+tier (which is long anyway)."""
+
+LONGEST_FIRST = [
+    "tests/server/test_isolation.py",
+    "tests/loadtest/test_soak.py",
+    "tests/server/test_tts_qwen3_kinds_live.py",
+    "tests/server/test_faults.py",
+    "tests/server/test_tts_backends.py",
+    "tests/server/test_ray_frontends.py",
+    "tests/models/policy/test_compile_cache.py",
+    "tests/models/speech/test_tts_qwen3_kinds.py",
+    "tests/server/test_realtime_sdk.py",
+    "tests/server/test_long_conversation.py",
+]
+"""The files that take longest (30-150 s each on two cores), longest first: spread over several workers,
+they start first so that no worker is left with a long file at the end."""
 
 
 @pytest.fixture(scope="session")
@@ -108,9 +128,13 @@ def _needs_cuda(item: pytest.Item) -> bool:
     )
 
 
-def tiers_of(item: pytest.Item) -> set[str]:
+def _relative_path(item: pytest.Item) -> str:
     path = Path(str(item.path)).resolve()
-    rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.as_posix()
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.as_posix()
+
+
+def tiers_of(item: pytest.Item) -> set[str]:
+    rel = _relative_path(item)
     tiers = set()
     if _is_live(item):
         tiers.add("live")
@@ -125,7 +149,14 @@ def tiers_of(item: pytest.Item) -> set[str]:
     return tiers
 
 
+def _longest_first(item: pytest.Item) -> int:
+    rel = _relative_path(item)
+    return LONGEST_FIRST.index(rel) if rel in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if getattr(config.option, "numprocesses", None):  # pytest-xdist: order the files for the workers
+        items.sort(key=_longest_first)  # stable: the other files, and tests within a file, keep their order
     cuda: bool | None = None
     for item in items:
         for tier in sorted(tiers_of(item)):
