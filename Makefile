@@ -1,4 +1,4 @@
-# Set-up is part of every target: a fresh machine needs only `make serve` or `make test`.
+# Set-up is part of every target: a fresh machine needs only `make serve`, `make check` or `make test`.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +9,13 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ARGS ?=
 
-.PHONY: serve test lint bench soak clean browser-deps
+# The quick tier: what no tier marker of tests/conftest.py marks (no gateway booted, no framework, browser,
+# GPU or long run).
+QUICK_TIER := not live and not slow and not frameworks and not browser and not gpu
+# The whole suite over two workers: a module's tests stay on one worker (module-scoped gateways start once).
+PARALLEL ?= -n 2 --dist loadfile
+
+.PHONY: serve check test lint bench soak clean browser-deps
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,15 +33,19 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 serve: $(VENV)/.installed
 	$(BIN)/realtime-gw serve --host $(HOST) --port $(PORT) $(ARGS)
 
+check: $(VENV)/.installed-dev
+	$(BIN)/ruff check realtime_gw tests loadtest examples
+	$(BIN)/pytest -q -p no:cacheprovider -m "$(QUICK_TIER)" $(ARGS)
+
 test: $(VENV)/.installed-dev browser-deps
 	$(BIN)/ruff check realtime_gw tests loadtest examples
-	$(BIN)/pytest -q -p no:cacheprovider $(ARGS)
+	$(BIN)/pytest -q -p no:cacheprovider $(PARALLEL) $(ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 
 bench: $(VENV)/.installed-dev
-	$(BIN)/python loadtest/bench_realtime.py $(ARGS)
+	$(BIN)/python -m loadtest.bench.realtime $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
@@ -51,4 +61,4 @@ browser-deps:
 # embedded CPU ASR sustains on 2 cores (see docs/benchmarks.md; --think 5,15 overloads it).
 SOAK_ARGS ?= --duration 600 --users 200 --robots 20 --think 180,300 --start-jitter --spawn-rate 10
 soak: $(VENV)/.installed-dev
-	$(BIN)/python loadtest/soak.py $(SOAK_ARGS) $(ARGS)
+	$(BIN)/python -m loadtest.load.soak $(SOAK_ARGS) $(ARGS)

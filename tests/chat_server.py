@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.conftest import free_port
+from realtime_gw.testing.gateway import free_port
 
 
 @dataclass

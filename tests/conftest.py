@@ -1,96 +1,68 @@
-"""Shared fixtures: live gateway servers started on free loopback ports."""
+"""Shared fixtures (live gateways on free loopback ports) and the suite's tiers.
+
+Tiers are markers set at collection from what a test uses, so nobody marks tests by hand:
+- ``live``: boots a gateway (a subprocess through ``realtime_gw.testing.gateway.start_server``, the Ray
+  front-ends, or an in-process one through ``tests.server.openpi_harness.serve``), in a fixture it uses
+  or in its own body;
+- ``frameworks``: under tests/frameworks (each voice-agent framework's own client);
+- ``browser``: under tests/web (Chromium);
+- ``gpu``: needs CUDA (skipped without it);
+- ``slow``: the long runs (fuzzing, soak, long conversations, model compiles), listed in ``SLOW``.
+``make check`` runs what none of these mark; ``make test`` runs everything.
+"""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+import inspect
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-import httpx
 import pytest
 
+from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
+
 ROOT = Path(__file__).resolve().parents[1]
-ARTIFACTS = ROOT / "test-artifacts"
+TESTS = ROOT / "tests"
 
+LAUNCHERS = {
+    ("realtime_gw.testing.gateway", "start_server"),
+    ("tests.server.ray_cluster", "start_front_ends"),
+    ("tests.server.openpi_harness", "serve"),
+}
+"""(module, name) of what boots a gateway; a test or fixture whose code names one of them is ``live``."""
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+SLOW = {
+    "tests/fuzz/test_atheris_smoke.py",
+    "tests/fuzz/test_socket_fuzz.py",
+    "tests/loadtest/test_soak.py",
+    "tests/server/test_long_conversation.py",
+    "tests/server/test_isolation.py",
+    "tests/server/test_ray_frontends.py",
+    "tests/models/policy/test_compile_cache.py",
+    "tests/models/test_remote_env.py::test_a_local_cluster_inherits_no_secret_from_the_front_ends_environment",
+    "tests/models/speech/test_tts_qwen3_kinds.py::test_icl_clone_streams_keep_cached_voices",
+    "tests/models/speech/test_tts_qwen3.py::test_cached_prompt_equals_prefill",
+    "tests/models/policy/test_pi0_fast.py::test_compiled_prefix_is_the_same_function_in_two_compiles",
+}
+"""Files (or ``file::test`` ids) whose tests take 5 s or more each on two cores, outside the ``live``
+tier (which is long anyway)."""
 
-
-@dataclass
-class LiveServer:
-    port: int
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def http(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    def metric(self, name: str, labels: str = "") -> float:
-        """Sum of a Prometheus sample (``labels`` is a substring of the label set, e.g. 'worker="piper"')."""
-        total = 0.0
-        for line in httpx.get(self.http + "/metrics").text.splitlines():
-            if line.startswith(name) and not line.startswith("#") and labels in line:
-                key = line.split(" ")[0]
-                if key.split("{")[0] == name:
-                    total += float(line.rsplit(" ", 1)[1])
-        return total
-
-    def logs(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
-def start_server(
-    *args: str, name: str = "server", timeout: float = 120.0, code_root: Path = ROOT
-) -> LiveServer:
-    """``code_root``: the checkout whose ``realtime_gw`` runs (e.g. a worktree of an older commit)."""
-    port = free_port()
-    ARTIFACTS.mkdir(exist_ok=True)
-    log_path = ARTIFACTS / f"{name}-{port}.log"
-    log = log_path.open("wb")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if code_root != ROOT:
-        env["PYTHONPATH"] = str(code_root)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime_gw", "serve", "--port", str(port), *args],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=code_root,
-    )
-    server = LiveServer(port, proc, log_path)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.logs()}")
-        try:
-            if httpx.get(server.http + "/readyz", timeout=1.0).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    proc.kill()
-    raise RuntimeError(f"server not ready after {timeout}s:\n{server.logs()}")
-
-
-def stop_server(server: LiveServer) -> None:
-    server.proc.terminate()
-    try:
-        server.proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
+LONGEST_FIRST = [
+    "tests/server/test_isolation.py",
+    "tests/loadtest/test_soak.py",
+    "tests/server/test_tts_qwen3_kinds_live.py",
+    "tests/server/test_faults.py",
+    "tests/server/test_tts_backends.py",
+    "tests/server/test_ray_frontends.py",
+    "tests/models/policy/test_compile_cache.py",
+    "tests/models/speech/test_tts_qwen3_kinds.py",
+    "tests/server/test_realtime_sdk.py",
+    "tests/server/test_long_conversation.py",
+]
+"""The files that take longest (30-150 s each on two cores), longest first: spread over several workers,
+they start first so that no worker is left with a long file at the end."""
 
 
 @pytest.fixture(scope="session")
@@ -110,3 +82,89 @@ def tone_server() -> Iterator[LiveServer]:
     server = start_server("--policy", "none", "--tts", "tone", "--max-sessions", "2", name="tone")
     yield server
     stop_server(server)
+
+
+# -- tiers ------------------------------------------------------------------------------------------------
+def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
+
+
+def boots_a_gateway(fn: Callable[..., Any], seen: set[Any] | None = None) -> bool:
+    """Whether ``fn``'s code (nested functions included) names one of ``LAUNCHERS``, itself or through
+    a helper of the test tree that does."""
+    seen = set() if seen is None else seen
+    fn = inspect.unwrap(fn)
+    code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+    if code is None or fn in seen:
+        return False
+    seen.add(fn)
+    for inner in _code_objects(code):
+        for name in inner.co_names:
+            target = names.get(name)
+            where = getattr(target, "__module__", None) or ""
+            if (where, getattr(target, "__name__", None)) in LAUNCHERS:
+                return True
+            if where.startswith("tests.") and inspect.isfunction(target) and boots_a_gateway(target, seen):
+                return True
+    return False
+
+
+def _is_live(item: pytest.Item) -> bool:
+    if isinstance(item, pytest.Function) and boots_a_gateway(item.obj):
+        return True
+    fixtures = getattr(item, "_fixtureinfo", None)
+    if fixtures is None:
+        return False
+    # name2fixturedefs holds the whole closure: a fixture built on a live fixture is seen here too.
+    return any(boots_a_gateway(d.func) for defs in fixtures.name2fixturedefs.values() for d in defs)
+
+
+def _needs_cuda(item: pytest.Item) -> bool:
+    return item.get_closest_marker("gpu") is not None or any(
+        "cuda" in str(m.kwargs.get("reason", "")).lower() for m in item.iter_markers("skipif")
+    )
+
+
+def _relative_path(item: pytest.Item) -> str:
+    path = Path(str(item.path)).resolve()
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.as_posix()
+
+
+def tiers_of(item: pytest.Item) -> set[str]:
+    rel = _relative_path(item)
+    tiers = set()
+    if _is_live(item):
+        tiers.add("live")
+    if rel.startswith("tests/frameworks/"):
+        tiers.add("frameworks")
+    if rel.startswith("tests/web/"):
+        tiers.add("browser")
+    if _needs_cuda(item):
+        tiers.add("gpu")
+    if rel in SLOW or f"{rel}::{item.name.split('[')[0]}" in SLOW:
+        tiers.add("slow")
+    return tiers
+
+
+def _longest_first(item: pytest.Item) -> int:
+    rel = _relative_path(item)
+    return LONGEST_FIRST.index(rel) if rel in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if getattr(config.option, "numprocesses", None):  # pytest-xdist: order the files for the workers
+        items.sort(key=_longest_first)  # stable: the other files, and tests within a file, keep their order
+    cuda: bool | None = None
+    for item in items:
+        for tier in sorted(tiers_of(item)):
+            item.add_marker(tier)
+        if item.get_closest_marker("gpu") is not None:
+            if cuda is None:
+                import torch
+
+                cuda = torch.cuda.is_available()
+            if not cuda:
+                item.add_marker(pytest.mark.skip(reason="needs CUDA"))

@@ -32,6 +32,8 @@ ALLOWED: dict[str, set[str]] = {
     "server": {"protocols", "records", "config", "sessions", "models", "web"},
     "app": {"protocols", "records", "config", "sessions", "models", "server", "web"},
     "cli": {"config", "app", "client"},
+    # launcher, load client, bystander and speech for tests and load scripts; nothing imports it
+    "testing": {"protocols", "records", "config", "models", "client"},
     "__main__": {"cli"},
 }
 # Third-party modules the pure layers must not touch: they do no I/O and never need torch.
@@ -97,3 +99,12 @@ def test_the_reader_sees_hidden_and_relative_imports() -> None:
     source = "def f():\n    from realtime_gw.server import gateway\n    from ..app import create_app\n"
     found = {module_of(name) for name in imports_in(ast.parse(source), "realtime_gw.sessions.realtime")}
     assert found == {"realtime_gw.server.gateway", "realtime_gw.app"}
+
+
+def test_the_gateway_never_imports_its_testing_kit() -> None:
+    users = sorted(
+        m
+        for m, n in GRAPH.items()
+        if layer_of(m) != "testing" and any(layer_of(t) == "testing" for t in n.internal)
+    )
+    assert not users, f"realtime_gw.testing is for tests and load scripts only, yet imported by {users}"

@@ -17,8 +17,9 @@ from websockets.sync.client import connect
 from realtime_gw.client.audio import silence, write_wav
 from realtime_gw.config import GatewayConfig
 from realtime_gw.protocols.openpi import unpackb
-from tests.audio_tools import synthesize, transcribe, wer
-from tests.conftest import ROOT, LiveServer, start_server, stop_server
+from realtime_gw.testing.audio import synthesize, transcribe, wer
+from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
+from tests.conftest import ROOT
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,8 @@ import pytest
 from realtime_gw.client import RealtimeClient
 from realtime_gw.client.protocol import user_text
 from realtime_gw.protocols import realtime as rt
-from tests.conftest import ROOT, LiveServer
+from realtime_gw.testing.gateway import LiveServer
+from tests.conftest import ROOT
 
 
 def load_demo() -> ModuleType:

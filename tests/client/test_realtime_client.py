@@ -16,7 +16,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from realtime_gw.client import RealtimeClient
 from realtime_gw.client.protocol import user_text
 from realtime_gw.protocols import realtime as rt
-from tests.conftest import LiveServer
+from realtime_gw.testing.gateway import LiveServer
 
 FRAME_S = 0.08
 FRAMES = 15  # 1.2 s of audio

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from tests.chat_server import ChatServer, running_chat_server
-from tests.conftest import LiveServer, start_server, stop_server
 from tests.frameworks.scenario import weather_agent
 
 

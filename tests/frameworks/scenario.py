@@ -9,7 +9,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from tests.audio_tools import normalize, synthesize
+from realtime_gw.testing.audio import normalize, synthesize
 from tests.chat_server import ChatServer, Reply, ToolCallReply
 from tests.frameworks.tap import RealtimeTap
 from tests.server.sdk_events import SDK_EVENTS

@@ -13,8 +13,8 @@ from livekit import rtc
 from livekit.agents import llm
 from livekit.plugins.openai.realtime import RealtimeModel, RealtimeSession
 
+from realtime_gw.testing.gateway import LiveServer
 from tests.chat_server import ChatServer
-from tests.conftest import LiveServer
 from tests.frameworks.scenario import RATE, check_clean_run, forecast, run_scenario
 from tests.frameworks.tap import RealtimeTap
 

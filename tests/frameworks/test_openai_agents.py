@@ -11,8 +11,8 @@ from typing import Any
 from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner, RealtimeSession
 
+from realtime_gw.testing.gateway import LiveServer
 from tests.chat_server import ChatServer
-from tests.conftest import LiveServer
 from tests.frameworks.scenario import check_clean_run, forecast, run_scenario
 from tests.frameworks.tap import RealtimeTap
 

@@ -30,8 +30,8 @@ from pipecat.services.llm_service import FunctionCallParams
 from pipecat.services.openai.realtime import events
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 
+from realtime_gw.testing.gateway import LiveServer
 from tests.chat_server import ChatServer
-from tests.conftest import LiveServer
 from tests.frameworks.scenario import (
     GREETING,
     RATE,

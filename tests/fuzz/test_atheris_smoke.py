@@ -1,4 +1,4 @@
-"""A few seconds of coverage-guided fuzzing of each decoder (``loadtest/fuzz_decoders.py``) with atheris.
+"""A few seconds of coverage-guided fuzzing of each decoder (``loadtest/abuse/fuzz_decoders.py``) with atheris.
 
 Cheap (about 5 s per target) and deterministic in what it requires: the harness starts, loads its seed
 corpus, runs to its time limit without a crash (open bugs it already knows are counted, not fatal).
@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from tests.conftest import ARTIFACTS, ROOT
+from realtime_gw.testing.gateway import ARTIFACTS
+from tests.conftest import ROOT
 
 pytest.importorskip("atheris")
 
@@ -20,7 +21,7 @@ pytest.importorskip("atheris")
 def test_decoder_fuzzing_smoke(target: str, tmp_path: object) -> None:
     proc = subprocess.run(
         [
-            sys.executable, str(ROOT / "loadtest" / "fuzz_decoders.py"), target, "--seconds", "5", "--seed", "1",
+            sys.executable, "-m", "loadtest.abuse.fuzz_decoders", target, "--seconds", "5", "--seed", "1",
             "--allow-known-bugs", "--corpus", str(tmp_path), "--artifacts", str(ARTIFACTS / "fuzz-decoders"),
         ],
         capture_output=True, text=True, timeout=120, cwd=ROOT,

@@ -1,4 +1,4 @@
-"""A short live-socket fuzz run (``loadtest/fuzz_sockets.py``): ~3k mutated frames per socket against a
+"""A short live-socket fuzz run (``loadtest/abuse/fuzz_sockets.py``): ~3k mutated frames per socket against a
 server it starts (tone TTS, no-op policy), with good voice and robot sessions running meanwhile."""
 
 from __future__ import annotations
@@ -7,14 +7,15 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import ARTIFACTS, ROOT
+from realtime_gw.testing.gateway import ARTIFACTS
+from tests.conftest import ROOT
 
 
 def test_short_socket_fuzz_run() -> None:
     report_path = ARTIFACTS / "fuzz-sockets-short.json"
     proc = subprocess.run(
         [
-            sys.executable, str(ROOT / "loadtest" / "fuzz_sockets.py"),
+            sys.executable, "-m", "loadtest.abuse.fuzz_sockets",
             "--frames", "3000", "--concurrency", "4", "--duration", "90", "--seed", "20261202",
             "--allow-known-bugs", "--report", str(report_path),
         ],

@@ -1,6 +1,6 @@
 """A short soak in `make test`: 60 s, 20 voice users + 4 robots (robots only where the socket answers).
 
-`loadtest/soak.py` starts its own server, runs locust headless and fails on memory growth, leaked
+`loadtest/load/soak.py` starts its own server, runs locust headless and fails on memory growth, leaked
 sessions, or a lost/duplicated frame; this test runs it and checks its verdict and report.
 """
 
@@ -10,14 +10,15 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import ARTIFACTS, ROOT
+from realtime_gw.testing.gateway import ARTIFACTS
+from tests.conftest import ROOT
 
 
 def test_short_soak_passes() -> None:
     out = ARTIFACTS / "soak-short"
     proc = subprocess.run(
         [
-            sys.executable, str(ROOT / "loadtest" / "soak.py"),
+            sys.executable, "-m", "loadtest.load.soak",
             "--duration", "60", "--users", "20", "--robots", "4", "--spawn-rate", "10",
             "--out-dir", str(out),
         ],

@@ -139,7 +139,7 @@ async def test_a_child_killed_while_idle_is_replaced_at_the_next_request(start_h
 
 async def test_a_child_holding_the_gil_does_not_stall_the_event_loop(start_hosted: StartHosted) -> None:
     """The child spins 1.5 s in C calls that never release its GIL; the parent's loop keeps ticking
-    (the same spin on a worker thread would hold the parent's GIL: see loadtest/bench_isolation.py)."""
+    (the same spin on a worker thread would hold the parent's GIL: see loadtest/bench/isolation.py)."""
     w = await start_hosted("toy:spin@1:1.5", step_timeout_s=30.0)
     loop = asyncio.get_running_loop()
     lags: list[float] = []

@@ -28,6 +28,7 @@ from realtime_gw.models.runtime import (
 )
 from tests.models.remote_fakes import Cluster, LocalActor, toy_stage
 from tests.models.toy_backends import Req, Toy
+from tests.models.waiting import wait_for
 
 CONFIG = GatewayConfig(policy="none", ray_lease_s=0.3)
 
@@ -62,7 +63,8 @@ async def test_two_frontends_share_one_actor(cluster: Cluster) -> None:
 async def test_new_streams_go_to_the_replica_with_most_free_slots(cluster: Cluster) -> None:
     stage, replicas = await cluster.serve(2)
     endless = [stage.submit(Req(n=None)) for _ in range(4)]
-    await asyncio.sleep(0.3)  # opened, and both replicas' loads reported back
+    # opened, and both replicas' loads reported back
+    await wait_for(lambda: sum(r.target.load().active for r in replicas) == 4, 5)
     assert [r.target.load().active for r in replicas] == [2, 2]
     for s in endless:
         s.cancel()
@@ -72,7 +74,7 @@ async def test_a_full_replica_passes_the_stream_to_the_next(cluster: Cluster) ->
     replicas = cluster.replicas(2, max_active=1)
     other, stage = await cluster.frontend(replicas), await cluster.frontend(replicas)
     held = other.submit(Req(n=None))
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: sum(r.target.load().active for r in replicas) == 1, 5)
     # ``stage`` still believes both replicas are free: the first it tries may refuse; it goes on.
     mine = stage.submit(Req(n=None))
     outputs = aiter(mine)
@@ -86,7 +88,7 @@ async def test_a_full_replica_passes_the_stream_to_the_next(cluster: Cluster) ->
 async def test_a_dead_replica_fails_its_streams_and_new_ones_go_to_the_live_one(cluster: Cluster) -> None:
     stage, replicas = await cluster.serve(2)
     streams = [stage.submit(Req(n=None)) for _ in range(2)]
-    await asyncio.sleep(0.2)
+    await wait_for(lambda: sum(r.target.load().active for r in replicas) == 2, 5)
     await replicas[0].kill(restart=False)
     with pytest.raises(WorkerFault, match="replica 0 died"):
         await asyncio.wait_for(streams[0].collect(), 5)
@@ -99,14 +101,11 @@ async def test_a_dead_replica_fails_its_streams_and_new_ones_go_to_the_live_one(
 async def test_a_restarted_replica_fails_the_old_streams_and_serves_again(cluster: Cluster) -> None:
     stage, replicas = await cluster.serve()
     old = stage.submit(Req(n=None))
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: replicas[0].target.load().active == 1, 5)
     await replicas[0].kill(restart=True)
     with pytest.raises(WorkerFault):
         await asyncio.wait_for(old.collect(), 5)
-    for _ in range(50):  # back once its result stream is open again
-        if stage.ready:
-            break
-        await asyncio.sleep(0.1)
+    await wait_for(lambda: stage.ready, 5)  # back once its result stream is open again
     assert await stage.submit(Req(n=1)).collect() == [1]
 
 
@@ -115,7 +114,7 @@ async def test_a_restarted_replica_is_routed_to_once_up_not_after_the_grace_for_
 ) -> None:
     stage, replicas = await cluster.serve()
     old = stage.submit(Req(n=None))
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: replicas[0].target.load().active == 1, 5)
     await replicas[0].kill(restart=True, restarting_s=0.3, grace_s=5.0)
     killed_at = time.monotonic()
     with pytest.raises(WorkerFault):
@@ -156,11 +155,10 @@ async def test_a_silent_frontend_loses_its_streams_within_its_lease(cluster: Clu
     gone = await cluster.frontend(shared)
     for _ in range(3):
         gone.submit(Req(n=None))
-    await asyncio.sleep(0.1)
-    assert shared[0].target.streams_of(gone.frontend_id) == 3
+    await wait_for(lambda: shared[0].target.streams_of(gone.frontend_id) == 3, 5)
     for task in gone._tasks:  # dies without a word: no more heartbeats, no leave
         task.cancel()
-    await asyncio.sleep(CONFIG.ray_lease_s * 1.5)
+    await wait_for(lambda: shared[0].target.load().active == 0, CONFIG.ray_lease_s * 1.5)
     assert shared[0].target.streams_of(gone.frontend_id) == 0
     assert shared[0].target.load().active == 0
 
@@ -173,10 +171,10 @@ async def test_a_frontend_back_after_its_lease_expired_fails_its_streams_and_ser
     it is answered from tells it all the same."""
     stage, replicas = await cluster.serve()
     stalled = stage.submit(Req(n=None))
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: replicas[0].target.load().active == 1, 5)
     for task in stage._tasks:  # a stall past the lease: no call reaches the actor
         task.cancel()
-    await asyncio.sleep(CONFIG.ray_lease_s * 1.5)
+    await wait_for(lambda: replicas[0].target.load().active == 0, CONFIG.ray_lease_s * 1.5)
     assert replicas[0].target.load().active == 0
     if forgotten:
         replicas[0].target.expired.clear()
@@ -261,10 +259,10 @@ async def test_a_stream_opened_while_the_lease_loss_is_on_its_way_leaves_no_slot
     which of its streams the loss covers), so the actor must end it as well, not hold its slot."""
     stage, replicas = await cluster.serve()
     stalled = stage.submit(Req(n=None))
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: replicas[0].target.load().active == 1, 5)
     for task in stage._tasks:  # a stall past the lease
         task.cancel()
-    await asyncio.sleep(CONFIG.ray_lease_s * 1.5)
+    await wait_for(lambda: stage.frontend_id in replicas[0].target.expired, CONFIG.ray_lease_s * 1.5)
     stage._tasks = [asyncio.create_task(stage._send_loop())]  # it speaks again, its polls not yet back
     lost_poll = asyncio.ensure_future(stage.replicas[0].actor.next_batch.remote(stage.frontend_id, 1.0))
     await asyncio.sleep(0.05)  # the actor has taken the expiry; its answer waits for a result

@@ -27,7 +27,7 @@ from realtime_gw.models import faults
 from realtime_gw.models.policy.backend import PolicyBackend, PolicyRunner
 from realtime_gw.models.registry import Workers
 from realtime_gw.models.runtime import StageWorker, StepResult
-from tests.conftest import free_port
+from realtime_gw.testing.gateway import free_port
 
 API_KEY = "robot-key"
 CAMERAS = ("observation/exterior_image_1_left", "observation/wrist_image_left")

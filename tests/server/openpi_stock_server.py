@@ -12,7 +12,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from openpi_server import WebsocketPolicyServer
 
 from realtime_gw.server.openpi_local import LocalPolicy
-from tests.conftest import free_port
+from realtime_gw.testing.gateway import free_port
 from tests.server.openpi_harness import wait_for
 
 

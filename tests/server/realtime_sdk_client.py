@@ -12,7 +12,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from tests.conftest import LiveServer
+from realtime_gw.testing.gateway import LiveServer
 from tests.server.sdk_events import validate
 
 FRAME_BYTES = 1920 * 2

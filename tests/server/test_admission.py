@@ -10,7 +10,7 @@ import websockets
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.server.admission import Admission
-from tests.conftest import LiveServer
+from realtime_gw.testing.gateway import LiveServer
 from tests.server import fakes
 
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.audio_tools import synthesize
-from tests.conftest import LiveServer, start_server, stop_server
+from realtime_gw.testing.audio import synthesize
+from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from tests.server.realtime_sdk_client import collect_until, connect
 
 RATE = 24000

@@ -13,8 +13,8 @@ from typing import Any
 
 import websockets
 
-from tests.audio_tools import synthesize
-from tests.conftest import LiveServer
+from realtime_gw.testing.audio import synthesize
+from realtime_gw.testing.gateway import LiveServer
 from tests.server.sdk_events import validate
 
 CHUNK_MS = 80

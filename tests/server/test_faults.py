@@ -16,7 +16,7 @@ import httpx
 import pytest
 import websockets
 
-from tests.conftest import LiveServer, start_server, stop_server
+from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 
 LONG = " ".join(["This sentence is spoken by a tone."] * 6)
 

@@ -1,9 +1,9 @@
-"""No client can hurt another. Each attack of ``loadtest/attack_kinds.py`` at a CI size, run
-from 127.0.0.2 in its own process, while the bystander of ``tests/bystander.py`` (realtime text->audio
+"""No client can hurt another. Each attack of ``loadtest/abuse/attack_kinds.py`` at a CI size, run
+from 127.0.0.2 in its own process, while the bystander of ``realtime_gw/testing/bystander.py`` (realtime text->audio
 turns, /healthz every 50 ms, a robot) is measured first alone and then through the attack, on the same
 gateway in the same test. Then: the attack got its documented answer, and /readyz is 200 again.
 
-The full-size runs and the before/after table are ``loadtest/attacks.py`` (docs/reliability.md).
+The full-size runs and the before/after table are ``loadtest/abuse/attacks.py`` (docs/reliability.md).
 
 Thresholds. The targets are: bystander TTFA p95 <= 2x its baseline, no audio frame more than
 100 ms late, /healthz within 100 ms. This machine (and CI) is shared and has 2 cores that the attacker,
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,12 +30,10 @@ from typing import Any
 import pytest
 import websockets
 
-from tests.bystander import Bystander
-from tests.conftest import ROOT, LiveServer, start_server, stop_server
-
-sys.path.insert(0, str(ROOT / "loadtest"))
-from attack_kinds import Sizes  # noqa: E402
-from attacks import attack_row, seconds_until_ready  # noqa: E402
+from loadtest.abuse.attack_kinds import Sizes
+from loadtest.abuse.attacks import attack_row, seconds_until_ready
+from realtime_gw.testing.bystander import Bystander
+from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 
 NOISE_MS = 500.0
 """The scheduling-noise floor of the bounds (module docstring)."""

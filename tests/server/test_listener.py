@@ -21,7 +21,7 @@ import websockets.sync.client
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.server.connections import GuardedWebSocketProtocol, uvicorn_options
-from tests.conftest import LiveServer, start_server, stop_server
+from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 
 HANDSHAKE_TIMEOUT_S = 1.5
 PER_CLIENT = 6

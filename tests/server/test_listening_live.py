@@ -9,8 +9,8 @@ import base64
 import time
 from typing import Any
 
-from tests.audio_tools import synthesize, wer
-from tests.conftest import LiveServer
+from realtime_gw.testing.audio import synthesize, wer
+from realtime_gw.testing.gateway import LiveServer
 from tests.server.realtime_sdk_client import collect_until, connect
 
 RATE = 24000

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import websockets
 
-from tests.conftest import LiveServer
+from realtime_gw.testing.gateway import LiveServer
 
 
 def test_health_ready_models(tone_server: LiveServer) -> None:

@@ -19,7 +19,7 @@ import pytest
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import InvalidStatus
 
-from tests.conftest import LiveServer, start_server
+from realtime_gw.testing.gateway import LiveServer, start_server
 from tests.server.openpi_harness import droid_obs
 from tests.server.ray_cluster import (
     FRONT_END_FLAGS,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import websockets
 
-from tests.conftest import LiveServer, start_server, stop_server
+from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 
 IDLE_S = 3.0
 RATE_FACTOR = 10.0

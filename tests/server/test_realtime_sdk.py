@@ -12,8 +12,8 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from tests.audio_tools import synthesize, transcribe, wer
-from tests.conftest import LiveServer
+from realtime_gw.testing.audio import synthesize, transcribe, wer
+from realtime_gw.testing.gateway import LiveServer
 from tests.server.realtime_sdk_client import (
     FRAME_BYTES,
     audio_of,

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
+from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from tests.chat_server import ChatServer, Reply, ToolCallReply, estimate_tokens, running_chat_server
-from tests.conftest import LiveServer, start_server, stop_server
 from tests.server.sdk_events import validate
 
 WEATHER = {

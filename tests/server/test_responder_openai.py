@@ -21,9 +21,9 @@ from realtime_gw.server.responder import (
     ResponderError,
     chunk_pieces,
 )
-from tests.audio_tools import transcribe, wer
+from realtime_gw.testing.audio import transcribe, wer
+from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from tests.chat_server import ChatServer, Reply, ToolCallReply, estimate_tokens, running_chat_server
-from tests.conftest import LiveServer, start_server, stop_server
 
 REPLY = ["The door ", "is open now. ", "Your coffee ", "is on the table. ", "Have a nice day."]
 CHUNK_DELAY_S = 0.15  # per word

@@ -14,8 +14,8 @@ import pytest
 import soundfile
 import websockets
 
-from tests.audio_tools import transcribe, wer
-from tests.conftest import LiveServer
+from realtime_gw.testing.audio import transcribe, wer
+from realtime_gw.testing.gateway import LiveServer
 
 AUTH = {"Authorization": "Bearer test-key"}
 TEXT = "Please open the door for me. I would like a cup of coffee."

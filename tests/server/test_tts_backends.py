@@ -15,8 +15,11 @@ import httpx
 import pytest
 import soundfile
 
-from tests.conftest import LiveServer, start_server, stop_server
+from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from tests.server.realtime_sdk_client import FRAME_BYTES, collect_until, connect, is_done, text_turn
+
+# Its gateways are reached through ``request.getfixturevalue``, which collection cannot see.
+pytestmark = pytest.mark.live
 
 TEXT = "Please open the door for me. I would like a cup of coffee."
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import websockets
 
-from tests.conftest import LiveServer, start_server, stop_server
+from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from tests.server.realtime_sdk_client import FRAME_BYTES, connect, text_turn
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.audio_tools import synthesize, wer
-from tests.conftest import LiveServer, start_server, stop_server
+from realtime_gw.testing.audio import synthesize, wer
+from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from tests.server.realtime_sdk_client import collect_until, connect, is_done, types
 
 RATE = 16000

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from realtime_gw.client.audio import silence, write_wav
-from tests.audio_tools import synthesize, wer
-from tests.conftest import ARTIFACTS, LiveServer
+from realtime_gw.testing.audio import synthesize, wer
+from realtime_gw.testing.gateway import ARTIFACTS, LiveServer
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")

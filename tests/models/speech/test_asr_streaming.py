@@ -10,7 +10,7 @@ import pytest
 from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot
 from realtime_gw.protocols.audio import resample
 from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest
-from tests.audio_tools import wer
+from realtime_gw.testing.audio import wer
 
 
 def chunks(pcm: bytes, rate: int, ms: int) -> list[bytes]:

@@ -1,7 +1,7 @@
 """The pipelined frame loop (``SlotEngine.launch``: a frame's decoder runs behind the next frame's talker)
 gives the same codes, audio and word marks as one whole frame per step, with streams joining, pausing
 for text, ending and being cancelled mid-flight (tiny Qwen3-TTS checkpoint, CPU; on CUDA the decoder
-runs on a stream of its own, measured in ``loadtest/bench_tts_qwen3_gpu.py``)."""
+runs on a stream of its own, measured in ``loadtest/bench/tts_qwen3_gpu.py``)."""
 
 from __future__ import annotations
 

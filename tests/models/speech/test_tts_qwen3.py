@@ -297,7 +297,7 @@ def test_bf16_decoder_close_to_fp32(ck: Qwen3TtsCheckpoint, ref: Any) -> None:
     over 7 frames in two slots; tables, pre-conv and transformer stay float32. The tolerance is loose on
     purpose: this tiny decoder's random weights are chaotic (rounding its conv weights alone to bf16 moves
     the waveform by 14% relative, measured); a wiring error (a state not carried, a wrong dtype) moves it
-    by ~100%. The error at the published shape is measured on the GPU (loadtest/bench_tts_qwen3_gpu.py)."""
+    by ~100%. The error at the published shape is measured on the GPU (loadtest/bench/tts_qwen3_gpu.py)."""
     codes = torch.as_tensor(ref["decode_codes_7"])
     fp32, bf16 = StreamingQwen3Decoder(ck.decoder, 2), StreamingQwen3Decoder(ck.decoder, 2, "bf16")
     assert bf16.states[bf16.ctx[id(ck.decoder.pre_conv)]].dtype == torch.float32

@@ -14,7 +14,7 @@ from realtime_gw.models.runtime import NoFreeSlot
 from realtime_gw.models.speech.vad_silero_torch import TorchSileroVadBackend
 from realtime_gw.protocols.audio import resample
 from realtime_gw.records.voice import VadRequest
-from tests.audio_tools import synthesize
+from realtime_gw.testing.audio import synthesize
 from tests.models.speech.vad_streams import Scheduled, drive_alone, run_schedule, run_vad
 
 TOLERANCE = 1e-4
