@@ -10,7 +10,7 @@ clients that speak a Piper sentence at real time (server VAD, transcription on, 
 
 Per turn: `input_audio_buffer.speech_stopped` -> `conversation.item.input_audio_transcription.completed`
 (the transcript's latency) and `speech_stopped` -> first `response.output_audio.delta` (turn latency),
-both on the client's clock. Prints a markdown table (and appends it to docs/benchmarks.md with
+both on the client's clock. Prints a markdown table (and appends it to docs/benchmarks-log.md with
 ``--write``).
 """
 
@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3, help="turns per session")
     ap.add_argument("--server-args", default="--policy none --asr-slots 20")
     ap.add_argument("--after-args", default="", help="extra flags for this checkout's gateway only")
-    ap.add_argument("--write", action="store_true", help="append the table to docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="append the table to docs/benchmarks-log.md")
     args = ap.parse_args()
     speech = synthesize(TEXT, RATE)
     counts = [int(n) for n in args.sessions.split(",")]
@@ -173,7 +173,7 @@ def main() -> None:
     table = "\n".join(lines) + "\n"
     print(table)
     if args.write:
-        with (ROOT / "docs" / "benchmarks.md").open("a") as f:
+        with (ROOT / "docs" / "benchmarks-log.md").open("a") as f:
             f.write(table)
 
 

@@ -5,7 +5,7 @@ For each mode a gateway (Piper TTS, pocketsphinx ASR, no policy) is started; a b
 text turns the whole time; `/healthz` is probed every 50 ms. First a quiet phase (the baseline), then an
 attacker commits 12 s of loud noise (transcription on, no turn detection) a few times in a row. Printed:
 `/healthz` latency, the bystander's time to first audio and frame lateness, and how long each noisy
-decode took, per phase; then appended to docs/benchmarks.md.
+decode took, per phase; then appended to docs/benchmarks-log.md.
 
     .venv/bin/python -m loadtest.bench.isolation             # ~3 min
     .venv/bin/python -m loadtest.bench.isolation --quick     # one noisy commit per mode
@@ -154,7 +154,7 @@ async def main() -> None:
     out("")
     out(ratios)
     if not args.no_write:
-        with (ROOT / "docs" / "benchmarks.md").open("a") as f:
+        with (ROOT / "docs" / "benchmarks-log.md").open("a") as f:
             f.write(
                 f"\n## CPU isolation: pocketsphinx and Piper in-process vs in a child process "
                 f"({dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC)\n\n"

@@ -3,7 +3,7 @@
 For each policy (``noop``: zeros, measures the server itself; ``tiny``: the tiny random-init PI0) and each
 number of concurrent robots, every robot is a stock ``WebsocketClientPolicy`` sending a DROID-like
 observation (2 cameras 224x224x3 uint8, 8-dim state, a prompt) in a closed loop. Round-trip latency
-p50/p99 and throughput are printed as a table and appended to ``docs/benchmarks.md``.
+p50/p99 and throughput are printed as a table and appended to ``docs/benchmarks-log.md``.
 
 Both servers run as child processes of this script (``--serve ours|stock``) with the same policy
 object type: ours through ``create_app`` with only the policy worker, stock through
@@ -38,7 +38,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 
-BENCHMARKS_MD = ROOT / "docs" / "benchmarks.md"
+BENCHMARKS_MD = ROOT / "docs" / "benchmarks-log.md"
 
 
 # -- servers (child processes) ----------------------------------------------------------------------------
@@ -327,7 +327,7 @@ def main() -> None:
         help="OMP_WAIT_POLICY for both servers ('' = inherit). Under CPU contention the default (spinning) "
         "made the stock server's inference 20-50x slower in our runs",
     )
-    parser.add_argument("--no-append", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--no-append", action="store_true", help="print only; leave docs/benchmarks-log.md alone")
     args = parser.parse_args()
     if args.serve == "ours":
         serve_ours(args.policy, args.port, args.max_wait_ms, args.policy_impl, args.phase_steps)

@@ -289,7 +289,7 @@ async def main() -> None:
         )
 
     if not args.no_write:
-        with (ROOT / "docs" / "benchmarks.md").open("a") as f:
+        with (ROOT / "docs" / "benchmarks-log.md").open("a") as f:
             f.write(
                 f"\n## Ray hop: remote stage workers ({dt.date.today().isoformat()})\n\n"
                 f"- Hardware: {hardware()}; {gpu(args.tts_device)}; a local Ray (no dashboard), the actor at"

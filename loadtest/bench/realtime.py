@@ -1,7 +1,7 @@
 """Realtime voice benchmark: time to first audio, frame lateness, sustained sessions, barge-in latency.
 
 Starts its own gateways on free loopback ports (Piper, and the cheap `tone` TTS for gateway overhead),
-drives them with raw WebSocket clients, prints a table and appends it to docs/benchmarks.md.
+drives them with raw WebSocket clients, prints a table and appends it to docs/benchmarks-log.md.
 
     .venv/bin/python -m loadtest.bench.realtime            # full run (~3 min)
     .venv/bin/python -m loadtest.bench.realtime --quick    # smoke run
@@ -192,7 +192,7 @@ async def main() -> None:
         stop_server(tone)
 
     if not args.no_write:
-        doc = ROOT / "docs" / "benchmarks.md"
+        doc = ROOT / "docs" / "benchmarks-log.md"
         header = "" if doc.exists() else "# Benchmarks\n"
         with doc.open("a") as f:
             f.write(

@@ -19,7 +19,7 @@ Phases (each prints as it goes; results also go to ``--json``):
    requests wait N times as long (stated as a projection, not measured).
 
     python3 -m loadtest.bench.tts_gpu                       # on a CUDA machine
-    python3 -m loadtest.bench.tts_gpu --markdown docs/benchmarks.md
+    python3 -m loadtest.bench.tts_gpu --markdown docs/benchmarks-log.md
 """
 
 from __future__ import annotations

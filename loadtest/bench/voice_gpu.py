@@ -276,7 +276,7 @@ def run_level(args: argparse.Namespace, port: int, sessions: int) -> dict[str, A
 
 
 def markdown_table(result: dict[str, Any]) -> str:
-    """The docs/benchmarks.md table of one run."""
+    """The docs/benchmarks-log.md table of one run."""
     rows = [
         "| N | turns (replies started / missed) | turn p50 / p95 (ms) | end of audio -> 1st frame p50 / p95 (ms) "
         "| late p50 / p95 / max (ms) | ASR step p50 / p95 | TTS step p50 / p95 | VAD step p50 / p95 | real time |",
