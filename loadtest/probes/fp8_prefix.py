@@ -22,8 +22,9 @@ import torch
 import realtime_gw.models.fp8 as fp8
 from loadtest.bench.kernel_profile import graph_ms
 from loadtest.bench.policy_gpu import load_pi0, request
+from realtime_gw.models.policy.expert import Block as _Block
 from realtime_gw.models.policy.pi0 import Pi0Runner, action_error, probe_requests
-from realtime_gw.models.policy.pi0_functional import Cache, Pi0Functional, _Block
+from realtime_gw.models.policy.pi0_functional import Cache, Pi0Functional
 
 ROOT = Path(__file__).resolve().parents[2]
 

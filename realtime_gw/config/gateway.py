@@ -324,13 +324,16 @@ class PolicySettings(WorkerSettings, kw_only=True):
 
     SECTION: ClassVar[str] = "policy"
     KEYS: ClassVar[dict[str, str]] = {"policy": "model"}
-    policy: Literal["pi0", "noop", "none"] = "pi0"
-    """`pi0` (PI0 or PI0.5 in transformers), `noop` (zero actions, for tests without torch); `none`
-    disables the robot socket and skips loading torch."""
+    policy: Literal["pi0", "pi05", "noop", "none"] = "pi0"
+    """`pi0` (transformers' PI0ForConditionalGeneration), `pi05` (π0.5, PI05ForConditionalGeneration),
+    `noop` (zero actions, for tests without torch); `none` disables the robot socket and skips loading
+    torch."""
     policy_config: Literal["tiny", "pi0"] = "tiny"
-    """Random-init shape when ``policy_path`` is unset: `tiny` (CPU tests) or `pi0` (the published PI0)."""
+    """Random-init shape when ``policy_path`` is unset: `tiny` (CPU tests) or `pi0` (the published
+    architecture of the chosen model, PI0's or π0.5's)."""
     policy_path: str | None = None
-    """A transformers `save_pretrained` directory of PI0 or PI0.5; unset = random init at
+    """A transformers `save_pretrained` directory of the chosen model (its config.json `model_type` is
+    `pi0` or `pi05`), with its tokenizer and normalization statistics; unset = random init at
     ``policy_config``."""
     policy_device: str = "cpu"
     """Torch device (e.g. `cuda`, `cuda:1`)."""
@@ -376,10 +379,12 @@ class PolicySettings(WorkerSettings, kw_only=True):
     transformers' processor_config.json; unset = the one inside `policy_path`, if any."""
     policy_norm_mode: Literal["auto", "zscore", "quantile"] = "auto"
     """`zscore` (PI0) or `quantile` (PI0-FAST, PI0.5) normalization; `auto` = what the checkpoint's
-    config.json names (`use_quantile_norm`, LeRobot's `normalization_mapping`), else `zscore`."""
+    config.json names (`use_quantile_norm`, LeRobot's `normalization_mapping`), else the model's own
+    (`quantile` for `pi05`, `zscore` for `pi0`)."""
     policy_state_in_prompt: Literal["auto", "on", "off"] = "auto"
     """Write the normalized state into the prompt as openpi's discrete state tokens; `auto` = the
-    checkpoint's config.json `discrete_state_input`."""
+    checkpoint's config.json `discrete_state_input`, else on for `pi05` (openpi's π0.5 configs) except
+    with the `libero` robot (openpi's `pi05_libero`), off for `pi0`."""
 
 
 class RobotSettings(PolicySettings, kw_only=True):
@@ -396,7 +401,8 @@ class RobotSettings(PolicySettings, kw_only=True):
     openpi's DROID / LIBERO / ALOHA policies; `generic` = the state, action and camera layout below."""
     robot_delta_actions: bool | None = None
     """`libero` / `aloha`: joint actions relative to the state (openpi's DeltaActions); unset = as openpi's
-    PI0 checkpoint for the robot was trained (pi0_libero, pi0_aloha: on)."""
+    checkpoint of the model for the robot was trained (pi0_libero, pi0_aloha, pi05 on ALOHA: on;
+    pi05_libero: off)."""
     robot_adapt_to_pi: bool = True
     """`aloha`: convert joints and grippers between standard ALOHA and the PI runtime (openpi's
     adapt_to_pi)."""

@@ -83,6 +83,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("vad", "silero", "realtime_gw.models.speech.vad:from_config"),
     Family("turn", TURN_FAMILY, "realtime_gw.models.speech.turn_smart:from_config"),
     Family("policy", "pi0", "realtime_gw.models.policy.factory:pi0_from_config"),
+    Family("policy", "pi05", "realtime_gw.models.policy.factory:pi05_from_config"),
     Family("policy", "noop", "realtime_gw.models.policy.factory:noop_from_config"),
 )
 

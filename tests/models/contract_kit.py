@@ -133,6 +133,14 @@ CASES: tuple[KitCase, ...] = (
     ),
     KitCase(
         "policy",
+        "pi05",
+        {"policy": "pi05", "robot": "droid", "openpi_max_sessions": 1},
+        _policy,
+        "not a request",
+        "PolicyRequest",
+    ),
+    KitCase(
+        "policy",
         "noop",
         {"policy": "noop", "openpi_max_sessions": 1},
         _policy,

@@ -112,23 +112,31 @@ def serve(config: GatewayConfig, runner: PolicyRunner) -> Iterator[Served]:
         thread.join(timeout=30)
 
 
-@functools.lru_cache(maxsize=1)
-def tiny_model() -> tuple[Any, Any]:
-    """The tiny random-init PI0 and its tokenizer, built once per test process."""
+@functools.lru_cache(maxsize=2)
+def tiny_model(policy: str = "pi0") -> tuple[Any, Any]:
+    """The tiny random-init PI0 (or π0.5) and its tokenizer, built once per test process."""
     from realtime_gw.models.policy.factory import load_model
 
-    model, tok, _, _ = load_model(GatewayConfig())
+    model, tok, _, _ = load_model(GatewayConfig(policy=policy))  # type: ignore[arg-type]
     return model, tok
 
 
 def tiny_runner(config: GatewayConfig) -> Any:
-    """A PI0 runner over the shared tiny model, with ``config``'s observation scheme and history."""
+    """A runner of ``config``'s policy (PI0 or π0.5) over the shared tiny model, with ``config``'s
+    observation scheme and history (π0.5: the state in its 200-token prompt, openpi's default)."""
     from realtime_gw.models.policy.factory import policy_spec
     from realtime_gw.models.policy.pi0 import Pi0Runner
 
-    model, tok = tiny_model()
+    policy = config.policy if config.policy == "pi05" else "pi0"
+    model, tok = tiny_model(policy)
+    pi05 = policy == "pi05"
     spec = policy_spec(
-        config, model="pi0-tiny (random init)", action_horizon=model.config.chunk_size, tokenizer=tok.name
+        config,
+        model=f"{policy}-tiny (random init)",
+        action_horizon=model.config.chunk_size,
+        tokenizer=tok.name,
+        state_in_prompt=pi05,
+        max_prompt_tokens=200 if pi05 else 48,
     )
     return Pi0Runner(model, tok, spec, config.policy_device)
 

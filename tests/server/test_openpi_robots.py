@@ -1,7 +1,7 @@
 """openpi's robots as openpi users run them: each preset's own example observation (openpi's
 ``make_*_example``) sent with the PyPI ``openpi-client`` returns actions of the robot's shape, the same as
 openpi's stock ``WebsocketPolicyServer`` serving the same policy object with the same transforms; real-time
-chunking and streamed chunks work in the robot's action space (tiny random-init PI0 on the CPU)."""
+chunking and streamed chunks work in the robot's action space (tiny random-init PI0 and π0.5 on the CPU)."""
 
 from __future__ import annotations
 
@@ -24,13 +24,19 @@ from tests.server.openpi_stock_server import connect_stock, stock_server
 H = 10
 
 
-@pytest.fixture(scope="module", params=["droid", "libero", "aloha"])
+@pytest.fixture(
+    scope="module",
+    params=[(m, r) for m in ("pi0", "pi05") for r in ("droid", "libero", "aloha")],
+    ids=lambda p: "-".join(p),
+)
 def robot(request: pytest.FixtureRequest) -> Iterator[tuple[str, Served, int]]:
-    """(preset, our gateway, the stock server's port), both serving one runner with the preset's spec."""
-    config = GatewayConfig(robot=request.param, policy_max_wait_ms=1.0)
+    """(preset, our gateway, the stock server's port), both serving one runner (PI0 or π0.5) with the
+    preset's spec."""
+    policy, preset = request.param
+    config = GatewayConfig(policy=policy, robot=preset, policy_max_wait_ms=1.0)
     runner = tiny_runner(config)
     with serve(config, runner) as gw, stock_server(LocalPolicy(runner, seed=42)) as stock_port:
-        yield request.param, gw, stock_port
+        yield preset, gw, stock_port
 
 
 def test_openpi_examples_through_openpi_client_and_the_stock_server(robot: tuple[str, Served, int]) -> None:

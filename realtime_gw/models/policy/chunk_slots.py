@@ -1,4 +1,4 @@
-"""Fixed robot slots for PI0's fast sampler: a chunk is a prefix pass, then denoising steps that every
+"""Fixed robot slots for PI0's (and π0.5's) fast sampler: a chunk is a prefix pass, then denoising steps that every
 robot holding a slot shares, whatever step each is at.
 
 - Per-slot static buffers (as ``models/speech/streaming/slot_engine.py`` keeps them for TTS streams): the prefix's
@@ -100,7 +100,7 @@ class ChunkSlots:
             pixel_values=torch.zeros((cap, image_slots, 3, h, w), dtype=torch.uint8, device=device),
             input_ids=torch.zeros((cap, prompt_len), dtype=torch.long, device=device),
             mask=torch.ones((cap, prompt_len), dtype=torch.bool, device=device),
-            state=torch.zeros((cap, fn.model.config.max_state_dim), dtype=dt, device=device),
+            state=torch.zeros((cap, fn.max_state_dim), dtype=dt, device=device),
             noise=torch.zeros(actions, dtype=dt, device=device),
             target=torch.zeros(actions, dtype=torch.float32, device=device),
             weights=torch.zeros(actions, dtype=torch.float32, device=device),

@@ -34,7 +34,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("pi0_functional.py", "chunk_slots.py", "../kernels.py", "../fp8.py")
+SOURCES = ("pi0_functional.py", "expert.py", "chunk_slots.py", "../kernels.py", "../fp8.py")
 """The modules whose code the compiled step and prefix run (relative to this package)."""
 
 

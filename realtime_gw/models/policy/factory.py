@@ -1,6 +1,11 @@
 """Builds the policy backend the gateway's config names: the only policy module that reads
 ``GatewayConfig``. It loads the weights (a local ``save_pretrained`` directory or a named random-init
 config) and hands the runners plain arguments, so ``pi0`` and ``pi0_fast`` know nothing of the config.
+
+``policy`` is ``pi0`` (transformers' ``PI0ForConditionalGeneration``) or ``pi05`` (π0.5,
+``PI05ForConditionalGeneration``); both run through the same runners. The ``auto`` settings follow
+openpi's configs for the model: π0.5 reads the state as discrete tokens in its prompt (except openpi's
+``pi05_libero``), normalizes with quantiles and has 200 prompt tokens; PI0 as its checkpoint says.
 """
 
 from __future__ import annotations
@@ -39,14 +44,39 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 """A checkpoint's own tokenizer (PaliGemma's, saved by ``save_pretrained`` beside the weights)."""
 PROMPT_TOKENS, STATE_PROMPT_TOKENS = 48, 200
 """openpi's ``max_token_len``: 48 for PI0's prompt, 200 where the state is written into it (PI0.5)."""
+MODEL_CLASSES = {"pi0": "PI0ForConditionalGeneration", "pi05": "PI05ForConditionalGeneration"}
+"""transformers' class per ``policy`` choice; its config's ``model_type`` is the same name."""
+LABELS = {"pi0": "PI0", "pi05": "π0.5"}
+
+
+def model_class(policy: str) -> Any:
+    """transformers' model class for ``policy`` (``pi0`` / ``pi05``); a clear error where the installed
+    transformers lacks it."""
+    import transformers
+
+    name = MODEL_CLASSES[policy]
+    try:
+        return getattr(transformers, name)
+    except AttributeError:
+        raise ConfigError(
+            f"--policy {policy}: transformers {transformers.__version__} has no {name}; install a "
+            f"transformers release that ships {LABELS[policy]}"
+        ) from None
 
 
 def pi0_config(name: str) -> Any:
     """A named PI0Config: ``tiny`` (CPU tests and benchmarks) or ``pi0`` (the published architecture)."""
-    from transformers import PI0Config
+    return policy_model_config("pi0", name)
 
+
+def policy_model_config(policy: str, name: str) -> Any:
+    """A named config of ``policy`` (``pi0`` / ``pi05``): ``tiny`` (CPU tests and benchmarks) or ``pi0``
+    (the model's published architecture)."""
+    import transformers
+
+    config_class = getattr(transformers, MODEL_CLASSES[policy].replace("ForConditionalGeneration", "Config"))
     if name == "pi0":
-        return PI0Config()
+        return config_class()
     if name != "tiny":
         raise ValueError(f"unknown policy_config {name!r}; expected 'tiny' or 'pi0'")
     # The action expert reads the VLM's KV cache, so both share layer count, KV heads and head_dim.
@@ -69,7 +99,7 @@ def pi0_config(name: str) -> Any:
         "num_attention_heads": 2,
         "vision_use_head": False,
     }
-    return PI0Config(
+    return config_class(
         vlm_config={
             "model_type": "paligemma",
             "text_config": {**gemma, "vocab_size": ByteTokenizer.vocab_size},
@@ -89,50 +119,67 @@ def _dtype(name: str, device: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def policy_kind(config: GatewayConfig) -> str:
+    """``pi0`` or ``pi05``: the model family ``policy`` names."""
+    if config.policy not in MODEL_CLASSES:
+        raise ValueError(f"no PI0-family model for policy={config.policy!r}")
+    return config.policy
+
+
 def load_model(config: GatewayConfig) -> tuple[Any, PromptTokenizer, str, bool]:
     """(model, tokenizer, model description, random_init) on ``policy_device``, in eval mode."""
     device, dtype = config.policy_device, _dtype(config.policy_dtype, config.policy_device)
+    kind = policy_kind(config)
     if config.policy_path:
         path = Path(config.policy_path)
-        model, tok = load_checkpoint(path, dtype)
-        desc, random_init = f"pi0 from {path}", False
+        model, tok = load_checkpoint(path, dtype, kind)
+        desc, random_init = f"{kind} from {path}", False
     else:
-        from transformers import PI0ForConditionalGeneration
-
-        cfg = pi0_config(config.policy_config)
+        cls = model_class(kind)
+        cfg = policy_model_config(kind, config.policy_config)
         # Build straight on the device (a full PI0 is ~3.5B parameters) with seeded, reproducible weights.
         with torch.random.fork_rng(devices=[]), torch.device(device):
             torch.manual_seed(INIT_SEED)
-            model = PI0ForConditionalGeneration(cfg)
+            model = cls(cfg)
+            _randomize_adaptive_norms(model)
         tok = ByteTokenizer(BYTE_TOKENIZER_NAME)
-        desc, random_init = f"pi0-{config.policy_config} (random init)", True
+        desc, random_init = f"{kind}-{config.policy_config} (random init)", True
     return model.to(device=device, dtype=dtype).eval(), tok, desc, random_init
 
 
-def load_checkpoint(path: Path, dtype: torch.dtype) -> tuple[Any, PromptTokenizer]:
-    """A directory written by ``PI0ForConditionalGeneration.save_pretrained`` (local files only) and the
-    tokenizer saved beside it. Whatever does not fit is a ``ConfigError`` naming the file."""
-    from transformers import PI0ForConditionalGeneration
+def _randomize_adaptive_norms(model: Any) -> None:
+    """π0.5 initialises its adaptive norms' projections to zero (a trained checkpoint overwrites them):
+    every gate would be 0 and the action expert would ignore the observation. Random-init weights stand
+    for a trained model, so these get ``nn.Linear``'s own random init like every other projection."""
+    for module in model.modules():
+        if type(module).__name__ == "PI05AdaptiveRMSNorm":
+            module.dense.reset_parameters()
 
+
+def load_checkpoint(path: Path, dtype: torch.dtype, kind: str = "pi0") -> tuple[Any, PromptTokenizer]:
+    """A directory written by ``PI0ForConditionalGeneration.save_pretrained`` (``kind`` ``pi0``) or
+    ``PI05ForConditionalGeneration``'s (``pi05``), local files only, and the tokenizer saved beside it.
+    Whatever does not fit is a ``ConfigError`` naming the file."""
+    cls = model_class(kind)
     config_file = path / "config.json"
     if not path.is_dir():
         raise ConfigError(f"policy_path {path} is not a directory")
     if not config_file.is_file():
         raise ConfigError(
             f"{config_file} is missing: policy_path must be a directory written by "
-            "PI0ForConditionalGeneration.save_pretrained"
+            f"{MODEL_CLASSES[kind]}.save_pretrained"
         )
     raw = _json(config_file)
-    if raw.get("model_type") != "pi0":
-        raise ConfigError(f"{config_file}: model_type is {raw.get('model_type')!r}, not 'pi0'")
+    found = raw.get("model_type")
+    if found != kind:
+        hint = f": serve it with --policy {found}" if found in MODEL_CLASSES else ""
+        raise ConfigError(f"{config_file}: model_type is {found!r}, not {kind!r} (--policy {kind}){hint}")
     try:
-        model, info = PI0ForConditionalGeneration.from_pretrained(
-            path, local_files_only=True, dtype=dtype, output_loading_info=True
-        )
+        model, info = cls.from_pretrained(path, local_files_only=True, dtype=dtype, output_loading_info=True)
     except Exception as e:  # transformers raises OSError, ValueError, RuntimeError... with its own text
         weights = ", ".join(sorted(p.name for p in path.glob("*.safetensors"))) or "no *.safetensors file"
         raise ConfigError(
-            f"{path}: cannot load the PI0 weights ({weights}) as {config_file.name} describes them: {e}"
+            f"{path}: cannot load the {LABELS[kind]} weights ({weights}) as {config_file.name} describes them: {e}"
         ) from e
     bad = {k: sorted(info.get(k) or ())[:5] for k in ("missing_keys", "mismatched_keys") if info.get(k)}
     if bad:
@@ -174,11 +221,15 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def robot_of(config: GatewayConfig) -> RobotFormat:
-    """The ``robot`` preset with its options."""
+    """The ``robot`` preset with its options (delta actions unset: as openpi's checkpoint of the model
+    for that robot was trained; ``pi05_libero`` predicts absolute actions)."""
+    delta = config.robot_delta_actions
+    if delta is None and config.policy == "pi05" and config.robot == "libero":
+        delta = False
     try:
         return robot_format(
             config.robot,
-            delta_actions=config.robot_delta_actions,
+            delta_actions=delta,
             adapt_to_pi=config.robot_adapt_to_pi,
             default_prompt=config.robot_default_prompt,
         )
@@ -216,8 +267,9 @@ def build_pi0_runner(config: GatewayConfig) -> Pi0Runner:
     model, tok, desc, random_init = load_model(config)
     cfg = model.config
     checkpoint = dict(cfg.to_dict()) if config.policy_path else {}
+    pi05 = policy_kind(config) == "pi05"
     state_in_prompt = (
-        bool(checkpoint.get("discrete_state_input", False))
+        bool(checkpoint.get("discrete_state_input", pi05 and config.robot != "libero"))
         if config.policy_state_in_prompt == "auto"
         else config.policy_state_in_prompt == "on"
     )
@@ -232,14 +284,14 @@ def build_pi0_runner(config: GatewayConfig) -> Pi0Runner:
         sampler=resolve_impl(config),
         image_size=(vision.image_size, vision.image_size),
         state_in_prompt=state_in_prompt,
-        max_prompt_tokens=STATE_PROMPT_TOKENS if state_in_prompt else PROMPT_TOKENS,
+        max_prompt_tokens=STATE_PROMPT_TOKENS if state_in_prompt or pi05 else PROMPT_TOKENS,
     )
     _check_fits(config, spec, cfg)
-    norm = _norm_stats(config, spec, checkpoint)
+    norm = _norm_stats(config, spec, checkpoint, "quantile" if pi05 else "zscore")
     if norm is not None:
         spec = dataclasses.replace(spec, normalization=norm.describe())
     if len(spec.camera_keys) > 3:
-        log.warning("PI0 was trained with at most 3 cameras; %d configured", len(spec.camera_keys))
+        log.warning("PI0 and π0.5 were trained with at most 3 cameras; %d configured", len(spec.camera_keys))
     if resolve_impl(config) == "fast":
         return FastPi0Runner(
             model,
@@ -269,9 +321,10 @@ def _check_fits(config: GatewayConfig, spec: PolicySpec, cfg: Any) -> None:
         f"the {spec.robot.name} robot" if not spec.robot.generic else "policy_state_dim / policy_action_dim"
     )
     state = len(spec.state_history) * spec.state_dim
-    if state > cfg.max_state_dim:
+    max_state = max_state_dim(cfg)
+    if state > max_state:
         raise ConfigError(
-            f"{where}: max_state_dim is {cfg.max_state_dim}, but {robot} needs {state} state dims "
+            f"{where}: max_state_dim is {max_state}, but {robot} needs {state} state dims "
             f"({len(spec.state_history)} frame(s) x {spec.state_dim})"
         )
     if spec.action_dim > cfg.max_action_dim:
@@ -280,7 +333,14 @@ def _check_fits(config: GatewayConfig, spec: PolicySpec, cfg: Any) -> None:
         )
 
 
-def _norm_stats(config: GatewayConfig, spec: PolicySpec, checkpoint: dict[str, Any]) -> NormStats | None:
+def max_state_dim(cfg: Any) -> int:
+    """PI0's state vector size; π0.5 reads the state as text, padded as openpi pads it (to the actions')."""
+    return int(getattr(cfg, "max_state_dim", cfg.max_action_dim))
+
+
+def _norm_stats(
+    config: GatewayConfig, spec: PolicySpec, checkpoint: dict[str, Any], default_mode: str
+) -> NormStats | None:
     """The statistics file named, or the one inside ``policy_path``; checked against the robot at start-up."""
     try:
         path: Path | None = Path(config.policy_norm_stats) if config.policy_norm_stats else None
@@ -292,7 +352,7 @@ def _norm_stats(config: GatewayConfig, spec: PolicySpec, checkpoint: dict[str, A
             raise ValueError(f"policy_norm_stats {path} does not exist")
         mode = config.policy_norm_mode
         if mode == "auto":
-            mode = mode_hint(checkpoint) or "zscore"
+            mode = mode_hint(checkpoint) or default_mode
         return load_norm_stats(path, spec.state_dim, spec.action_dim, mode)
     except ValueError as e:
         robot = "" if spec.robot.generic else f" (robot {spec.robot.name})"
@@ -336,15 +396,18 @@ def compile_cache(config: GatewayConfig, model: Any, spec: PolicySpec) -> Compil
 def worker_max_wait_ms(config: GatewayConfig) -> float:
     """The policy worker's batching window: none when chunks advance in phases (the next worker step is
     one denoising step away, and robots share it whenever they arrive)."""
-    phased = config.policy == "pi0" and resolve_impl(config) == "fast" and config.policy_phase_steps > 0
+    phased = (
+        config.policy in MODEL_CLASSES and resolve_impl(config) == "fast" and config.policy_phase_steps > 0
+    )
     return 0.0 if phased else config.policy_max_wait_ms
 
 
 def build_policy_backend(config: GatewayConfig) -> PolicyBackend:
-    """The backend ``policy`` names: ``pi0`` (tiny/full/local weights) or ``noop`` (zeros, no model)."""
+    """The backend ``policy`` names: ``pi0`` / ``pi05`` (tiny/full/local weights) or ``noop`` (zeros, no
+    model)."""
     if config.policy == "noop":
         return noop_backend(config)
-    if config.policy != "pi0":
+    if config.policy not in MODEL_CLASSES:
         raise ValueError(f"no policy backend for policy={config.policy!r}")
     return pi0_backend(config)
 
@@ -379,6 +442,11 @@ def policy_plan(backend: PolicyBackend, config: GatewayConfig) -> StagePlan:
 
 
 def pi0_from_config(config: GatewayConfig) -> StagePlan:
+    return policy_plan(pi0_backend(config), config)
+
+
+def pi05_from_config(config: GatewayConfig) -> StagePlan:
+    """π0.5: the same runners as PI0 (``pi0_backend`` reads which model from ``policy``)."""
     return policy_plan(pi0_backend(config), config)
 
 

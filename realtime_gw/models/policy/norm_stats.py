@@ -6,8 +6,8 @@ Formats read (the statistics of one dataset: per feature ``mean``, ``std``, ``q0
 - LeRobot's dataset stats (``meta/stats.json``): ``{"observation.state": {...}, "action": {...}}``, and the
   same as a LeRobot policy's normalizer saves them (``*normalizer_processor.safetensors``, flat keys
   ``observation.state.mean`` ...);
-- transformers' ``PI0Processor`` config (``processor_config.json``: ``state_mean``, ``state_std``,
-  ``actions_mean``, ``actions_std``).
+- transformers' ``PI0Processor`` / ``PI05Processor`` config (``processor_config.json``: ``state_mean``,
+  ``state_std``, ``actions_mean``, ``actions_std``, and π0.5's ``state_q01`` ... ``actions_q99``).
 
 Modes, with openpi's formulas (``Normalize`` / ``Unnormalize`` in ``src/openpi/transforms.py``): ``zscore``
 ``(x - mean) / (std + 1e-6)`` (PI0) and ``quantile`` ``(x - q01) / (q99 - q01 + 1e-6) * 2 - 1`` (PI0-FAST,
@@ -29,6 +29,7 @@ EPS = 1e-6
 STATE_KEYS = ("state", "observation.state", "observation/state")
 ACTION_KEYS = ("actions", "action")
 _FIELDS = {"zscore": ("mean", "std"), "quantile": ("q01", "q99")}
+PROCESSOR_FIELDS = ("mean", "std", "q01", "q99")
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,10 @@ def read_stats(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{p}: expected a JSON object of statistics, got {type(doc).__name__}")
     if isinstance(doc.get("norm_stats"), dict):
         return doc["norm_stats"]
-    if "state_mean" in doc or "actions_mean" in doc:  # transformers' PI0Processor config
+    if any(f"{feature}_{field}" in doc for feature in ("state", "actions") for field in PROCESSOR_FIELDS):
+        # transformers' PI0Processor / PI05Processor config
         return {
-            feature: {field: doc.get(f"{feature}_{field}") for field in ("mean", "std")}
+            feature: {field: doc.get(f"{feature}_{field}") for field in PROCESSOR_FIELDS}
             for feature in ("state", "actions")
         }
     return doc
@@ -185,7 +187,7 @@ def find_norm_stats(root: str | Path) -> Path | None:
             doc = json.loads(processor.read_text())
         except (OSError, ValueError):
             return None
-        if isinstance(doc, dict) and doc.get("state_mean") is not None:
+        if isinstance(doc, dict) and any(doc.get(f"state_{f}") is not None for f in PROCESSOR_FIELDS):
             return processor
     return None
 

@@ -1,6 +1,8 @@
-"""PI0 (transformers ``PI0ForConditionalGeneration``) as a batched policy runner: the eager sampler.
+"""PI0 (transformers ``PI0ForConditionalGeneration``) and π0.5 (``PI05ForConditionalGeneration``) as a
+batched policy runner: the eager sampler.
 
-Plain requests go through transformers' own ``sample_actions``; RTC requests (which need a guidance
+Plain requests go through transformers' own ``sample_actions`` (π0.5's takes no state: the state is in
+its prompt, ``preprocess.tokenize_prompt``); RTC requests (which need a guidance
 hook it lacks) through ``pi0_functional``'s guided sampler. ``pi0_fast`` is the serving runner built on
 this one; ``factory`` builds either from the gateway's config.
 
@@ -67,9 +69,10 @@ class Pi0Runner:
         vision = cfg.vlm_config.vision_config
         if spec.image_size != (vision.image_size, vision.image_size):
             raise ValueError(f"spec image_size {spec.image_size} != model's {vision.image_size}")
-        if len(spec.state_history) * spec.state_dim > cfg.max_state_dim:
+        self.max_state_dim = int(getattr(cfg, "max_state_dim", cfg.max_action_dim))  # π0.5: no state input
+        if len(spec.state_history) * spec.state_dim > self.max_state_dim:
             raise ValueError(
-                f"{len(spec.state_history)} state frames x {spec.state_dim} dims exceed max_state_dim {cfg.max_state_dim}"
+                f"{len(spec.state_history)} state frames x {spec.state_dim} dims exceed max_state_dim {self.max_state_dim}"
             )
         if spec.action_dim > cfg.max_action_dim or spec.action_horizon != cfg.chunk_size:
             raise ValueError(f"spec actions ({spec.action_horizon}, {spec.action_dim}) do not fit the model")
@@ -81,7 +84,8 @@ class Pi0Runner:
         self.norm = norm
         self.image_token_id = cfg.vlm_config.image_token_id
         self.tokens_per_image = (vision.image_size // vision.patch_size) ** 2
-        self.max_state_dim = cfg.max_state_dim
+        self.state_input = getattr(cfg, "model_type", "pi0") == "pi0"
+        """PI0's ``sample_actions`` takes the state vector; π0.5's reads it from the prompt only."""
         self.noise_shape = (cfg.chunk_size, cfg.max_action_dim)
         self.rtc_beta = rtc_beta
         self._functional: Pi0Functional | None = None
@@ -157,8 +161,9 @@ class Pi0Runner:
         dev, dt = self.device, self.dtype
         batch = len(prepared)
         pixel_values = scale_pixels(torch.stack([p.pixel_values for p in prepared]).to(dev)).to(dt)
+        state = {"state": torch.stack([p.state for p in prepared]).to(dev, dt)} if self.state_input else {}
         actions = self.model.sample_actions(
-            state=torch.stack([p.state for p in prepared]).to(dev, dt),
+            **state,
             input_ids=torch.stack([p.input_ids for p in prepared]).to(dev),
             pixel_values=pixel_values,
             noise=torch.stack([p.noise for p in prepared]).to(dev, dt),

@@ -1,4 +1,5 @@
-"""PI0's inference maths over a loaded ``PI0ForConditionalGeneration``: the same function as transformers'
+"""PI0's inference maths over a loaded ``PI0ForConditionalGeneration`` (or π0.5's, ``PI05ForConditionalGeneration``:
+its action expert is the one difference, ``expert.py``): the same function as transformers'
 ``sample_actions``, restructured for serving, plus real-time chunking's guided denoising.
 
 - The vision-language prefix runs once per observation into a **static KV cache** (one buffer per layer,
@@ -33,18 +34,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from realtime_gw.models.fp8 import Weight, fp8_weight, linear
-from realtime_gw.models.kernels import (
-    additive_mask,
-    apply_rope,
-    attend,
-    fuse_linears,
-    linear_add,
-    qkv_heads,
-    signed_rope,
-)
+from realtime_gw.models.fp8 import linear
+from realtime_gw.models.kernels import additive_mask, apply_rope, attend, linear_add, qkv_heads, signed_rope
+from realtime_gw.models.policy.expert import Block, expert_of, normalize, residual
 from realtime_gw.models.policy.preprocess import scale_pixels
 from realtime_gw.models.policy.rtc import DEFAULT_BETA, RtcArrays, guidance_scale
 
@@ -78,47 +71,6 @@ def _rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, to
     """The rotary module's (B, L, hd) tables -> (B, L, 1, hd) cos and signed sin, for (B, L, heads, hd)."""
     cos, sin = signed_rope(cos, sin)
     return cos[:, :, None], sin[:, :, None]
-
-
-class _Block:
-    """One decoder layer's weights, fused for few kernels: QKV in one matrix, gate|up in one matrix,
-    Gemma's RMSNorm weight as (1 + w) in float32. Copies of the layer's weights (about 2.8 GB extra at
-    the full PI0 size), made once; the model's own modules stay as they are. ``fp8``: the projections
-    are kept in e4m3 with row-wise scales instead (``realtime_gw.models.fp8``)."""
-
-    def __init__(self, layer: Any, gemma: bool, fp8: bool = False) -> None:
-        attn = layer.self_attn
-        out = attn.o_proj if gemma else attn.out_proj
-        quant = fp8_weight if fp8 else _same
-        qkv, self.qkv_bias = fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj)
-        self.qkv, self.o, self.o_bias = quant(qkv), quant(out.weight), out.bias
-        self.scale = float(attn.scaling if gemma else attn.scale)
-        if gemma:
-            n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
-            self.norm1 = (1.0 + n1.weight.float(), float(n1.eps))
-            self.norm2 = (1.0 + n2.weight.float(), float(n2.eps))
-            mlp = layer.mlp
-            gate_up, self.gate_up_bias = fuse_linears(mlp.gate_proj, mlp.up_proj)
-            self.gate_up = quant(gate_up)
-            self.inter = mlp.gate_proj.weight.shape[0]
-            self.down, self.down_bias = quant(mlp.down_proj.weight), mlp.down_proj.bias
-            self.act = mlp.act_fn
-        else:
-            self.ln1, self.ln2 = layer.layer_norm1, layer.layer_norm2
-            mlp = layer.mlp
-            self.fc1, self.fc1_bias = quant(mlp.fc1.weight), mlp.fc1.bias
-            self.fc2, self.fc2_bias = quant(mlp.fc2.weight), mlp.fc2.bias
-            self.act = mlp.activation_fn
-
-
-def _same(w: torch.Tensor) -> Weight:
-    return w
-
-
-def _rms(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
-    """GemmaRMSNorm: float32 x * rsqrt(mean(x^2) + eps) * (1 + w), cast back."""
-    w, eps = norm
-    return F.rms_norm(x.float(), (x.shape[-1],), w, eps).to(x.dtype)
 
 
 @dataclass
@@ -183,7 +135,7 @@ class Cache:
 
     def __init__(self, fn: Pi0Functional, batch: int, prefix_len: int, device: torch.device) -> None:
         self.prefix_len = prefix_len
-        self.suffix_len = fn.chunk + 1
+        self.suffix_len = fn.chunk + fn.expert.state_tokens
         self.total = -(-(prefix_len + self.suffix_len) // KV_ALIGN) * KV_ALIGN
         shape = (batch, fn.kv_heads, self.total, fn.head_dim)
         self.k = [torch.zeros(shape, dtype=fn.dtype, device=device) for _ in range(fn.layers)]
@@ -213,7 +165,9 @@ class Cache:
 
 class Pi0Functional:
     """PI0 inference over a loaded ``PI0ForConditionalGeneration``'s weights (fused copies of the decoder
-    layers' projections, see ``_Block``; everything else shared with the model)."""
+    layers' projections, see ``expert.Block``; everything else shared with the model). π0.5
+    (``PI05ForConditionalGeneration``) runs through the same code: its action expert differs in one
+    object (``expert.Pi05Expert``: no state token, time-conditioned adaptive norms, gated residuals)."""
 
     def __init__(self, model: Any, prefix_fp8: bool = False) -> None:
         cfg = model.config
@@ -254,15 +208,17 @@ class Pi0Functional:
         # FP8 only where the GEMMs are large enough to be bound by tensor throughput: the prefix. The
         # expert's steps (51 tokens) are bound by their chain of kernels and stay in the model dtype.
         self.prefix_fp8 = prefix_fp8
-        self.vision_blocks = [_Block(layer, False, prefix_fp8) for layer in self.vision.encoder.layers]
-        self.lm_blocks = [_Block(layer, True, prefix_fp8) for layer in self.lm.layers]
-        self.dit_blocks = [_Block(layer, gemma=True) for layer in self.dit.layers]
-        self.dit_final_norm = (1.0 + self.dit.norm.weight.float(), float(self.dit.norm.eps))
+        self.vision_blocks = [Block(layer, False, prefix_fp8) for layer in self.vision.encoder.layers]
+        self.lm_blocks = [Block(layer, True, prefix_fp8) for layer in self.lm.layers]
+        self.expert = expert_of(model)
+        self.dit_blocks = self.expert.blocks
+        # π0.5 has no state input (its state is in the prompt); the slots still carry PI0's vector.
+        self.max_state_dim = int(getattr(cfg, "max_state_dim", cfg.max_action_dim))
 
     # -- layers -----------------------------------------------------------------------------------------
     def _gemma_layer(
         self,
-        blk: _Block,
+        blk: Block,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         k_buf: torch.Tensor,
@@ -271,10 +227,11 @@ class Pi0Functional:
         keys: slice,
         mask: torch.Tensor | None,
         output: bool = True,
+        mod: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One Gemma decoder layer: writes this layer's K/V of ``x`` into ``k_buf/v_buf[:, :, at]`` and
-        attends over ``[:, :, keys]`` of them."""
-        h = _rms(x, blk.norm1)
+        attends over ``[:, :, keys]`` of them. ``mod``: π0.5's modulations of this step (``expert``)."""
+        h, gate = normalize(x, blk.norm1, mod)
         qk, v = qkv_heads(h, blk.qkv, blk.qkv_bias, self.heads, self.kv_heads)
         qk = apply_rope(qk, *rope)  # q and k heads together
         n_q = self.heads
@@ -285,9 +242,12 @@ class Pi0Functional:
         # The expert (few queries, long cache) attends by GEMMs; the long prefix by the fused kernel.
         fused = qk.shape[1] >= UNFUSED_MAX_QUERIES
         o = attend(qk[:, :, :n_q], k_buf[:, :, keys], v_buf[:, :, keys], mask, blk.scale, fused)
-        x = linear_add(x, o, blk.o, blk.o_bias)
-        gu = linear(_rms(x, blk.norm2), blk.gate_up, blk.gate_up_bias)
-        return linear_add(x, blk.act(gu[..., : blk.inter]) * gu[..., blk.inter :], blk.down, blk.down_bias)
+        x = residual(x, o, blk.o, blk.o_bias, gate)
+        h, gate = normalize(x, blk.norm2, mod)
+        gu = linear(h, blk.gate_up, blk.gate_up_bias)
+        return residual(
+            x, blk.act(gu[..., : blk.inter]) * gu[..., blk.inter :], blk.down, blk.down_bias, gate
+        )
 
     # -- prefix -----------------------------------------------------------------------------------------
     def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -328,14 +288,15 @@ class Pi0Functional:
             x = self._gemma_layer(
                 blk, x, rope, cache.k[i], cache.v[i], prefix, prefix, key_mask, output=i < last
             )
-        # Expert masks: the state token sees the valid prefix and itself; action tokens see the valid
-        # prefix, the state and every action (transformers' block mask in PI0Model.forward). Additive,
+        # Expert masks: PI0's state token sees the valid prefix and itself; action tokens see the valid
+        # prefix, the state and every action (transformers' block mask in PI0Model.forward, PI05Model's). Additive,
         # built once per observation, rows in the folded query order of ``attend``.
         n = cache.suffix_len
         rows = torch.zeros(mask.shape[0], n, cache.total, dtype=torch.bool, device=mask.device)
         rows[:, :, :p] = mask[:, None, :]
-        rows[:, 0, p] = True
-        rows[:, 1:, p : p + n] = True
+        s = self.expert.state_tokens  # PI0's state token sees itself, not the actions; π0.5 has none
+        rows[:, :s, p : p + s] = True
+        rows[:, s:, p : p + n] = True
         cache.suffix_mask.copy_(additive_mask(rows, 1, self.groups, self.dtype))
         # Positions continue after the valid prefix tokens (cumsum over [mask, ones] - 1).
         valid = mask.long().sum(-1, keepdim=True)
@@ -355,16 +316,16 @@ class Pi0Functional:
         """The expert's velocity at ``time`` ((B,) float32): a tensor, so a compiled version of this
         method sees one graph for every step."""
         rope = (cache.rope_cos, cache.rope_sin)
-        h = self.model.embed_action_time(state, x, time)
+        h, mod = self.expert.embed(x, time, state)
         at = slice(cache.prefix_len, cache.prefix_len + cache.suffix_len)
         keys = slice(0, cache.total)
         for i, blk in enumerate(self.dit_blocks):
             # detach(): an alias of the static buffer with no autograd history, so RTC's backward of
             # this step never reaches an earlier step's graph through the shared storage.
             h = self._gemma_layer(
-                blk, h, rope, cache.k[i].detach(), cache.v[i].detach(), at, keys, cache.suffix_mask
+                blk, h, rope, cache.k[i].detach(), cache.v[i].detach(), at, keys, cache.suffix_mask, mod=mod
             )
-        h = _rms(h, self.dit_final_norm)
+        h, _ = normalize(h, self.expert.final_norm, mod)
         return self.model.action_out_proj(h[:, -self.chunk :])
 
     def denoise_step(

@@ -49,14 +49,15 @@ def save_tokenizer(path: Path) -> int:
     return len(hf)
 
 
-def save_checkpoint(path: Path, vocab: int, tokenizer: bool = True, **config: Any) -> Path:
-    """A tiny PI0 with a ``vocab``-token text vocabulary (``image_token_id`` just past it, as PI0), saved by
-    ``save_pretrained``; with the small tokenizer beside it unless ``tokenizer`` is False."""
-    from transformers import PI0ForConditionalGeneration
+def save_checkpoint(
+    path: Path, vocab: int, tokenizer: bool = True, policy: str = "pi0", **config: Any
+) -> Path:
+    """A tiny PI0 (or π0.5: ``policy="pi05"``) with a ``vocab``-token text vocabulary (``image_token_id``
+    just past it, as PI0), saved by ``save_pretrained``; with the small tokenizer beside it unless
+    ``tokenizer`` is False. π0.5's adaptive norms get random weights, as a trained checkpoint has."""
+    from realtime_gw.models.policy.factory import _randomize_adaptive_norms, model_class, policy_model_config
 
-    from realtime_gw.models.policy.factory import pi0_config
-
-    cfg = pi0_config("tiny")
+    cfg = policy_model_config(policy, "tiny")
     cfg.vlm_config.text_config.vocab_size = vocab
     cfg.dit_config.vocab_size = vocab
     cfg.vlm_config.image_token_id = vocab
@@ -64,7 +65,8 @@ def save_checkpoint(path: Path, vocab: int, tokenizer: bool = True, **config: An
         setattr(cfg, key, value)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(7)
-        model = PI0ForConditionalGeneration(cfg).eval()
+        model = model_class(policy)(cfg).eval()
+        _randomize_adaptive_norms(model)
     model.save_pretrained(str(path))
     if tokenizer:
         save_tokenizer(path)

@@ -1,5 +1,7 @@
-"""Shared by the phased-policy tests: the tiny PI0, its runners, and robot requests that differ in
-everything a batch could mix up (cameras present, prompt lengths, seeds, step counts, RTC guides)."""
+"""Shared by the policy tests: the tiny PI0 and π0.5, their runners, and robot requests that differ in
+everything a batch could mix up (cameras present, prompt lengths, seeds, step counts, RTC guides).
+
+``MODELS`` parametrises a test module's ``tiny`` fixture: every sampler test runs for both models."""
 
 from __future__ import annotations
 
@@ -16,11 +18,27 @@ from realtime_gw.records.policy import PolicyRequest, RtcGuide
 
 TOL = 1e-4
 """fast vs transformers' sampler, and a robot batched vs alone (float32; GEMM shapes differ)."""
+MODELS = ("pi0", "pi05")
+"""PI0 and π0.5: the same runners, the same tests."""
 
 
-def tiny_model() -> tuple[Any, Any]:
-    model, tok, _, _ = load_model(GatewayConfig())
+def tiny_model(policy: str = "pi0") -> tuple[Any, Any]:
+    model, tok, _, _ = load_model(GatewayConfig(policy=policy))  # type: ignore[arg-type]
     return model, tok
+
+
+def spec_of(tiny: tuple[Any, Any], config: GatewayConfig | None = None) -> Any:
+    """The spec the factory would give the tiny model: π0.5 reads the state from its 200-token prompt."""
+    model, tok = tiny
+    pi05 = model.config.model_type == "pi05"
+    return policy_spec(
+        config or GatewayConfig(),
+        model="tiny",
+        action_horizon=model.config.chunk_size,
+        tokenizer=tok.name,
+        state_in_prompt=pi05,
+        max_prompt_tokens=200 if pi05 else 48,
+    )
 
 
 def eager_runner(tiny: tuple[Any, Any]) -> Pi0Runner:
@@ -34,10 +52,7 @@ def fast_runner(tiny: tuple[Any, Any], **kw: Any) -> FastPi0Runner:
 
 
 def _spec(tiny: tuple[Any, Any]) -> Any:
-    model, tok = tiny
-    return policy_spec(
-        GatewayConfig(), model="tiny", action_horizon=model.config.chunk_size, tokenizer=tok.name
-    )
+    return spec_of(tiny)
 
 
 def robot(i: int, rtc: bool = False, num_steps: int | None = None) -> PolicyRequest:

@@ -1,4 +1,4 @@
-"""Robots overlapped: PI0 chunks in fixed slots, advanced in phases (the prefix, then denoising steps
+"""Robots overlapped: PI0 and π0.5 chunks in fixed slots, advanced in phases (the prefix, then denoising steps
 every robot shares whatever step it is at), on the tiny config (CPU).
 
 A phased chunk must be the one-shot chunk (same seed and noise, same actions), a robot joining
@@ -18,12 +18,12 @@ from realtime_gw.config import GatewayConfig
 from realtime_gw.models.policy.backend import PolicyBackend
 from realtime_gw.models.policy.chunk_slots import HostEvent
 from realtime_gw.models.policy.factory import build_policy_backend, worker_max_wait_ms
-from tests.models.policy.robots import TOL, drive, eager_runner, fast_runner, robot, tiny_model
+from tests.models.policy.robots import MODELS, TOL, drive, eager_runner, fast_runner, robot, tiny_model
 
 
-@pytest.fixture(scope="module")
-def tiny() -> tuple[Any, Any]:
-    return tiny_model()
+@pytest.fixture(scope="module", params=MODELS)
+def tiny(request: pytest.FixtureRequest) -> tuple[Any, Any]:
+    return tiny_model(request.param)
 
 
 def test_phased_chunks_equal_one_shot_chunks(tiny: tuple[Any, Any]) -> None:

@@ -1,4 +1,5 @@
-"""The fast PI0 sampler (static prefix KV, bucketed graphs) and real-time chunking, on the tiny config (CPU).
+"""The fast PI0 and π0.5 sampler (static prefix KV, bucketed graphs) and real-time chunking, on the tiny
+configs (CPU): every test that takes the ``tiny`` model runs for both.
 
 The fast path must be the same function as transformers' ``sample_actions`` (float32, same noise), alone
 and in mixed batches; RTC must freeze the first ``d`` actions to the previous chunk and shrink the jump
@@ -19,8 +20,6 @@ from realtime_gw.models.policy import pi0_fast as policy_fast
 from realtime_gw.models.policy.factory import (
     build_pi0_runner,
     compile_enabled,
-    load_model,
-    policy_spec,
     resolve_impl,
 )
 from realtime_gw.models.policy.pi0 import Pi0Runner
@@ -29,21 +28,19 @@ from realtime_gw.models.policy.pi0_functional import Cache
 from realtime_gw.models.policy.preprocess import NormStats
 from realtime_gw.models.policy.rtc import guidance_scale, guidance_weights
 from realtime_gw.records.policy import PolicyRequest, RtcGuide
+from tests.models.policy.robots import MODELS, spec_of, tiny_model
 
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def tiny() -> tuple[Any, Any]:
-    model, tok, _, _ = load_model(GatewayConfig())
-    return model, tok
+@pytest.fixture(scope="module", params=MODELS)
+def tiny(request: pytest.FixtureRequest) -> tuple[Any, Any]:
+    return tiny_model(request.param)
 
 
 def runners(tiny: tuple[Any, Any], **fast_kw: Any) -> tuple[Pi0Runner, FastPi0Runner]:
     model, tok = tiny
-    spec = policy_spec(
-        GatewayConfig(), model="tiny", action_horizon=model.config.chunk_size, tokenizer=tok.name
-    )
+    spec = spec_of(tiny)
     return Pi0Runner(model, tok, spec), FastPi0Runner(model, tok, spec, **fast_kw)
 
 
@@ -281,7 +278,9 @@ def test_fp8_prefix_is_served_within_its_guard(tiny: tuple[Any, Any]) -> None:
         assert np.abs(b - r).max() <= TOL
 
 
-def test_fp8_prefix_over_its_limit_falls_back(tiny: tuple[Any, Any], caplog: pytest.LogCaptureFixture) -> None:
+def test_fp8_prefix_over_its_limit_falls_back(
+    tiny: tuple[Any, Any], caplog: pytest.LogCaptureFixture
+) -> None:
     eager, _ = runners(tiny)
     with caplog.at_level(logging.WARNING, logger="realtime_gw.models.policy.pi0_fast"):
         _, fast = runners(tiny, prefix_fp8=True, fp8_max_error=1e-4)
