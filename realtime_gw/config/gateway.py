@@ -408,6 +408,9 @@ class RobotSettings(PolicySettings, kw_only=True):
     adapt_to_pi)."""
     robot_default_prompt: str | None = None
     """The prompt of observations that carry none (openpi's default_prompt)."""
+    robot_control_hz: float | None = None
+    """The control rate the robot is expected to execute actions at, stated in the metadata frame's
+    `action_contract`; unset = the preset's (DROID 15, LIBERO 20, ALOHA 50 Hz), none for `generic`."""
     openpi_image_history: list[int] = msgspec.field(default_factory=lambda: [0])
     """Frames the model sees of every camera, as offsets from the current one (0), oldest first; e.g.
     [-2, -1, 0] = the last three observations' images."""

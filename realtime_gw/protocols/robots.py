@@ -33,7 +33,7 @@ ROBOTS = ("generic", "droid", "libero", "aloha")
 MODEL_CAMERAS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 """PI0's camera slots, in model order (openpi's names)."""
 MODEL_STATE_KEY = "state"
-CONTROL_KEYS = ("prompt", "session_id", "seed", "num_inference_steps", "rtc")
+CONTROL_KEYS = ("prompt", "session_id", "seed", "num_inference_steps", "rtc", "action_contract", "timestamp")
 """Keys of an observation that are not robot data; they pass through the input transform unchanged."""
 DEFAULT_MAX_SIDE = 4096
 

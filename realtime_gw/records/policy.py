@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from realtime_gw.protocols.action_contract import CONTROL_HZ, LAYOUTS, ActionContract, ReplyRequest
 from realtime_gw.protocols.robots import GENERIC, MODEL_CAMERAS, MODEL_STATE_KEY, RobotFormat
 
 DROID_CAMERAS = (
@@ -50,6 +51,9 @@ class PolicySpec:
     the model-side fields above and the actions back. ``generic``: the fields above are the wire format."""
     state_in_prompt: bool = False
     """The normalized state is also written into the prompt as openpi's discrete state tokens."""
+    control_hz: float | None = None
+    """The control rate the server expects the robot to run at (the action contract's); None = the
+    preset's own (``action_contract.CONTROL_HZ``), none for ``generic``."""
 
     def __post_init__(self) -> None:
         for name, offsets in (("image_history", self.image_history), ("state_history", self.state_history)):
@@ -86,6 +90,25 @@ class PolicySpec:
             action_dim=robot.action_dim,
             robot=robot,
             **fields,
+        )
+
+    @property
+    def contract(self) -> ActionContract:
+        """The machine-readable action contract of the metadata frame (``protocols/action_contract.py``)."""
+        robot = self.robot
+        if robot.generic:
+            state_keys: tuple[str, ...] = (self.state_key,)
+        else:
+            state_keys = tuple(f.label for f in robot.fields if f.dtype == "float")
+        hz = self.control_hz if self.control_hz is not None else CONTROL_HZ.get(robot.name)
+        return ActionContract(
+            layout=LAYOUTS[robot.name],
+            state_keys=state_keys,
+            state_dim=self.state_dim,
+            action_key=self.action_key,
+            action_dim=self.action_dim,
+            horizon=self.action_horizon,
+            control_hz=hz,
         )
 
     @property
@@ -136,3 +159,5 @@ class PolicyRequest:
     session_id: str = "default"
     rtc: RtcGuide | None = None
     """Real-time chunking against the previous chunk; None = a plain chunk."""
+    reply: ReplyRequest | None = None
+    """The observation opted in to the action contract's reply fields (``valid_steps``...)."""

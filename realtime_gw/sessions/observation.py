@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from realtime_gw.protocols.action_contract import ContractError, ReplyRequest, parse_opt_in
 from realtime_gw.records.policy import PolicySpec, RtcGuide
 
 MAX_SESSION_ID_CHARS = 128
@@ -55,6 +56,8 @@ class Observation:
     seed: int | None
     num_steps: int | None
     rtc: RtcGuide | None = None
+    reply: ReplyRequest | None = None
+    """The action contract's opt-in (``protocols/action_contract.py``); None for a stock observation."""
 
 
 def endpoint_name(msg: dict[str, Any]) -> str:
@@ -96,6 +99,7 @@ def parse_observation(spec: PolicySpec, msg: Any) -> Observation:
     """Check one observation against the spec; raises ``ObservationError`` naming the exact problem."""
     if not isinstance(msg, dict):
         raise ObservationError(f"an observation must be a msgpack map, got {_kind(msg)}")
+    reply = contract_opt_in(spec, msg)
     # Ring entries outlive the frame; copy only when there is a ring to keep them in.
     keep = spec.history_depth > 1
     images: list[np.ndarray | None] = []
@@ -118,7 +122,18 @@ def parse_observation(spec: PolicySpec, msg: Any) -> Observation:
         seed=_seed(msg),
         num_steps=_num_steps(spec, msg),
         rtc=_rtc(spec, msg),
+        reply=reply,
     )
+
+
+def contract_opt_in(spec: PolicySpec, msg: dict[str, Any]) -> ReplyRequest | None:
+    """The observation's action-contract opt-in (``protocols/action_contract.py``); an expectation the
+    server does not meet is an ``ObservationError`` naming the field. Checked before a robot preset's
+    input transform too: a client built for another layout learns that, not a missing key of this one."""
+    try:
+        return parse_opt_in(spec.contract, msg)
+    except ContractError as e:
+        raise ObservationError(str(e)) from None
 
 
 def _image(spec: PolicySpec, key: str, value: Any) -> np.ndarray:

@@ -32,6 +32,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from realtime_gw.protocols.action_contract import ReplyRequest, reply_fields
 from realtime_gw.records.policy import PolicyRequest, PolicySpec
 from realtime_gw.sessions.observation import StreamSettings
 from realtime_gw.sessions.policy_request_reply import (
@@ -153,6 +154,10 @@ class _Job:
     """A robot preset's model-space state of the observation (its output transform needs it)."""
     frozen: np.ndarray | None = None
     """RTC: the robot-space actions the reply must repeat exactly (its first ``inference_delay`` steps)."""
+    reply: ReplyRequest | None = None
+    """The observation opted in to the action contract's reply fields."""
+    frozen_steps: int = 0
+    """RTC's ``inference_delay`` of the request (0 without RTC)."""
 
 
 class OpenPISession:
@@ -273,6 +278,9 @@ class OpenPISession:
 
     # -- policy jobs, both modes ------------------------------------------------------------------------
     def _start(self, request: PolicyRequest, job: _Job) -> RunPolicy:
+        if request.reply is not None:
+            delay = 0 if request.rtc is None else request.rtc.inference_delay
+            job = replace(job, reply=request.reply, frozen_steps=delay)
         if not self.spec.robot.generic:
             request, job = self._to_model(request, job)
         number = self._next_job
@@ -335,7 +343,9 @@ class OpenPISession:
             if self._prev_total_ms is not None:
                 timing["prev_total_ms"] = self._prev_total_ms
             self._prev_total_ms = (now - job.received_at) * 1000
-        return SendReply({**reply.payload, "server_timing": timing})
+        # The action contract's fields, only for an observation that asked for them (stock clients never do).
+        contract = {} if job.reply is None else reply_fields(self.spec.contract, job.reply, job.frozen_steps)
+        return SendReply({**reply.payload, **contract, "server_timing": timing})
 
     # -- helpers ----------------------------------------------------------------------------------------
     def _close(self) -> list[OpenPIEffect]:

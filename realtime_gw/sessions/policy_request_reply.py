@@ -35,6 +35,7 @@ from realtime_gw.sessions.observation import (
     Observation,
     ObservationError,
     StreamSettings,
+    contract_opt_in,
     endpoint_name,
     parse_observation,
     parse_stream_start,
@@ -99,7 +100,8 @@ def server_metadata(spec: PolicySpec) -> dict[str, Any]:
         "normalization": spec.normalization,
         "sampler": spec.sampler,
         "state_in_prompt": spec.state_in_prompt,
-        "extensions": ["reset", "session_id", "seed", "num_inference_steps", "rtc", "stream"],
+        "extensions": ["reset", "session_id", "seed", "num_inference_steps", "rtc", "stream", "action_contract"],
+        "action_contract": spec.contract.describe(),
     }
     return {"policy_server_config": {**config, **spec.robot.describe()}}
 
@@ -153,6 +155,8 @@ class PolicyConnection:
     def observe(self, msg: Any) -> PolicyRequest:
         """Validate an observation, push it into its robot's history and build the request (no in-flight
         bookkeeping: streamed mode takes observations while a chunk is computing)."""
+        if isinstance(msg, dict) and not self.spec.robot.generic:
+            contract_opt_in(self.spec, msg)
         try:
             msg = self.spec.robot.inputs(msg, self.spec.max_image_side)
         except RobotFormatError as e:
@@ -223,4 +227,5 @@ class PolicyConnection:
             num_steps=obs.num_steps,
             session_id=obs.session_id,
             rtc=obs.rtc,
+            reply=obs.reply,
         )

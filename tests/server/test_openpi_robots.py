@@ -65,6 +65,26 @@ def test_openpi_examples_through_openpi_client_and_the_stock_server(robot: tuple
         stock._ws.close()
 
 
+def test_the_action_contract_through_openpi_client(robot: tuple[str, Served, int]) -> None:
+    """The stock client reads the metadata and infers as before; one that opts in gets ``valid_steps``
+    and its timestamp back, from our socket and from the stock server serving the same session."""
+    name, gw, stock_port = robot
+    ours, stock = WebsocketClientPolicy(host="127.0.0.1", port=gw.port), connect_stock(stock_port)
+    try:
+        contract = ours.get_server_metadata()["policy_server_config"]["action_contract"]
+        assert contract["layout"] == f"openpi/{name}" and contract["action"]["dim"] == ACTION_DIMS[name]
+        ask = {"action_contract": {"layout": contract["layout"], "horizon": H}, "timestamp": 3.5}
+        for policy in (ours, stock):
+            reply = policy.infer({**EXAMPLES[name](7), "seed": 42, **ask})
+            assert (reply["valid_steps"], reply["frozen_steps"], reply["obs_timestamp"]) == (H, 0, 3.5)
+            assert reply["actions"].shape == (H, ACTION_DIMS[name])
+        with pytest.raises(RuntimeError, match="action_contract.layout: this server serves"):
+            ours.infer({**EXAMPLES[name](7), "action_contract": {"layout": "openpi/other"}})
+    finally:
+        ours._ws.close()
+        stock._ws.close()
+
+
 def test_rtc_joins_in_the_robots_action_space(robot: tuple[str, Served, int]) -> None:
     name, gw, _ = robot
     policy = WebsocketClientPolicy(host="127.0.0.1", port=gw.port)

@@ -241,9 +241,12 @@ def policy_spec(config: GatewayConfig, **fields: Any) -> PolicySpec:
     """The spec of ``config``'s robot: a preset fixes cameras, state and actions; ``generic`` reads them
     from the ``policy_*`` fields."""
     robot = robot_of(config)
+    if config.robot_control_hz is not None and not config.robot_control_hz > 0:
+        raise ConfigError(f"robot_control_hz must be a positive rate in Hz, got {config.robot_control_hz}")
     common = {
         "image_history": tuple(config.openpi_image_history),
         "state_history": tuple(config.openpi_state_history),
+        "control_hz": config.robot_control_hz,
         **fields,
     }
     if not robot.generic:
