@@ -1,8 +1,9 @@
-"""GPU robot policy: the fast PI0 sampler (static prefix KV + CUDA graphs per batch bucket) vs transformers'
-eager ``sample_actions``, one run.
+"""GPU robot policy: the fast PI0 (or π0.5, ``--policy pi05``) sampler (static prefix KV + CUDA graphs per
+batch bucket) vs transformers' eager ``sample_actions``, one run.
 
 Full PI0 config (PaliGemma 2B + 300M action expert), **random-init weights** (real architecture and cost;
-the actions are meaningless), bfloat16, 3 cameras at 224x224, 48 prompt tokens, 50 x 32 actions.
+the actions are meaningless), bfloat16, 3 cameras at 224x224, 48 prompt tokens, 50 x 32 actions; π0.5:
+its published config, the state in a 200-token prompt (openpi's ``pi05_droid`` layout).
 
 Phases (each prints as it goes; everything also goes to ``--json``):
 1. checks: fast (graphs) vs eager ``sample_actions`` on the same inputs and noise, mixed batch of 4 (bf16,
@@ -22,6 +23,7 @@ Phases (each prints as it goes; everything also goes to ``--json``):
 5. uncompiled: the same sampler without ``torch.compile`` at batch 1 and 8 (what the compile buys).
 
     python3 -m loadtest.bench.policy_gpu --json out.json          # on a CUDA machine
+    python3 -m loadtest.bench.policy_gpu --policy pi05 --json pi05.json   # π0.5, same phases
     python3 -m loadtest.bench.policy_gpu --config tiny --device cpu --quick   # smoke run anywhere
     python3 -m loadtest.bench.policy_gpu --config tiny --device cpu --policy-impl fast \
         --skip checks,eager,fast,variant,uncompiled,socket --robots 1,2,4 --phase-steps 0,1   # phases on the CPU
@@ -86,6 +88,7 @@ def sync(device: str) -> None:
 
 def make_config(args: argparse.Namespace) -> GatewayConfig:
     return GatewayConfig(
+        policy=args.policy,
         policy_config=args.config,
         policy_device=args.device,
         policy_cameras=CAMERAS,
@@ -492,7 +495,8 @@ def socket_stream(url: str, control_hz: float, execute_horizon: int, seconds: fl
 # -- main ---------------------------------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="pi0", choices=["pi0", "tiny"])
+    ap.add_argument("--policy", default="pi0", choices=["pi0", "pi05"], help="PI0 or π0.5")
+    ap.add_argument("--config", default="pi0", choices=["pi0", "tiny"], help="published shape or tiny")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--reps", type=int, default=30)
@@ -570,8 +574,14 @@ def main() -> None:
     model, tok, desc, _ = load_model(config)
     sync(dev)
     RESULTS["load_s"] = time.perf_counter() - t0
+    pi05 = args.policy == "pi05"  # openpi's π0.5: the state as text in a 200-token prompt
     spec = policy_spec(
-        config, model=desc, action_horizon=model.config.chunk_size, tokenizer=tok.name, max_prompt_tokens=48
+        config,
+        model=desc,
+        action_horizon=model.config.chunk_size,
+        tokenizer=tok.name,
+        max_prompt_tokens=200 if pi05 else 48,
+        state_in_prompt=pi05,
     )
     log(
         f"model {desc}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params, {RESULTS['load_s']:.1f} s"
