@@ -276,6 +276,9 @@ def build_pi0_runner(config: GatewayConfig) -> Pi0Runner:
         if config.policy_state_in_prompt == "auto"
         else config.policy_state_in_prompt == "on"
     )
+    if pi05 and not state_in_prompt:
+        # openpi's pi05_libero is trained so; elsewhere it is likely a mistake, but a valid one.
+        log.info("policy: π0.5 without the state in its prompt: the model sees no robot state")
     vision = cfg.vlm_config.vision_config
     spec = policy_spec(
         config,
