@@ -13,6 +13,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 import websockets
@@ -154,6 +155,9 @@ def test_bad_requests_are_refused(base: Base) -> None:
         c.audio.voices.create(audio_sample=("a.wav", _silence_wav(0.1)), consent=consent.id, name="x")
     with pytest.raises(openai.BadRequestError, match="language"):
         c.audio.voice_consents.create(recording=CLONE_WAV.open("rb"), name="n", language="not a tag!")
+    as_json = httpx.post(base.server.http + "/v1/audio/voices", json={"name": "d", "prompt": WARM, "type": "prompt"},
+                         headers={"Authorization": "Bearer test-key"})  # fmt: skip
+    assert as_json.status_code == 400 and as_json.json()["error"]["param"] == "type"
     with pytest.raises(openai.AuthenticationError):
         client(base.server, "wrong-key").audio.voices.delete("voice_" + "0" * 24)
 
