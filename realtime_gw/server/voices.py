@@ -232,6 +232,9 @@ async def consents_endpoint(request: Request) -> Response:
     if request.method == "GET":
         after, limit = _limit(request)
         return JSONResponse(pv.page([c.consent for c in gateway.voices.consents_of(owner)], after, limit))
+    if len(gateway.voices.consents_of(owner)) >= gateway.voices.max_per_key:
+        raise pv.VoiceInputError(f"this API key has {gateway.voices.max_per_key} consent recordings, the most "
+                                 "it may keep; delete one first", None, "consent_limit_reached")  # fmt: skip
     form = await _form(request)
     name = pv.check_name(_text(form, "name"))
     language = pv.check_language(_text(form, "language"))
