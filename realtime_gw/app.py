@@ -13,11 +13,12 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from realtime_gw import web
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.registry import Workers, build_workers
-from realtime_gw.server import log_hygiene, openpi_ws, ops, realtime_ws, speech, speech_stream
+from realtime_gw.server import log_hygiene, openpi_ws, ops, realtime_ws, speech, speech_stream, voices
 from realtime_gw.server.auth import Access, HostAllowlist, HostPolicy
 from realtime_gw.server.connections import raise_open_files_limit, uvicorn_options
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.responder import build_responder
+from realtime_gw.server.voice_library import VoiceLibrary
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +36,14 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
             config.session_starts_per_key_per_min,
             hosts,
         ),
+        voices=VoiceLibrary.open(config.voices_dir, config.max_voices_per_key),
     )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         log_hygiene.install()  # here: after uvicorn has configured its loggers
         await gateway.workers.start(warmup=config.warmup)
+        await voices.restore_voices(gateway)
         log.info("gateway ready on %s:%s", config.host, config.port)
         try:
             yield
@@ -57,6 +60,10 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         WebSocketRoute("/v1/duplex", realtime_ws.realtime_endpoint),
         Route("/v1/audio/speech", speech.speech_endpoint, methods=["POST"]),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream.speech_stream_endpoint),
+        Route("/v1/audio/voices", voices.voices_endpoint, methods=["GET", "POST"]),
+        Route("/v1/audio/voices/{voice_id}", voices.voice_endpoint, methods=["GET", "DELETE"]),
+        Route("/v1/audio/voice_consents", voices.consents_endpoint, methods=["GET", "POST"]),
+        Route("/v1/audio/voice_consents/{consent_id}", voices.consent_endpoint, methods=["GET", "POST", "DELETE"]),
     ]
     if gateway.workers.policy is not None:
         routes += [

@@ -126,6 +126,13 @@ class SpeechSettings(RealtimeSettings, kw_only=True):
     speech_max_utterance_chars: int = 256 * 1024
     """Text of one speech-stream utterance (from its first `input.text` to `input.done`); above it:
     `error` `string_above_max_length`, the piece dropped."""
+    voices_dir: str | None = None
+    """Directory where custom voices (`/v1/audio/voices`: each voice's metadata and the x-vector the TTS
+    model computed, never the sample) and consent recordings persist across restarts, files 0600; created
+    if missing. Unset: they live in memory until the gateway stops."""
+    max_voices_per_key: int = 100
+    """Custom voices one API key may keep, and as many consent recordings; more are refused until it
+    deletes some."""
 
 
 class ResponderSettings(SpeechSettings, kw_only=True):

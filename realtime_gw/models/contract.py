@@ -70,6 +70,9 @@ class BackendInfo(msgspec.Struct, frozen=True, kw_only=True):
     """TTS: the voice names it answers to besides "default" and OpenAI's names."""
     default_voice: str | None = None
     """TTS: what "default" and OpenAI's voice names map to."""
+    voice_kinds: tuple[str, ...] = ()
+    """TTS: the custom voices it makes at run time (``records.voice.VOICE_KINDS``): none, ``audio_sample``
+    (cloned from a recording), ``prompt`` (designed from a description)."""
     native_rate: int | None = None
     """The model's own audio rate (Hz): what it synthesizes (TTS) or listens at (ASR, VAD, turn)."""
     output_rate: int | None = None

@@ -12,6 +12,7 @@ import numpy as np
 import soundfile
 
 from realtime_gw.protocols.audio import FRAME_SAMPLES, OUTPUT_RATE, SPEED_ERROR, speed_in_range
+from realtime_gw.protocols.realtime_shapes import VoiceId
 
 RESPONSE_FORMATS = ("wav", "pcm", "flac")
 MAX_INSTRUCTIONS_CHARS = 4096
@@ -21,11 +22,16 @@ MAX_INSTRUCTIONS_CHARS = 4096
 class SpeechRequest(msgspec.Struct, kw_only=True):
     input: str
     model: str = "realtime-gw"
-    voice: str = "default"
+    voice: str | VoiceId = "default"
+    """A voice name, or a custom voice as ``{"id": ...}`` (``/v1/audio/voices``): a name once decoded."""
     response_format: str = "wav"
     stream_format: str = "audio"
     speed: float = 1.0
     instructions: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.voice, VoiceId):
+            self.voice = self.voice.id
 
 
 class SpeechInputError(ValueError):
@@ -94,11 +100,16 @@ class StreamEvent(msgspec.Struct, tag_field="type", kw_only=True):
 
 
 class SessionConfig(StreamEvent, tag="session.config"):
-    voice: str = "default"
+    voice: str | VoiceId = "default"
+    """As ``SpeechRequest.voice``: a name once decoded."""
     speed: float = 1.0
     instructions: str | None = None
     """How to speak, in words, as ``POST /v1/audio/speech``'s (backends that take a description use it)."""
     response_format: Literal["pcm"] = "pcm"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.voice, VoiceId):
+            self.voice = self.voice.id
 
 
 class InputText(StreamEvent, tag="input.text"):

@@ -25,6 +25,9 @@ __all__ = [
     "TurnScore",
     "VadProbs",
     "VadRequest",
+    "VoiceAdded",
+    "VoiceRegistration",
+    "VoiceRemoval",
 ]
 
 
@@ -98,6 +101,42 @@ class TtsRequest:
     instructions: str | None = None
     """How to speak, in words (OpenAI's ``instructions``): backends that take a description use it
     (Qwen3-TTS VoiceDesign: the voice; CustomVoice: the style); others ignore it."""
+
+
+VOICE_KINDS = ("audio_sample", "prompt")
+"""Custom voice kinds (OpenAI's ``type``): cloned from a recording, or designed from a description."""
+
+
+@dataclass(slots=True)
+class VoiceRegistration:
+    """Asks the TTS stage to add a custom voice at run time, named ``voice_id`` (then a ``TtsRequest``'s
+    ``voice``). Answered by one ``VoiceAdded``; a backend that cannot make ``kind`` refuses it."""
+
+    voice_id: str
+    kind: str
+    """``audio_sample``: cloned from ``sample``; ``prompt``: designed from ``description``."""
+    sample: bytes = b""
+    """``audio_sample``: the recording as float32 mono samples at 24 kHz (``protocols.voices``)."""
+    description: str = ""
+    """``prompt``: the voice in words."""
+    vector: tuple[float, ...] = ()
+    """``audio_sample``: the x-vector a previous registration computed (a restart), so nothing is computed
+    again; empty: compute it from ``sample``."""
+
+
+@dataclass(slots=True)
+class VoiceAdded:
+    """A registered voice; ``vector`` is what the server keeps to register it again after a restart."""
+
+    voice_id: str
+    vector: tuple[float, ...] = ()
+
+
+@dataclass(slots=True)
+class VoiceRemoval:
+    """Forget a custom voice (its id is refused afterwards); the stream ends with no output."""
+
+    voice_id: str
 
 
 @dataclass(slots=True)

@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from realtime_gw.config import GatewayConfig
-from realtime_gw.models.registry import Workers
+from realtime_gw.models.registry import Workers, accepted_voices
 from realtime_gw.server.auth import Access
 from realtime_gw.server.responder import Responder
+from realtime_gw.server.voice_library import VoiceLibrary, owner_of
 
 
 @dataclass
@@ -21,3 +22,11 @@ class Gateway:
     responder: Responder
     access: Access
     sessions: dict[str, int] = field(default_factory=lambda: {"realtime": 0, "openpi": 0, "speech": 0})
+    voices: VoiceLibrary = field(default_factory=VoiceLibrary)
+    """Custom voices and consent recordings, per API key (``/v1/audio/voices``)."""
+
+    def voices_for(self, key: str | None) -> frozenset[str]:
+        """The voice names ``key`` may speak with: the TTS model's, "default", OpenAI's, and its own
+        custom voices' ids."""
+        own = self.voices.usable_ids(owner_of(key)) if key is not None else frozenset()
+        return accepted_voices(self.workers.tts.describe()) | own

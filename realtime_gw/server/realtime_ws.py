@@ -18,7 +18,6 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from realtime_gw.models.registry import accepted_voices
 from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFault
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.records.voice import (
@@ -413,11 +412,11 @@ async def submit_with_retry(
             await worker.slot_freed(left)
 
 
-def _limits(gateway: Gateway, model: str) -> Limits:
+def _limits(gateway: Gateway, model: str, key: str | None) -> Limits:
     return Limits(
         max_input_buffer_bytes=gateway.config.max_input_buffer_bytes,
         max_items=gateway.config.max_conversation_items,
-        voices=accepted_voices(gateway.workers.tts.describe()),
+        voices=gateway.voices_for(key),
         model=model,
         max_retained_items=gateway.config.max_retained_items,
         max_instructions_chars=gateway.config.max_instructions_chars,
@@ -442,7 +441,7 @@ async def realtime_endpoint(ws: WebSocket) -> None:
     asked = ws.query_params.get("duplex") in ("1", "true")
     duplex = asked or ws.scope["path"].rstrip("/").endswith("/duplex")
     session = RealtimeSession(
-        "sess_" + secrets.token_hex(8), _limits(gateway, model), time.monotonic(), duplex=duplex
+        "sess_" + secrets.token_hex(8), _limits(gateway, model, admission.key), time.monotonic(), duplex=duplex
     )
     try:
         await RealtimeConnection(ws, gateway, session).run()

@@ -18,7 +18,6 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from realtime_gw.models.registry import accepted_voices
 from realtime_gw.models.runtime import NoFreeSlot, RequestRefused, Stream, WorkerFault
 from realtime_gw.protocols import speech as sp
 from realtime_gw.records.voice import OUTPUT_RATE, TtsFrame, TtsRequest
@@ -45,7 +44,8 @@ def openai_error(
 
 async def speech_endpoint(request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
-    if gateway.access.identify(auth.presented_key(request.headers)) is None:
+    key = gateway.access.identify(auth.presented_key(request.headers))
+    if key is None:
         return openai_error(401, "Invalid or missing API key", code="invalid_api_key")
     body = await _bounded_body(request, gateway.config.max_request_body_bytes)
     if body is None:
@@ -53,7 +53,7 @@ async def speech_endpoint(request: Request) -> Response:
         return openai_error(413, f"Request body is over the limit of {limit} bytes", code="request_too_large")
     try:
         req = msgspec.json.decode(body, type=sp.SpeechRequest)
-        sp.check_speech_request(req, accepted_voices(gateway.workers.tts.describe()))
+        sp.check_speech_request(req, gateway.voices_for(key))
     except msgspec.ValidationError as e:
         return openai_error(400, f"Invalid request: {e}", code="invalid_value")
     except msgspec.DecodeError as e:

@@ -23,7 +23,6 @@ from typing import Any
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from realtime_gw.models.registry import accepted_voices
 from realtime_gw.models.runtime import NoFreeSlot, Stream, WorkerFault
 from realtime_gw.protocols import speech as sp
 from realtime_gw.records.voice import TtsFrame
@@ -69,19 +68,19 @@ async def speech_stream_endpoint(ws: WebSocket) -> None:
     if not await admit_socket(ws, admission, refused):
         return
     with admission:
-        await SpeechStream(ws, gateway).run()
+        await SpeechStream(ws, gateway, admission.key).run()
 
 
 class SpeechStream:
     """One WebSocket: moves bytes and runs the session's effects."""
 
-    def __init__(self, ws: WebSocket, gateway: Gateway) -> None:
+    def __init__(self, ws: WebSocket, gateway: Gateway, key: str | None = None) -> None:
         config = gateway.config
         self.ws = ws
         self.gateway = gateway
         self.session = SpeechSession(
             SpeechLimits(
-                voices=frozenset(accepted_voices(gateway.workers.tts.describe())),
+                voices=gateway.voices_for(key),
                 max_pending_chars=config.speech_max_pending_chars,
                 max_utterance_chars=config.speech_max_utterance_chars,
             )

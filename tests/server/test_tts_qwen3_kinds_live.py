@@ -6,38 +6,27 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import websockets
+from openai import AsyncOpenAI
+from openai.types.audio import Voice
 
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
+from tests.server.qwen3_fixtures import CLONE_WAV, FIXTURES, greedy_copy
 from tests.server.realtime_sdk_client import FRAME_BYTES, connect, text_turn
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TEXT = "Please open the door."
 WARM = "A warm, low voice, speaking slowly."
 BRIGHT = "A bright, quick voice."
 
 
-def _greedy_copy(name: str, tmp: Path) -> Path:
-    """The fixture checkpoint (its speech_tokenizer link resolved) with greedy sampling, so the same text
-    and voice give the same audio."""
-    ckpt = tmp / name
-    shutil.copytree(FIXTURES / name, ckpt)
-    gen = json.loads((ckpt / "generation_config.json").read_text())
-    (ckpt / "generation_config.json").write_text(
-        json.dumps({**gen, "do_sample": False, "subtalker_dosample": False})
-    )
-    return ckpt
-
-
 @pytest.fixture(scope="module")
 def design_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    ckpt = _greedy_copy("qwen3_tts_tiny_voice_design", tmp_path_factory.mktemp("design"))
+    ckpt = greedy_copy("qwen3_tts_tiny_voice_design", tmp_path_factory.mktemp("design"))
     server = start_server(
         "--policy", "none", "--api-key", "test-key", "--tts", "qwen3", "--tts-path", str(ckpt),
         "--tts-instructions", BRIGHT, "--tts-voice-design", json.dumps([f"narrator={WARM}"]),
@@ -49,7 +38,7 @@ def design_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
 
 @pytest.fixture(scope="module")
 def clone_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    ckpt = _greedy_copy("qwen3_tts_tiny_base", tmp_path_factory.mktemp("base"))
+    ckpt = greedy_copy("qwen3_tts_tiny_base", tmp_path_factory.mktemp("base"))
     wav = FIXTURES / "qwen3_tts_tiny_clone.wav"
     server = start_server(
         "--policy", "none", "--api-key", "test-key", "--tts", "qwen3", "--tts-path", str(ckpt),
@@ -59,7 +48,7 @@ def clone_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
     stop_server(server)
 
 
-def _speech(server: LiveServer, **body: str) -> httpx.Response:
+def _speech(server: LiveServer, **body: object) -> httpx.Response:
     return httpx.post(
         server.http + "/v1/audio/speech",
         json={"input": TEXT, "response_format": "pcm", **body},
@@ -68,7 +57,7 @@ def _speech(server: LiveServer, **body: str) -> httpx.Response:
     )
 
 
-def _pcm(server: LiveServer, **body: str) -> bytes:
+def _pcm(server: LiveServer, **body: object) -> bytes:
     resp = _speech(server, **body)
     assert resp.status_code == 200, resp.text
     assert len(resp.content) > 0 and len(resp.content) % 2 == 0
@@ -131,6 +120,19 @@ async def test_realtime_speaks_a_designed_voice(design_server: LiveServer) -> No
     assert events[-1].response.status == "completed"
     sizes = [len(base64.b64decode(e.delta)) for e in events if e.type == "response.output_audio.delta"]
     assert sizes and all(s == FRAME_BYTES for s in sizes[:-1])
+
+
+async def test_a_voice_designed_through_the_api_speaks_as_its_prompt(design_server: LiveServer) -> None:
+    """``client.audio.voices.create(type="prompt")``: ``voice: {"id": ...}`` then speaks as that description
+    given as ``instructions``; this checkpoint cannot clone, and says so."""
+    c = AsyncOpenAI(base_url=design_server.http + "/v1", api_key="test-key", max_retries=0, timeout=120)
+    raw = await c.audio.voices.with_raw_response.create(name="Warm", prompt=WARM, type="prompt")
+    voice = Voice.model_validate(raw.http_response.json())
+    assert voice.type == "prompt" and voice.prompt == WARM
+    assert _pcm(design_server, voice={"id": voice.id}) == _pcm(design_server, instructions=WARM)  # type: ignore[arg-type]
+    consent = await c.audio.voice_consents.create(recording=CLONE_WAV.open("rb"), name="n", language="en")
+    with pytest.raises(openai.BadRequestError, match="cannot clone voices"):
+        await c.audio.voices.create(audio_sample=CLONE_WAV.open("rb"), consent=consent.id, name="x")
 
 
 def test_speech_speaks_a_cloned_voice(clone_server: LiveServer) -> None:

@@ -144,6 +144,8 @@ class TtsBackendBase(Generic[S]):
     voices: tuple[str, ...] = ("default",)
     default_voice = "default"
     """What "default" and OpenAI's voice names map to."""
+    voice_kinds: tuple[str, ...] = ()
+    """Custom voices it makes at run time (``custom_voices``); none unless it says so."""
     max_text_chars: int | None = None
     """Text one stream may receive in all; more fails that stream (``TextTooLong``). The registry sets
     it from ``tts_max_text_chars``."""
@@ -157,6 +159,7 @@ class TtsBackendBase(Generic[S]):
             slots=self.slots,
             voices=tuple(self.voices),
             default_voice=self.default_voice,
+            voice_kinds=self.voice_kinds,
             native_rate=self.native_rate,
             output_rate=OUTPUT_RATE,
             frame_samples=FRAME_SAMPLES,
@@ -184,6 +187,8 @@ class TtsBackendBase(Generic[S]):
 
     def check_request(self, request: TtsRequest) -> tuple[str, float]:
         """``(voice, speed)`` of a request, or ValueError; speed first, as clients see it today."""
+        if not isinstance(request, TtsRequest):  # a custom voice record (``custom_voices``)
+            raise ValueError(f"this TTS model makes no custom voices (got {type(request).__name__})")
         speed = check_speed(request.speed)
         return self.resolve_voice(request.voice), speed
 

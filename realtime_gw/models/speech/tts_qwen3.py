@@ -48,6 +48,7 @@ import torch
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.families import StagePlan
 from realtime_gw.models.runtime import StepResult
+from realtime_gw.models.speech.custom_voices import VoiceRecords
 from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint, load_checkpoint, random_checkpoint
 from realtime_gw.models.speech.qwen3.engine import Prompt, Qwen3Engine, build_prompt
 from realtime_gw.models.speech.qwen3.talker import Sampling
@@ -57,6 +58,7 @@ from realtime_gw.models.speech.qwen3.voices import (
     icl_start,
     icl_tokens_needed,
     parse_voice_specs,
+    x_vector,
 )
 from realtime_gw.models.speech.streaming.text_feed import TextFeed, TextTokenizer
 from realtime_gw.models.speech.tts_base import (
@@ -67,7 +69,7 @@ from realtime_gw.models.speech.tts_base import (
     request_check,
 )
 from realtime_gw.models.tokenizers import ByteTokenizer, HfTokenizer, has_tokenizer_files
-from realtime_gw.records.voice import TtsFrame, TtsRequest
+from realtime_gw.records.voice import TtsFrame, TtsRequest, VoiceAdded, VoiceRegistration, VoiceRemoval
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +169,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         self.max_instruct_tokens = min(MAX_INSTRUCT_TOKENS, max_positions // 2)
         self._instruct_cache: dict[str, tuple[int, ...]] = {}
         self.designs: dict[str, str] = {}
-        self.clones: dict[str, ClonedVoice] = {}
+        self.clones: dict[str, ClonedVoice] = {}  # custom voices (``Qwen3TtsStage``) join these two
         self._set_voices(voice, designs or {}, clones or {})
         self.language = language
         self._prompt(self.default_voice, None)  # unknown language fails here
@@ -248,12 +250,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         elif kind == "voice_design":
             self.designs = {k.lower(): v for k, v in designs.items()}
             self.voices = tuple(sorted(self.designs))
-        else:
-            if not clones:
-                raise ValueError(
-                    "tts-qwen3: a Base checkpoint clones voices from recordings: register at least one "
-                    "with --tts-voice-clone NAME=path.wav"
-                )
+        else:  # without start-up clones, "default" has no x-vector: voices come from /v1/audio/voices
             self.clones = {
                 k.lower(): clone_voice(ck, spec, self.tokenizer.encode) for k, spec in clones.items()
             }
@@ -261,14 +258,14 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         v = (voice or "").lower()
         if v in self.voices:
             self.default_voice = v
-        elif kind == "voice_design":
-            self.default_voice = "default"  # the server's instructions alone
+        elif kind == "voice_design" or not self.voices:
+            self.default_voice = "default"  # the server's instructions alone; Base: no x-vector
         else:
             self.default_voice = "vivian" if "vivian" in self.voices else self.voices[0]
 
     def resolve_voice(self, voice: str) -> str:
         v = voice.lower()
-        if v in self.voices:
+        if v in self.voices or v in self.clones or v in self.designs:  # the last two: custom voices too
             return v
         if v == "default":
             return self.default_voice
@@ -415,11 +412,47 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         return StepResult(outputs=[TtsFrame(pcm=data, text=" ".join(words))])
 
 
+class Qwen3TtsStage(VoiceRecords, Qwen3TtsBackend):
+    """Qwen3-TTS as the stage serves it: also custom voices added at run time (``custom_voices``): a Base
+    checkpoint clones one from a recording (its x-vector, computed here once per voice, joins ``clones``),
+    a VoiceDesign checkpoint designs one from a description (it joins ``designs``). A voice's prompt K/V
+    is prefilled at its first stream and cached, as a request's own ``instructions`` are."""
+
+    @property
+    def voice_kinds(self) -> tuple[str, ...]:  # type: ignore[override]
+        return {"base": ("audio_sample",), "voice_design": ("prompt",)}.get(self.kind, ())
+
+    def check_voice_record(self, request: VoiceRegistration | VoiceRemoval) -> None:
+        super().check_voice_record(request)
+        if isinstance(request, VoiceRegistration) and request.kind == "prompt":
+            self.instruct_ids(request.description)  # within the instruction tokens, or ValueError
+
+    def add_voice(self, request: VoiceRegistration) -> VoiceAdded:
+        vid = request.voice_id.lower()
+        if vid in self.voices or vid in OPENAI_VOICES or vid == "default":
+            raise ValueError(f"voice id {request.voice_id!r} names a built-in voice")
+        if request.kind == "prompt":
+            self.designs[vid] = request.description
+            return VoiceAdded(vid)
+        vector = request.vector or x_vector(self.ck, np.frombuffer(request.sample, dtype="<f4").copy())
+        dim = int(self.ck.speaker_encoder.config["enc_dim"])  # type: ignore[union-attr]
+        if len(vector) != dim:
+            raise ValueError(f"an x-vector of {len(vector)} values; this checkpoint's have {dim}")
+        self.clones[vid] = ClonedVoice(tuple(float(x) for x in vector))
+        return VoiceAdded(vid, self.clones[vid].vector)
+
+    def remove_voice(self, voice_id: str) -> None:
+        vid = voice_id.lower()
+        if vid not in self.voices:  # start-up voices stay
+            self.designs.pop(vid, None)
+            self.clones.pop(vid, None)
+
+
 def from_config(config: GatewayConfig) -> StagePlan:
     """Slots = batch = admission limit, as for the codec LM; requests are checked at submit (voice,
     instruction tokens), so a bad one is refused before it takes a slot."""
     slots = config.tts_max_batch
-    qwen = Qwen3TtsBackend(
+    qwen = Qwen3TtsStage(
         path=config.tts_path,
         size=config.tts_shape,
         device=config.tts_device,

@@ -183,8 +183,8 @@ def test_base_backend_clones_registered_voices(base: Qwen3TtsCheckpoint) -> None
     assert b.resolve_voice("default") == "anna" and b.resolve_voice("alloy") == "anna"
     assert b.clones["anna"].vector == _clone_vector(base)
     assert len(b.synthesize("Hello there world.", TtsRequest(voice="anna"))) > 0
-    with pytest.raises(ValueError, match="--tts-voice-clone"):
-        _backend(base)
+    bare = _backend(base)  # no start-up clones: voices come from /v1/audio/voices
+    assert bare.voices == () and bare.default_voice == "default" and bare.resolve_voice("alloy") == "default"
 
 
 def test_kind_mismatches_refused(custom: Qwen3TtsCheckpoint, design: Qwen3TtsCheckpoint) -> None:

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -23,6 +22,7 @@ from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint
 from realtime_gw.models.speech.qwen3.engine import Prompt
 from realtime_gw.models.speech.qwen3.speaker import SPEAKER_RATE, speaker_embedding
 from realtime_gw.models.speech.qwen3.talker import VECTOR_POSITION
+from realtime_gw.protocols.voices import MIN_SAMPLE_S, decode_recording
 
 
 def parse_voice_specs(specs: Iterable[str], flag: str) -> dict[str, str]:
@@ -40,18 +40,10 @@ def parse_voice_specs(specs: Iterable[str], flag: str) -> dict[str, str]:
 
 
 def read_clone_audio(path: str) -> np.ndarray:
-    """A recording as mono float32 at 24 kHz, as the reference prepares it for its speaker encoder."""
-    import soundfile
-    import soxr
-
-    wav, rate = soundfile.read(path, dtype="float32", always_2d=True)
-    mono = wav.mean(axis=1, dtype=np.float32) if wav.shape[1] > 1 else wav[:, 0]
-    if rate == SPEAKER_RATE:
-        return np.ascontiguousarray(mono)
-    out = soxr.resample(mono, rate, SPEAKER_RATE, quality="soxr_hq")
-    n = int(math.ceil(mono.shape[0] * SPEAKER_RATE / rate))  # librosa's fix_length
-    out = out[:n] if out.shape[0] >= n else np.pad(out, (0, n - out.shape[0]))
-    return np.asarray(out, dtype=np.float32)
+    """A recording as mono float32 at 24 kHz, as the reference prepares it for its speaker encoder (the
+    same decoding as a sample uploaded to ``/v1/audio/voices``)."""
+    with open(path, "rb") as f:
+        return decode_recording(f, path)
 
 
 @dataclass(frozen=True)
@@ -77,9 +69,9 @@ def clone_voice(ck: Qwen3TtsCheckpoint, spec: str, tokenize: Callable[[str], lis
         raise ValueError(f"--tts-voice-clone needs a Base checkpoint (this one is {ck.kind})")
     path, _, transcript = spec.partition(":")
     audio = read_clone_audio(path)
-    if audio.shape[0] < SPEAKER_RATE // 4:
-        raise ValueError(f"--tts-voice-clone {path}: under 0.25 s of audio")
-    vector = tuple(float(x) for x in speaker_embedding(ck.speaker_encoder, audio).float().tolist())
+    if audio.shape[0] < MIN_SAMPLE_S * SPEAKER_RATE:
+        raise ValueError(f"--tts-voice-clone {path}: under {MIN_SAMPLE_S:g} s of audio")
+    vector = x_vector(ck, audio)
     if not transcript.strip():
         return ClonedVoice(vector)
     if ck.path is None:
@@ -89,6 +81,13 @@ def clone_voice(ck: Qwen3TtsCheckpoint, spec: str, tokenize: Callable[[str], lis
     codes = SpeechEncoder.from_dir(ck.path / "speech_tokenizer", ck.codec_config).encode(audio)
     ref_ids = tokenize(f"<|im_start|>assistant\n{transcript.strip()}<|im_end|>\n")[3:-2]  # as the reference
     return ClonedVoice(vector, tuple(ref_ids), frame_embeddings(ck, codes), codes)
+
+
+def x_vector(ck: Qwen3TtsCheckpoint, audio: np.ndarray) -> tuple[float, ...]:
+    """The x-vector of mono float32 audio at 24 kHz under a Base checkpoint's speaker encoder."""
+    if ck.speaker_encoder is None:
+        raise ValueError(f"cloning a voice needs a Base checkpoint (this one is {ck.kind})")
+    return tuple(float(x) for x in speaker_embedding(ck.speaker_encoder, audio).float().tolist())
 
 
 @torch.no_grad()

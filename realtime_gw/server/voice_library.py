@@ -1,0 +1,164 @@
+"""The custom voices and consent recordings of ``/v1/audio/voices`` and ``/v1/audio/voice_consents``.
+
+Each belongs to the API key that made it (kept as a SHA-256 digest of the key, never the key) and is seen
+by that key only. With ``voices_dir`` set they persist there, one JSON file per voice (``voices/ID.json``:
+the voice object, its owner, its consent, and what the TTS stage computed from the sample: the x-vector,
+so a restart registers it again without the recording) and per consent (``consents/ID.json`` and the
+recording as uploaded, ``consents/ID.audio``), files 0600 in directories 0700, each written to a temporary
+name and renamed into place. Voice samples are not kept. Without ``voices_dir`` they live in memory for
+the process's life (a voice sample is biometric data: the operator opts in to keeping it on disk).
+
+File I/O is synchronous and small (a JSON file; a consent recording up to 10 MiB): handlers run the
+writing calls in a thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from realtime_gw.protocols.voices import CONSENT_ID, VOICE_ID, ConsentObject, VoiceObject
+
+log = logging.getLogger(__name__)
+
+
+def owner_of(key: str) -> str:
+    """The stored owner of what ``key`` makes: a digest, so the files hold no key."""
+    return hashlib.sha256(b"realtime-gw voice owner\0" + key.encode()).hexdigest()
+
+
+@dataclass
+class StoredVoice:
+    voice: VoiceObject
+    owner: str
+    consent: str | None = None
+    vector: tuple[float, ...] = ()
+    """``audio_sample``: the x-vector the TTS stage computed (registered again after a restart)."""
+    usable: bool = False
+    """Registered with this process's TTS stage (not stored: a restart registers again)."""
+
+
+@dataclass
+class StoredConsent:
+    consent: ConsentObject
+    owner: str
+
+
+@dataclass
+class VoiceLibrary:
+    root: Path | None = None
+    max_per_key: int = 100
+    voices: dict[str, StoredVoice] = field(default_factory=dict)
+    consents: dict[str, StoredConsent] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, root: str | None, max_per_key: int) -> VoiceLibrary:
+        """The library kept under ``root`` (created 0700 if missing), read back; in memory when None."""
+        lib = cls(Path(root) if root else None, max_per_key)
+        if lib.root is None:
+            return lib
+        lib.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for sub in ("voices", "consents"):
+            (lib.root / sub).mkdir(mode=0o700, exist_ok=True)
+        for path in sorted((lib.root / "voices").glob("*.json")):
+            try:
+                raw = json.loads(path.read_text())
+                v = StoredVoice(msgspec.convert(raw["voice"], VoiceObject), raw["owner"], raw.get("consent"),
+                                tuple(float(x) for x in raw.get("vector", ())))  # fmt: skip
+            except (OSError, ValueError, KeyError, TypeError, msgspec.ValidationError) as e:
+                log.warning("voices: skipping unreadable %s: %s", path.name, e)
+                continue
+            lib.voices[v.voice.id] = v
+        for path in sorted((lib.root / "consents").glob("*.json")):
+            try:
+                raw = json.loads(path.read_text())
+                c = StoredConsent(msgspec.convert(raw["consent"], ConsentObject), raw["owner"])
+            except (OSError, ValueError, KeyError, TypeError, msgspec.ValidationError) as e:
+                log.warning("voices: skipping unreadable consent %s: %s", path.name, e)
+                continue
+            lib.consents[c.consent.id] = c
+        log.info("voices: %d voices, %d consents in %s", len(lib.voices), len(lib.consents), lib.root)
+        return lib
+
+    # -- reading (the owner's only) ----------------------------------------------------------------------
+    def voices_of(self, owner: str) -> list[StoredVoice]:
+        return sorted((v for v in self.voices.values() if v.owner == owner),
+                      key=lambda v: (v.voice.created_at, v.voice.id))  # fmt: skip
+
+    def voice(self, owner: str, voice_id: str) -> StoredVoice | None:
+        v = self.voices.get(voice_id)
+        return v if v is not None and v.owner == owner else None
+
+    def usable_ids(self, owner: str) -> frozenset[str]:
+        """The owner's voices the TTS stage speaks (what ``voice`` may name besides the built-in ones)."""
+        return frozenset(v.voice.id for v in self.voices.values() if v.owner == owner and v.usable)
+
+    def consents_of(self, owner: str) -> list[StoredConsent]:
+        return sorted((c for c in self.consents.values() if c.owner == owner),
+                      key=lambda c: (c.consent.created_at, c.consent.id))  # fmt: skip
+
+    def consent(self, owner: str, consent_id: str) -> StoredConsent | None:
+        c = self.consents.get(consent_id)
+        return c if c is not None and c.owner == owner else None
+
+    # -- writing (call from a thread) -------------------------------------------------------------------
+    @staticmethod
+    def new_voice_id() -> str:
+        return "voice_" + secrets.token_hex(12)
+
+    @staticmethod
+    def new_consent_id() -> str:
+        return "cons_" + secrets.token_hex(12)
+
+    def put_voice(self, v: StoredVoice) -> None:
+        assert VOICE_ID.fullmatch(v.voice.id)
+        self._write(f"voices/{v.voice.id}.json", json.dumps({
+            "voice": msgspec.to_builtins(v.voice), "owner": v.owner, "consent": v.consent, "vector": list(v.vector),
+        }).encode())  # fmt: skip
+        self.voices[v.voice.id] = v
+
+    def drop_voice(self, voice_id: str) -> None:
+        self.voices.pop(voice_id, None)
+        self._unlink(f"voices/{voice_id}.json")
+
+    def put_consent(self, c: StoredConsent, recording: bytes | None = None) -> None:
+        assert CONSENT_ID.fullmatch(c.consent.id)
+        if recording is not None:
+            self._write(f"consents/{c.consent.id}.audio", recording)
+        self._write(f"consents/{c.consent.id}.json", json.dumps(
+            {"consent": msgspec.to_builtins(c.consent), "owner": c.owner}).encode())  # fmt: skip
+        self.consents[c.consent.id] = c
+
+    def drop_consent(self, consent_id: str) -> None:
+        self.consents.pop(consent_id, None)
+        self._unlink(f"consents/{consent_id}.json")
+        self._unlink(f"consents/{consent_id}.audio")
+
+    def _write(self, name: str, data: bytes) -> None:
+        if self.root is None:
+            return
+        path = self.root / name
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def _unlink(self, name: str) -> None:
+        if self.root is not None:
+            (self.root / name).unlink(missing_ok=True)
+
+
+def stored_voice_record(v: StoredVoice) -> dict[str, Any]:
+    """What a registration of ``v`` needs beyond its id and kind (see ``records.voice.VoiceRegistration``)."""
+    return {"description": v.voice.prompt or ""} if v.voice.type == "prompt" else {"vector": v.vector}

@@ -1,0 +1,266 @@
+"""``/v1/audio/voices`` and ``/v1/audio/voice_consents`` as the ``openai`` SDK calls them.
+
+A voice is made by the TTS stage itself: the server decodes and checks the upload (in a thread), then
+submits a ``VoiceRegistration`` to the TTS worker like any request; the backend computes what the voice
+needs once (a Base checkpoint's x-vector; a VoiceDesign checkpoint keeps the description) and answers
+with a ``VoiceAdded``, which the library keeps (``voice_library``). A TTS model that cannot make a kind
+refuses it before anything is computed (its ``BackendInfo.voice_kinds``). At start-up every stored voice
+is registered again (``restore_voices``); ``voice: {"id": ...}`` in speech and realtime then names it,
+for the key that made it only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import msgspec
+from starlette.datastructures import FormData, UploadFile
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from realtime_gw.models.runtime import NoFreeSlot, RequestRefused, WorkerFault
+from realtime_gw.protocols import voices as pv
+from realtime_gw.records.voice import VoiceAdded, VoiceRegistration, VoiceRemoval
+from realtime_gw.server import auth
+from realtime_gw.server.gateway import Gateway
+from realtime_gw.server.speech import _bounded_body, openai_error
+from realtime_gw.server.voice_library import (
+    StoredConsent,
+    StoredVoice,
+    owner_of,
+    stored_voice_record,
+)
+
+log = logging.getLogger(__name__)
+
+KIND_WORDS = {"audio_sample": "clone voices from recordings", "prompt": "design voices from a prompt"}
+MAX_FORM_BYTES = pv.MAX_UPLOAD_BYTES + 64 * 1024
+"""A create request's body: one recording and a few short fields."""
+
+
+class _Refused(Exception):
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+def _owner(request: Request) -> str:
+    key = request.app.state.gateway.access.identify(auth.presented_key(request.headers))
+    if key is None:
+        raise _Refused(openai_error(401, "Invalid or missing API key", code="invalid_api_key"))
+    return owner_of(key)
+
+
+def _json(obj: Any) -> JSONResponse:
+    return JSONResponse(msgspec.to_builtins(obj))
+
+
+def _refusals(handler: Any) -> Any:
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except _Refused as r:
+            return r.response
+        except pv.VoiceInputError as e:
+            return openai_error(400, str(e), param=e.param, code=e.code)
+
+    return endpoint
+
+
+async def _form(request: Request) -> FormData | dict[str, Any]:
+    """The body as multipart form data (what the SDK sends) or a JSON object, read up to ``MAX_FORM_BYTES``."""
+    body = await _bounded_body(request, MAX_FORM_BYTES)
+    if body is None:
+        raise _Refused(openai_error(413, f"Request body is over {MAX_FORM_BYTES} bytes", code="request_too_large"))
+    if request.headers.get("content-type", "").startswith("application/json"):
+        try:
+            obj = msgspec.json.decode(body)
+        except msgspec.DecodeError as e:
+            raise _Refused(openai_error(400, f"Malformed JSON: {e}", code="invalid_json")) from None
+        if not isinstance(obj, dict):
+            raise _Refused(openai_error(400, "The body must be a JSON object", code="invalid_json"))
+        return obj
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        return await Request(request.scope, replay).form(max_files=1, max_fields=16, max_part_size=64 * 1024)
+    except Exception as e:  # starlette's MultiPartException, a missing boundary, a bad encoding
+        raise _Refused(openai_error(400, f"Malformed form data: {e}", code="invalid_request")) from None
+
+
+def _text(form: FormData | dict[str, Any], name: str) -> str | None:
+    value = form.get(name)
+    if value is None or isinstance(value, str):
+        return value
+    raise pv.VoiceInputError(f"{name} must be a text field", name)
+
+
+async def _file(form: FormData | dict[str, Any], name: str) -> bytes:
+    value = form.get(name)
+    if not isinstance(value, UploadFile):
+        raise pv.VoiceInputError(f"{name} is required (an audio file, multipart form data)", name,
+                                 "missing_required_parameter")  # fmt: skip
+    data = await value.read(pv.MAX_UPLOAD_BYTES + 1)
+    if len(data) > pv.MAX_UPLOAD_BYTES:
+        raise pv.VoiceInputError(f"{name} is over {pv.MAX_UPLOAD_BYTES} bytes", name, "file_too_large")
+    return data
+
+
+def _limit(request: Request) -> tuple[str | None, int]:
+    raw = request.query_params.get("limit", "20")
+    if not raw.isdigit():
+        raise pv.VoiceInputError("limit must be an integer", "limit")
+    return request.query_params.get("after"), int(raw)
+
+
+# -- the TTS stage ----------------------------------------------------------------------------------------
+async def _register(gateway: Gateway, record: VoiceRegistration | VoiceRemoval) -> VoiceAdded | None:
+    """The TTS stage's answer to a voice record (None for a removal)."""
+    stream = gateway.workers.tts.submit(record)
+    try:
+        outputs = [x async for x in stream]
+    finally:
+        stream.cancel()
+    added = [x for x in outputs if isinstance(x, VoiceAdded)]
+    return added[0] if added else None
+
+
+async def restore_voices(gateway: Gateway) -> None:
+    """Register every stored voice of a kind this TTS model makes (from what it computed before: nothing is
+    computed again); others stay listed but cannot be spoken (speech names why)."""
+    kinds = gateway.workers.tts.describe().voice_kinds
+    ok = 0
+    for v in list(gateway.voices.voices.values()):
+        if v.voice.type not in kinds:
+            continue
+        try:
+            await _register(gateway, VoiceRegistration(v.voice.id, v.voice.type, **stored_voice_record(v)))
+        except (NoFreeSlot, WorkerFault) as e:
+            log.warning("voices: %s cannot be spoken by this TTS model: %s", v.voice.id, e)
+            continue
+        v.usable = True
+        ok += 1
+    if gateway.voices.voices:
+        log.info("voices: %d of %d stored voices registered with %s", ok, len(gateway.voices.voices),
+                 gateway.workers.tts.name)  # fmt: skip
+
+
+# -- /v1/audio/voices ----------------------------------------------------------------------------------
+@_refusals
+async def voices_endpoint(request: Request) -> Response:
+    owner = _owner(request)
+    gateway: Gateway = request.app.state.gateway
+    if request.method == "GET":
+        after, limit = _limit(request)
+        return JSONResponse(pv.page([v.voice for v in gateway.voices.voices_of(owner)], after, limit))
+    form = await _form(request)
+    name = pv.check_name(_text(form, "name"))
+    kind = _text(form, "type") or "audio_sample"
+    if kind not in KIND_WORDS:
+        raise pv.VoiceInputError("type must be 'audio_sample' or 'prompt'", "type")
+    info = gateway.workers.tts.describe()
+    if kind not in info.voice_kinds:
+        raise pv.VoiceInputError(f"this server's TTS model ({info.name}) cannot {KIND_WORDS[kind]}", "type",
+                                 "unsupported_voice_type")  # fmt: skip
+    if len(gateway.voices.voices_of(owner)) >= gateway.voices.max_per_key:
+        raise pv.VoiceInputError(f"this API key has {gateway.voices.max_per_key} voices, the most it may "
+                                 "keep; delete one first", None, "voice_limit_reached")  # fmt: skip
+    voice_id = gateway.voices.new_voice_id()
+    consent = None
+    if kind == "prompt":
+        prompt = pv.check_prompt(_text(form, "prompt"))
+        record = VoiceRegistration(voice_id, kind, description=prompt)
+    else:
+        consent = _text(form, "consent")
+        if not consent or gateway.voices.consent(owner, consent) is None:
+            raise pv.VoiceInputError(f"No consent recording '{consent}' for this API key (create one with "
+                                     "POST /v1/audio/voice_consents)", "consent")  # fmt: skip
+        data = await _file(form, "audio_sample")
+        sample = await asyncio.to_thread(lambda: pv.check_sample(pv.decode_recording(data)))
+        prompt = None
+        record = VoiceRegistration(voice_id, kind, sample=sample)
+    try:
+        added = await _register(gateway, record)
+    except NoFreeSlot as e:
+        return openai_error(503, str(e), code="server_busy")
+    except RequestRefused as e:
+        return openai_error(400, str(e), param="prompt" if kind == "prompt" else "audio_sample")
+    except WorkerFault as e:
+        log.warning("voices: the TTS stage failed to make a voice: %s", e)
+        return openai_error(500, f"Making the voice failed: {e}", code="server_error")
+    assert added is not None
+    obj = pv.VoiceObject(id=voice_id, created_at=int(time.time()), name=name, type=kind, prompt=prompt)  # type: ignore[arg-type]
+    stored = StoredVoice(obj, owner, consent, added.vector, usable=True)
+    await asyncio.to_thread(gateway.voices.put_voice, stored)
+    log.info("voices: made %s (%s)", voice_id, kind)
+    return _json(obj)
+
+
+@_refusals
+async def voice_endpoint(request: Request) -> Response:
+    owner = _owner(request)
+    gateway: Gateway = request.app.state.gateway
+    voice_id = request.path_params["voice_id"]
+    stored = gateway.voices.voice(owner, voice_id)
+    if stored is None:
+        return openai_error(404, f"No voice with id '{voice_id}'", param="voice_id", code="not_found")
+    if request.method == "GET":
+        return _json(stored.voice)
+    await asyncio.to_thread(gateway.voices.drop_voice, voice_id)
+    if stored.usable:
+        try:
+            await _register(gateway, VoiceRemoval(voice_id))
+        except (NoFreeSlot, WorkerFault) as e:  # it is no longer listed, so no key can name it
+            log.warning("voices: the TTS stage kept %s: %s", voice_id, e)
+    return _json(pv.VoiceDeleted(id=voice_id))
+
+
+# -- /v1/audio/voice_consents ----------------------------------------------------------------------------
+@_refusals
+async def consents_endpoint(request: Request) -> Response:
+    owner = _owner(request)
+    gateway: Gateway = request.app.state.gateway
+    if request.method == "GET":
+        after, limit = _limit(request)
+        return JSONResponse(pv.page([c.consent for c in gateway.voices.consents_of(owner)], after, limit))
+    if len(gateway.voices.consents_of(owner)) >= gateway.voices.max_per_key:
+        raise pv.VoiceInputError(f"this API key has {gateway.voices.max_per_key} consent recordings, the most "
+                                 "it may keep; delete one first", None, "consent_limit_reached")  # fmt: skip
+    form = await _form(request)
+    name = pv.check_name(_text(form, "name"))
+    language = pv.check_language(_text(form, "language"))
+    data = await _file(form, "recording")
+    await asyncio.to_thread(pv.decode_recording, data, "recording")  # an audio file, or a 400
+    obj = pv.ConsentObject(id=gateway.voices.new_consent_id(), created_at=int(time.time()), language=language,
+                           name=name)  # fmt: skip
+    await asyncio.to_thread(gateway.voices.put_consent, StoredConsent(obj, owner), data)
+    return _json(obj)
+
+
+@_refusals
+async def consent_endpoint(request: Request) -> Response:
+    owner = _owner(request)
+    gateway: Gateway = request.app.state.gateway
+    consent_id = request.path_params["consent_id"]
+    stored = gateway.voices.consent(owner, consent_id)
+    if stored is None:
+        return openai_error(404, f"No consent recording with id '{consent_id}'", param="consent_id",
+                            code="not_found")  # fmt: skip
+    if request.method == "GET":
+        return _json(stored.consent)
+    if request.method == "DELETE":
+        await asyncio.to_thread(gateway.voices.drop_consent, consent_id)
+        return _json(pv.ConsentDeleted(id=consent_id))
+    form = await _form(request)  # POST: a new name
+    stored.consent.name = pv.check_name(_text(form, "name"))
+    await asyncio.to_thread(gateway.voices.put_consent, stored)
+    return _json(stored.consent)

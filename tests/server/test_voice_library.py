@@ -1,0 +1,39 @@
+"""The voice library's files: owners kept as digests, 0600 files, read back as written, removals."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from realtime_gw.protocols.voices import ConsentObject, VoiceObject
+from realtime_gw.server.voice_library import StoredConsent, StoredVoice, VoiceLibrary, owner_of
+
+
+def test_round_trip_and_scoping(tmp_path: Path) -> None:
+    lib = VoiceLibrary.open(str(tmp_path / "v"), 10)
+    a, b = owner_of("key-a"), owner_of("key-b")
+    assert a != b and "key-a" not in a
+    consent = ConsentObject(id="cons_" + "1" * 24, created_at=5, language="en", name="c")
+    lib.put_consent(StoredConsent(consent, a), b"RIFF...")
+    voice = VoiceObject(id="voice_" + "2" * 24, created_at=6, name="v", type="audio_sample")
+    lib.put_voice(StoredVoice(voice, a, consent.id, (0.25, -1.5), usable=True))
+    assert lib.usable_ids(a) == {voice.id} and lib.usable_ids(b) == frozenset()
+    assert lib.voice(b, voice.id) is None and lib.consent(b, consent.id) is None
+    files = list((tmp_path / "v").rglob("*"))
+    assert all(stat.S_IMODE(os.stat(f).st_mode) == (0o700 if f.is_dir() else 0o600) for f in files)
+    assert not any(b"key-a" in f.read_bytes() for f in files if f.is_file())
+    again = VoiceLibrary.open(str(tmp_path / "v"), 10)
+    got = again.voice(a, voice.id)
+    assert got is not None and got.voice == voice and got.vector == (0.25, -1.5) and got.consent == consent.id
+    assert not got.usable  # until the TTS stage registers it again
+    assert again.consents_of(a)[0].consent == consent
+    again.drop_voice(voice.id)
+    again.drop_consent(consent.id)
+    assert not list((tmp_path / "v").rglob("*.json")) and not list((tmp_path / "v").rglob("*.audio"))
+
+
+def test_unreadable_files_are_skipped(tmp_path: Path) -> None:
+    (tmp_path / "voices").mkdir()
+    (tmp_path / "voices" / "voice_x.json").write_text("{not json")
+    assert VoiceLibrary.open(str(tmp_path), 10).voices == {}

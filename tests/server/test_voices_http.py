@@ -1,0 +1,76 @@
+"""``/v1/audio/voices`` and ``voice_consents`` in process, over the tone TTS (which makes no custom voices):
+the per-key bounds, the refusal of a kind the model cannot make, malformed bodies."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import soundfile
+from starlette.applications import Starlette
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from realtime_gw.server import voices
+from realtime_gw.server.voice_library import VoiceLibrary
+from tests.server import fakes
+
+AUTH = {"Authorization": "Bearer k"}
+
+
+def _client(max_per_key: int = 2) -> TestClient:
+    gw = fakes.gateway(keys=["k"])
+    gw.voices = VoiceLibrary(max_per_key=max_per_key)
+    app = Starlette(routes=[
+        Route("/v1/audio/voices", voices.voices_endpoint, methods=["GET", "POST"]),
+        Route("/v1/audio/voice_consents", voices.consents_endpoint, methods=["GET", "POST"]),
+        Route("/v1/audio/voice_consents/{consent_id}", voices.consent_endpoint, methods=["GET", "POST", "DELETE"]),
+    ])  # fmt: skip
+    app.state.gateway = gw
+    return TestClient(app)
+
+
+def _wav() -> bytes:
+    buf = io.BytesIO()
+    soundfile.write(buf, np.full(24000, 0.1, np.float32), 24000, format="WAV")
+    return buf.getvalue()
+
+
+def _consent(c: TestClient) -> object:
+    return c.post("/v1/audio/voice_consents", headers=AUTH, files={"recording": ("c.wav", _wav())},
+                  data={"name": "c", "language": "en-US"})  # fmt: skip
+
+
+def test_consents_are_bounded_per_key_and_renamed() -> None:
+    c = _client(max_per_key=2)
+    first = _consent(c).json()  # type: ignore[attr-defined]
+    assert _consent(c).status_code == 200  # type: ignore[attr-defined]
+    over = _consent(c)
+    assert over.status_code == 400 and over.json()["error"]["code"] == "consent_limit_reached"  # type: ignore[attr-defined]
+    renamed = c.post(f"/v1/audio/voice_consents/{first['id']}", headers=AUTH, json={"name": "new"})
+    assert renamed.json()["name"] == "new"
+    assert c.delete(f"/v1/audio/voice_consents/{first['id']}", headers=AUTH).json()["deleted"] is True
+    assert c.get(f"/v1/audio/voice_consents/{first['id']}", headers=AUTH).status_code == 404
+
+
+def test_a_model_without_custom_voices_refuses_both_kinds() -> None:
+    c = _client()
+    consent = _consent(c).json()  # type: ignore[attr-defined]
+    sample = c.post("/v1/audio/voices", headers=AUTH, files={"audio_sample": ("s.wav", _wav())},
+                    data={"name": "v", "consent": consent["id"]})  # fmt: skip
+    assert sample.status_code == 400 and "cannot clone voices" in sample.json()["error"]["message"]
+    prompt = c.post("/v1/audio/voices", headers=AUTH, data={"name": "v", "prompt": "warm", "type": "prompt"})
+    assert prompt.status_code == 400 and prompt.json()["error"]["code"] == "unsupported_voice_type"
+
+
+def test_bad_bodies() -> None:
+    c = _client()
+    assert c.get("/v1/audio/voices", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert c.get("/v1/audio/voices?limit=0", headers=AUTH).status_code == 400
+    bad = c.post("/v1/audio/voices", headers={**AUTH, "content-type": "application/json"}, content=b"[1]")
+    assert bad.status_code == 400
+    huge = c.post("/v1/audio/voice_consents", headers=AUTH, files={"recording": ("c.wav", b"0" * (11 << 20))},
+                  data={"name": "c", "language": "en"})  # fmt: skip
+    assert huge.status_code == 413
+    missing = c.post("/v1/audio/voice_consents", headers=AUTH, data={"name": "c", "language": "en"})
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "recording"
