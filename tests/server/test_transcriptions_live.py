@@ -25,9 +25,9 @@ from realtime_gw.testing.audio import synthesize, wer
 from realtime_gw.testing.audio_files import FORMATS, encode
 from realtime_gw.testing.bystander import Bystander
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
+from tests.server.realtime_sdk_client import RATE, collect_until, recv, silence, speak
 
 TEXT = "The weather today is sunny with a light breeze. I would like to book a table for two people tomorrow evening."
-RATE = 24000
 WER_BOUND = 0.25
 """pocketsphinx's own bound on Piper speech (tests/models/speech/test_asr_pocketsphinx.py)."""
 MAX_FILE_BYTES = 3_000_000
@@ -148,3 +148,29 @@ async def test_live_call_stays_on_time_while_a_long_file_is_transcribed(server: 
     assert hit["late_max_ms"] <= base["late_max_ms"] + 100, (base, hit)
     assert wer(" ".join([TEXT] * (result.text.count("weather") or 1)), result.text) <= WER_BOUND, result.text
     assert result.text.count("weather") >= 0.8 * (len(long) // len(sentence))
+
+
+async def test_a_realtime_transcription_session(server: LiveServer) -> None:
+    """``?intent=transcription`` through the SDK: VAD events, transcript deltas before
+    ``speech_stopped``, the completed transcript, and no response."""
+    text = "I would like to book a table for two people tomorrow evening."
+    api = AsyncOpenAI(base_url=server.http + "/v1", api_key="unused")
+    async with api.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        created = await recv(conn)
+        assert created.type == "session.created" and created.session.type == "transcription"
+        await conn.session.update(session={"type": "transcription", "audio": {"input": {"noise_reduction": {"type": "near_field"}}}})
+        updated = await recv(conn)
+        assert updated.type == "session.updated" and updated.session.type == "transcription", updated
+        sender = asyncio.create_task(speak(conn, silence(300) + synthesize(text, RATE) + silence(1200)))
+        events = await collect_until(conn, lambda e: e.type.endswith("input_audio_transcription.completed"))
+        await sender
+        await asyncio.sleep(0.5)  # a response, were one started, would have begun by now
+        await conn.send({"type": "input_audio_buffer.clear"})
+        events.append(await recv(conn))
+    names = [e.type for e in events]
+    assert names[-1] == "input_audio_buffer.cleared", names  # nothing came between
+    assert not [n for n in names if n.startswith("response.")], names
+    first_delta = names.index("conversation.item.input_audio_transcription.delta")
+    assert names.index("input_audio_buffer.speech_started") < first_delta < names.index("input_audio_buffer.speech_stopped")
+    completed = next(e for e in events if e.type.endswith("input_audio_transcription.completed"))
+    assert wer(text, completed.transcript) <= WER_BOUND, completed.transcript
