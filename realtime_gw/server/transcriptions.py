@@ -39,6 +39,8 @@ FORM_OVERHEAD_BYTES = 64 * 1024
 """The form's other fields and part headers, read beyond the file's own limit."""
 PUSH_BYTES = 32000
 """A piece is pushed to its stream in 1 s chunks (at 16 kHz): the backend takes what a step allows."""
+DISCONNECT_POLL_S = 1.0
+"""How often a transcription answered in one piece checks that its client is still there."""
 SLOT_PATIENCE_S = 30.0
 """How long a piece waits for a free decoder before the transcription fails with 503."""
 
@@ -83,7 +85,9 @@ async def transcriptions_endpoint(request: Request) -> Response:
             handed_off = True
             return StreamingResponse(_events(job, gateway), media_type="text/event-stream")
         try:
-            transcript = await job.run()
+            transcript = await _while_connected(request, job.run())
+            if transcript is None:
+                return Response(status_code=499)  # nobody reads it; the stream was cancelled
         except NoFreeSlot as e:
             return openai_error(503, str(e), code="server_busy")
         except WorkerFault as e:
@@ -95,6 +99,20 @@ async def transcriptions_endpoint(request: Request) -> Response:
     finally:
         if not handed_off:
             gateway.transcriptions -= 1
+
+
+async def _while_connected(request: Request, work: Awaitable[tp.Transcript]) -> tp.Transcript | None:
+    """``work``'s result, or None once the client has gone (the work cancelled: its ASR stream with it)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                return None
+    finally:
+        task.cancel()
 
 
 async def _parse(request: Request, body: bytes) -> tuple[dict[str, list[str]], bytes]:

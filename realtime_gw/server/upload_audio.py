@@ -1,10 +1,10 @@
 """Uploaded audio files to PCM16 mono at the ASR stage's rate, bounded in duration. Blocking: the
 caller runs ``decode`` on a thread, never on the event loop.
 
-Two maintained decoders: libsndfile (``soundfile``) for WAV, FLAC and Ogg (Vorbis, Opus), read whole
-once its header says how long it is; FFmpeg's libraries (PyAV, ``av``) for everything else apps
-upload (MP3, WebM/Opus, M4A/MP4 AAC, and Ogg files libsndfile refuses), decoded frame by frame and
-stopped as soon as the audio passes the bound.
+Two maintained decoders, tried in this order: libsndfile (``soundfile``; the wheel bundles 1.2) for
+WAV, FLAC, Ogg (Vorbis, Opus) and MP3, read whole once its header says how long the audio is; FFmpeg's
+libraries (PyAV, ``av``) for the rest apps upload (WebM/Opus, M4A/MP4 AAC, and any file libsndfile
+refuses), decoded frame by frame and stopped as soon as the audio passes the bound.
 """
 
 from __future__ import annotations
