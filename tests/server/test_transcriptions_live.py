@@ -8,6 +8,7 @@ import asyncio
 import io
 import json
 import re
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -130,6 +131,21 @@ def test_refusals(server: LiveServer, speech: bytes) -> None:
     language = refusal(server, file=wav(speech[:4800]), model="whisper-1", language="de")
     assert language.body["param"] == "language"  # type: ignore[index]
     assert httpx.get(server.http + "/readyz").status_code == 200
+
+
+def test_a_client_that_leaves_cancels_its_transcription(server: LiveServer, speech: bytes) -> None:
+    data = encode(speech * 12, RATE, "flac")  # ~80 s: half a minute of decoding here
+    active = 'worker="asr-pocketsphinx"'
+    with httpx.Client() as h, pytest.raises(httpx.ReadTimeout):
+        h.post(
+            server.http + "/v1/audio/transcriptions", files={"file": ("long.flac", data)},
+            data={"model": "whisper-1"}, timeout=httpx.Timeout(30.0, read=3.0),
+        )  # fmt: skip
+    assert server.metric("realtime_gw_worker_active_requests", active) >= 1  # still at it as the client left
+    deadline = time.monotonic() + 10
+    while server.metric("realtime_gw_worker_active_requests", active) > 0:
+        assert time.monotonic() < deadline, "the abandoned transcription still holds its ASR stream"
+        time.sleep(0.2)
 
 
 async def test_live_call_stays_on_time_while_a_long_file_is_transcribed(server: LiveServer) -> None:
