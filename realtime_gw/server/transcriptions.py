@@ -18,7 +18,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from starlette.datastructures import UploadFile
+from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -57,8 +57,8 @@ async def transcriptions_endpoint(request: Request) -> Response:
     too_big = openai_error(413, f"The file is over the limit of {limit} bytes", "file", "file_too_large")
     if body is None:
         return too_big
-    try:
-        form, data = await _parse(request, body)
+    try:  # ~0.15 s for 25 MiB: on a thread (its own event loop: Starlette's parser is async)
+        form, data = await asyncio.to_thread(asyncio.run, _parse(request.headers, body))
     except tp.TranscriptionInputError as e:
         return openai_error(e.status, str(e), e.param, e.code)
     if len(data) > limit:
@@ -77,10 +77,10 @@ async def transcriptions_endpoint(request: Request) -> Response:
     try:
         rate = info.native_rate or 16000
         try:
-            pcm, duration = await asyncio.to_thread(decode, data, rate, cfg.transcription_max_audio_s)
+            pcm, duration, cuts = await asyncio.to_thread(_prepare, data, rate, cfg.transcription_max_audio_s)
         except UploadError as e:
             return openai_error(400, str(e), "file", "invalid_value")
-        job = FileTranscription(gateway.workers.asr, pcm, rate, duration, "word" in fields.granularities)
+        job = FileTranscription(gateway.workers.asr, pcm, rate, duration, cuts, "word" in fields.granularities)
         if fields.stream:
             handed_off = True
             return StreamingResponse(_events(job, gateway), media_type="text/event-stream")
@@ -115,13 +115,19 @@ async def _while_connected(request: Request, work: Awaitable[tp.Transcript]) -> 
         task.cancel()
 
 
-async def _parse(request: Request, body: bytes) -> tuple[dict[str, list[str]], bytes]:
+def _prepare(data: bytes, rate: int, max_seconds: float) -> tuple[bytes, float, list[tuple[int, int]]]:
+    """The file decoded and cut into pieces (blocking: on a thread)."""
+    pcm, duration = decode(data, rate, max_seconds)
+    return pcm, duration, tp.pieces(pcm, rate)
+
+
+async def _parse(headers: Headers, body: bytes) -> tuple[dict[str, list[str]], bytes]:
     """The form's text fields and the file's bytes."""
 
     async def once() -> AsyncIterator[bytes]:
         yield body
 
-    parser = MultiPartParser(request.headers, once(), max_files=1, max_fields=64)
+    parser = MultiPartParser(headers, once(), max_files=1, max_fields=64)
     try:
         form = await parser.parse()
     except MultiPartException as e:
@@ -169,9 +175,12 @@ async def _events(job: FileTranscription, gateway: Gateway) -> AsyncIterator[str
 class FileTranscription:
     """One file through the ASR worker, piece by piece."""
 
-    def __init__(self, asr: StageWorker, pcm: bytes, rate: int, duration: float, word_times: bool) -> None:
+    def __init__(
+        self, asr: StageWorker, pcm: bytes, rate: int, duration: float, cuts: list[tuple[int, int]], word_times: bool
+    ) -> None:
         self.asr = asr
         self.pcm = pcm
+        self.cuts = cuts
         self.rate = rate
         self.duration = duration
         self.word_times = word_times
@@ -179,7 +188,7 @@ class FileTranscription:
 
     async def run(self, on_delta: Callable[[str], Awaitable[None]] | None = None) -> tp.Transcript:
         transcript = tp.Transcript(self.duration)
-        for start, end in tp.pieces(self.pcm, self.rate):
+        for start, end in self.cuts:
             offset = start / 2 / self.rate
             segment = await self._piece(self.pcm[start:end], offset, on_delta)
             segment.end = offset + (end - start) / 2 / self.rate
