@@ -52,29 +52,26 @@ async def transcriptions_endpoint(request: Request) -> Response:
         return openai_error(401, "Invalid or missing API key", code="invalid_api_key")
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         return openai_error(400, "Send the audio as multipart/form-data with a 'file' part", code="invalid_request")
-    limit = cfg.transcription_max_file_bytes
-    body = await bounded_body(request, limit + FORM_OVERHEAD_BYTES)
-    too_big = openai_error(413, f"The file is over the limit of {limit} bytes", "file", "file_too_large")
-    if body is None:
-        return too_big
-    try:  # ~0.15 s for 25 MiB: on a thread (its own event loop: Starlette's parser is async)
-        form, data = await asyncio.to_thread(asyncio.run, _parse(request.headers, body))
-    except tp.TranscriptionInputError as e:
-        return openai_error(e.status, str(e), e.param, e.code)
-    if len(data) > limit:
-        return too_big
-    info = gateway.workers.asr.describe()
-    try:
-        fields = tp.check_form(form, cfg.asr, info.word_times)
-    except tp.TranscriptionInputError as e:
-        return openai_error(e.status, str(e), e.param, e.code)
-    if gateway.transcriptions >= cfg.transcription_max_concurrent:
+    if gateway.transcriptions >= cfg.transcription_max_concurrent:  # before the body: at most N in memory
         return openai_error(
             429, f"{cfg.transcription_max_concurrent} files are being transcribed; try again shortly", code="rate_limit_exceeded"
         )
     gateway.transcriptions += 1
     handed_off = False
     try:
+        limit = cfg.transcription_max_file_bytes
+        body = await bounded_body(request, limit + FORM_OVERHEAD_BYTES)
+        too_big = openai_error(413, f"The file is over the limit of {limit} bytes", "file", "file_too_large")
+        if body is None:
+            return too_big
+        try:  # ~0.15 s for 25 MiB: on a thread (its own event loop: Starlette's parser is async)
+            form, data = await asyncio.to_thread(asyncio.run, _parse(request.headers, body))
+            if len(data) > limit:
+                return too_big
+            info = gateway.workers.asr.describe()
+            fields = tp.check_form(form, cfg.asr, info.word_times)
+        except tp.TranscriptionInputError as e:
+            return openai_error(e.status, str(e), e.param, e.code)
         rate = info.native_rate or 16000
         try:
             pcm, duration, cuts = await asyncio.to_thread(_prepare, data, rate, cfg.transcription_max_audio_s)

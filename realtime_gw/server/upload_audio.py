@@ -26,9 +26,12 @@ def decode(data: bytes, rate: int, max_seconds: float) -> tuple[bytes, float]:
     if not data:
         raise UploadError("The uploaded file is empty")
     try:
-        mono, source_rate = _soundfile(data, max_seconds)
-    except _NotMine:
-        mono, source_rate = _ffmpeg(data, max_seconds)
+        try:
+            mono, source_rate = _soundfile(data, max_seconds)
+        except _NotMine:
+            mono, source_rate = _ffmpeg(data, max_seconds)
+    except (ValueError, RuntimeError, OSError, EOFError, MemoryError) as e:  # a file that lies about itself
+        raise UploadError(f"The uploaded audio could not be decoded: {e}") from None
     duration = len(mono) / source_rate
     if duration == 0:
         raise UploadError("The uploaded file holds no audio samples")
