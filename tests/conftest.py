@@ -39,6 +39,7 @@ SLOW = {
     "tests/loadtest/test_soak.py",
     "tests/server/test_long_conversation.py",
     "tests/server/test_isolation.py",
+    "tests/server/test_transcriptions_live.py::test_live_call_stays_on_time_while_a_long_file_is_transcribed",
     "tests/server/test_ray_frontends.py",
     "tests/models/policy/test_compile_cache.py",
     "tests/models/test_remote_env.py::test_a_local_cluster_inherits_no_secret_from_the_front_ends_environment",

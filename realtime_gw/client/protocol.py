@@ -242,7 +242,7 @@ class ClientState:
 
     keep_audio: bool = True
     max_replies: int = 64
-    session: rt.SessionOut | None = None
+    session: rt.SessionOut | rt.TranscriptionSessionOut | None = None
     replies: dict[str, Reply] = field(default_factory=dict)
     current: Reply | None = None
     """The response in progress (between response.created and response.done)."""
@@ -260,7 +260,7 @@ class ClientState:
 
     @property
     def capabilities(self) -> dict[str, Any]:
-        return (self.session.capabilities if self.session is not None else None) or {}
+        return (self.session.capabilities if isinstance(self.session, rt.SessionOut) else None) or {}
 
     @property
     def supports_playback_ack(self) -> bool:

@@ -92,7 +92,7 @@ class RealtimeClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def connect(self) -> rt.SessionOut:
+    async def connect(self) -> rt.SessionOut | rt.TranscriptionSessionOut:
         t0 = time.perf_counter()
         self.ws = await websockets.connect(
             self.url, **realtime_connect_options(self.api_key, self.open_timeout)
@@ -128,7 +128,7 @@ class RealtimeClient:
             raise RuntimeError("not connected")
         await self.ws.send(encode_client_event(event))
 
-    async def update_session(self, session: dict[str, Any], timeout: float = 10.0) -> rt.SessionOut:
+    async def update_session(self, session: dict[str, Any], timeout: float = 10.0) -> rt.SessionOut | rt.TranscriptionSessionOut:
         fut = self.expect(lambda ev: isinstance(ev, rt.SessionUpdatedEvent), fail_on_error=True)
         await self.send(session_update(session))
         await asyncio.wait_for(fut, timeout)

@@ -58,7 +58,7 @@ class SyncRealtimeClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def connect(self) -> rt.SessionOut:
+    def connect(self) -> rt.SessionOut | rt.TranscriptionSessionOut:
         self.ws = connect(self.url, **realtime_connect_options(self.api_key, self.open_timeout))
         self.recv_until(lambda ev: isinstance(ev, rt.SessionCreatedEvent), self.open_timeout)
         assert self.state.session is not None
@@ -87,7 +87,7 @@ class SyncRealtimeClient:
             if fail_on_error and isinstance(ev, rt.ErrorEvent):
                 raise ServerError(ev.error)
 
-    def update_session(self, session: dict[str, Any], timeout: float = 10.0) -> rt.SessionOut:
+    def update_session(self, session: dict[str, Any], timeout: float = 10.0) -> rt.SessionOut | rt.TranscriptionSessionOut:
         self.send(session_update(session))
         self.recv_until(lambda ev: isinstance(ev, rt.SessionUpdatedEvent), timeout, fail_on_error=True)
         assert self.state.session is not None

@@ -1,6 +1,6 @@
 """The sections of ``GatewayConfig`` as users see them: names, keys, and the fields' own docstrings.
 
-The sections are read off the struct classes in ``config.gateway`` (each declares its ``SECTION``), so
+The sections are read off the struct classes in ``config.front`` and ``config.gateway`` (each declares its ``SECTION``), so
 this table cannot drift from the fields. Docstrings are read from that module's source, since Python
 keeps no attribute docstrings at run time.
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
-from realtime_gw.config import gateway
 from realtime_gw.config.gateway import GatewayConfig
 
 
@@ -73,10 +73,16 @@ def fields_under(path: str) -> tuple[str, ...]:
 
 @functools.cache
 def field_docs() -> dict[str, str]:
-    """Field -> its docstring, as written (the string literal under the field in ``config.gateway``)."""
-    tree = ast.parse(Path(gateway.__file__).read_text(encoding="utf-8"))
+    """Field -> its docstring, as written (the string literal under the field in its section's module,
+    ``config.front`` or ``config.gateway``)."""
+    modules = {sys.modules[c.__module__] for c in GatewayConfig.__mro__ if c.__module__.startswith(__package__)}
     docs: dict[str, str] = {}
-    for cls in tree.body:
+    classes = [
+        node
+        for module in sorted(modules, key=lambda m: m.__name__)
+        for node in ast.parse(Path(module.__file__ or "").read_text(encoding="utf-8")).body
+    ]
+    for cls in classes:
         if not isinstance(cls, ast.ClassDef):
             continue
         for stmt, after in zip(cls.body, cls.body[1:], strict=False):

@@ -79,6 +79,8 @@ class BackendInfo(msgspec.Struct, frozen=True, kw_only=True):
     """TTS: the rate of the frames it yields (Hz)."""
     frame_samples: int | None = None
     """TTS: samples per frame it yields (the last frame of a stream may be shorter)."""
+    word_times: bool = False
+    """ASR: it can time each word of a transcript (``AsrStreamRequest.word_times``)."""
     policy_spec: PolicySpec | None = None
     """Policy: what it consumes and produces (the robot socket's session is built from it)."""
     warmup_report: dict[str, Any] = {}

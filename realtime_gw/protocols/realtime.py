@@ -150,10 +150,9 @@ class ErrorEvent(ServerEvent, tag="error"):
     error: ErrorDetail
 
 
-class SessionOut(Struct, kw_only=True):
+class SessionOut(Struct, kw_only=True, tag="realtime", tag_field="type"):
     """The full session as echoed in ``session.created`` / ``session.updated``."""
 
-    type: str = "realtime"
     object: str = "realtime.session"
     id: str = ""
     model: str = "realtime-gw"
@@ -168,12 +167,22 @@ class SessionOut(Struct, kw_only=True):
     duplex: dict[str, Any] | None = None
 
 
+class TranscriptionSessionOut(Struct, kw_only=True, tag="transcription", tag_field="type"):
+    """A transcription session (``?intent=transcription``, or ``session.update`` with ``type:
+    "transcription"``) as echoed: its input audio only (no responses, no output)."""
+
+    object: str = "realtime.transcription_session"
+    id: str = ""
+    audio: dict[str, Any] = msgspec.field(default_factory=dict)
+    include: list[str] | None = None
+
+
 class SessionCreatedEvent(ServerEvent, tag="session.created"):
-    session: SessionOut
+    session: SessionOut | TranscriptionSessionOut
 
 
 class SessionUpdatedEvent(ServerEvent, tag="session.updated"):
-    session: SessionOut
+    session: SessionOut | TranscriptionSessionOut
 
 
 class InputAudioBufferSpeechStartedEvent(ServerEvent, tag="input_audio_buffer.speech_started"):

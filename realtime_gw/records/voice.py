@@ -28,6 +28,7 @@ __all__ = [
     "VoiceAdded",
     "VoiceRegistration",
     "VoiceRemoval",
+    "WordTime",
 ]
 
 
@@ -162,6 +163,16 @@ class AsrStreamRequest:
     arrive, ``END_OF_INPUT`` when the turn is committed."""
 
     sample_rate: int
+    word_times: bool = False
+    """Ask for each word's start and end in the final result (backends that can: ``BackendInfo.word_times``)."""
+
+
+@dataclass(slots=True)
+class WordTime:
+    word: str
+    start_s: float
+    """From the stream's first sample."""
+    end_s: float
 
 
 @dataclass(slots=True)
@@ -170,6 +181,8 @@ class AsrResult:
     final: bool = True
     """False: a partial hypothesis of a streamed transcription (all the text so far; it may still
     change). True: the transcript."""
+    words: list[WordTime] | None = None
+    """The final result's words with their times, when the stream asked (``word_times``)."""
 
 
 @dataclass(slots=True)

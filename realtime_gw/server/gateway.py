@@ -22,6 +22,8 @@ class Gateway:
     responder: Responder
     access: Access
     sessions: dict[str, int] = field(default_factory=lambda: {"realtime": 0, "openpi": 0, "speech": 0})
+    transcriptions: int = 0
+    """Files being transcribed (``POST /v1/audio/transcriptions``), bounded by ``transcription_max_concurrent``."""
     voices: VoiceLibrary = field(default_factory=VoiceLibrary)
     """Custom voices and consent recordings, per API key (``/v1/audio/voices``)."""
 

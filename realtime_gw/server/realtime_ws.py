@@ -440,8 +440,13 @@ async def realtime_endpoint(ws: WebSocket) -> None:
     model = ws.query_params.get("model") or "realtime-gw"
     asked = ws.query_params.get("duplex") in ("1", "true")
     duplex = asked or ws.scope["path"].rstrip("/").endswith("/duplex")
+    transcription = ws.query_params.get("intent") == "transcription"  # OpenAI's transcription sessions
     session = RealtimeSession(
-        "sess_" + secrets.token_hex(8), _limits(gateway, model, admission.key), time.monotonic(), duplex=duplex
+        "sess_" + secrets.token_hex(8),
+        _limits(gateway, model, admission.key),
+        time.monotonic(),
+        duplex,
+        transcription,
     )
     try:
         await RealtimeConnection(ws, gateway, session).run()

@@ -47,7 +47,7 @@ async def speech_endpoint(request: Request) -> Response:
     key = gateway.access.identify(auth.presented_key(request.headers))
     if key is None:
         return openai_error(401, "Invalid or missing API key", code="invalid_api_key")
-    body = await _bounded_body(request, gateway.config.max_request_body_bytes)
+    body = await bounded_body(request, gateway.config.max_request_body_bytes)
     if body is None:
         limit = gateway.config.max_request_body_bytes
         return openai_error(413, f"Request body is over the limit of {limit} bytes", code="request_too_large")
@@ -98,7 +98,7 @@ async def _prepend(first: bytes | None, rest: AsyncIterator[bytes]) -> AsyncIter
         await rest.aclose()  # runs _frames' cancel when the client left early
 
 
-async def _bounded_body(request: Request, limit: int) -> bytes | None:
+async def bounded_body(request: Request, limit: int) -> bytes | None:
     """The body, or None once it passes ``limit`` bytes (read no further)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:

@@ -26,7 +26,7 @@ from realtime_gw.protocols import voices as pv
 from realtime_gw.records.voice import VoiceAdded, VoiceRegistration, VoiceRemoval
 from realtime_gw.server import auth
 from realtime_gw.server.gateway import Gateway
-from realtime_gw.server.speech import _bounded_body, openai_error
+from realtime_gw.server.speech import bounded_body, openai_error
 from realtime_gw.server.voice_library import (
     StoredConsent,
     StoredVoice,
@@ -71,7 +71,7 @@ def _refusals(handler: Any) -> Any:
 
 async def _form(request: Request) -> FormData | dict[str, Any]:
     """The body as multipart form data (what the SDK sends) or a JSON object, read up to ``MAX_FORM_BYTES``."""
-    body = await _bounded_body(request, MAX_FORM_BYTES)
+    body = await bounded_body(request, MAX_FORM_BYTES)
     if body is None:
         raise _Refused(openai_error(413, f"Request body is over {MAX_FORM_BYTES} bytes", code="request_too_large"))
     if request.headers.get("content-type", "").startswith("application/json"):

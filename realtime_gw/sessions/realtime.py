@@ -65,11 +65,13 @@ _RULE_BREAKS = (SessionError, ConversationError)
 
 
 class RealtimeSession:
-    def __init__(self, session_id: str, limits: Limits, now: float = 0.0, duplex: bool = False) -> None:
+    def __init__(
+        self, session_id: str, limits: Limits, now: float = 0.0, duplex: bool = False, transcription: bool = False
+    ) -> None:
         self.id = session_id
         self.duplex = duplex
         self.limits = limits
-        self.settings = SessionSettings()
+        self.settings = SessionSettings.of_type("transcription" if transcription else "realtime")
         self.ids = Ids(session_id)
         self.conversation = Conversation(limits.max_items, limits.max_retained_items)
         self.conversation.bounded = self.settings.truncation == "disabled"
@@ -136,6 +138,12 @@ class RealtimeSession:
     # -- session -------------------------------------------------------------------------------------
     def _on_session_update(self, ev: rt.SessionUpdateEvent, now: float) -> list[Effect]:
         new = apply_session_update(self.settings, ev.session, self.limits.voices, self.text_limits)
+        if not new.answers and (self.responses.live is not None or self.side.slots):
+            raise SessionError(
+                "A response is in progress; cancel it before making this a transcription session",
+                "conversation_already_has_active_response",
+                "session.type",
+            )
         old, self.settings = self.settings, new
         self.conversation.bounded = new.truncation == "disabled"
         if not self.conversation.bounded:
@@ -229,7 +237,7 @@ class RealtimeSession:
             out = self._commit(step.item_id, step.start_ms, step.end_ms)
         except _RULE_BREAKS as e:
             return [self.error(str(e), e.code, e.param)]
-        return out + self.responses.answer(self.settings) if step.respond else out
+        return out + self.responses.answer(self.settings) if step.respond and self.settings.answers else out
 
     def _on_vad_unavailable(self, ev: VadUnavailable, now: float) -> list[Effect]:
         return self.turns.vad_unavailable(ev)
@@ -308,6 +316,8 @@ class RealtimeSession:
 
     # -- responses -----------------------------------------------------------------------------------
     def _on_response_create(self, ev: rt.ResponseCreateEvent, now: float) -> list[Effect]:
+        if not self.settings.answers:
+            raise SessionError("A transcription session makes no responses", "invalid_value", "type")
         p = ev.response or rt.ResponseParams()
         live = self.responses.live
         if p.conversation == "none" and live is not None:

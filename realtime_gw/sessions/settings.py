@@ -32,8 +32,16 @@ class SessionError(Exception):
         self.param = param
 
 
+SESSION_TYPES = ("realtime", "transcription")
+"""The session's mode: ``realtime`` (a conversation: turns are answered) or ``transcription`` (live
+captions: turns are transcribed, never answered; no response, no output audio, no TTS slot)."""
+
+
 @dataclass(slots=True)
 class SessionSettings:
+    type: str = "realtime"
+    include: list[str] | None = None
+    """Transcription sessions: what the client asked ``include``d (checked: none is served yet)."""
     instructions: str = ""
     output_modalities: list[str] = field(default_factory=lambda: ["audio"])
     input_format: str = "audio/pcm"
@@ -51,7 +59,18 @@ class SessionSettings:
     tool_choice: str | dict[str, Any] = "auto"
     truncation: rt.Truncation = "auto"
 
-    def to_wire(self, session_id: str, model: str, duplex: bool = False) -> rt.SessionOut:
+    @classmethod
+    def of_type(cls, kind: str) -> SessionSettings:
+        """A new session's settings; ``transcription``: a transcription session (``?intent=transcription``),
+        its turns transcribed and never answered."""
+        return cls(type=kind, transcription=rt.TranscriptionConfig()) if kind == "transcription" else cls()
+
+    @property
+    def answers(self) -> bool:
+        """Turns get responses (a conversation), or only transcripts (a transcription session)."""
+        return self.type == "realtime"
+
+    def _input_wire(self) -> dict[str, Any]:
         td: Any = None if self.turn_detection is None else msgspec.to_builtins(self.turn_detection)
         in_fmt: dict[str, Any] = {"type": self.input_format}
         if self.input_format == "audio/pcm" and self.input_rate == OUTPUT_RATE:
@@ -59,6 +78,18 @@ class SessionSettings:
         elif self.input_format == "audio/pcm":
             # The API's `rate` only admits 24000; other input rates are echoed in an additive field.
             in_fmt["sample_rate_hz"] = self.input_rate
+        return {
+            "format": in_fmt,
+            "transcription": None if self.transcription is None else msgspec.to_builtins(self.transcription),
+            "turn_detection": td,
+            "noise_reduction": None if self.noise_reduction is None else {"type": self.noise_reduction},
+        }
+
+    def to_wire(
+        self, session_id: str, model: str, duplex: bool = False
+    ) -> rt.SessionOut | rt.TranscriptionSessionOut:
+        if not self.answers:
+            return rt.TranscriptionSessionOut(id=session_id, audio={"input": self._input_wire()}, include=self.include)
         out_fmt: dict[str, Any] = {"type": self.output_format}
         if self.output_format == "audio/pcm":
             out_fmt["rate"] = OUTPUT_RATE
@@ -68,16 +99,7 @@ class SessionSettings:
             instructions=self.instructions,
             output_modalities=list(self.output_modalities),
             audio={
-                "input": {
-                    "format": in_fmt,
-                    "transcription": None
-                    if self.transcription is None
-                    else msgspec.to_builtins(self.transcription),
-                    "turn_detection": td,
-                    "noise_reduction": None
-                    if self.noise_reduction is None
-                    else {"type": self.noise_reduction},
-                },
+                "input": self._input_wire(),
                 "output": {"format": out_fmt, "voice": self.voice, "speed": self.speed},
             },
             max_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
@@ -128,10 +150,14 @@ def apply_session_update(
     """The settings after ``session.update``; raises ``SessionError`` (naming the field) and leaves
     ``current`` untouched when anything is invalid (so nothing oversized is ever echoed)."""
     new = dataclasses.replace(current)
-    if p.type not in (UNSET, None, "realtime"):
+    if p.type not in (UNSET, None, *SESSION_TYPES):
         raise SessionError(
-            f"Unsupported session type '{p.type}'; only 'realtime' is served", "invalid_value", "session.type"
+            f"Unsupported session type '{p.type}'; use 'realtime' or 'transcription'", "invalid_value", "session.type"
         )
+    if p.type in SESSION_TYPES:
+        new.type = p.type  # type: ignore[assignment]
+    if not new.answers:
+        _check_transcription_session(new, p)
     if p.instructions is not UNSET:
         new.instructions = check_instructions(p.instructions or "", limits, "session.instructions")
     if p.output_modalities is not UNSET:
@@ -168,7 +194,33 @@ def apply_session_update(
                 "invalid_value",
                 "session.duplex.overlap_barge_in_ms",
             )
+    if not new.answers and new.transcription is None:
+        new.transcription = rt.TranscriptionConfig()  # what a transcription session is for
     return new
+
+
+TRANSCRIPTION_INCLUDES = ("item.input_audio_transcription.logprobs",)
+
+
+def _check_transcription_session(new: SessionSettings, p: rt.SessionParams) -> None:
+    """A transcription session has input audio and ``include`` only; its turns are always transcribed."""
+    for name in ("instructions", "output_modalities", "tools", "tool_choice", "max_output_tokens", "prompt"):
+        if getattr(p, name) not in (UNSET, None):
+            raise SessionError(
+                f"'{name}' is not a setting of a transcription session", "invalid_value", f"session.{name}"
+            )
+    if p.audio not in (UNSET, None) and p.audio.output not in (UNSET, None):  # type: ignore[union-attr]
+        raise SessionError(
+            "A transcription session has no output audio", "invalid_value", "session.audio.output"
+        )
+    if p.include is not UNSET:
+        for item in p.include or []:
+            if item not in TRANSCRIPTION_INCLUDES:
+                raise SessionError(f"Unknown include '{item}'", "invalid_value", "session.include")
+            raise SessionError(
+                "The gateway's ASR stages give no log probabilities", "invalid_value", "session.include"
+            )
+        new.include = p.include
 
 
 def _checked_truncation(t: rt.Truncation | None) -> rt.Truncation:

@@ -113,12 +113,9 @@ class Transcriber:
         s = self._stream(ev.item_id)
         if s is None or not wanted:
             return []
-        words = ev.text.split()[:-1]
-        stable = _common_prefix(s.heard, words)
-        s.heard = words
-        if len(stable) <= len(s.sent):
+        s.heard, new = settled_words(s.heard, s.sent, ev.text)
+        if not new:
             return []
-        new = stable[len(s.sent) :]
         delta = (" " if s.sent else "") + " ".join(new)
         s.sent += new
         event = rt.ConversationItemInputAudioTranscriptionDeltaEvent(item_id=ev.item_id, content_index=0, delta=delta)
@@ -144,6 +141,14 @@ class Transcriber:
         if self.live is not None and self.live.item_id == item_id:
             return self.live
         return self.ending.get(item_id)
+
+
+def settled_words(heard: list[str], sent: list[str], hypothesis: str) -> tuple[list[str], list[str]]:
+    """Local agreement: (the new hypothesis but its last word, to be ``heard`` next time; the words it
+    and the previous one agree on past the ``sent`` ones)."""
+    words = hypothesis.split()[:-1]
+    stable = _common_prefix(heard, words)
+    return words, stable[len(sent) :]
 
 
 def _common_prefix(a: list[str], b: list[str]) -> list[str]:

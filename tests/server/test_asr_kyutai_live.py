@@ -47,3 +47,25 @@ async def test_a_manual_turn_is_transcribed_by_the_streaming_stage(kyutai_server
         committed = next(e for e in events if e.type == "input_audio_buffer.committed")
         assert done.item_id == committed.item_id
         assert isinstance(done.transcript, str)
+
+
+def test_a_file_is_transcribed_by_the_streaming_stage(kyutai_server: LiveServer) -> None:
+    """``POST /v1/audio/transcriptions`` on Kyutai: the SDK's json and verbose_json shapes (segment
+    times; the stage gives no word times, so asking for them is a 400 naming the field)."""
+    import openai
+    from openai.types.audio import TranscriptionVerbose
+
+    from realtime_gw.testing.audio_files import encode
+
+    client = openai.OpenAI(base_url=kyutai_server.http + "/v1", api_key="test-key", max_retries=0)
+    wav = ("turn.wav", encode(synthesize("Please turn on the lights.", RATE), RATE, "wav"))
+    verbose = client.audio.transcriptions.create(
+        file=wav, model="gpt-4o-transcribe", response_format="verbose_json", timestamp_granularities=["segment"]
+    )
+    assert isinstance(verbose, TranscriptionVerbose) and verbose.segments and verbose.words is None
+    assert verbose.segments[0].start == 0 and abs(verbose.segments[-1].end - verbose.duration) < 0.01
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.audio.transcriptions.create(
+            file=wav, model="whisper-1", response_format="verbose_json", timestamp_granularities=["word"]
+        )
+    assert refused.value.body["param"] == "timestamp_granularities"  # type: ignore[index]

@@ -5,31 +5,11 @@ unfinished one after the same pause."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
-from typing import Any
 
 from realtime_gw.testing.audio import synthesize, wer
 from realtime_gw.testing.gateway import LiveServer
-from tests.server.realtime_sdk_client import collect_until, connect
-
-RATE = 24000
-CHUNK_MS = 40
-
-
-async def speak(conn: Any, pcm: bytes) -> float:
-    """Append ``pcm`` in 40 ms chunks at real time, as a microphone would; returns when it ended."""
-    n = RATE * 2 * CHUNK_MS // 1000
-    start = time.monotonic()
-    for i in range(0, len(pcm), n):
-        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + n]).decode())
-        # Sleep to the chunk's real-time deadline (no drift however long the appends take).
-        await asyncio.sleep(max(0.0, start + (i + n) / (RATE * 2) - time.monotonic()))
-    return time.monotonic()
-
-
-def silence(ms: int) -> bytes:
-    return bytes(RATE * 2 * ms // 1000)
+from tests.server.realtime_sdk_client import RATE, collect_until, connect, silence, speak
 
 
 async def test_transcript_deltas_arrive_while_the_user_speaks(voice_server: LiveServer) -> None:

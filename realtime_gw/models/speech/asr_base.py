@@ -41,6 +41,8 @@ class AsrBackendBase:
     native_rate = 16000
     """The rate the model listens at (audio of other rates is resampled to it)."""
     slots = 1
+    word_times = False
+    """Whether a stream that asks (``AsrStreamRequest.word_times``) gets each word's times."""
     warmup_report: dict[str, Any] = {}
 
     @property
@@ -72,7 +74,11 @@ class AsrBackendBase:
 
     def describe(self) -> BackendInfo:
         return BackendInfo(
-            name=self.name, slots=self.slots, native_rate=self.native_rate, warmup_report=self.warmup_report
+            name=self.name,
+            slots=self.slots,
+            native_rate=self.native_rate,
+            word_times=self.word_times,
+            warmup_report=self.warmup_report,
         )
 
 

@@ -33,7 +33,7 @@ from realtime_gw.models.families import StagePlan
 from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, StepResult
 from realtime_gw.models.speech.asr_base import AsrBackendBase, check_pcm, noise_clip, utterance_bound
 from realtime_gw.protocols.audio import resample
-from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest
+from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest, WordTime
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,8 @@ MAX_PRIME_WAIT_BYTES = 2 * ASR_RATE * 10
 MAX_BLOCKS_PER_STEP = 5
 """A step decodes at most 0.5 s of a stream's audio: a stream that fell behind (a busy box) catches up
 over several steps, so no step grows past the worker's deadline and other streams get their turn."""
+FRAMES_PER_S = 100
+"""The decoder's feature frame rate: segment frames to seconds."""
 MIN_UTTERANCE_BYTES = 2 * ASR_RATE // 10
 """Under 100 ms no word fits, and the search errors on a too-short utterance."""
 
@@ -70,6 +72,7 @@ class AsrState:
     dither: Dither = field(default_factory=lambda: Dither())
     partial: str = ""
     """The last partial hypothesis reported."""
+    word_times: bool = False
 
 
 def trim_silence(pcm16k: bytes, margin_ms: int = 200, floor: float = 0.02) -> bytes:
@@ -93,6 +96,7 @@ def trim_silence(pcm16k: bytes, margin_ms: int = 200, floor: float = 0.02) -> by
 class PocketsphinxAsrBackend(AsrBackendBase):
     name = "asr-pocketsphinx"
     native_rate = ASR_RATE
+    word_times = True
 
     def __init__(self, slots: int = 4, **decoder_kwargs: Any) -> None:
         if slots < 1:
@@ -130,7 +134,8 @@ class PocketsphinxAsrBackend(AsrBackendBase):
         if not self._free:
             raise NoFreeSlot(f"{self.name}: no free slot ({self.slots} decoders busy)")
         slot = self._free.pop()
-        return AsrState(slot=slot, decoder=self._decoders[slot], resampler=resampler, whole=whole)
+        word_times = isinstance(request, AsrStreamRequest) and request.word_times
+        return AsrState(slot, self._decoders[slot], resampler, whole=whole, word_times=word_times)
 
     def has_work(self, state: AsrState) -> bool:
         if state.whole is not None:
@@ -162,7 +167,9 @@ class PocketsphinxAsrBackend(AsrBackendBase):
             else:
                 raise TypeError(f"ASR input must be PCM16 bytes, got {type(item).__name__}")
         if state.ended and len(state.pending) <= MAX_BLOCKS_PER_STEP * BLOCK_BYTES:
-            return StepResult(outputs=[AsrResult(self._finish(state))], done=True)
+            text = self._finish(state)
+            words = _word_times(state.decoder) if state.word_times and text else [] if state.word_times else None
+            return StepResult(outputs=[AsrResult(text, words=words)], done=True)
         if not state.in_utterance and not state.ended and not _primable(state.pending):
             return StepResult()
         if not self._decode_blocks(state, MAX_BLOCKS_PER_STEP):
@@ -294,6 +301,18 @@ class FloatResampler:
 
     def flush(self) -> bytes:
         return self.push(b"", last=True)
+
+
+def _word_times(decoder: Any) -> list[WordTime]:
+    """The last utterance's words with their times (fillers, silences and sentence marks left out;
+    alternate pronunciations' ``(2)`` cut)."""
+    out = []
+    for seg in decoder.seg():
+        word = seg.word
+        if not word or word[0] in "<[":
+            continue
+        out.append(WordTime(word.split("(")[0], seg.start_frame / FRAMES_PER_S, (seg.end_frame + 1) / FRAMES_PER_S))
+    return out
 
 
 def _speech_start(pcm16k: bytes | bytearray) -> int | None:

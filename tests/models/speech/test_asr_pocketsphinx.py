@@ -10,7 +10,7 @@ import pytest
 
 from realtime_gw.models.runtime import NoFreeSlot, WorkerFault
 from realtime_gw.protocols.audio import resample
-from realtime_gw.records.voice import AsrRequest
+from realtime_gw.records.voice import AsrRequest, AsrStreamRequest
 
 
 def normalize(text: str) -> str:
@@ -66,3 +66,25 @@ async def test_slot_exhaustion_through_worker(asr: Any, start_worker: Any, speec
     for s in streams[:-1]:
         assert (await s.collect())[0].text
     assert asr.free_slots == asr.slots
+
+
+async def test_word_times_of_a_stream(asr: Any, start_worker: Any, speech_24k: bytes) -> None:
+    """A stream that asks gets each word's times, counted from its first sample: 1 s of silence in
+    front moves every word by 1 s."""
+    w = await start_worker(asr, max_batch=2)
+    finals = []
+    for lead in (0, 1):
+        stream = w.submit(AsrStreamRequest(24000, word_times=True))
+        stream.push(bytes(2 * 24000 * lead) + speech_24k)
+        stream.close_input()
+        finals.append([r for r in await stream.collect() if r.final][0])
+    plain, later = finals
+    assert plain.words and [x.word for x in plain.words] == plain.text.split()
+    assert all(a.start_s < a.end_s <= b.start_s + 1e-9 for a, b in zip(plain.words, plain.words[1:], strict=False))
+    assert [x.word for x in later.words] == [x.word for x in plain.words]
+    assert all(abs(b.start_s - a.start_s - 1.0) <= 0.05 for a, b in zip(plain.words, later.words, strict=True))
+    stream = w.submit(AsrStreamRequest(24000))
+    stream.push(speech_24k)
+    stream.close_input()
+    assert all(r.words is None for r in await stream.collect())  # not asked: not computed
+    assert asr.describe().word_times

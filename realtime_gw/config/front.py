@@ -1,0 +1,154 @@
+"""The sections of the gateway's front: where it listens, its limits, the realtime and speech sessions,
+and the responder. ``config.gateway`` continues the line of section structs with the model stages'
+sections and ends in ``GatewayConfig`` (see there).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import msgspec
+
+
+class ConfigError(ValueError):
+    """The configuration cannot serve (a file missing, or not matching another); the message names the
+    file and what to change. ``realtime-gw serve`` prints it and exits."""
+
+
+class ServerSettings(msgspec.Struct, kw_only=True):
+    """Where the gateway listens and who may use it."""
+
+    SECTION: ClassVar[str] = "server"
+    KEYS: ClassVar[dict[str, str]] = {}
+    host: str = "127.0.0.1"
+    """Address to listen on (0.0.0.0 = every interface)."""
+    port: int = 8000
+    """TCP port of HTTP, /v1/realtime, the speech stream and the OpenPI socket."""
+    log_level: str = "info"
+    """Python logging level: debug, info, warning, error."""
+    api_key: str | None = None
+    """Bearer key for HTTP and /v1/realtime, ``Api-Key`` for the OpenPI socket; unset = open."""
+    api_keys: list[str] = msgspec.field(default_factory=list)
+    """More accepted keys (each with its own session slots), in addition to ``api_key``."""
+    allowed_origins: list[str] = msgspec.field(default_factory=list)
+    """Browser origins allowed to open WebSockets besides the gateway's own; "*" = any."""
+    allowed_hosts: list[str] = msgspec.field(default_factory=list)
+    """Names the gateway answers to besides localhost, 127.0.0.1, ::1, the bind address and any IP
+    literal ("*.example.com" matches subdomains; "*" = any). Other ``Host`` headers get HTTP 421 (a DNS
+    rebinding page names its own domain); browsers' ``Origin`` headers are judged against the same list."""
+    ws_per_message_deflate: bool = False
+    """Offer permessage-deflate. Off: a small compressed frame can inflate to ``max_frame_bytes`` on the
+    event loop (bounded by that size when on)."""
+
+
+class LimitsSettings(ServerSettings, kw_only=True):
+    """Bounds and timeouts of connections and sessions, for every socket (docs/security.md)."""
+
+    SECTION: ClassVar[str] = "limits"
+    max_sessions: int = 256
+    """Open sessions of every socket together (realtime, speech stream, OpenPI); one more is refused."""
+    max_sessions_per_key: int = 0
+    """Open sessions (all sockets together) one key may hold; 0 = only the global limits."""
+    session_starts_per_key_per_min: int = 0
+    """Sessions one key may start in any 60 s (all sockets together); 0 = no limit. Over it: an error
+    `rate_limit_exceeded` (realtime, speech stream) or HTTP 429 (OpenPI), with the wait in seconds."""
+    max_connections_per_client: int = 64
+    """Open TCP connections (HTTP and WebSocket) from one client address; further ones get HTTP 429.
+    0 = no cap. Behind a proxy every client shares its address: raise it or let the proxy cap."""
+    max_frame_bytes: int = 16 * 1024 * 1024
+    """Largest WebSocket message accepted (uvicorn closes with 1009 above it)."""
+    max_header_bytes: int = 64 * 1024
+    """Request line plus headers of one HTTP request or WebSocket upgrade (h11); above it: HTTP 400."""
+    handshake_timeout_s: float = 10.0
+    """A connection must finish its request line and headers within this (from its first byte or from
+    its previous response): raw sockets that send nothing and endless headers are closed."""
+    outbound_queue_frames: int = 2048
+    """Per-session outbound events waiting for the socket; a client that stops reading is closed."""
+    send_timeout_s: float = 10.0
+    """A socket write blocked this long means the client stopped reading: close 1008."""
+
+
+class RealtimeSettings(LimitsSettings, kw_only=True):
+    """Voice sessions on /v1/realtime (the OpenAI Realtime API)."""
+
+    SECTION: ClassVar[str] = "realtime"
+    realtime_idle_timeout_s: float = 900.0
+    """A realtime session with no client event for this long gets `error` `session_expired`, then close
+    1000. 0 = never."""
+    realtime_max_session_s: float = 3600.0
+    """Longest realtime session (OpenAI's limit is 60 min): `error` `session_expired`, then close 1000.
+    0 = no limit."""
+    audio_lead_ms: int = 400
+    """How far ahead of real-time playback audio is sent (0 = as fast as produced)."""
+    input_audio_rate_factor: float = 10.0
+    """Realtime input audio may arrive this many times faster than real time (counted in decoded
+    bytes at 24 kHz PCM16, 48,000 B/s), after a burst of ``input_audio_burst_s``; beyond that the
+    session's socket is read more slowly (backpressure), never refused. 0 = no limit."""
+    input_audio_burst_s: float = 60.0
+    """Seconds of audio a realtime session may send at once before the rate above applies."""
+    max_input_buffer_bytes: int = 15 * 1024 * 1024
+    """Bound on the decoded input audio buffer of one session (PCM16)."""
+    max_conversation_items: int = 512
+    """Items a session with ``truncation: "disabled"`` may hold; one more is refused `conversation_full`."""
+    max_retained_items: int = 4096
+    """Items a session with truncation on (``auto``, ``retention_ratio``) keeps in memory: past it the
+    oldest are forgotten silently (the client's own view is untouched), so a long call never fills up."""
+    max_instructions_chars: int = 64 * 1024
+    """Session or response ``instructions``; longer: `error` `string_above_max_length`, nothing echoed."""
+    max_item_text_chars: int = 64 * 1024
+    """Each text of a conversation item (a text part, a transcript, function arguments, a function
+    output; `input_image` URLs are bounded by `max_frame_bytes` only); longer: `error`
+    `string_above_max_length`."""
+    max_tools: int = 128
+    """Function tools in `session.tools` or a response's `tools`; their JSON is capped at
+    ``max_instructions_chars`` too."""
+
+
+class SpeechSettings(RealtimeSettings, kw_only=True):
+    """Text to speech over HTTP (POST /v1/audio/speech) and the speech stream socket."""
+
+    SECTION: ClassVar[str] = "speech"
+    max_request_body_bytes: int = 1024 * 1024
+    """Body of `POST /v1/audio/speech`; above it: HTTP 413."""
+    speech_idle_timeout_s: float = 300.0
+    """A speech stream with no client event for this long (and nothing being spoken): `error`
+    `session_expired`, then close 1000. 0 = no limit."""
+    speech_max_session_s: float = 3600.0
+    """Longest speech stream: `error` `session_expired`, then close 1000. 0 = no limit."""
+    speech_max_pending_chars: int = 16 * 1024
+    """Speech stream text waiting to be spoken: the socket is not read while more waits; one
+    `input.text` longer than this gets `error` `string_above_max_length`."""
+    speech_max_utterance_chars: int = 256 * 1024
+    """Text of one speech-stream utterance (from its first `input.text` to `input.done`); above it:
+    `error` `string_above_max_length`, the piece dropped."""
+    voices_dir: str | None = None
+    """Directory where custom voices (`/v1/audio/voices`: each voice's metadata and the x-vector the TTS
+    model computed, never the sample) and consent recordings persist across restarts, files 0600; created
+    if missing. Unset: they live in memory until the gateway stops."""
+    max_voices_per_key: int = 100
+    """Custom voices one API key may keep, and as many consent recordings; more are refused until it
+    deletes some."""
+
+
+class ResponderSettings(SpeechSettings, kw_only=True):
+    """The chat model that writes a realtime session's replies."""
+
+    SECTION: ClassVar[str] = "responder"
+    KEYS: ClassVar[dict[str, str]] = {"responder": "kind"}
+    responder: Literal["echo", "openai"] = "echo"
+    """`echo` speaks back what it heard (no model); `openai` asks an OpenAI-compatible chat completions
+    server at ``responder_url``."""
+    responder_url: str = "http://127.0.0.1:8001/v1"
+    """`openai`: base URL of the chat completions API (e.g. a local vLLM server)."""
+    responder_model: str = "default"
+    """`openai`: the model name sent with each request."""
+    responder_api_key: str | None = None
+    """`openai`: bearer key of the chat server; unset = none sent."""
+    responder_max_tokens: int = 256
+    """Reply tokens asked for when a response gives no ``max_output_tokens``."""
+    responder_timeout_s: float = 30.0
+    """`openai`: seconds a chat request may take before the response fails."""
+    responder_context_tokens: int = 8192
+    """The chat backend's context window. With truncation on, the oldest items leave the model's
+    context (never the client's view) so instructions + items + tools + the reserved reply fit it;
+    tokens are estimated (about 4 UTF-8 bytes per token plus a per-message overhead)."""
