@@ -15,6 +15,8 @@ from realtime_gw.config import GatewayConfig
 from realtime_gw.models.registry import Workers, build_workers
 from realtime_gw.server import log_hygiene, openpi_ws, ops, realtime_ws, speech, speech_stream
 from realtime_gw.server.auth import Access, HostAllowlist, HostPolicy
+from realtime_gw.server.client_secret_endpoint import client_secrets_endpoint
+from realtime_gw.server.client_secrets import ClientSecrets
 from realtime_gw.server.connections import raise_open_files_limit, uvicorn_options
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.responder import build_responder
@@ -34,6 +36,7 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
             config.allowed_origins,
             config.session_starts_per_key_per_min,
             hosts,
+            ClientSecrets(config.webrtc_max_client_secrets),
         ),
     )
 
@@ -54,6 +57,7 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         Route("/v1/models", ops.models),
         *web.routes(),  # the browser page at GET / and its files under /web
         WebSocketRoute("/v1/realtime", realtime_ws.realtime_endpoint),
+        Route("/v1/realtime/client_secrets", client_secrets_endpoint, methods=["POST"]),
         WebSocketRoute("/v1/duplex", realtime_ws.realtime_endpoint),
         Route("/v1/audio/speech", speech.speech_endpoint, methods=["POST"]),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream.speech_stream_endpoint),
