@@ -20,6 +20,7 @@ from realtime_gw.server.client_secrets import ClientSecrets
 from realtime_gw.server.connections import raise_open_files_limit, uvicorn_options
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.responder import build_responder
+from realtime_gw.server.webrtc import calls
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         try:
             yield
         finally:
+            for call in list(app.state.calls.values()):
+                await call.hangup()
             await gateway.workers.stop()
 
     routes: list[BaseRoute] = [
@@ -57,7 +60,9 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         Route("/v1/models", ops.models),
         *web.routes(),  # the browser page at GET / and its files under /web
         WebSocketRoute("/v1/realtime", realtime_ws.realtime_endpoint),
-        Route("/v1/realtime/client_secrets", client_secrets_endpoint, methods=["POST"]),
+        Route("/v1/realtime/client_secrets", calls.with_cors(client_secrets_endpoint), methods=["POST", "OPTIONS"]),
+        Route("/v1/realtime/calls", calls.with_cors(calls.create_call), methods=["POST", "OPTIONS"]),
+        Route("/v1/realtime/calls/{call_id}/hangup", calls.with_cors(calls.hangup_call), methods=["POST", "OPTIONS"]),
         WebSocketRoute("/v1/duplex", realtime_ws.realtime_endpoint),
         Route("/v1/audio/speech", speech.speech_endpoint, methods=["POST"]),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream.speech_stream_endpoint),
@@ -70,6 +75,7 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         ]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(HostAllowlist, policy=hosts)])
     app.state.gateway = gateway
+    app.state.calls = {}  # live WebRTC calls by id (server/webrtc)
     return app
 
 
