@@ -19,7 +19,15 @@ from tests.server.webrtc_client import Caller, call
 QUESTION_TEXT = "Please open the door for me."
 QUESTION = synthesize(QUESTION_TEXT, 48000)
 LONG_TEXT = "Please open the door and bring a cup of coffee to the table by the window in the kitchen."
-LONG = synthesize(LONG_TEXT, 48000)
+SILENT_WITHIN_S = 0.1 + 4 * 0.02
+"""The track is silent within 100 ms; heard here behind aiortc's receive jitter buffer (4 frames)."""
+STOP = synthesize("Hold on, please stop talking now.", 48000)
+
+
+def ask(caller: Caller, text: str) -> None:
+    """A typed user turn: the reply (the echo responder repeats it) is spoken on the track."""
+    caller.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+    caller.send({"type": "response.create"})
 
 
 def said(caller: Caller) -> str:
@@ -72,7 +80,7 @@ async def test_clear_silences_the_track_and_truncates_then_hangup(voice_server: 
         await caller.connect(raw.http_response.text)
         created = await caller.wait_for(lambda e: e.type == "session.created")
         assert created.session.instructions == "Echo."  # the secret's session config
-        caller.mic.say(LONG)
+        ask(caller, LONG_TEXT)
         started = await caller.wait_for(lambda e: e.type == "output_audio_buffer.started", timeout=60)
         await asyncio.sleep(1.0)
         mark = len(caller.events)
@@ -85,8 +93,21 @@ async def test_clear_silences_the_track_and_truncates_then_hangup(voice_server: 
         assert 700 <= truncated.audio_end_ms <= 1600, truncated.audio_end_ms
         await asyncio.sleep(0.6)
         loud = [t for t in caller.loud_after(cleared_at) if t < cleared_at + 0.6]
-        assert not loud or loud[-1] - cleared_at <= 0.1, (loud[-1] - cleared_at, caller.types()[mark:])
+        assert not loud or loud[-1] - cleared_at <= SILENT_WITHIN_S, (loud[-1] - cleared_at, caller.types()[mark:])
         assert "output_audio_buffer.stopped" not in caller.types()[mark:]
+        # barge-in: speaking over the next reply stops it the same way
+        mark = len(caller.events)
+        ask(caller, LONG_TEXT)
+        second = await caller.wait_for(lambda e: e.type == "output_audio_buffer.started", after=mark, timeout=60)
+        await asyncio.sleep(0.8)
+        caller.mic.say(STOP)
+        cleared = await caller.wait_for(lambda e: e.type == "output_audio_buffer.cleared" and e.response_id == second.response_id, after=mark)
+        cleared_at = caller.at(lambda e: e is cleared)
+        truncated = await caller.wait_for(lambda e: e.type == "conversation.item.truncated", after=mark)
+        assert 800 <= truncated.audio_end_ms <= 2500, truncated.audio_end_ms
+        await asyncio.sleep(0.5)
+        loud = [t for t in caller.loud_after(cleared_at) if t < cleared_at + 0.5]
+        assert not loud or loud[-1] - cleared_at <= SILENT_WITHIN_S, (loud[-1] - cleared_at, caller.types()[mark:])
         # hang up through the SDK: the call ends, the channel closes, the id is gone
         await client.realtime.calls.hangup(call_id)
         for _ in range(100):

@@ -29,7 +29,7 @@ from realtime_gw.server.outbox import Notice, Outbox
 from realtime_gw.server.realtime_ws import RealtimeConnection
 from realtime_gw.server.webrtc.channel import EventChannel
 from realtime_gw.server.webrtc.media import InputConverter, OutputConverter, ReplyTrack
-from realtime_gw.sessions.events import Close, Effect, PlaybackStarted, PurgeAudio
+from realtime_gw.sessions.events import Close, Effect, PlaybackStarted, PurgeAudio, Send
 from realtime_gw.sessions.realtime import RealtimeSession
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,9 @@ class CallConnection(RealtimeConnection):
         super()._run_effects(effects, closing)
         for e in effects:
             if isinstance(e, PurgeAudio):
-                self.track.purge(e.response_id)
+                if self.track.purge(e.response_id) and not closing and not _says_cleared(effects, e.response_id):
+                    # Cancelling a response (barge-in) purges without a word: a call says it.
+                    self._to_client(rt.OutputAudioBufferClearedEvent(response_id=e.response_id))
                 self.reply_audio.reset()
             elif isinstance(e, Close):
                 self.track.purge(None)
@@ -125,6 +127,13 @@ class CallConnection(RealtimeConnection):
             self._enqueue(self.session.ids.send(event))
         except Exception:  # the outbox is full: the client is not reading; end the call
             self._signal_disconnect()
+
+
+def _says_cleared(effects: list[Effect], response_id: str) -> bool:
+    return any(
+        isinstance(e, Send) and isinstance(e.event, rt.OutputAudioBufferClearedEvent) and e.event.response_id == response_id
+        for e in effects
+    )
 
 
 class Call:

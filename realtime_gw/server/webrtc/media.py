@@ -78,12 +78,14 @@ class ReplyTrack(MediaStreamTrack):
         if (reply := self._replies.get(response_id)) is not None:
             reply.complete = True
 
-    def purge(self, response_id: str | None) -> None:
+    def purge(self, response_id: str | None) -> bool:
         """Drop unsent audio (of one response, or all): the next frame is silence. A purged response
-        gets no ``stopped`` (the session says ``output_audio_buffer.cleared``)."""
+        gets no ``stopped`` (``output_audio_buffer.cleared`` instead). True when it was playing."""
         self._queue = deque((r, b) for r, b in self._queue if response_id is not None and r != response_id)
+        playing = False
         for rid in [r for r in self._replies if response_id is None or r == response_id]:
-            del self._replies[rid]
+            playing = playing or self._replies.pop(rid).sent_ms > 0
+        return playing
 
     def sent_ms(self, response_id: str) -> float:
         reply = self._replies.get(response_id)
