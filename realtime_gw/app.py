@@ -20,7 +20,7 @@ from realtime_gw.server.client_secrets import ClientSecrets
 from realtime_gw.server.connections import raise_open_files_limit, uvicorn_options
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.responder import build_responder
-from realtime_gw.server.webrtc import calls
+from realtime_gw.server.webrtc import calls, sideband
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         Route("/metrics", ops.metrics),
         Route("/v1/models", ops.models),
         *web.routes(),  # the browser page at GET / and its files under /web
-        WebSocketRoute("/v1/realtime", realtime_ws.realtime_endpoint),
+        WebSocketRoute("/v1/realtime", sideband.realtime_or_sideband),  # ?call_id=: a call's sideband
         Route("/v1/realtime/client_secrets", calls.with_cors(client_secrets_endpoint), methods=["POST", "OPTIONS"]),
         Route("/v1/realtime/calls", calls.with_cors(calls.create_call), methods=["POST", "OPTIONS"]),
         Route("/v1/realtime/calls/{call_id}/hangup", calls.with_cors(calls.hangup_call), methods=["POST", "OPTIONS"]),

@@ -6,14 +6,17 @@ refusals, CORS, and a PCMU-only caller. Every data-channel event is validated ag
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
 import pytest
+import websockets
 from openai import AsyncOpenAI, NotFoundError
 
 from realtime_gw.testing.audio import synthesize, transcribe, wer
 from realtime_gw.testing.gateway import LiveServer
+from tests.server.sdk_events import validate
 from tests.server.webrtc_client import Caller, call
 
 QUESTION_TEXT = "Please open the door for me."
@@ -108,6 +111,19 @@ async def test_clear_silences_the_track_and_truncates_then_hangup(voice_server: 
         await asyncio.sleep(0.5)
         loud = [t for t in caller.loud_after(cleared_at) if t < cleared_at + 0.5]
         assert not loud or loud[-1] - cleared_at <= SILENT_WITHIN_S, (loud[-1] - cleared_at, caller.types()[mark:])
+        # the sideband: the app's server joins the call with its deployment key and steers it
+        sideband_url = f"{voice_server.ws}/v1/realtime?call_id={call_id}"
+        async with websockets.connect(sideband_url, additional_headers={"Authorization": "Bearer test-key"}) as side:
+            await side.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "Steered."}}))
+            seen = validate(await asyncio.wait_for(side.recv(), 10))
+            while seen.type != "session.updated":  # the call's own events may come first
+                seen = validate(await asyncio.wait_for(side.recv(), 10))
+            assert seen.session.instructions == "Steered."
+            on_call = await caller.wait_for(lambda e: e.type == "session.updated")
+            assert on_call.session.instructions == "Steered."
+        with pytest.raises(websockets.InvalidStatus):  # a client secret may not watch calls
+            async with websockets.connect(sideband_url, additional_headers={"Authorization": f"Bearer {secret.value}"}):
+                pass
         # hang up through the SDK: the call ends, the channel closes, the id is gone
         await client.realtime.calls.hangup(call_id)
         for _ in range(100):

@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 CALL_AUDIO_LEAD_MS = 200
 """Reply audio handed to the track ahead of its playback: enough to ride out a busy loop, little
 enough that a purge (barge-in) drops it at once."""
+CONNECT_TIMEOUT_S = 30.0
+"""A call whose peer has not connected (ICE and DTLS) by then is ended, its session given back."""
+SIDEBAND_SEND_TIMEOUT_S = 2.0
+"""A sideband that does not take an event within this is dropped (the call's writer never waits long)."""
 ACK_EVENT_PREFIX = "rtc_sent_"
 """Event ids of the playback reports the track makes; the session's answers to them stay internal."""
 
@@ -50,6 +54,8 @@ class CallConnection(RealtimeConnection):
         self.reply_audio = OutputConverter()
         self.caller_audio = InputConverter()
         self._reports = 0
+        self.sidebands: set[Any] = set()
+        """WebSockets watching the call (``sideband.py``): they get a copy of every event sent."""
 
     # -- the caller's audio in -------------------------------------------------------------------------
     async def pump_input(self, track: MediaStreamTrack) -> None:
@@ -103,6 +109,8 @@ class CallConnection(RealtimeConnection):
                 "message_too_large",
             ).event
         await super()._write(event)
+        if self.sidebands:
+            await copy_to_sidebands(self.sidebands, rt.encode_server_event(event).decode())
 
     # The track's reports (from aiortc's sender task; each is a put, never a wait).
     def _playback_started(self, response_id: str) -> None:
@@ -136,6 +144,23 @@ def _says_cleared(effects: list[Effect], response_id: str) -> bool:
     )
 
 
+async def copy_to_sidebands(sidebands: set[Any], data: str) -> None:
+    for ws in list(sidebands):
+        try:
+            await asyncio.wait_for(ws.send_text(data), SIDEBAND_SEND_TIMEOUT_S)
+        except Exception:
+            sidebands.discard(ws)
+            with contextlib.suppress(Exception):
+                await ws.close(code=1008, reason="sideband is not reading")
+
+
+async def close_sidebands(sidebands: set[Any]) -> None:
+    for ws in list(sidebands):
+        with contextlib.suppress(Exception):
+            await ws.close(code=1000, reason="call ended")
+    sidebands.clear()
+
+
 class Call:
     """A live call: its id, peer connection and session task. ``hangup`` ends it (idempotent)."""
 
@@ -151,16 +176,24 @@ class Call:
         self.task = asyncio.create_task(self._run(admission, calls), name=f"call-{self.id}")
 
     async def _run(self, admission: Admission, calls: dict[str, Call]) -> None:
+        deadline = asyncio.get_running_loop().call_later(CONNECT_TIMEOUT_S, self._unconnected)
         try:
             await self.connection.run()
         except Exception:
             log.exception("call %s failed", self.id)
         finally:
+            deadline.cancel()
             admission.leave()
             calls.pop(self.id, None)
+            await close_sidebands(self.connection.sidebands)
             self.connection.track.stop()
             with contextlib.suppress(Exception):
                 await self.pc.close()
+
+    def _unconnected(self) -> None:
+        if self.pc.connectionState != "connected":
+            log.info("call %s: no connection within %.0f s; ended", self.id, CONNECT_TIMEOUT_S)
+            self.channel.disconnected()
 
     async def hangup(self) -> None:
         self.channel.disconnected()
