@@ -178,9 +178,12 @@ async def test_refusals_and_cors(voice_server: LiveServer) -> None:
         assert pre.headers["access-control-expose-headers"] == "Location"
         evil = await http.options(url, headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
         assert evil.status_code == 403 and "access-control-allow-origin" not in evil.headers
-    # every refused call gave its session back
+    # every refused or ended call gave its session back, and the ended ones left their statistics
     for _ in range(100):
-        if voice_server.metric("realtime_gw_sessions", 'kind="realtime"') == 0:
-            return
+        if voice_server.metric("realtime_gw_sessions", 'kind="realtime"') == 0 == voice_server.metric("realtime_gw_calls"):
+            break
         await asyncio.sleep(0.05)
-    raise AssertionError("a refused or ended call kept its session")
+    else:
+        raise AssertionError("a refused or ended call kept its session")
+    assert voice_server.metric("realtime_gw_call_input_packets_total") > 100
+    assert voice_server.metric("realtime_gw_call_frame_lateness_seconds_count") > 100

@@ -29,6 +29,7 @@ from realtime_gw.server.outbox import Notice, Outbox
 from realtime_gw.server.realtime_ws import RealtimeConnection
 from realtime_gw.server.webrtc.channel import EventChannel
 from realtime_gw.server.webrtc.media import InputConverter, OutputConverter, ReplyTrack
+from realtime_gw.server.webrtc.metrics import CALLS, record_call_stats
 from realtime_gw.sessions.events import Close, Effect, PlaybackStarted, PurgeAudio, Send
 from realtime_gw.sessions.realtime import RealtimeSession
 
@@ -177,16 +178,20 @@ class Call:
 
     async def _run(self, admission: Admission, calls: dict[str, Call]) -> None:
         deadline = asyncio.get_running_loop().call_later(CONNECT_TIMEOUT_S, self._unconnected)
+        CALLS.inc()
         try:
             await self.connection.run()
         except Exception:
             log.exception("call %s failed", self.id)
         finally:
             deadline.cancel()
+            CALLS.dec()
             admission.leave()
             calls.pop(self.id, None)
             await close_sidebands(self.connection.sidebands)
             self.connection.track.stop()
+            with contextlib.suppress(Exception):
+                record_call_stats(await self.pc.getStats(), self.connection.caller_audio.clock_rate)
             with contextlib.suppress(Exception):
                 await self.pc.close()
 

@@ -25,6 +25,7 @@ from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
 from realtime_gw.protocols import audio
+from realtime_gw.server.webrtc.metrics import CALL_FRAME_LATENESS
 
 RATE = 48000
 FRAME_MS = 20
@@ -59,8 +60,6 @@ class ReplyTrack(MediaStreamTrack):
         self._replies: dict[str, _Reply] = {}
         self._start: float | None = None
         self._pts = 0
-        self.late_frames = 0
-        """Frames that left more than one frame late (the loop was busy): what a listener hears as a gap."""
 
     # -- what the connection calls ---------------------------------------------------------------------
     def push(self, response_id: str, pcm48: bytes) -> None:
@@ -101,8 +100,7 @@ class ReplyTrack(MediaStreamTrack):
         else:
             self._pts += FRAME_SAMPLES
             due = self._start + self._pts / RATE
-            if now - due > FRAME_MS / 1000:
-                self.late_frames += 1
+            CALL_FRAME_LATENESS.observe(max(0.0, now - due))
             await asyncio.sleep(max(0.0, due - now))
         frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
         frame.planes[0].update(self._next_frame_bytes())
@@ -142,8 +140,11 @@ class InputConverter:
 
     def __init__(self) -> None:
         self._resampler: audio.StreamingResampler | None = None
+        self.clock_rate = RATE
+        """The caller's codec's sample rate (RTP timestamps count in it)."""
 
     def convert(self, frame: AudioFrame, input_format: str, input_rate: int) -> bytes:
+        self.clock_rate = frame.sample_rate
         samples = frame.to_ndarray()
         channels = len(frame.layout.channels)
         if samples.dtype != np.int16:  # planar/float layouts some decoders give
