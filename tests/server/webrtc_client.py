@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import fractions
 import json
+import re
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -100,9 +101,13 @@ class Caller:
                 samples = np.repeat(samples, RATE // frame.sample_rate)
             self.heard.append((time.monotonic(), samples.astype(np.int16)))
 
-    async def offer(self) -> str:
+    async def offer(self, max_message_size: int | None = None) -> str:
+        """The offer as a browser sends it; ``max_message_size``: advertise a smaller one (as some do)."""
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        return strip_candidates(self.pc.localDescription.sdp)
+        sdp = strip_candidates(self.pc.localDescription.sdp)
+        if max_message_size is not None:
+            sdp = re.sub(r"a=max-message-size:\d+", f"a=max-message-size:{max_message_size}", sdp)
+        return sdp
 
     async def connect(self, answer: str) -> None:
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
@@ -142,9 +147,9 @@ class Caller:
 
 
 async def call(server: LiveServer, caller: Caller, key: str = "test-key", multipart: bool = False,
-               session: dict[str, Any] | None = None) -> httpx.Response:  # fmt: skip
+               session: dict[str, Any] | None = None, max_message_size: int | None = None) -> httpx.Response:  # fmt: skip
     """POST the caller's offer; on 201, connect with the answer."""
-    sdp = await caller.offer()
+    sdp = await caller.offer(max_message_size)
     headers = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(base_url=server.http, timeout=30) as http:
         if multipart:
