@@ -11,7 +11,7 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from realtime_gw import web
-from realtime_gw.config import GatewayConfig
+from realtime_gw.config import ConfigError, GatewayConfig
 from realtime_gw.models.registry import Workers, build_workers
 from realtime_gw.server import log_hygiene, openpi_ws, ops, realtime_ws, speech, speech_stream
 from realtime_gw.server.auth import Access, HostAllowlist, HostPolicy
@@ -21,11 +21,16 @@ from realtime_gw.server.connections import raise_open_files_limit, uvicorn_optio
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.responder import build_responder
 from realtime_gw.server.webrtc import calls, sideband
+from realtime_gw.server.webrtc.ice import parse_port_range
 
 log = logging.getLogger(__name__)
 
 
 def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlette:
+    try:
+        parse_port_range(config.webrtc_udp_ports)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     hosts = HostPolicy(config.allowed_hosts, config.host)
     gateway = Gateway(
         config=config,

@@ -32,7 +32,10 @@ def parse_port_range(spec: str) -> range | None:
     if not spec:
         return None
     first, sep, last = spec.partition("-")
-    lo, hi = int(first), int(last if sep else first)
+    try:
+        lo, hi = int(first), int(last if sep else first)
+    except ValueError:
+        lo = hi = 0
     if not 1 <= lo <= hi <= 65535:
         raise ValueError(f"webrtc_udp_ports {spec!r}: expected first-last within 1-65535")
     return range(lo, hi + 1)

@@ -17,7 +17,7 @@ from openai import AsyncOpenAI, NotFoundError
 from realtime_gw.testing.audio import normalize, synthesize, transcribe, wer
 from realtime_gw.testing.gateway import LiveServer
 from tests.server.sdk_events import validate
-from tests.server.webrtc_client import Caller, call
+from tests.server.webrtc.caller import Caller, call
 
 QUESTION_TEXT = "Please open the door for me."
 QUESTION = synthesize(QUESTION_TEXT, 48000)
