@@ -165,8 +165,12 @@ async def close_sidebands(sidebands: set[Any]) -> None:
 class Call:
     """A live call: its id, peer connection and session task. ``hangup`` ends it (idempotent)."""
 
-    def __init__(self, call_id: str, pc: RTCPeerConnection, channel: EventChannel, connection: CallConnection) -> None:
+    def __init__(
+        self, call_id: str, owner: str, pc: RTCPeerConnection, channel: EventChannel, connection: CallConnection
+    ) -> None:
         self.id = call_id
+        self.owner = owner
+        """The deployment key it was started with (or whose secret started it): only it may hang up or watch."""
         self.pc = pc
         self.channel = channel
         self.connection = connection

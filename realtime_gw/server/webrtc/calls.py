@@ -152,7 +152,8 @@ async def _answer(
         channel = EventChannel(expect_channel="\nm=application " in sdp.replace("\r\n", "\n"))
         session = open_session(gateway, request.query_params.get("model"), admission.secret, session_params)
         connection = CallConnection(channel, gateway, session)
-        call = Call(call_id, pc, channel, connection)
+        assert admission.key is not None
+        call = Call(call_id, admission.key, pc, channel, connection)
 
         @pc.on("datachannel")
         def on_datachannel(dc) -> None:  # type: ignore[no-untyped-def]
@@ -183,11 +184,12 @@ async def _answer(
 
 async def hangup_call(request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
-    refusal = Admission(gateway, "realtime").check(request.headers)
+    admission = Admission(gateway, "realtime")
+    refusal = admission.check(request.headers)
     if refusal is not None:
         return error_response(refusal.status, refusal.message, refusal.code)
     call = calls_of(request).get(request.path_params["call_id"])
-    if call is None:
+    if call is None or call.owner != admission.key:  # another key's call is none of its business
         return error_response(404, "no such call (it ended, or never was)", "call_not_found")
     await call.hangup()
     return Response(status_code=200)

@@ -33,7 +33,7 @@ async def sideband_endpoint(ws: WebSocket, call_id: str) -> None:
     subprotocol = "realtime" if "realtime" in auth.offered_subprotocols(ws.headers) else None
     await ws.accept(subprotocol=subprotocol)
     call: Call | None = ws.app.state.calls.get(call_id)
-    if call is None:
+    if call is None or call.owner != admission.key:
         error = rt.error_event(f"No live call '{call_id}'", code="call_not_found", param="call_id")
         await ws.send_text(rt.encode_server_event(error).decode())
         await ws.close(code=1008, reason="no such call")
