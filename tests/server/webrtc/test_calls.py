@@ -38,7 +38,7 @@ def said(caller: Caller) -> str:
 
 
 async def test_a_spoken_turn_is_answered_on_the_track(voice_server: LiveServer) -> None:
-    caller = Caller()
+    caller = Caller(parse=validate)
     try:
         resp = await call(voice_server, caller)
         assert resp.status_code == 201, resp.text
@@ -71,7 +71,7 @@ async def test_a_spoken_turn_is_answered_on_the_track(voice_server: LiveServer) 
 async def test_clear_silences_the_track_and_truncates_then_hangup(voice_server: LiveServer) -> None:
     client = AsyncOpenAI(base_url=voice_server.http + "/v1", api_key="test-key")
     secret = await client.realtime.client_secrets.create(session={"type": "realtime", "instructions": "Echo."})
-    caller = Caller()
+    caller = Caller(parse=validate)
     try:
         # the openai SDK's own multipart request, authorized by the ephemeral secret
         browser = AsyncOpenAI(base_url=voice_server.http + "/v1", api_key=secret.value)
@@ -137,7 +137,7 @@ async def test_clear_silences_the_track_and_truncates_then_hangup(voice_server: 
 
 
 async def test_a_pcmu_only_caller_is_heard_and_answered(voice_server: LiveServer) -> None:
-    caller = Caller(codecs=["audio/PCMU"])
+    caller = Caller(codecs=["audio/PCMU"], parse=validate)
     try:
         resp = await call(voice_server, caller, multipart=True, session={"type": "realtime"}, max_message_size=32768)
         assert resp.status_code == 201, resp.text
@@ -165,7 +165,7 @@ OFFER_WITHOUT_AUDIO = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\nm=applic
 
 
 async def test_refusals_and_cors(voice_server: LiveServer) -> None:
-    sdp = await Caller().offer()
+    sdp = await Caller(parse=validate).offer()
     url = voice_server.http + "/v1/realtime/calls"
     key = {"Authorization": "Bearer test-key"}
     async with httpx.AsyncClient(timeout=30) as http:
