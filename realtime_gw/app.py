@@ -11,7 +11,7 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from realtime_gw import web
-from realtime_gw.config import GatewayConfig
+from realtime_gw.config import ConfigError, GatewayConfig
 from realtime_gw.models.registry import Workers, build_workers
 from realtime_gw.server import (
     log_hygiene,
@@ -24,15 +24,23 @@ from realtime_gw.server import (
     voices,
 )
 from realtime_gw.server.auth import Access, HostAllowlist, HostPolicy
+from realtime_gw.server.client_secret_endpoint import client_secrets_endpoint
+from realtime_gw.server.client_secrets import ClientSecrets
 from realtime_gw.server.connections import raise_open_files_limit, uvicorn_options
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.responder import build_responder
 from realtime_gw.server.voice_library import VoiceLibrary
+from realtime_gw.server.webrtc import calls, sideband
+from realtime_gw.server.webrtc.ice import parse_port_range
 
 log = logging.getLogger(__name__)
 
 
 def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlette:
+    try:
+        parse_port_range(config.webrtc_udp_ports)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     hosts = HostPolicy(config.allowed_hosts, config.host)
     gateway = Gateway(
         config=config,
@@ -44,6 +52,7 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
             config.allowed_origins,
             config.session_starts_per_key_per_min,
             hosts,
+            ClientSecrets(config.webrtc_max_client_secrets),
         ),
         voices=VoiceLibrary.open(config.voices_dir, config.max_voices_per_key),
     )
@@ -57,6 +66,8 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         try:
             yield
         finally:
+            for call in list(app.state.calls.values()):
+                await call.hangup()
             await gateway.workers.stop()
 
     routes: list[BaseRoute] = [
@@ -65,7 +76,10 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         Route("/metrics", ops.metrics),
         Route("/v1/models", ops.models),
         *web.routes(),  # the browser page at GET / and its files under /web
-        WebSocketRoute("/v1/realtime", realtime_ws.realtime_endpoint),
+        WebSocketRoute("/v1/realtime", sideband.realtime_or_sideband),  # ?call_id=: a call's sideband
+        Route("/v1/realtime/client_secrets", calls.with_cors(client_secrets_endpoint), methods=["POST", "OPTIONS"]),
+        Route("/v1/realtime/calls", calls.with_cors(calls.create_call), methods=["POST", "OPTIONS"]),
+        Route("/v1/realtime/calls/{call_id}/hangup", calls.with_cors(calls.hangup_call), methods=["POST", "OPTIONS"]),
         WebSocketRoute("/v1/duplex", realtime_ws.realtime_endpoint),
         Route("/v1/audio/speech", speech.speech_endpoint, methods=["POST"]),
         Route("/v1/audio/transcriptions", transcriptions.transcriptions_endpoint, methods=["POST"]),
@@ -83,6 +97,7 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         ]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(HostAllowlist, policy=hosts)])
     app.state.gateway = gateway
+    app.state.calls = {}  # live WebRTC calls by id (server/webrtc)
     return app
 
 

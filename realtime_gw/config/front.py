@@ -1,5 +1,5 @@
-"""The sections of the gateway's front: where it listens, its limits, the realtime and speech sessions,
-and the responder. ``config.gateway`` continues the line of section structs with the model stages'
+"""The sections of the gateway's front: where it listens, its limits, the realtime sessions and their WebRTC
+calls, the speech sessions and the responder. ``config.gateway`` continues the line of section structs with the model stages'
 sections and ends in ``GatewayConfig`` (see there).
 """
 
@@ -104,7 +104,23 @@ class RealtimeSettings(LimitsSettings, kw_only=True):
     ``max_instructions_chars`` too."""
 
 
-class SpeechSettings(RealtimeSettings, kw_only=True):
+class WebrtcSettings(RealtimeSettings, kw_only=True):
+    """Realtime calls over WebRTC (``POST /v1/realtime/calls``) and ephemeral client secrets."""
+
+    SECTION: ClassVar[str] = "webrtc"
+    webrtc_host: str = ""
+    """Address of calls' UDP sockets and of the one host candidate of every SDP answer; "" = ``server.host``
+    (127.0.0.1 on loopback). Binding 0.0.0.0: set the public address (no STUN is contacted; see TURN)."""
+    webrtc_udp_ports: str = ""
+    """UDP port range of calls' media, "first-last" (one port per call); "" = any free port."""
+    webrtc_max_offer_bytes: int = 64 * 1024
+    """Largest SDP offer (or multipart body) ``POST /v1/realtime/calls`` reads; above it: HTTP 413."""
+    webrtc_max_client_secrets: int = 10000
+    """Unexpired client secrets held at once; minting one more gets HTTP 429."""
+
+
+
+class SpeechSettings(WebrtcSettings, kw_only=True):
     """Text to speech over HTTP (POST /v1/audio/speech) and the speech stream socket."""
 
     SECTION: ClassVar[str] = "speech"

@@ -214,6 +214,18 @@ class OutputAudioBufferClearedEvent(ServerEvent, tag="output_audio_buffer.cleare
     response_id: str
 
 
+class OutputAudioBufferStartedEvent(ServerEvent, tag="output_audio_buffer.started"):
+    """WebRTC calls: a response's first audio went on the outgoing track."""
+
+    response_id: str
+
+
+class OutputAudioBufferStoppedEvent(ServerEvent, tag="output_audio_buffer.stopped"):
+    """WebRTC calls: a response's last audio left on the track (may come after ``response.done``)."""
+
+    response_id: str
+
+
 class ConversationItemAdded(ServerEvent, tag="conversation.item.added"):
     item: Item
     previous_item_id: str | None = None

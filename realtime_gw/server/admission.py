@@ -17,6 +17,7 @@ from typing import Literal
 from starlette.websockets import WebSocket
 
 from realtime_gw.server.auth import Refusal, presented_key
+from realtime_gw.server.client_secrets import ClientSecret
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.metrics import SESSIONS
 
@@ -33,13 +34,17 @@ class Admission:
         self.kind = kind
         self.key: str | None = None
         self.entered = False
+        self.secret: ClientSecret | None = None
+        """The client secret presented instead of a key, if any (its session config applies)."""
 
     def check(self, headers: Mapping[str, str]) -> Refusal | None:
         """Origin and API key (constant time): None, or why not."""
         access = self.gateway.access
         if not access.origin_allowed(headers.get("origin"), headers.get("host")):
             return Refusal("origin_not_allowed", "origin not allowed", 403)
-        self.key = access.identify(presented_key(headers))
+        presented = presented_key(headers)
+        self.key = access.identify(presented)
+        self.secret = access.client_secrets.find(presented)
         if self.key is None:
             return Refusal("invalid_api_key", "invalid or missing API key", 401)
         return None

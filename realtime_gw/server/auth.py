@@ -14,6 +14,9 @@ from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from realtime_gw.server.client_secrets import PREFIX as CLIENT_SECRET_PREFIX
+from realtime_gw.server.client_secrets import ClientSecrets
+
 RATE_WINDOW_S = 60.0
 
 SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
@@ -142,12 +145,14 @@ class Access:
         allowed_origins: list[str] | None = None,
         session_starts_per_key_per_min: int = 0,
         hosts: HostPolicy | None = None,
+        client_secrets: ClientSecrets | None = None,
     ):
         self.api_keys = [k for k in api_keys if k]
         self.max_sessions_per_key = max_sessions_per_key
         self.allowed_origins = set(allowed_origins or [])
         self.starts_per_min = session_starts_per_key_per_min
         self.hosts = hosts or HostPolicy()
+        self.client_secrets = client_secrets or ClientSecrets()
         self.sessions: Counter[str] = Counter()
         self._starts: dict[str, deque[float]] = {}
 
@@ -157,7 +162,11 @@ class Access:
 
     def identify(self, presented: str | None) -> str | None:
         """The key that matches (compared in constant time against every key), or None.
-        With no keys configured everyone is the anonymous key ""."""
+        With no keys configured everyone is the anonymous key "". A client secret (``ek_…``) stands
+        for the key that minted it while it is unexpired (an expired one is refused, keys or not)."""
+        if presented is not None and presented.startswith(CLIENT_SECRET_PREFIX):
+            record = self.client_secrets.find(presented)
+            return None if record is None else record.owner
         if not self.api_keys:
             return ""
         match = None

@@ -34,7 +34,8 @@ REDACTED = "[redacted]"
 _SECRETS = re.compile(
     r"(?P<query>[?&;](?:api[_-]?key|key|token|access[_-]?token|auth|authorization|password|secret)=)[^&;#\s\"']*"
     r"|(?P<subprotocol>openai-insecure-api-key\.)[^\s,;\"']+"
-    r"|(?P<scheme>\b(?:Bearer|Api-Key)\s+)[^\s,;\"']+",
+    r"|(?P<scheme>\b(?:Bearer|Api-Key)\s+)[^\s,;\"']+"
+    r"|(?P<ephemeral>\bek_)[A-Za-z0-9_-]+",
     re.IGNORECASE,
 )
 
@@ -42,7 +43,7 @@ _SECRETS = re.compile(
 def redact(text: str) -> str:
     """``text`` with every credential-looking value replaced by ``[redacted]``."""
     return _SECRETS.sub(
-        lambda m: (m.group("query") or m.group("subprotocol") or m.group("scheme")) + REDACTED, text
+        lambda m: (m.group("query") or m.group("subprotocol") or m.group("scheme") or m.group("ephemeral")) + REDACTED, text
     )
 
 

@@ -12,9 +12,9 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocketDisconnect
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.protocols import realtime as rt
@@ -26,6 +26,17 @@ MAX_PENDING_INPUT = 32
 """Client events read but not yet handled (see ``InputGate``)."""
 
 
+class Channel(Protocol):
+    """What moves a session's JSON events: a Starlette ``WebSocket``, or a call's data channel
+    (``server/webrtc``) speaking the same ASGI-style messages."""
+
+    async def receive(self) -> dict[str, Any]: ...
+
+    async def send_text(self, data: str) -> None: ...
+
+    async def close(self, code: int = 1000, reason: str | None = None) -> None: ...
+
+
 @dataclass(slots=True)
 class FromClient:
     """A client event in the mailbox (counted by the input gate until the session task takes it)."""
@@ -35,7 +46,7 @@ class FromClient:
 
 class ClientInput:
     def __init__(
-        self, ws: WebSocket, config: GatewayConfig, mailbox: asyncio.Queue[Any], queued: Callable[[], int]
+        self, ws: Channel, config: GatewayConfig, mailbox: asyncio.Queue[Any], queued: Callable[[], int]
     ) -> None:
         self.ws = ws
         self.max_frame_bytes = config.max_frame_bytes

@@ -4,6 +4,9 @@ One mailbox per connection, consumed by one task that owns the session (no locks
 move bytes (reader, writer) or pump worker results into the mailbox. What leaves when (lanes, pacing,
 purge, backpressure, seq, delivery) is decided by the pure ``Outbox``; the writer only sleeps until
 its next due event (or a wake-up) and writes it.
+
+The connection is transport-neutral: its ``Channel`` is the WebSocket here, or a WebRTC call's data
+channel (``server/webrtc``, which subclasses it to put reply audio on the call's track).
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from realtime_gw.records.voice import (
 from realtime_gw.server import auth
 from realtime_gw.server.admission import Admission, admit_socket
 from realtime_gw.server.auth import Refusal
+from realtime_gw.server.client_secrets import ClientSecret
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.listen_effects import Listening
 from realtime_gw.server.metrics import FRAME_LATENESS, TTFA
 from realtime_gw.server.outbox import Notice, Outbox, OutboxFull, Outgoing
-from realtime_gw.server.realtime_input import ClientInput, FromClient
+from realtime_gw.server.realtime_input import Channel, ClientInput, FromClient
 from realtime_gw.sessions.events import (
     AskTurn,
     AwaitDelivery,
@@ -82,7 +86,7 @@ class _Closed(Exception):
 
 
 class RealtimeConnection:
-    def __init__(self, ws: WebSocket, gateway: Gateway, session: RealtimeSession) -> None:
+    def __init__(self, ws: Channel, gateway: Gateway, session: RealtimeSession) -> None:
         self.ws = ws
         self.gateway = gateway
         self.config = gateway.config
@@ -427,6 +431,28 @@ def _limits(gateway: Gateway, model: str, key: str | None) -> Limits:
     )
 
 
+def open_session(
+    gateway: Gateway,
+    model: str | None,
+    key: str | None,
+    secret: ClientSecret | None,
+    extra: rt.SessionParams | None = None,
+    duplex: bool = False,
+    transcription: bool = False,
+) -> RealtimeSession:
+    """A new session of ``key`` (its custom voices are the session's too), configured by the client
+    secret that opened it (and ``extra``, a call's own session part), as if by ``session.update``s before
+    it starts: ``session.created`` shows them. ``transcription``: a transcription session."""
+    configs = [c for c in (secret and secret.session, extra) if c is not None]
+    model = model or next((c.model for c in reversed(configs) if isinstance(c.model, str)), None) or "realtime-gw"
+    session = RealtimeSession(
+        "sess_" + secrets.token_hex(8), _limits(gateway, model, key), time.monotonic(), duplex, transcription
+    )
+    for config in configs:  # validated when minted / received; what fails here is dropped
+        session.handle(rt.SessionUpdateEvent(session=config), time.monotonic())
+    return session
+
+
 async def realtime_endpoint(ws: WebSocket) -> None:
     gateway: Gateway = ws.app.state.gateway
     admission = Admission(gateway, "realtime")
@@ -437,16 +463,16 @@ async def realtime_endpoint(ws: WebSocket) -> None:
     subprotocol = "realtime" if "realtime" in auth.offered_subprotocols(ws.headers) else None
     if not await admit_socket(ws, admission, refused, subprotocol):
         return
-    model = ws.query_params.get("model") or "realtime-gw"
     asked = ws.query_params.get("duplex") in ("1", "true")
     duplex = asked or ws.scope["path"].rstrip("/").endswith("/duplex")
     transcription = ws.query_params.get("intent") == "transcription"  # OpenAI's transcription sessions
-    session = RealtimeSession(
-        "sess_" + secrets.token_hex(8),
-        _limits(gateway, model, admission.key),
-        time.monotonic(),
-        duplex,
-        transcription,
+    session = open_session(
+        gateway,
+        ws.query_params.get("model"),
+        admission.key,
+        admission.secret,
+        duplex=duplex,
+        transcription=transcription,
     )
     try:
         await RealtimeConnection(ws, gateway, session).run()

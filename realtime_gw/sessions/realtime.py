@@ -351,11 +351,13 @@ class RealtimeSession:
         return []
 
     def _on_output_clear(self, ev: rt.OutputAudioBufferClearEvent, now: float) -> list[Effect]:
+        """Stop the reply's audio: cancel the live response, and cut the newest assistant item back
+        to what the client has heard (its playback may outlast ``response.done``)."""
         live = self.responses.live
-        if live is None:
-            return []
-        cleared = rt.OutputAudioBufferClearedEvent(response_id=live.id)
-        return [*self.responses.cancel("client_cancelled"), self.ids.send(cleared)]
+        out = self.responses.cancel("client_cancelled") if live is not None else []
+        if live is not None:
+            out.append(self.ids.send(rt.OutputAudioBufferClearedEvent(response_id=live.id)))
+        return out + self.turns.cut_playback(now, self.conversation, response_cancelled=live is not None)
 
 
 def _routed(handle: Any) -> Any:

@@ -1,4 +1,6 @@
-// realtime_gw browser client: microphone -> /v1/realtime -> speaker, with live latency figures.
+// realtime_gw browser client: microphone -> gateway -> speaker, with live latency figures. Two
+// transports: a WebRTC call (POST /v1/realtime/calls: Opus tracks, events on the 'oai-events' data
+// channel; the default) or the /v1/realtime WebSocket (base64 PCM in events; ?transport=websocket).
 // Plain JS, no build step. State is kept on window.rtgw so tests (and curious people) can read it.
 'use strict';
 
@@ -12,9 +14,12 @@ const state = (window.rtgw = {
   framesReceived: 0, lostFrames: 0, duplicateFrames: 0, playedMs: 0, underruns: 0, bufferedMs: 0,
   ttfaMs: [], turnLatencyMs: [], heardLatencyMs: [], maxLatenessMs: 0, bargeIns: 0, acksSent: 0,
   micMsSent: 0, responses: 0, truncated: [], cancelled: 0,
+  transport: params.get('transport') || 'webrtc', callId: null, rtc: { started: [], stopped: [], cleared: [] },
 });
 
 let ws = null;
+let pc = null; // the WebRTC call
+let dc = null; // its 'oai-events' data channel
 let ctx = null;
 let mic = null;
 let captureNode = null;
@@ -58,7 +63,34 @@ function render() {
 }
 
 function send(event) {
-  if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(event));
+  if (dc && dc.readyState === 'open') dc.send(JSON.stringify(event));
+  else if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(event));
+}
+
+// -- WebRTC call --------------------------------------------------------------------------------------
+// The key field may hold a deployment key or an ephemeral client secret (ek_...), minted by the app's
+// backend with POST /v1/realtime/client_secrets: a browser should only ever hold the latter.
+async function startCall(key) {
+  pc = new RTCPeerConnection({ iceServers: [] });
+  for (const track of mic.getAudioTracks()) pc.addTrack(track, mic);
+  dc = pc.createDataChannel('oai-events');
+  dc.onmessage = (e) => onEvent(JSON.parse(e.data));
+  dc.onclose = () => { setStatus('call ended'); cleanup(); };
+  pc.ontrack = (e) => {
+    const speaker = $('speaker');
+    speaker.srcObject = e.streams[0] || new MediaStream([e.track]);
+    speaker.play().catch((err) => line('error', `playback: ${err}`));
+  };
+  pc.onconnectionstatechange = () => {
+    if (pc && pc.connectionState === 'failed') { line('error', 'call failed (no route to the gateway?)'); stop(); }
+  };
+  await pc.setLocalDescription(await pc.createOffer());
+  const headers = { 'Content-Type': 'application/sdp' };
+  if (key) headers.Authorization = `Bearer ${key}`;
+  const resp = await fetch('/v1/realtime/calls', { method: 'POST', body: pc.localDescription.sdp, headers });
+  if (resp.status !== 201) throw new Error(`call refused: ${resp.status} ${await resp.text()}`);
+  state.callId = (resp.headers.get('Location') || '').split('/').pop();
+  await pc.setRemoteDescription({ type: 'answer', sdp: await resp.text() });
 }
 
 function b64FromInt16(buf) {
@@ -183,6 +215,24 @@ function onEvent(ev) {
       if (current === ev.response.id) current = null;
       break;
     }
+    case 'output_audio_buffer.started': { // WebRTC: the reply's first frame is on the track
+      state.rtc.started.push(ev.response_id);
+      const r = replies.get(ev.response_id);
+      if (r) {
+        heardRid = ev.response_id;
+        state.ttfaMs.push(t - r.created);
+        if (r.turnEnd != null) state.heardLatencyMs.push(t - r.turnEnd);
+      }
+      setStatus('speaking');
+      break;
+    }
+    case 'output_audio_buffer.stopped':
+      state.rtc.stopped.push(ev.response_id);
+      if (!current) setStatus('listening');
+      break;
+    case 'output_audio_buffer.cleared':
+      state.rtc.cleared.push(ev.response_id);
+      break;
     case 'conversation.item.truncated':
       state.truncated.push({ itemId: ev.item_id, audioEndMs: ev.audio_end_ms });
       break;
@@ -279,6 +329,11 @@ async function start() {
     await ctx.resume();
 
     setStatus('connecting');
+    if (state.transport === 'webrtc') {
+      await startCall(key);
+      for (const id of ['stop', 'interrupt', 'send', 'text']) $(id).disabled = false;
+      return;
+    }
     const url = `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/v1/realtime`;
     // Browsers cannot set headers on a WebSocket: the key travels as a subprotocol, as with OpenAI's API.
     const protocols = key ? ['realtime', `openai-insecure-api-key.${key}`] : ['realtime'];
@@ -302,6 +357,8 @@ function cleanup() {
   if (ackTimer) clearInterval(ackTimer);
   ackTimer = null;
   if (mic) mic.getTracks().forEach((t) => t.stop());
+  if (pc) pc.close();
+  pc = dc = null;
   if (ctx) ctx.close();
   mic = ctx = null;
   $('start').disabled = false;
@@ -309,6 +366,10 @@ function cleanup() {
 }
 
 function stop() {
+  if (pc && state.callId) {
+    const key = $('key').value.trim();
+    fetch(`/v1/realtime/calls/${state.callId}/hangup`, { method: 'POST', headers: key ? { Authorization: `Bearer ${key}` } : {} });
+  }
   if (ws) ws.close(1000, 'bye');
   ws = null;
   setStatus('stopped');
@@ -329,7 +390,14 @@ function sendText() {
 $('key').value = params.get('key') || localStorage.getItem('rtgw-key') || '';
 $('start').onclick = start;
 $('stop').onclick = stop;
-$('interrupt').onclick = () => bargeIn(true);
+$('interrupt').onclick = () => {
+  if (!pc) { bargeIn(true); return; }
+  // A call: the gateway stops its track and truncates the reply to what it sent.
+  send({ type: 'output_audio_buffer.clear' });
+  state.bargeIns += 1;
+};
+$('transport').value = state.transport;
+$('transport').onchange = () => { state.transport = $('transport').value; };
 $('send').onclick = sendText;
 $('text').onkeydown = (e) => { if (e.key === 'Enter') sendText(); };
 render();

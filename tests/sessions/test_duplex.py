@@ -200,3 +200,16 @@ def test_playback_estimate_never_exceeds_generated_audio() -> None:
     assert p.audible(1.5)
     p.finished = True
     assert not p.audible(9.0)
+
+
+def test_output_buffer_clear_after_generation_cuts_what_still_plays() -> None:
+    """A WebRTC call's playback outlasts response.done: the client's clear stops it and truncates."""
+    s = session(duplex=False)
+    start = speaking_response(s, at=10.0)
+    s.handle(ResponseFinished(start.response_id, start.epoch), 10.1)
+    s.handle(AudioDelivered(start.response_id, start.epoch), 10.2)
+    out = s.handle(decode('{"type":"output_audio_buffer.clear"}'), 10.5)
+    assert of(out, PurgeAudio) and not of(out, CancelResponse)  # nothing live to cancel
+    assert kinds(out) == ["output_audio_buffer.cleared", "conversation.item.truncated"]
+    assert [ev for ev in sent(out) if isinstance(ev, rt.ConversationItemTruncatedEvent)][0].audio_end_ms == 500
+    assert s.handle(decode('{"type":"output_audio_buffer.clear"}'), 10.6) == []  # nothing plays any more

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from realtime_gw.client.audio import silence, write_wav
@@ -53,6 +54,8 @@ def browser(tmp_path: Path) -> Iterator[Any]:
         "--autoplay-policy=no-user-gesture-required",
         "--disable-dev-shm-usage",
         "--window-size=1200,820",
+        # the gateway's call answers with its 127.0.0.1 candidate, which Chromium ignores by default
+        "--allow-loopback-in-peer-connection",
     ):
         opts.add_argument(flag)
     # An explicit driver path: selenium never tries to download one.
@@ -82,7 +85,7 @@ def test_page_hears_answers_plays_and_barges_in(voice_server: LiveServer, browse
     sessions_before = voice_server.metric("realtime_gw_sessions", 'kind="realtime"')
     ttfa_before = voice_server.metric("realtime_gw_time_to_first_audio_seconds_count")
 
-    browser.get(voice_server.http + "/?key=test-key")
+    browser.get(voice_server.http + "/?key=test-key&transport=websocket")
     browser.find_element(By.ID, "start").click()
     wait_page(browser, lambda s: s["status"] == "listening", 20, "session configured")
     assert voice_server.metric("realtime_gw_sessions", 'kind="realtime"') == sessions_before + 1
@@ -128,4 +131,43 @@ def test_page_hears_answers_plays_and_barges_in(voice_server: LiveServer, browse
     deadline = time.monotonic() + 5
     while voice_server.metric("realtime_gw_sessions", 'kind="realtime"') > sessions_before:
         assert time.monotonic() < deadline, "the page's session was not closed on the server"
+        time.sleep(0.1)
+
+
+def test_page_calls_over_webrtc_with_a_client_secret(voice_server: LiveServer, browser: Any) -> None:
+    """The default transport: a WebRTC call authorized by an ephemeral secret; a spoken turn answered
+    on the track; Interrupt clears the playing reply and the gateway truncates it."""
+    from selenium.webdriver.common.by import By
+
+    minted = httpx.post(
+        voice_server.http + "/v1/realtime/client_secrets", json={}, headers={"Authorization": "Bearer test-key"}
+    ).json()
+    calls_before = voice_server.metric("realtime_gw_calls")
+    browser.get(voice_server.http + f"/?key={minted['value']}")
+    browser.find_element(By.ID, "start").click()
+    wait_page(browser, lambda s: s["status"] == "listening" and s["callId"], 20, "call connected, session configured")
+    assert voice_server.metric("realtime_gw_calls") == calls_before + 1
+    state = wait_page(
+        browser,
+        lambda s: s["userTranscripts"] and s["assistantTranscripts"] and s["rtc"]["stopped"],
+        60,
+        "a spoken turn answered on the track",
+    )
+    assert wer(SPOKEN, state["userTranscripts"][0]) <= 0.4, state["userTranscripts"]
+    assert state["rtc"]["started"] == state["rtc"]["stopped"] and state["heardLatencyMs"]
+    assert state["framesReceived"] == 0, "no audio events on the channel: the audio is on the track"
+    assert not state["errors"], state["errors"]
+
+    browser.find_element(By.ID, "text").send_keys(LONG_TEXT)
+    browser.find_element(By.ID, "send").click()
+    wait_page(browser, lambda s: len(s["rtc"]["started"]) >= 2, 60, "the long reply playing")
+    time.sleep(0.8)
+    browser.find_element(By.ID, "interrupt").click()
+    state = wait_page(browser, lambda s: s["rtc"]["cleared"] and s["truncated"], 15, "cleared + truncated")
+    assert 300 <= state["truncated"][0]["audioEndMs"] <= 4000, state["truncated"]
+    assert not state["errors"], state["errors"]
+    browser.find_element(By.ID, "stop").click()
+    deadline = time.monotonic() + 5
+    while voice_server.metric("realtime_gw_calls") > calls_before:
+        assert time.monotonic() < deadline, "the page's call was not ended on the server"
         time.sleep(0.1)

@@ -1,0 +1,82 @@
+"""``POST /v1/realtime/client_secrets`` (OpenAI's GA shape): a deployment key mints an ``ek_…`` secret
+that may start sessions until it expires and carries their session config (validated here, as a
+``session.update`` would be)."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from realtime_gw.models.registry import accepted_voices
+from realtime_gw.protocols import realtime as rt
+from realtime_gw.server.admission import Admission
+from realtime_gw.sessions.settings import SessionError, SessionSettings, TextLimits, apply_session_update
+
+MIN_SECONDS, MAX_SECONDS, DEFAULT_SECONDS = 10, 7200, 600
+MAX_BODY_BYTES = 256 * 1024
+
+
+class _ExpiresAfter(msgspec.Struct, forbid_unknown_fields=True):
+    anchor: str = "created_at"
+    seconds: int = DEFAULT_SECONDS
+
+
+class _CreateBody(msgspec.Struct):
+    expires_after: _ExpiresAfter | None = None
+    session: rt.SessionParams | None = None
+
+
+def error_response(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code, "param": param}}, status)
+
+
+def settings_of(session: rt.SessionParams | None, voices: frozenset[str], limits: TextLimits) -> SessionSettings:
+    """The settings a secret's session config gives a new session; raises ``SessionError``."""
+    settings = SessionSettings()
+    return settings if session is None else apply_session_update(settings, session, voices, limits)
+
+
+async def client_secrets_endpoint(request: Request) -> Response:
+    gateway = request.app.state.gateway
+    admission = Admission(gateway, "realtime")
+    refusal = admission.check(request.headers)
+    if refusal is not None:
+        return error_response(refusal.status, refusal.message, refusal.code)
+    if admission.secret is not None:  # a secret cannot mint secrets: that would extend its life
+        return error_response(401, "a client secret cannot mint client secrets; use a deployment key", "invalid_api_key")
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        return error_response(413, f"body over {MAX_BODY_BYTES} bytes", "request_too_large")
+    try:
+        parsed = msgspec.json.decode(body or b"{}", type=_CreateBody)
+    except msgspec.ValidationError as e:
+        return error_response(400, f"invalid request body: {e}", "invalid_value")
+    except msgspec.DecodeError:
+        return error_response(400, "the body must be a JSON object", "invalid_json")
+    expires = parsed.expires_after or _ExpiresAfter()
+    if expires.anchor != "created_at":
+        return error_response(400, "expires_after.anchor must be 'created_at'", "invalid_value", "expires_after.anchor")
+    if not MIN_SECONDS <= expires.seconds <= MAX_SECONDS:
+        return error_response(
+            400, f"expires_after.seconds must be between {MIN_SECONDS} and {MAX_SECONDS}", "invalid_value",
+            "expires_after.seconds",
+        )
+    cfg = gateway.config
+    voices = accepted_voices(gateway.workers.tts.describe())
+    try:
+        settings = settings_of(parsed.session, voices, TextLimits(cfg.max_instructions_chars, cfg.max_tools))
+    except SessionError as e:
+        return error_response(400, str(e), e.code, e.param and f"session.{e.param}")
+    minted = gateway.access.client_secrets.mint(admission.key, expires.seconds, parsed.session)
+    if minted is None:
+        return error_response(429, "too many live client secrets; retry later", "rate_limit_exceeded")
+    value, record = minted
+    model = parsed.session.model if parsed.session and isinstance(parsed.session.model, str) else "realtime-gw"
+    wire: dict[str, Any] = msgspec.to_builtins(settings.to_wire("sess_" + secrets.token_hex(8), model))
+    wire.pop("id", None)
+    return JSONResponse({"value": value, "expires_at": int(record.expires_at), "session": wire})

@@ -1,0 +1,210 @@
+"""One WebRTC call: an aiortc peer connection around the same session task as a WebSocket.
+
+``CallConnection`` is ``RealtimeConnection`` with the data channel as its ``Channel`` and the call's
+tracks as the audio path: the caller's decoded audio enters the session as ``input_audio_buffer.append``
+events would (so VAD, ASR and barge-in are the WebSocket's), and reply audio leaves on ``ReplyTrack``
+instead of as ``response.output_audio.delta`` events. The track, which knows exactly what it has sent,
+tells the session when a reply's playback started and how far it got (the session's playback ledger,
+as ``playback.ack``s would: barge-in and ``output_audio_buffer.clear`` truncate to it), and the client
+``output_audio_buffer.started`` / ``.stopped``.
+
+Media runs in the gateway's process, on its event loop (see docs/protocols.md for what that bounds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from aiortc import MediaStreamTrack, RTCPeerConnection
+from aiortc.mediastreams import MediaStreamError
+
+from realtime_gw.protocols import realtime as rt
+from realtime_gw.server.admission import Admission
+from realtime_gw.server.gateway import Gateway
+from realtime_gw.server.outbox import Notice, Outbox
+from realtime_gw.server.realtime_ws import RealtimeConnection
+from realtime_gw.server.webrtc.channel import EventChannel
+from realtime_gw.server.webrtc.media import InputConverter, OutputConverter, ReplyTrack
+from realtime_gw.server.webrtc.metrics import CALLS, record_call_stats
+from realtime_gw.sessions.events import Close, Effect, PlaybackStarted, PurgeAudio, Send
+from realtime_gw.sessions.realtime import RealtimeSession
+
+log = logging.getLogger(__name__)
+
+CALL_AUDIO_LEAD_MS = 200
+"""Reply audio handed to the track ahead of its playback: enough to ride out a busy loop, little
+enough that a purge (barge-in) drops it at once."""
+CONNECT_TIMEOUT_S = 30.0
+"""A call whose peer has not connected (ICE and DTLS) by then is ended, its session given back."""
+SIDEBAND_SEND_TIMEOUT_S = 2.0
+"""A sideband that does not take an event within this is dropped (the call's writer never waits long)."""
+ACK_EVENT_PREFIX = "rtc_sent_"
+"""Event ids of the playback reports the track makes; the session's answers to them stay internal."""
+
+
+class CallConnection(RealtimeConnection):
+    def __init__(self, channel: EventChannel, gateway: Gateway, session: RealtimeSession) -> None:
+        super().__init__(channel, gateway, session)
+        self.outbox = Outbox(self.config.outbound_queue_frames, CALL_AUDIO_LEAD_MS)
+        self.channel = channel
+        self.track = ReplyTrack(self._playback_started, self._playback_sent, self._playback_stopped)
+        self.reply_audio = OutputConverter()
+        self.caller_audio = InputConverter()
+        self._reports = 0
+        self.sidebands: set[Any] = set()
+        """WebSockets watching the call (``sideband.py``): they get a copy of every event sent."""
+
+    # -- the caller's audio in -------------------------------------------------------------------------
+    async def pump_input(self, track: MediaStreamTrack) -> None:
+        """Decoded frames of the caller's track into the session, as appends (in its input format)."""
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            settings = self.session.settings
+            pcm = self.caller_audio.convert(frame, settings.input_format, settings.input_rate)
+            self.input.lifetime.touch(time.monotonic())
+            if pcm:
+                await self.mailbox.put(rt.InputAudioBufferAppendEvent(audio=pcm))
+
+    # -- reply audio out -----------------------------------------------------------------------------------
+    def _post(self, notices: list[Notice]) -> None:
+        # The track, not the outbox, knows when a reply's playback starts.
+        super()._post([n for n in notices if not isinstance(n, PlaybackStarted)])
+
+    def _run_effects(self, effects: list[Effect], closing: bool = False) -> None:
+        super()._run_effects(effects, closing)
+        for e in effects:
+            if isinstance(e, PurgeAudio):
+                if self.track.purge(e.response_id) and not closing and not _says_cleared(effects, e.response_id):
+                    # Cancelling a response (barge-in) purges without a word: a call says it.
+                    self._to_client(rt.OutputAudioBufferClearedEvent(response_id=e.response_id))
+                self.reply_audio.reset()
+            elif isinstance(e, Close):
+                self.track.purge(None)
+
+    async def _write(self, event: rt.ServerEvent) -> None:
+        match event:
+            case rt.ResponseAudioDeltaEvent():
+                pcm48 = self.reply_audio.convert(event.delta, self.session.settings.output_format)
+                self.track.push(event.response_id, pcm48)
+                return
+            case rt.PlaybackAcknowledgedEvent():
+                return
+            case rt.ErrorEvent() if (event.error.event_id or "").startswith(ACK_EVENT_PREFIX):
+                return  # a report about a reply the session no longer tracks
+            case rt.ResponseDoneEvent():
+                self.track.complete(event.response.id)
+        size = len(rt.encode_server_event(event))
+        if size > self.channel.max_message_bytes:
+            kind = type(event).__struct_config__.tag
+            event = self.session.error(
+                f"The {kind} event {event.event_id} ({size} bytes) exceeds the data channel's maximum "
+                f"message size ({self.channel.max_message_bytes} bytes) and was not sent; use a WebSocket "
+                "for events this large",
+                "message_too_large",
+            ).event
+        await super()._write(event)
+        if self.sidebands:
+            await copy_to_sidebands(self.sidebands, rt.encode_server_event(event).decode())
+
+    # The track's reports (from aiortc's sender task; each is a put, never a wait).
+    def _playback_started(self, response_id: str) -> None:
+        self._to_session(PlaybackStarted(response_id, time.monotonic()))
+        self._to_client(rt.OutputAudioBufferStartedEvent(response_id=response_id))
+
+    def _playback_sent(self, response_id: str, sent_ms: float) -> None:
+        self._reports += 1
+        ack_id = f"{ACK_EVENT_PREFIX}{self._reports}"
+        self._to_session(rt.PlaybackAckEvent(response_id=response_id, played_ms=int(sent_ms), event_id=ack_id))
+
+    def _playback_stopped(self, response_id: str) -> None:
+        self._to_client(rt.OutputAudioBufferStoppedEvent(response_id=response_id))
+
+    def _to_session(self, item: Any) -> None:
+        with contextlib.suppress(asyncio.QueueFull):  # a full mailbox: the next report supersedes it
+            self.mailbox.put_nowait(item)
+
+    def _to_client(self, event: rt.ServerEvent) -> None:
+        try:
+            # ids only numbers events; no session state is touched outside the session task.
+            self._enqueue(self.session.ids.send(event))
+        except Exception:  # the outbox is full: the client is not reading; end the call
+            self._signal_disconnect()
+
+
+def _says_cleared(effects: list[Effect], response_id: str) -> bool:
+    return any(
+        isinstance(e, Send) and isinstance(e.event, rt.OutputAudioBufferClearedEvent) and e.event.response_id == response_id
+        for e in effects
+    )
+
+
+async def copy_to_sidebands(sidebands: set[Any], data: str) -> None:
+    for ws in list(sidebands):
+        try:
+            await asyncio.wait_for(ws.send_text(data), SIDEBAND_SEND_TIMEOUT_S)
+        except Exception:
+            sidebands.discard(ws)
+            with contextlib.suppress(Exception):
+                await ws.close(code=1008, reason="sideband is not reading")
+
+
+async def close_sidebands(sidebands: set[Any]) -> None:
+    for ws in list(sidebands):
+        with contextlib.suppress(Exception):
+            await ws.close(code=1000, reason="call ended")
+    sidebands.clear()
+
+
+class Call:
+    """A live call: its id, peer connection and session task. ``hangup`` ends it (idempotent)."""
+
+    def __init__(
+        self, call_id: str, owner: str, pc: RTCPeerConnection, channel: EventChannel, connection: CallConnection
+    ) -> None:
+        self.id = call_id
+        self.owner = owner
+        """The deployment key it was started with (or whose secret started it): only it may hang up or watch."""
+        self.pc = pc
+        self.channel = channel
+        self.connection = connection
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self, admission: Admission, calls: dict[str, Call]) -> None:
+        calls[self.id] = self
+        self.task = asyncio.create_task(self._run(admission, calls), name=f"call-{self.id}")
+
+    async def _run(self, admission: Admission, calls: dict[str, Call]) -> None:
+        deadline = asyncio.get_running_loop().call_later(CONNECT_TIMEOUT_S, self._unconnected)
+        CALLS.inc()
+        try:
+            await self.connection.run()
+        except Exception:
+            log.exception("call %s failed", self.id)
+        finally:
+            deadline.cancel()
+            CALLS.dec()
+            admission.leave()
+            calls.pop(self.id, None)
+            await close_sidebands(self.connection.sidebands)
+            self.connection.track.stop()
+            with contextlib.suppress(Exception):
+                record_call_stats(await self.pc.getStats(), self.connection.caller_audio.clock_rate)
+            with contextlib.suppress(Exception):
+                await self.pc.close()
+
+    def _unconnected(self) -> None:
+        if self.pc.connectionState != "connected":
+            log.info("call %s: no connection within %.0f s; ended", self.id, CONNECT_TIMEOUT_S)
+            self.channel.disconnected()
+
+    async def hangup(self) -> None:
+        self.channel.disconnected()
+        with contextlib.suppress(Exception):
+            await self.pc.close()

@@ -1,0 +1,202 @@
+"""``POST /v1/realtime/calls`` (an SDP offer in, the answer out), ``.../calls/{id}/hangup``, and CORS.
+
+The offer comes as ``application/sdp`` or as ``multipart/form-data`` (an ``sdp`` part and an optional
+``session`` JSON part, what the openai SDK sends). The call is admitted like a WebSocket session (the
+same key or client secret, origin, and session limits); its session starts now and its events wait for
+the data channel. The answer is sent once every local candidate is gathered (one host candidate,
+``ice.py``), so offers without candidates connect: the caller's address is learnt from its checks.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+
+import msgspec
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import Response
+
+from realtime_gw.models.registry import accepted_voices
+from realtime_gw.protocols import realtime as rt
+from realtime_gw.server.admission import Admission
+from realtime_gw.server.client_secret_endpoint import error_response, settings_of
+from realtime_gw.server.gateway import Gateway
+from realtime_gw.server.realtime_ws import open_session
+from realtime_gw.server.webrtc.call import Call, CallConnection
+from realtime_gw.server.webrtc.channel import LABEL, EventChannel
+from realtime_gw.server.webrtc.ice import HostCandidates, parse_port_range
+from realtime_gw.sessions.settings import SessionError, TextLimits
+
+CORS_HEADERS = "authorization, content-type, x-openai-agents-sdk, openai-beta"
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class OfferError(Exception):
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+def calls_of(request: Request) -> dict[str, Call]:
+    calls: dict[str, Call] = request.app.state.calls
+    return calls
+
+
+def with_cors(endpoint: Endpoint) -> Endpoint:
+    """Answers the preflight and marks the response for an allowed browser origin (the gateway's
+    origin rules: its own page, ``allowed_origins``, the hosts it serves by name)."""
+
+    async def handle(request: Request) -> Response:
+        origin = request.headers.get("origin")
+        access = request.app.state.gateway.access
+        allowed = origin is not None and access.origin_allowed(origin, request.headers.get("host"))
+        response = Response(status_code=204 if allowed else 403) if request.method == "OPTIONS" else await endpoint(request)
+        if allowed:
+            assert origin is not None
+            response.headers.update({
+                "access-control-allow-origin": origin,
+                "access-control-allow-methods": "POST, OPTIONS",
+                "access-control-allow-headers": CORS_HEADERS,
+                "access-control-expose-headers": "Location",
+                "access-control-max-age": "600",
+                "vary": "Origin",
+            })  # fmt: skip
+        return response
+
+    return handle
+
+
+async def _read_capped(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise OfferError(413, f"offer over {limit} bytes (webrtc_max_offer_bytes)", "request_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise OfferError(413, f"offer over {limit} bytes (webrtc_max_offer_bytes)", "request_too_large")
+    request._body = bytes(body)  # what request.form() parses
+    return bytes(body)
+
+
+async def _offer(request: Request, limit: int) -> tuple[str, rt.SessionParams | None]:
+    """The SDP offer and the optional session config, or ``OfferError``."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    body = await _read_capped(request, limit)
+    session: rt.SessionParams | None = None
+    if kind == "application/sdp":
+        sdp = body.decode("utf-8", "replace")
+    elif kind == "multipart/form-data":
+        form = await request.form()
+        part, raw_session = form.get("sdp"), form.get("session")
+        if part is None:
+            raise OfferError(400, "the multipart body has no 'sdp' part", "missing_required_parameter")
+        sdp = (await part.read()).decode("utf-8", "replace") if isinstance(part, UploadFile) else part
+        if raw_session is not None:
+            raw = await raw_session.read() if isinstance(raw_session, UploadFile) else raw_session.encode()
+            try:
+                session = msgspec.json.decode(raw, type=rt.SessionParams)
+            except msgspec.DecodeError as e:
+                raise OfferError(400, f"invalid 'session' part: {e}", "invalid_value") from None
+    else:
+        raise OfferError(
+            400, "send the SDP offer as application/sdp, or multipart/form-data with an 'sdp' part", "invalid_request"
+        )
+    if not sdp.lstrip().startswith("v=0"):
+        raise OfferError(400, "the body is not an SDP offer", "invalid_offer")
+    if "\nm=audio " not in sdp.replace("\r\n", "\n"):
+        raise OfferError(400, "the offer has no audio m-line: a call needs an audio track", "invalid_offer")
+    return sdp, session
+
+
+async def create_call(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    admission = Admission(gateway, "realtime")
+    refusal = admission.check(request.headers)
+    if refusal is not None:
+        return error_response(refusal.status, refusal.message, refusal.code)
+    try:
+        sdp, session_params = await _offer(request, gateway.config.webrtc_max_offer_bytes)
+        if session_params is not None:
+            voices = accepted_voices(gateway.workers.tts.describe())
+            limits = TextLimits(gateway.config.max_instructions_chars, gateway.config.max_tools)
+            settings_of(session_params, voices, limits)  # refused here, not after the answer
+    except OfferError as e:
+        return error_response(e.status, str(e), e.code)
+    except SessionError as e:
+        return error_response(400, str(e), e.code, e.param and f"session.{e.param}")
+    refusal = admission.enter()
+    if refusal is not None:
+        return error_response(refusal.status, refusal.message, refusal.code)
+    try:
+        call = await _answer(request, gateway, sdp, session_params, admission)
+    except Exception as e:
+        admission.leave()
+        return error_response(400, f"the offer could not be answered: {e}", "invalid_offer")
+    call.start(admission, calls_of(request))
+    answer = call.pc.localDescription.sdp
+    return Response(
+        answer, 201, {"location": f"/v1/realtime/calls/{call.id}"}, media_type="application/sdp"
+    )
+
+
+async def _answer(
+    request: Request, gateway: Gateway, sdp: str, session_params: rt.SessionParams | None, admission: Admission
+) -> Call:
+    config = gateway.config
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        call_id = "rtc_" + secrets.token_hex(12)
+        channel = EventChannel(expect_channel="\nm=application " in sdp.replace("\r\n", "\n"))
+        session = open_session(
+            gateway,
+            request.query_params.get("model"),
+            admission.key,
+            admission.secret,
+            session_params,
+            transcription=request.query_params.get("intent") == "transcription",
+        )
+        connection = CallConnection(channel, gateway, session)
+        assert admission.key is not None
+        call = Call(call_id, admission.key, pc, channel, connection)
+
+        @pc.on("datachannel")
+        def on_datachannel(dc) -> None:  # type: ignore[no-untyped-def]
+            if dc.label == LABEL and channel.channel is None:
+                sctp = pc.sctp
+                channel.attach(dc, getattr(sctp, "_remote_max_message_size", None) if sctp else None)
+
+        @pc.on("track")
+        def on_track(track) -> None:  # type: ignore[no-untyped-def]
+            if track.kind == "audio":
+                connection.spawn(connection.pump_input(track), f"{call_id}-input")
+
+        @pc.on("connectionstatechange")
+        def on_state() -> None:
+            if pc.connectionState in ("failed", "closed"):
+                channel.disconnected()
+
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        pc.addTrack(connection.track)
+        address = config.webrtc_host or config.host
+        HostCandidates(address, parse_port_range(config.webrtc_udp_ports)).apply(pc)
+        await pc.setLocalDescription(await pc.createAnswer())
+        return call
+    except BaseException:
+        await pc.close()
+        raise
+
+
+async def hangup_call(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    admission = Admission(gateway, "realtime")
+    refusal = admission.check(request.headers)
+    if refusal is not None:
+        return error_response(refusal.status, refusal.message, refusal.code)
+    call = calls_of(request).get(request.path_params["call_id"])
+    if call is None or call.owner != admission.key:  # another key's call is none of its business
+        return error_response(404, "no such call (it ended, or never was)", "call_not_found")
+    await call.hangup()
+    return Response(status_code=200)

@@ -1,0 +1,185 @@
+"""A call's audio: the caller's track into the session's input format, replies out on a paced track.
+
+``ReplyTrack`` is the outgoing track: aiortc's sender asks it for a frame every 20 ms (48 kHz mono
+PCM16; aiortc's Opus/PCMU/PCMA encoders convert from there). It plays the queued reply audio, or
+silence when there is none, and knows exactly what it has put on the wire: it reports a response's
+first frame (``started``), what of it has been sent (``sent``: the session truncates to that on
+barge-in) and, once the response is complete and its last frame sent, ``stopped``.
+
+``InputConverter`` turns decoded frames of the caller's track (Opus 48 kHz stereo, G.711 8 kHz...)
+into the session's input format (soxr resampling), as ``input_audio_buffer.append`` would carry it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
+from av import AudioFrame
+
+from realtime_gw.protocols import audio
+from realtime_gw.server.webrtc.metrics import CALL_FRAME_LATENESS
+
+RATE = 48000
+FRAME_MS = 20
+FRAME_SAMPLES = RATE * FRAME_MS // 1000
+FRAME_BYTES = FRAME_SAMPLES * 2
+SENT_REPORT_MS = 100
+"""How often a playing response's sent position is reported (the session's playback ledger)."""
+
+
+@dataclass(slots=True)
+class _Reply:
+    queued: int = 0
+    """Bytes of it waiting in the track's queue."""
+    sent_ms: float = 0.0
+    reported_ms: float = 0.0
+    complete: bool = False
+    """All its audio has been queued (its ``response.done`` went out)."""
+
+
+class ReplyTrack(MediaStreamTrack):
+    kind = "audio"
+
+    def __init__(
+        self,
+        started: Callable[[str], None],
+        sent: Callable[[str, float], None],
+        stopped: Callable[[str], None],
+    ) -> None:
+        super().__init__()
+        self.on_started, self.on_sent, self.on_stopped = started, sent, stopped
+        self._queue: deque[tuple[str, bytearray]] = deque()
+        self._replies: dict[str, _Reply] = {}
+        self._start: float | None = None
+        self._pts = 0
+
+    # -- what the connection calls ---------------------------------------------------------------------
+    def push(self, response_id: str, pcm48: bytes) -> None:
+        if not pcm48:
+            return
+        reply = self._replies.setdefault(response_id, _Reply())
+        reply.queued += len(pcm48)
+        if self._queue and self._queue[-1][0] == response_id:
+            self._queue[-1][1].extend(pcm48)
+        else:
+            self._queue.append((response_id, bytearray(pcm48)))
+
+    def complete(self, response_id: str) -> None:
+        """The response's audio is all queued: ``stopped`` follows its last frame (if it had any)."""
+        if (reply := self._replies.get(response_id)) is not None:
+            reply.complete = True
+
+    def purge(self, response_id: str | None) -> bool:
+        """Drop unsent audio (of one response, or all): the next frame is silence. A purged response
+        gets no ``stopped`` (``output_audio_buffer.cleared`` instead). True when it was playing."""
+        self._queue = deque((r, b) for r, b in self._queue if response_id is not None and r != response_id)
+        playing = False
+        for rid in [r for r in self._replies if response_id is None or r == response_id]:
+            playing = playing or self._replies.pop(rid).sent_ms > 0
+        return playing
+
+    def sent_ms(self, response_id: str) -> float:
+        reply = self._replies.get(response_id)
+        return 0.0 if reply is None else reply.sent_ms
+
+    # -- what aiortc's sender calls ----------------------------------------------------------------------
+    async def recv(self) -> AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        now = time.monotonic()
+        if self._start is None:
+            self._start = now
+        else:
+            self._pts += FRAME_SAMPLES
+            due = self._start + self._pts / RATE
+            CALL_FRAME_LATENESS.observe(max(0.0, now - due))
+            await asyncio.sleep(max(0.0, due - now))
+        frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+        frame.planes[0].update(self._next_frame_bytes())
+        frame.pts = self._pts
+        frame.sample_rate = RATE
+        frame.time_base = fractions.Fraction(1, RATE)
+        return frame
+
+    def _next_frame_bytes(self) -> bytes:
+        out = bytearray()
+        while len(out) < FRAME_BYTES and self._queue:
+            rid, buf = self._queue[0]
+            take = bytes(buf[: FRAME_BYTES - len(out)])
+            del buf[: len(take)]
+            if not buf:
+                self._queue.popleft()
+            out += take
+            reply = self._replies[rid]
+            if reply.sent_ms == 0.0:
+                self.on_started(rid)
+            reply.queued -= len(take)
+            reply.sent_ms += len(take) / 2 / RATE * 1000
+            if reply.sent_ms - reply.reported_ms >= SENT_REPORT_MS:
+                reply.reported_ms = reply.sent_ms
+                self.on_sent(rid, reply.sent_ms)
+        for rid in [r for r, reply in self._replies.items() if reply.complete and reply.queued <= 0]:
+            reply = self._replies.pop(rid)
+            if reply.sent_ms > 0:
+                self.on_sent(rid, reply.sent_ms)
+                self.on_stopped(rid)
+        return bytes(out.ljust(FRAME_BYTES, b"\x00"))
+
+
+class InputConverter:
+    """Decoded caller frames -> bytes in the session's input format (``audio/pcm`` at its rate, or
+    G.711 at 8 kHz). The resampler keeps its filter state across frames (no clicks)."""
+
+    def __init__(self) -> None:
+        self._resampler: audio.StreamingResampler | None = None
+        self.clock_rate = RATE
+        """The caller's codec's sample rate (RTP timestamps count in it)."""
+
+    def convert(self, frame: AudioFrame, input_format: str, input_rate: int) -> bytes:
+        self.clock_rate = frame.sample_rate
+        samples = frame.to_ndarray()
+        channels = len(frame.layout.channels)
+        if samples.dtype != np.int16:  # planar/float layouts some decoders give
+            samples = (np.clip(samples.astype(np.float32), -1.0, 1.0) * 32767).astype(np.int16)
+        mono = samples.reshape(-1, channels).mean(axis=1).astype("<i2") if channels > 1 else samples.reshape(-1)
+        rate = 8000 if input_format != "audio/pcm" else input_rate
+        r = self._resampler
+        if r is None or r.in_rate != frame.sample_rate or r.out_rate != rate:
+            r = self._resampler = audio.StreamingResampler(frame.sample_rate, rate)
+        pcm = r.push(np.ascontiguousarray(mono, dtype="<i2").tobytes())
+        if input_format == "audio/pcmu":
+            return audio.ulaw_encode(pcm)
+        if input_format == "audio/pcma":
+            return audio.alaw_encode(pcm)
+        return pcm
+
+
+class OutputConverter:
+    """Reply audio in the session's output format -> 48 kHz PCM16 for ``ReplyTrack``."""
+
+    def __init__(self) -> None:
+        self._resampler: audio.StreamingResampler | None = None
+
+    def convert(self, data: bytes, output_format: str) -> bytes:
+        if output_format == "audio/pcmu":
+            pcm, rate = audio.ulaw_decode(data), 8000
+        elif output_format == "audio/pcma":
+            pcm, rate = audio.alaw_decode(data), 8000
+        else:
+            pcm, rate = data, audio.OUTPUT_RATE
+        r = self._resampler
+        if r is None or r.in_rate != rate:
+            r = self._resampler = audio.StreamingResampler(rate, RATE)
+        return r.push(pcm)
+
+    def reset(self) -> None:
+        """After a purge: the next reply starts without the dropped one's filter tail."""
+        self._resampler = None
