@@ -14,6 +14,7 @@ Tiers are markers set at collection from what a test uses, so nobody marks tests
 from __future__ import annotations
 
 import inspect
+import os
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,8 +24,13 @@ import pytest
 
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 
+# Before anything imports torch (and in every gateway the tests start): OpenMP threads that spin while
+# they wait starve each other when test processes, workers and gateways share two cores (a model test
+# measured 3x slower beside one other torch process, 100x in a full run). Waiting passively changes no
+# result, only who gets the core.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = ROOT / "tests"
 
 LAUNCHERS = {
     ("realtime_gw.testing.gateway", "start_server"),
