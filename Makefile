@@ -13,7 +13,8 @@ ARGS ?=
 # GPU or long run).
 QUICK_TIER := not live and not slow and not frameworks and not browser and not gpu
 # Both tiers run over two workers; a file's tests stay on one worker, so a module's gateway starts once.
-PARALLEL ?= -n 2 --dist loadfile
+# Files go out in tests/conftest.py's order (its longest files first), not xdist's by test count.
+PARALLEL ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 .PHONY: serve check test lint bench soak clean browser-deps
 

@@ -26,8 +26,8 @@ from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 
 # Before anything imports torch (and in every gateway the tests start): OpenMP threads that spin while
 # they wait starve each other when test processes, workers and gateways share two cores (a model test
-# measured 3x slower beside one other torch process, 100x in a full run). Waiting passively changes no
-# result, only who gets the core.
+# ran 3x slower beside one other torch process, and over 100x on a busy box). Waiting passively changes
+# no result, only who gets the core.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,8 +52,8 @@ SLOW = {
     "tests/models/speech/test_tts_qwen3.py::test_cached_prompt_equals_prefill",
     "tests/models/policy/test_pi0_fast.py::test_compiled_prefix_is_the_same_function_in_two_compiles",
 }
-"""Files (or ``file::test`` ids) whose tests take 5 s or more each on two cores, outside the ``live``
-tier (which is long anyway)."""
+"""Files (or ``file::test`` ids) of long runs: tens of seconds a test (soak, fuzzing, attacks, long
+conversations, compiles, a Ray cluster), or 5 s and more for a test that boots no gateway."""
 
 LONGEST_FIRST = [
     "tests/server/test_isolation.py",
