@@ -161,7 +161,7 @@ def _longest_first(item: pytest.Item) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if getattr(config.option, "numprocesses", None):  # pytest-xdist: order the files for the workers
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a pytest-xdist worker (each collects): files in our order
         items.sort(key=_longest_first)  # stable: the other files, and tests within a file, keep their order
     cuda: bool | None = None
     for item in items:
