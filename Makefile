@@ -12,8 +12,9 @@ ARGS ?=
 # The quick tier: what no tier marker of tests/conftest.py marks (no gateway booted, no framework, browser,
 # GPU or long run).
 QUICK_TIER := not live and not slow and not frameworks and not browser and not gpu
-# The whole suite over two workers: a module's tests stay on one worker (module-scoped gateways start once).
-PARALLEL ?= -n 2 --dist loadfile
+# Both tiers run over two workers; a file's tests stay on one worker, so a module's gateway starts once.
+# Files go out in tests/conftest.py's order (its longest files first), not xdist's by test count.
+PARALLEL ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 .PHONY: serve check test lint bench soak clean browser-deps
 
@@ -35,7 +36,7 @@ serve: $(VENV)/.installed
 
 check: $(VENV)/.installed-dev
 	$(BIN)/ruff check realtime_gw tests loadtest examples
-	$(BIN)/pytest -q -p no:cacheprovider -m "$(QUICK_TIER)" $(ARGS)
+	$(BIN)/pytest -q -p no:cacheprovider $(PARALLEL) -m "$(QUICK_TIER)" $(ARGS)
 
 test: $(VENV)/.installed-dev browser-deps
 	$(BIN)/ruff check realtime_gw tests loadtest examples

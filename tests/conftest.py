@@ -14,6 +14,7 @@ Tiers are markers set at collection from what a test uses, so nobody marks tests
 from __future__ import annotations
 
 import inspect
+import os
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,8 +24,13 @@ import pytest
 
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 
+# Before anything imports torch (and in every gateway the tests start): OpenMP threads that spin while
+# they wait starve each other when test processes, workers and gateways share two cores (a model test
+# ran 3x slower beside one other torch process, and over 100x on a busy box). Waiting passively changes
+# no result, only who gets the core.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = ROOT / "tests"
 
 LAUNCHERS = {
     ("realtime_gw.testing.gateway", "start_server"),
@@ -47,8 +53,8 @@ SLOW = {
     "tests/models/speech/test_tts_qwen3.py::test_cached_prompt_equals_prefill",
     "tests/models/policy/test_pi0_fast.py::test_compiled_prefix_is_the_same_function_in_two_compiles",
 }
-"""Files (or ``file::test`` ids) whose tests take 5 s or more each on two cores, outside the ``live``
-tier (which is long anyway)."""
+"""Files (or ``file::test`` ids) of long runs: tens of seconds a test (soak, fuzzing, attacks, long
+conversations, compiles, a Ray cluster), or 5 s and more for a test that boots no gateway."""
 
 LONGEST_FIRST = [
     "tests/server/test_isolation.py",
@@ -156,7 +162,7 @@ def _longest_first(item: pytest.Item) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if getattr(config.option, "numprocesses", None):  # pytest-xdist: order the files for the workers
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a pytest-xdist worker (each collects): files in our order
         items.sort(key=_longest_first)  # stable: the other files, and tests within a file, keep their order
     cuda: bool | None = None
     for item in items:
