@@ -133,7 +133,7 @@ class KyutaiSettings(PocketsphinxSettings, kw_only=True):
     """Torch device (e.g. `cuda`, `cuda:1`)."""
     asr_max_batch: int = 64
     """Slots, the streams transcribed at once, all advanced one 80 ms frame per step
-    (loadtest/bench_asr_kyutai_gpu.py measures how many keep up with real time on a GPU)."""
+    (loadtest/bench/asr_kyutai_gpu.py measures how many keep up with real time on a GPU)."""
     asr_flush_s: float | None = None
     """Seconds of silence run after a turn's audio to flush the text, which lags the audio by the model's
     delay; unset = the reference's (delay + 1 s). Down to the delay (0.5 s for 1b): the transcript sooner,

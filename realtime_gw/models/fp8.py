@@ -4,7 +4,7 @@ per token at run time, one ``torch._scaled_mm`` with bf16 (the activation's dtyp
 Used by PI0's prefix under ``policy_fp8``: its GEMMs are large enough to be bound by tensor
 throughput, where e4m3 runs at up to twice bf16's rate on Hopper. The activation's quantizing (row amax,
 scale, cast) is pointwise plus a row reduction, so under ``torch.compile`` it fuses into the norm or
-activation before each GEMM; eager, it costs more than it saves (``loadtest/probe_fp8_gemm.py``).
+activation before each GEMM; eager, it costs more than it saves (``loadtest/probes/fp8_gemm.py``).
 
 Error: e4m3 keeps 3 mantissa bits, about 3-4 % relative L2 per GEMM on random data; whether that is
 acceptable for a model is measured on its outputs (PI0: ``FastPi0Runner``'s numerics guard), not assumed.
@@ -24,7 +24,7 @@ ALIGN = 16
 FAST_ACCUM = True
 """Hopper's fast FP8 accumulation (no periodic promotion to float32): faster than exact accumulation on
 PI0's prefix at the same action error, since the e4m3 rounding of the operands is what costs accuracy
-(``loadtest/probe_fp8_prefix.py``; figures in docs/benchmarks-log.md)."""
+(``loadtest/probes/fp8_prefix.py``; figures in docs/benchmarks-log.md)."""
 
 
 @dataclass(frozen=True, slots=True)

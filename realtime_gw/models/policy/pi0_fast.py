@@ -123,7 +123,7 @@ class FastPi0Runner(Pi0Runner):
         """Serve the FP8 prefix only if a probe's actions stay within ``max_error`` (relative L2, model
         space, the robot's action dims) of transformers' ``sample_actions`` in the model dtype; else fall
         back to the model dtype, say so in the log and ``/readyz``. Eager and before any graph: the
-        compiled graphs compute the same function to fusion rounding (``loadtest/bench_policy_gpu.py``
+        compiled graphs compute the same function to fusion rounding (``loadtest/bench/policy_gpu.py``
         measures the served path's error)."""
         probe = [self.prepare(r) for r in probe_requests(self.spec, FP8_PROBE_ROBOTS)]
         got = self.fn.sample(probe, self.spec.num_inference_steps, self.device)

@@ -20,7 +20,7 @@ its action expert is the one difference, ``expert.py``): the same function as tr
 Norms, MLP activations, rotary tables, embeddings and projections come from the model's own modules
 and weights; only attention, fusion and cache handling are written here, which keeps the numerics those
 of the installed transformers (checked against ``sample_actions`` in ``tests/models/policy/test_pi0_fast.py``,
-and on the GPU with transformers 5.17 by ``loadtest/bench_policy_gpu.py``). The sub-module names used are
+and on the GPU with transformers 5.17 by ``loadtest/bench/policy_gpu.py``). The sub-module names used are
 the same in transformers 5.17 and 5.24.
 """
 
