@@ -13,7 +13,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from realtime_gw import web
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.registry import Workers, build_workers
-from realtime_gw.server import log_hygiene, openpi_ws, ops, realtime_ws, speech, speech_stream
+from realtime_gw.server import live_ws, log_hygiene, openpi_ws, ops, realtime_ws, speech, speech_stream
 from realtime_gw.server.auth import Access, HostAllowlist, HostPolicy
 from realtime_gw.server.connections import raise_open_files_limit, uvicorn_options
 from realtime_gw.server.gateway import Gateway
@@ -55,6 +55,7 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         *web.routes(),  # the browser page at GET / and its files under /web
         WebSocketRoute("/v1/realtime", realtime_ws.realtime_endpoint),
         WebSocketRoute("/v1/duplex", realtime_ws.realtime_endpoint),
+        WebSocketRoute("/v1/live/sessions", live_ws.live_endpoint),
         Route("/v1/audio/speech", speech.speech_endpoint, methods=["POST"]),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream.speech_stream_endpoint),
     ]

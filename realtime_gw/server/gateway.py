@@ -20,4 +20,4 @@ class Gateway:
     workers: Workers
     responder: Responder
     access: Access
-    sessions: dict[str, int] = field(default_factory=lambda: {"realtime": 0, "openpi": 0, "speech": 0})
+    sessions: dict[str, int] = field(default_factory=lambda: {"realtime": 0, "live": 0, "openpi": 0, "speech": 0})

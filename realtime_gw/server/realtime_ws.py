@@ -413,7 +413,7 @@ async def submit_with_retry(
             await worker.slot_freed(left)
 
 
-def _limits(gateway: Gateway, model: str) -> Limits:
+def session_limits(gateway: Gateway, model: str) -> Limits:
     return Limits(
         max_input_buffer_bytes=gateway.config.max_input_buffer_bytes,
         max_items=gateway.config.max_conversation_items,
@@ -442,10 +442,15 @@ async def realtime_endpoint(ws: WebSocket) -> None:
     asked = ws.query_params.get("duplex") in ("1", "true")
     duplex = asked or ws.scope["path"].rstrip("/").endswith("/duplex")
     session = RealtimeSession(
-        "sess_" + secrets.token_hex(8), _limits(gateway, model), time.monotonic(), duplex=duplex
+        "sess_" + secrets.token_hex(8), session_limits(gateway, model), time.monotonic(), duplex=duplex
     )
+    await serve_admitted(ws, admission, RealtimeConnection(ws, gateway, session))
+
+
+async def serve_admitted(ws: WebSocket, admission: Admission, connection: RealtimeConnection) -> None:
+    """Run an admitted connection to its end, then give its session back."""
     try:
-        await RealtimeConnection(ws, gateway, session).run()
+        await connection.run()
     finally:
         admission.leave()
         if ws.client_state == WebSocketState.CONNECTED:

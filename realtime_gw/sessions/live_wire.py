@@ -30,6 +30,12 @@ class LiveWire:
 
     def translate(self, event: object, now: float) -> live.ServerEvent | None:
         """The GPT-Live event to write for ``event``, or None when the protocol has none."""
+        out = self._translate(event, now)
+        if out is not None:
+            out.server_event_seq = None  # the outbox's counter is not a field of this protocol
+        return out
+
+    def _translate(self, event: object, now: float) -> live.ServerEvent | None:
         match event:
             case live.SessionStartedEvent():
                 self.t0 = now
