@@ -40,13 +40,14 @@ class ClientInput:
         config: GatewayConfig,
         mailbox: asyncio.Queue[Any],
         queued: Callable[[], int],
-        decode: Callable[[str], Any] = rt.decode_client_event,
+        decode: Callable[[str], Any] | None = None,
         audio_events: tuple[type, ...] = (rt.InputAudioBufferAppendEvent,),
         refusal: Callable[[str, str], Any] = lambda message, code: rt.error_event(message, code=code),
     ) -> None:
         self.ws = ws
-        self.decode = decode
-        """The protocol's decoder: a client event, or the error event that explains why not."""
+        self.decode = decode or rt.decode_client_event
+        """The protocol's decoder (realtime's by default): a client event, or the error event that
+        explains why not."""
         self.audio_events = audio_events
         """Client events whose ``audio`` spends the input audio budget."""
         self.refusal = refusal
