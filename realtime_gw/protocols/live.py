@@ -172,6 +172,11 @@ class SessionCloseEvent(ClientEvent, tag="session.close"):
     pass
 
 
+class OutputAudioFixturePlayEvent(ClientEvent, tag="session.output_audio.fixture.play"):
+    audio: bytes
+    """base64 raw mono PCM16LE at 24 kHz, whatever the session's format; at most 30 s."""
+
+
 AnyClientEvent = (
     SessionStartEvent
     | SessionUpdateEvent
@@ -182,11 +187,11 @@ AnyClientEvent = (
     | ThinkingAppendEvent
     | CommentaryAppendEvent
     | SessionCloseEvent
+    | OutputAudioFixturePlayEvent
 )
 
 UNSUPPORTED_TYPES = frozenset(
     {
-        "session.output_audio.fixture.play",
         "decision.create",
         "decision.item.create",
         "decision.item.delete",
@@ -278,6 +283,14 @@ class DelegationRef(Struct, kw_only=True):
 class DelegationCreatedEvent(_Answer, tag="session.delegation.created"):
     delegation: DelegationRef
     offset_ms: int
+
+
+class OutputAudioFixturePlayingEvent(_Answer, tag="session.output_audio.fixture.playing"):
+    pass
+
+
+class OutputAudioFixturePlayedEvent(_Answer, tag="session.output_audio.fixture.played"):
+    pass
 
 
 class SessionUsageUpdatedEvent(_Answer, tag="session.usage.updated"):

@@ -25,6 +25,7 @@ import msgspec
 from realtime_gw.protocols import live
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.sessions.events import Close, Effect, Limits, Send
+from realtime_gw.sessions.live_fixture import Fixture, FixtureError
 from realtime_gw.sessions.realtime import RealtimeSession
 
 DELEGATE_TOOL = "delegate"
@@ -73,6 +74,7 @@ class LiveSession:
         self.resource: live.SessionResource | None = None
         self.started_at = now
         self.muted = False
+        self.fixture = Fixture(self.ids)
         self.delegations: dict[str, bool] = {}
         """Delegation (call) ids this session created -> whether the app answered it yet."""
         self.turn_ms: dict[str, list[int]] = {}
@@ -112,6 +114,8 @@ class LiveSession:
                 out = self._client(event, now)
             except LiveError as e:
                 return [self.error(str(e), e.code, e.param, event.event_id)]
+        elif self.fixture.owns(event):
+            out = self.fixture.notice(event)  # type: ignore[arg-type]
         else:  # worker results, time, the outbox's notices: the realtime session's business
             out = self._outgoing(self.inner.handle(event, now), now) if self.started else []
         return out + self._drain(now)
@@ -159,7 +163,11 @@ class LiveSession:
                 self.muted = False
                 return [self.ids.send(live.InputAudioUnmutedEvent(client_event_id=ev.event_id))]
             case live.InstructionsAppendEvent() | live.ThinkingAppendEvent() | live.CommentaryAppendEvent():
+                if self.fixture.playing is not None:
+                    raise LiveError(f"'{kind}' is refused while a fixture plays", "fixture_active", "type")
                 return self._context(ev, now)
+            case live.OutputAudioFixturePlayEvent():
+                return self._play_fixture(ev, now)
             case live.SessionUpdateEvent():
                 return self._update(ev)
             case live.SessionCloseEvent():
@@ -203,10 +211,19 @@ class LiveSession:
         if self.closing_since is not None:
             return []
         audio = ev.audio
-        if self.muted:  # silence in: the turn clock and VAD go on, nothing is heard
+        if self.muted or self.fixture.playing:  # silence in: the turn clock and VAD go on, nothing is heard
             audio = _SILENT_BYTE[self.inner.buffer.format] * len(audio)
         effects = self.inner.handle(rt.InputAudioBufferAppendEvent(audio=audio, event_id=ev.event_id), now)
         return self._outgoing(effects, now)
+
+    def _play_fixture(self, ev: live.OutputAudioFixturePlayEvent, now: float) -> list[Effect]:
+        try:
+            self.fixture.check(ev.audio)
+        except FixtureError as e:
+            code = "fixture_active" if self.fixture.playing else "invalid_value"
+            raise LiveError(str(e), code, None if self.fixture.playing else "audio") from None
+        interrupted = self._outgoing(self.inner.handle(rt.OutputAudioBufferClearEvent(), now), now)
+        return interrupted + self.fixture.play(ev, self.inner.settings.output_format)
 
     def _context(self, ev: live.InstructionsAppendEvent | live.ThinkingAppendEvent | live.CommentaryAppendEvent, now: float) -> list[Effect]:
         if not ev.content.strip():
@@ -258,6 +275,9 @@ class LiveSession:
             if not isinstance(e, Send):
                 out.append(e)
                 continue
+            if isinstance(e.event, rt.ResponseDoneEvent):
+                usage = live.SessionUsage(seconds=float(self.clock_ms(now) // 1000))
+                out.append(self.ids.send(live.SessionUsageUpdatedEvent(usage=usage)))
             mapped = self._map(e.event, now)
             if mapped is e.event:
                 out.append(e)

@@ -5,6 +5,7 @@ validated strictly against ``openai.types.live``."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -113,7 +114,8 @@ async def test_mute_thinking_and_refusals_keep_the_session(gateway: tuple[ChatSe
             ({"type": "session.thinking.append", "content": "word " * 600}, "invalid_value"),
             ({"type": "session.commentary.append", "content": "x", "delegation_id": "nope"}, "invalid_value"),
             ({"type": "session.input_audio.mute", "loudly": True}, "unknown_parameter"),
-            ({"type": "session.output_audio.fixture.play", "audio": ""}, "unsupported_event"),
+            ({"type": "response.create"}, "unsupported_event"),
+            ({"type": "session.output_audio.fixture.play", "audio": "AAAA"}, "invalid_value"),
         ]
         for i, (event, code) in enumerate(refusals):
             await conn.send({**event, "event_id": f"bad{i}"})
@@ -125,6 +127,21 @@ async def test_mute_thinking_and_refusals_keep_the_session(gateway: tuple[ChatSe
     (closed,) = heard.of("session.closed")
     assert (closed.reason, closed.client_event_id) == ("close_requested", "bye")
     assert closed.session.id == conn.started.session.id and closed.usage.seconds >= 0
+
+
+async def test_fixture_plays_into_the_output_stream(gateway: tuple[ChatServer, LiveServer]) -> None:
+    _, server = gateway
+    text = "My phone is on the table."
+    clip = synthesize(text, RATE)
+    async with live_session(server) as conn:
+        await conn.session.output_audio.fixture.play(audio=base64.b64encode(clip).decode(), event_id="clip")
+        heard = await listen(conn, Heard(), lambda h: bool(h.of("session.output_audio.fixture.played")))
+    assert heard.of("session.output_audio.fixture.playing")[0].client_event_id == "clip"
+    assert heard.of("session.output_audio.fixture.played")[0].client_event_id == "clip"
+    assert wer(text, transcribe(heard.speech(), RATE)) <= 0.25
+    played_at = heard.events.index(heard.of("session.output_audio.fixture.played")[0])
+    last_sound = max(i for i, e in enumerate(heard.events) if e.type == "session.output_audio.delta" and any(base64.b64decode(e.delta)))
+    assert played_at > last_sound
 
 
 async def test_events_before_start_are_refused(gateway: tuple[ChatServer, LiveServer]) -> None:

@@ -208,3 +208,40 @@ def test_input_transcript_carries_the_turn_on_the_session_clock() -> None:
     assert "".join(d.delta for d in deltas) == "open the door thanks"
     assert [(d.start_ms, d.end_ms) for d in deltas[:2]] == [(400, 1900), (400, 1900)]
     assert deltas[2].start_ms == 3000
+
+
+def test_fixture_interrupts_plays_in_its_own_lane_and_reports_played() -> None:
+    import base64
+
+    from realtime_gw.sessions.events import AudioDelivered, AwaitDelivery, CancelResponse
+
+    s = started()
+    effects = client(s, {"type": "session.commentary.append", "content": "A long story."})
+    (start,) = [e for e in effects if isinstance(e, StartResponse)]
+    clip = b"\x00\x10" * 24000  # one second
+    effects = client(s, {"type": "session.output_audio.fixture.play", "event_id": "f", "audio": base64.b64encode(clip).decode()})
+    assert any(isinstance(e, CancelResponse) and e.response_id == start.response_id for e in effects)
+    kinds = [e.type for e in sent(effects)]
+    assert kinds == ["session.usage.updated", "session.output_audio.fixture.playing"]  # the voice was cut
+    frames = [e for e in effects if isinstance(e, Send) and isinstance(e.event, rt.ResponseAudioDeltaEvent)]
+    assert len(frames) == 13 and b"".join(f.event.delta for f in frames) == clip
+    (wait,) = [e for e in effects if isinstance(e, AwaitDelivery)]
+    assert {f.response_id for f in frames} == {wait.response_id}
+    (refused,) = sent(client(s, {"type": "session.thinking.append", "event_id": "t", "content": "x"}))
+    assert refused.error.code == "fixture_active"
+    (again,) = sent(client(s, {"type": "session.output_audio.fixture.play", "audio": base64.b64encode(clip).decode()}))
+    assert again.error.code == "fixture_active"
+    client(s, {"type": "session.input_audio.append", "audio": base64.b64encode(b"\x10\x27" * 480).decode()})
+    assert bytes(s.inner.buffer.pcm)[-960:] == b"\0" * 960  # input is muted while the clip plays
+    (played,) = sent(s.handle(AudioDelivered(wait.response_id, 0), 3.0))
+    assert (played.type, played.client_event_id) == ("session.output_audio.fixture.played", "f")
+    assert sent(client(s, {"type": "session.thinking.append", "content": "x"}))[0].type == "session.thinking.appended"
+
+
+def test_fixture_audio_is_checked() -> None:
+    import base64
+
+    s = started()
+    for audio, why in ((b"", "empty"), (b"\0" * 3, "odd"), (b"\0\0" * 24000 * 31, "too long")):
+        (error,) = sent(client(s, {"type": "session.output_audio.fixture.play", "audio": base64.b64encode(audio).decode()}))
+        assert (error.error.code, error.error.param) == ("invalid_value", "audio"), why
