@@ -44,6 +44,10 @@ DELEGATE_SPEC: dict[str, Any] = {
 }
 MAX_STARTUP_MESSAGES = 128
 MAX_APPEND_TOKENS = 500
+ACKNOWLEDGE = "The application is working on the task you delegated: tell the user, in a few words, that you are on it."
+"""What asks the voice for the automatic spoken acknowledgement of a delegation."""
+SPEAK_RESULT = "The delegated task is done; its result is the tool output above: tell the user now."
+"""After a delegation's result given as commentary: what asks the voice to speak it."""
 DRAIN_S = 10.0
 """``session.close`` lets the voice finish for at most this long."""
 _SILENT_BYTE = {"audio/pcm": b"\0", "audio/pcmu": b"\xff", "audio/pcma": b"\xd5"}
@@ -80,6 +84,12 @@ class LiveSession:
         self.turn_ms: dict[str, list[int]] = {}
         """Each user turn's ``[start_ms, end_ms]`` on the input timeline (for its transcript)."""
         self.heard: set[str] = set()
+        self.ack_due: float | None = None
+        """When the automatic acknowledgement of a delegation is due (none pending: None)."""
+        self.spoke: set[str] = set()
+        """Responses of the voice that said something (a delegation they made needs no acknowledgement)."""
+        self.queued: list[rt.Item] = []
+        """Commentary items waiting for the voice to finish what it is saying."""
         self.closing_since: float | None = None
         self.close_event_id: str | None = None
         self.ended = False
@@ -118,7 +128,7 @@ class LiveSession:
             out = self.fixture.notice(event)  # type: ignore[arg-type]
         else:  # worker results, time, the outbox's notices: the realtime session's business
             out = self._outgoing(self.inner.handle(event, now), now) if self.started else []
-        return out + self._drain(now)
+        return out + self._speak_queued(now) + self._acknowledge(now) + self._drain(now)
 
     def close(self) -> list[Effect]:
         """The connection is gone: what the realtime session stops (its sends are moot)."""
@@ -237,17 +247,36 @@ class LiveSession:
             raise LiveError(f"Delegation '{ev.delegation_id}' was already answered", "invalid_value", "delegation_id")
         if answers:
             self.delegations[ev.delegation_id] = True  # type: ignore[index]
-            item = rt.Item(type="function_call_output", call_id=ev.delegation_id, output=ev.content)
+            items = [rt.Item(type="function_call_output", call_id=ev.delegation_id, output=ev.content)]
+            items += [_system_item(SPEAK_RESULT)] if isinstance(ev, live.CommentaryAppendEvent) else []
         else:
-            item = _system_item(_FRAMES[type(ev)].format(ev.content))
-        effects = self.inner.handle(rt.ConversationItemCreateEvent(item=item, event_id=ev.event_id), now)
-        if any(isinstance(e, Send) and isinstance(e.event, rt.ErrorEvent) for e in effects):
-            return self._outgoing(effects, now)
-        if isinstance(ev, live.CommentaryAppendEvent):  # spoken now, or as soon as the voice is free
-            effects += self.inner.responses.answer(self.inner.settings)
+            items = [_system_item(_FRAMES[type(ev)].format(ev.content))]
+        if not isinstance(ev, live.InstructionsAppendEvent):
+            self.ack_due = None  # the app spoke up: no automatic acknowledgement
         at = self.clock_ms(now)
-        ack = _ACKS[type(ev)](start_ms=at, end_ms=at, client_event_id=ev.event_id)
-        return [*self._outgoing(effects, now), self.ids.send(ack)]
+        ack = self.ids.send(_ACKS[type(ev)](start_ms=at, end_ms=at, client_event_id=ev.event_id))
+        if isinstance(ev, live.CommentaryAppendEvent) and self.inner.response is not None:
+            self.queued += items  # said once the voice is free: after what it is saying, in order
+            return [ack]
+        effects = self._add_items(items, ev.event_id, now)
+        if any(isinstance(e, Send) and isinstance(e.event, live.ErrorEvent) for e in effects):
+            return effects
+        if isinstance(ev, live.CommentaryAppendEvent):
+            effects += self._outgoing(self.inner.responses.answer(self.inner.settings), now)
+        return [*effects, ack]
+
+    def _add_items(self, items: list[rt.Item], event_id: str | None, now: float) -> list[Effect]:
+        effects: list[Effect] = []
+        for item in items:
+            effects += self.inner.handle(rt.ConversationItemCreateEvent(item=item, event_id=event_id), now)
+        return self._outgoing(effects, now)
+
+    def _speak_queued(self, now: float) -> list[Effect]:
+        """Commentary that waited for the voice: into the conversation and said, now that it is free."""
+        if not self.queued or self.inner.response is not None:
+            return []
+        items, self.queued = self.queued, []
+        return self._add_items(items, None, now) + self._outgoing(self.inner.responses.answer(self.inner.settings), now)
 
     def _update(self, ev: live.SessionUpdateEvent) -> list[Effect]:
         assert self.resource is not None
@@ -260,6 +289,15 @@ class LiveSession:
                 raise LiveError("The delegation type cannot change", "invalid_value", "session.delegation.type")
             self.resource.delegation = asked.delegation
         return [self.ids.send(live.SessionUpdatedEvent(session=self.resource, client_event_id=ev.event_id))]
+
+    def _acknowledge(self, now: float) -> list[Effect]:
+        """The voice acknowledges a delegation it made silently, ``acknowledgement_delay_ms`` after it
+        (unless a commentary or thinking came first, or the session is closing)."""
+        if self.ack_due is None or now < self.ack_due or self.closing_since is not None:
+            return []
+        self.ack_due = None
+        effects = self.inner.handle(rt.ConversationItemCreateEvent(item=_system_item(ACKNOWLEDGE)), now)
+        return self._outgoing(effects + self.inner.responses.answer(self.inner.settings), now)
 
     def _drain(self, now: float) -> list[Effect]:
         if self.closing_since is None or self.ended:
@@ -288,8 +326,11 @@ class LiveSession:
 
     def _map(self, ev: rt.ServerEvent, now: float) -> Any:
         match ev:
-            case rt.ResponseAudioDeltaEvent() | rt.ResponseAudioTranscriptDeltaEvent():
-                return ev  # written as GPT-Live events by the wire, on the output clock
+            case rt.ResponseAudioTranscriptDeltaEvent():
+                self.spoke.add(ev.response_id)
+                return ev  # written as a GPT-Live event by the wire, on the output clock
+            case rt.ResponseAudioDeltaEvent():
+                return ev
             case rt.ResponseCreatedEvent() | rt.ResponseDoneEvent():
                 return ev  # the outbox keeps time by them; the wire drops them
             case rt.ErrorEvent():
@@ -308,6 +349,9 @@ class LiveSession:
                 return live.InputTranscriptDeltaEvent(delta=delta, start_ms=start, end_ms=end)
             case rt.ResponseFunctionCallArgumentsDoneEvent() if ev.name == DELEGATE_TOOL:
                 self.delegations[ev.call_id] = False
+                delegation = self.resource.delegation if self.resource else None
+                if ev.response_id not in self.spoke and isinstance(delegation, live.ClientDelegation):
+                    self.ack_due = now + (delegation.acknowledgement_delay_ms or 0) / 1000
                 ref = live.DelegationRef(id=ev.call_id, target="client")
                 return live.DelegationCreatedEvent(delegation=ref, offset_ms=self.clock_ms(now))
         return None

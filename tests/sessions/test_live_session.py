@@ -18,7 +18,7 @@ from realtime_gw.sessions.events import (
     StartResponse,
     StartVad,
 )
-from realtime_gw.sessions.live import DELEGATE_TOOL, LiveSession
+from realtime_gw.sessions.live import ACKNOWLEDGE, DELEGATE_TOOL, SPEAK_RESULT, LiveSession
 from tests.server.live_events import validate_live
 
 
@@ -154,12 +154,35 @@ def test_client_delegation_round_trip() -> None:
     assert again.error.param == "delegation_id"
 
 
-def test_commentary_answers_a_delegation_aloud() -> None:
+def test_a_silent_delegation_is_acknowledged_aloud_at_once_by_default() -> None:
     s = started()
+    _, effects = _delegate(s)
+    (ack,) = [e for e in effects if isinstance(e, StartResponse)]
+    assert ACKNOWLEDGE in str(ack.messages[-1].content)
+
+
+def test_acknowledgement_delay_and_cancel() -> None:
+    from realtime_gw.sessions.events import Tick
+
+    s = started(delegation={"type": "client", "acknowledgement_delay_ms": 5000})
+    _, effects = _delegate(s)
+    assert not any(isinstance(e, StartResponse) for e in effects)
+    assert not any(isinstance(e, StartResponse) for e in s.handle(Tick(), 6.0))  # 6.0 - 2.5 < 5 s
+    (ack,) = [e for e in s.handle(Tick(), 7.6) if isinstance(e, StartResponse)]
+    assert ACKNOWLEDGE in str(ack.messages[-1].content)
+    s = started(delegation={"type": "client", "acknowledgement_delay_ms": 5000})
+    _delegate(s)
+    client(s, {"type": "session.thinking.append", "content": "Still looking."}, now=3.0)
+    assert not any(isinstance(e, StartResponse) for e in s.handle(Tick(), 9.0))  # the app spoke up
+
+
+def test_commentary_answers_a_delegation_aloud() -> None:
+    s = started(delegation={"type": "client", "acknowledgement_delay_ms": 60000})
     _delegate(s)
     effects = client(s, {"type": "session.commentary.append", "content": "Sunny, 24 C.", "delegation_id": "call_42"})
     (start,) = [e for e in effects if isinstance(e, StartResponse)]
     assert any(m.role == "tool" and "Sunny" in str(m.content) for m in start.messages)
+    assert start.messages[-1].role == "system" and start.messages[-1].content == SPEAK_RESULT
 
 
 def test_update_keeps_the_delegation_type() -> None:
@@ -245,3 +268,15 @@ def test_fixture_audio_is_checked() -> None:
     for audio, why in ((b"", "empty"), (b"\0" * 3, "odd"), (b"\0\0" * 24000 * 31, "too long")):
         (error,) = sent(client(s, {"type": "session.output_audio.fixture.play", "audio": base64.b64encode(audio).decode()}))
         assert (error.error.code, error.error.param) == ("invalid_value", "audio"), why
+
+
+def test_commentary_waits_for_the_voice_and_follows_what_it_said() -> None:
+    s = started()
+    effects = client(s, {"type": "session.commentary.append", "content": "First thing."})
+    (first,) = [e for e in effects if isinstance(e, StartResponse)]
+    effects = client(s, {"type": "session.commentary.append", "event_id": "c2", "content": "Second thing."})
+    assert [e.type for e in sent(effects)] == ["session.commentary.appended"]
+    assert not any(isinstance(e, StartResponse) for e in effects)
+    effects = s.handle(ResponseFinished(first.response_id, first.epoch), 2.0)
+    (second,) = [e for e in effects if isinstance(e, StartResponse)]
+    assert "Second thing." in str(second.messages[-1].content)
