@@ -83,7 +83,10 @@ class LiveSession:
         """Delegation (call) ids this session created -> whether the app answered it yet."""
         self.turn_ms: dict[str, list[int]] = {}
         """Each user turn's ``[start_ms, end_ms]`` on the input timeline (for its transcript)."""
-        self.heard: set[str] = set()
+        self.hearing: set[str] = set()
+        """User turns whose transcript is being sent (their first delta went out)."""
+        self.transcribed = False
+        """Some user turn's transcript went out before: the next one starts with a space."""
         self.ack_due: float | None = None
         """When the automatic acknowledgement of a delegation is due (none pending: None)."""
         self.spoke: set[str] = set()
@@ -118,7 +121,8 @@ class LiveSession:
         if isinstance(event, live.ErrorEvent):  # a frame that did not decode
             return [self.ids.send(event)]
         if isinstance(event, live.Unsupported):
-            return [self._unsupported(event)]
+            why = f"'{event.type}' is not supported by this gateway (see its protocol notes)"
+            return [self.error(why, "unsupported_event", "type", event.event_id)]
         if isinstance(event, live.ClientEvent):
             try:
                 out = self._client(event, now)
@@ -149,10 +153,6 @@ class LiveSession:
         return [*out, Close(1000, f"session closed: {reason}")]
 
     # -- client events -------------------------------------------------------------------------------
-    def _unsupported(self, ev: live.Unsupported) -> Send:
-        message = f"'{ev.type}' is not supported by this gateway (see its protocol notes)"
-        return self.error(message, "unsupported_event", "type", ev.event_id)
-
     def _client(self, ev: live.ClientEvent, now: float) -> list[Effect]:
         kind = type(ev).__struct_config__.tag
         if isinstance(ev, live.SessionStartEvent):
@@ -331,8 +331,11 @@ class LiveSession:
                 return ev  # written as a GPT-Live event by the wire, on the output clock
             case rt.ResponseAudioDeltaEvent():
                 return ev
-            case rt.ResponseCreatedEvent() | rt.ResponseDoneEvent():
-                return ev  # the outbox keeps time by them; the wire drops them
+            case rt.ResponseCreatedEvent():
+                return ev  # the outbox keeps time by it; the wire drops it
+            case rt.ResponseDoneEvent():
+                self.spoke.discard(ev.response.id)
+                return ev
             case rt.ErrorEvent():
                 d = ev.error
                 return live.error_event(d.message, d.code or "server_error", _live_param(d.param), d.event_id)
@@ -343,10 +346,17 @@ class LiveSession:
             case rt.ConversationItemInputAudioTranscriptionDeltaEvent():
                 start, end = self.turn_ms.get(ev.item_id, [0, 0])
                 end = max(end, start, round(self.inner.buffer.end_ms) if end == start else end)
-                first = ev.item_id not in self.heard
-                self.heard.add(ev.item_id)
-                delta = (" " if first and len(self.heard) > 1 else "") + ev.delta
+                first = ev.item_id not in self.hearing
+                self.hearing.add(ev.item_id)
+                delta = (" " if first and self.transcribed else "") + ev.delta
+                self.transcribed = True
                 return live.InputTranscriptDeltaEvent(delta=delta, start_ms=start, end_ms=end)
+            case (
+                rt.ConversationItemInputAudioTranscriptionCompletedEvent()
+                | rt.ConversationItemInputAudioTranscriptionFailedEvent()
+            ):
+                self.turn_ms.pop(ev.item_id, None)  # the turn's transcript is complete: forget it
+                self.hearing.discard(ev.item_id)
             case rt.ResponseFunctionCallArgumentsDoneEvent() if ev.name == DELEGATE_TOOL:
                 self.delegations[ev.call_id] = False
                 delegation = self.resource.delegation if self.resource else None

@@ -280,3 +280,20 @@ def test_commentary_waits_for_the_voice_and_follows_what_it_said() -> None:
     effects = s.handle(ResponseFinished(first.response_id, first.epoch), 2.0)
     (second,) = [e for e in effects if isinstance(e, StartResponse)]
     assert "Second thing." in str(second.messages[-1].content)
+
+
+def test_a_delegation_the_voice_announced_needs_no_acknowledgement() -> None:
+    from realtime_gw.records.voice import TtsFrame
+    from realtime_gw.sessions.events import AudioDelivered, ResponseAudio
+
+    s = started()
+    effects = client(s, {"type": "session.commentary.append", "content": "Ask the app for the weather."})
+    (start,) = [e for e in effects if isinstance(e, StartResponse)]
+    s.handle(ResponseAudio(start.response_id, start.epoch, TtsFrame(b"\1\0" * 1920, "Let me check.")), 1.5)
+    call = ToolCallDelta(index=0, call_id="call_7", name=DELEGATE_TOOL, arguments='{"task": "weather"}')
+    s.handle(ResponseToolCall(start.response_id, start.epoch, call), 2.0)
+    effects = s.handle(ResponseFinished(start.response_id, start.epoch), 2.5)
+    effects += s.handle(AudioDelivered(start.response_id, start.epoch), 2.6)
+    assert [e.type for e in sent(effects) if e.type == "session.delegation.created"] == ["session.delegation.created"]
+    assert not any(isinstance(e, StartResponse) for e in effects)
+    assert s.ack_due is None and s.spoke == set()
