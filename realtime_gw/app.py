@@ -14,6 +14,7 @@ from realtime_gw import web
 from realtime_gw.config import ConfigError, GatewayConfig
 from realtime_gw.models.registry import Workers, build_workers
 from realtime_gw.server import (
+    live_ws,
     log_hygiene,
     openpi_ws,
     ops,
@@ -81,6 +82,7 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         Route("/v1/realtime/calls", calls.with_cors(calls.create_call), methods=["POST", "OPTIONS"]),
         Route("/v1/realtime/calls/{call_id}/hangup", calls.with_cors(calls.hangup_call), methods=["POST", "OPTIONS"]),
         WebSocketRoute("/v1/duplex", realtime_ws.realtime_endpoint),
+        WebSocketRoute("/v1/live/sessions", live_ws.live_endpoint),
         Route("/v1/audio/speech", speech.speech_endpoint, methods=["POST"]),
         Route("/v1/audio/transcriptions", transcriptions.transcriptions_endpoint, methods=["POST"]),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream.speech_stream_endpoint),

@@ -21,9 +21,9 @@ from realtime_gw.server.client_secrets import ClientSecret
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.metrics import SESSIONS
 
-Kind = Literal["realtime", "speech", "openpi"]
+Kind = Literal["realtime", "live", "speech", "openpi"]
 
-_KIND_NAMES = {"realtime": "Realtime", "speech": "Speech stream", "openpi": "OpenPI"}
+_KIND_NAMES = {"realtime": "Realtime", "live": "GPT-Live", "speech": "Speech stream", "openpi": "OpenPI"}
 
 
 class Admission:

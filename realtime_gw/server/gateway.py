@@ -21,7 +21,7 @@ class Gateway:
     workers: Workers
     responder: Responder
     access: Access
-    sessions: dict[str, int] = field(default_factory=lambda: {"realtime": 0, "openpi": 0, "speech": 0})
+    sessions: dict[str, int] = field(default_factory=lambda: {"realtime": 0, "live": 0, "openpi": 0, "speech": 0})
     transcriptions: int = 0
     """Files being transcribed (``POST /v1/audio/transcriptions``), bounded by ``transcription_max_concurrent``."""
     voices: VoiceLibrary = field(default_factory=VoiceLibrary)

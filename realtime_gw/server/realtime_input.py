@@ -46,9 +46,23 @@ class FromClient:
 
 class ClientInput:
     def __init__(
-        self, ws: Channel, config: GatewayConfig, mailbox: asyncio.Queue[Any], queued: Callable[[], int]
+        self,
+        ws: Channel,
+        config: GatewayConfig,
+        mailbox: asyncio.Queue[Any],
+        queued: Callable[[], int],
+        decode: Callable[[str], Any] | None = None,
+        audio_events: tuple[type, ...] = (rt.InputAudioBufferAppendEvent,),
+        refusal: Callable[[str, str], Any] = lambda message, code: rt.error_event(message, code=code),
     ) -> None:
         self.ws = ws
+        self.decode = decode or rt.decode_client_event
+        """The protocol's decoder (realtime's by default): a client event, or the error event that
+        explains why not."""
+        self.audio_events = audio_events
+        """Client events whose ``audio`` spends the input audio budget."""
+        self.refusal = refusal
+        """A frame refused before decoding (message, code), as the protocol's error event."""
         self.max_frame_bytes = config.max_frame_bytes
         self.mailbox = mailbox
         self.queued = queued
@@ -88,7 +102,7 @@ class ClientInput:
                     continue
                 self.gate.pending += 1
                 await self.mailbox.put(FromClient(event))
-                if isinstance(event, rt.InputAudioBufferAppendEvent) and self.audio_budget is not None:
+                if isinstance(event, self.audio_events) and self.audio_budget is not None:
                     # Audio ahead of its allowed rate: stop reading until the budget refills.
                     wait = self.audio_budget.spend(len(event.audio), time.monotonic())
                     if wait > 0:
@@ -101,16 +115,12 @@ class ClientInput:
         if data is None:
             if msg.get("bytes") is None:
                 return None
-            return rt.error_event(
-                "Binary frames are not supported; send JSON text events", code="invalid_frame"
-            )
+            return self.refusal("Binary frames are not supported; send JSON text events", "invalid_frame")
         if len(data) > self.max_frame_bytes:
             # uvicorn's own cap is the largest of all sockets' limits; enforce ours here
-            return rt.error_event(
-                f"Message of {len(data)} bytes exceeds the limit of {self.max_frame_bytes}",
-                code="message_too_large",
-            )
+            message = f"Message of {len(data)} bytes exceeds the limit of {self.max_frame_bytes}"
+            return self.refusal(message, "message_too_large")
         if len(data) > OFFLOAD_DECODE_BYTES:
             # Awaited before the next receive, so events keep their order.
-            return await asyncio.to_thread(rt.decode_client_event, data)
-        return rt.decode_client_event(data)
+            return await asyncio.to_thread(self.decode, data)
+        return self.decode(data)

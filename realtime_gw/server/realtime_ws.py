@@ -416,7 +416,7 @@ async def submit_with_retry(
             await worker.slot_freed(left)
 
 
-def _limits(gateway: Gateway, model: str, key: str | None) -> Limits:
+def session_limits(gateway: Gateway, model: str, key: str | None) -> Limits:
     return Limits(
         max_input_buffer_bytes=gateway.config.max_input_buffer_bytes,
         max_items=gateway.config.max_conversation_items,
@@ -446,7 +446,7 @@ def open_session(
     configs = [c for c in (secret and secret.session, extra) if c is not None]
     model = model or next((c.model for c in reversed(configs) if isinstance(c.model, str)), None) or "realtime-gw"
     session = RealtimeSession(
-        "sess_" + secrets.token_hex(8), _limits(gateway, model, key), time.monotonic(), duplex, transcription
+        "sess_" + secrets.token_hex(8), session_limits(gateway, model, key), time.monotonic(), duplex, transcription
     )
     for config in configs:  # validated when minted / received; what fails here is dropped
         session.handle(rt.SessionUpdateEvent(session=config), time.monotonic())
@@ -474,8 +474,13 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         duplex=duplex,
         transcription=transcription,
     )
+    await serve_admitted(ws, admission, RealtimeConnection(ws, gateway, session))
+
+
+async def serve_admitted(ws: WebSocket, admission: Admission, connection: RealtimeConnection) -> None:
+    """Run an admitted connection to its end, then give its session back."""
     try:
-        await RealtimeConnection(ws, gateway, session).run()
+        await connection.run()
     finally:
         admission.leave()
         if ws.client_state == WebSocketState.CONNECTED:

@@ -27,12 +27,12 @@ def test_origin_then_key() -> None:
 def test_max_sessions_counts_every_kind_and_leave_gives_back() -> None:
     gw = fakes.gateway(GatewayConfig(max_sessions=2))
     held = []
-    for kind in ("speech", "realtime"):
+    for kind in ("speech", "live"):
         admission = Admission(gw, kind)
         assert admission.check({}) is None and admission.enter() is None
         held.append(admission)
-    assert gw.sessions == {"realtime": 1, "openpi": 0, "speech": 1}
-    for kind in ("speech", "realtime", "openpi"):
+    assert gw.sessions == {"realtime": 0, "live": 1, "openpi": 0, "speech": 1}
+    for kind in ("speech", "realtime", "live", "openpi"):
         admission = Admission(gw, kind)
         assert admission.check({}) is None
         refusal = admission.enter()
@@ -71,7 +71,7 @@ def test_openpi_cap_and_key_limits() -> None:
     assert isinstance(enter("speech", "a"), Admission)  # third start of the minute
     second = enter("speech", "a")
     assert isinstance(second, str)  # key slots full again (2 held)
-    assert gw.sessions == {"realtime": 1, "openpi": 0, "speech": 1}
+    assert gw.sessions == {"realtime": 1, "live": 0, "openpi": 0, "speech": 1}
     for admission in entered:  # the sessions gauge is process-wide: give everything back
         admission.leave()
 

@@ -1,0 +1,444 @@
+"""The GPT-Live face of the realtime session machine: ``handle(event, now) -> list[Effect]``.
+
+Not a second session: a ``RealtimeSession`` does the work (input buffer, server VAD and Smart Turn,
+barge-in, transcription, responses, tools) and this face only translates. GPT-Live client events
+become the realtime session's inputs (``session.start`` a ``session.update`` with server VAD that
+answers and interrupts on its own; ``session.input_audio.append`` appended audio; context appends
+conversation items; a delegation result a ``function_call_output``). The realtime session's outgoing
+events become GPT-Live events, or are dropped where the protocol has none. Audio deltas and their
+transcript stay realtime events in the outbox (paced, purged on barge-in) and become
+``session.output_audio.delta`` / ``session.output_transcript.delta`` as they are written
+(``live_wire.py``), where the continuous output stream and its clock live.
+
+Delegation to the client: the voice front is offered one function, ``delegate``; when it calls it,
+the call id becomes the delegation id of ``session.delegation.created``, and the app's
+``thinking.append`` / ``commentary.append`` with that ``delegation_id`` is the call's output (spoken,
+for commentary). Time on the session clock is milliseconds since ``session.start``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from realtime_gw.protocols import live
+from realtime_gw.protocols import realtime as rt
+from realtime_gw.sessions.events import Close, Effect, Limits, Send
+from realtime_gw.sessions.live_fixture import Fixture, FixtureError
+from realtime_gw.sessions.realtime import RealtimeSession
+
+DELEGATE_TOOL = "delegate"
+DELEGATE_SPEC: dict[str, Any] = {
+    "type": "function",
+    "name": DELEGATE_TOOL,
+    "description": (
+        "Hand a task you cannot do yourself (looking something up, acting for the user) to the "
+        "application. Say briefly that you are on it; the result comes back later."
+    ),
+    "parameters": {
+        "type": "object",
+        "properties": {"task": {"type": "string", "description": "What to do, in full."}},
+        "required": ["task"],
+    },
+}
+MAX_STARTUP_MESSAGES = 128
+MAX_APPEND_TOKENS = 500
+ACKNOWLEDGE = "The application is working on the task you delegated: tell the user, in a few words, that you are on it."
+"""What asks the voice for the automatic spoken acknowledgement of a delegation."""
+SPEAK_RESULT = "The delegated task is done; its result is the tool output above: tell the user now."
+"""After a delegation's result given as commentary: what asks the voice to speak it."""
+DRAIN_S = 10.0
+"""``session.close`` lets the voice finish for at most this long."""
+_SILENT_BYTE = {"audio/pcm": b"\0", "audio/pcmu": b"\xff", "audio/pcma": b"\xd5"}
+_ROLES = {"developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class LiveError(Exception):
+    def __init__(self, message: str, code: str = "invalid_value", param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.param = code, param
+
+
+def approx_tokens(text: str) -> int:
+    """About four characters a token (the gateway's stand-in tokenizer)."""
+    return -(-len(text) // 4)
+
+
+class LiveSession:
+    def __init__(
+        self, session_id: str, limits: Limits, now: float, max_session_s: float, unix_offset_s: float = 0.0
+    ) -> None:
+        self.id = session_id
+        self.inner = RealtimeSession(session_id, limits, now)
+        self.ids = self.inner.ids
+        self.max_session_s = max_session_s
+        self.unix_offset_s = unix_offset_s
+        """Unix time minus the session's (monotonic) clock, for ``expires_at``."""
+        self.resource: live.SessionResource | None = None
+        self.started_at = now
+        self.muted = False
+        self.fixture = Fixture(self.ids)
+        self.delegations: dict[str, bool] = {}
+        """Delegation (call) ids this session created -> whether the app answered it yet."""
+        self.turn_ms: dict[str, list[int]] = {}
+        """Each user turn's ``[start_ms, end_ms]`` on the input timeline (for its transcript)."""
+        self.hearing: set[str] = set()
+        """User turns whose transcript is being sent (their first delta went out)."""
+        self.transcribed = False
+        """Some user turn's transcript went out before: the next one starts with a space."""
+        self.ack_due: float | None = None
+        """When the automatic acknowledgement of a delegation is due (none pending: None)."""
+        self.spoke: set[str] = set()
+        """Responses of the voice that said something (a delegation they made needs no acknowledgement)."""
+        self.queued: list[rt.Item] = []
+        """Commentary items waiting for the voice to finish what it is saying."""
+        self.closing_since: float | None = None
+        self.close_event_id: str | None = None
+        self.ended = False
+
+    # -- what the transport reads --------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self.ended
+
+    @property
+    def started(self) -> bool:
+        return self.resource is not None
+
+    def clock_ms(self, now: float) -> int:
+        return max(0, round((now - self.started_at) * 1000))
+
+    def error(self, message: str, code: str, param: str | None = None, event_id: str | None = None) -> Send:
+        return self.ids.send(live.error_event(message, code, param, event_id))
+
+    def start(self, now: float) -> list[Effect]:
+        return []  # the client starts the session with session.start
+
+    def handle(self, event: object, now: float) -> list[Effect]:
+        if self.ended:
+            return []
+        if isinstance(event, live.ErrorEvent):  # a frame that did not decode
+            return [self.ids.send(event)]
+        if isinstance(event, live.Unsupported):
+            why = f"'{event.type}' is not supported by this gateway (see its protocol notes)"
+            return [self.error(why, "unsupported_event", "type", event.event_id)]
+        if isinstance(event, live.ClientEvent):
+            try:
+                out = self._client(event, now)
+            except LiveError as e:
+                return [self.error(str(e), e.code, e.param, event.event_id)]
+        elif self.fixture.owns(event):
+            out = self.fixture.notice(event)  # type: ignore[arg-type]
+        else:  # worker results, time, the outbox's notices: the realtime session's business
+            out = self._outgoing(self.inner.handle(event, now), now) if self.started else []
+        return out + self._speak_queued(now) + self._acknowledge(now) + self._drain(now)
+
+    def close(self) -> list[Effect]:
+        """The connection is gone: what the realtime session stops (its sends are moot)."""
+        return [e for e in self.inner.close() if not isinstance(e, Send)]
+
+    def end(self, reason: live.CloseReason, now: float, client_event_id: str | None = None) -> list[Effect]:
+        """``session.closed`` and the socket's close (expiry, idle, a drained ``session.close``)."""
+        if self.ended:
+            return []
+        self.ended = True
+        out = self.close()
+        if self.resource is not None:
+            usage = live.SessionUsage(seconds=float(self.clock_ms(now) // 1000))
+            closed = live.SessionClosedEvent(
+                reason=reason, session=self.resource, usage=usage, client_event_id=client_event_id
+            )
+            out.append(self.ids.send(closed))
+        return [*out, Close(1000, f"session closed: {reason}")]
+
+    # -- client events -------------------------------------------------------------------------------
+    def _client(self, ev: live.ClientEvent, now: float) -> list[Effect]:
+        kind = type(ev).__struct_config__.tag
+        if isinstance(ev, live.SessionStartEvent):
+            if self.started:
+                raise LiveError("The session has already started", "session_already_started", "type")
+            return self._start(ev, now)
+        if not self.started:
+            raise LiveError(f"'{kind}' before session.start: send session.start first", "session_not_started", "type")
+        if self.closing_since is not None and not isinstance(ev, live.InputAudioAppendEvent):
+            raise LiveError(f"'{kind}' after session.close: the session is closing", "session_closing", "type")
+        match ev:
+            case live.InputAudioAppendEvent():
+                return self._append_audio(ev, now)
+            case live.InputAudioMuteEvent():
+                self.muted = True
+                return [self.ids.send(live.InputAudioMutedEvent(client_event_id=ev.event_id))]
+            case live.InputAudioUnmuteEvent():
+                self.muted = False
+                return [self.ids.send(live.InputAudioUnmutedEvent(client_event_id=ev.event_id))]
+            case live.InstructionsAppendEvent() | live.ThinkingAppendEvent() | live.CommentaryAppendEvent():
+                if self.fixture.playing is not None:
+                    raise LiveError(f"'{kind}' is refused while a fixture plays", "fixture_active", "type")
+                return self._context(ev, now)
+            case live.OutputAudioFixturePlayEvent():
+                return self._play_fixture(ev, now)
+            case live.SessionUpdateEvent():
+                return self._update(ev)
+            case live.SessionCloseEvent():
+                self.closing_since = now
+                self.close_event_id = ev.event_id
+                return []
+        raise LiveError(f"'{kind}' is not handled", "unsupported_event", "type")
+
+    def _start(self, ev: live.SessionStartEvent, now: float) -> list[Effect]:
+        config = ev.session
+        update = realtime_update(config, self.inner.limits.voices)
+        self.started_at = now
+        effects = self.inner.start(now) + self.inner.handle(update, now)
+        problems = [e for e in effects if isinstance(e, Send) and isinstance(e.event, rt.ErrorEvent)]
+        if problems:
+            error = problems[0].event
+            assert isinstance(error, rt.ErrorEvent)
+            raise LiveError(error.error.message, error.error.code or "invalid_value", _live_param(error.error.param))
+        for message in config.input or []:
+            effects += self.inner.handle(rt.ConversationItemCreateEvent(item=_history_item(message)), now)
+        audio = config.audio or live.Audio()
+        self.resource = live.SessionResource(
+            id=self.id,
+            expires_at=int(self.unix_offset_s + now + self.max_session_s),
+            model=config.model,
+            status="active",
+            audio=live.Audio(
+                format=audio.format or live.AudioPCM(rate=24000),
+                output=live.AudioOutput(voice=(audio.output.voice if audio.output else None) or "marin"),
+            ),
+            delegation=config.delegation or live.ClientDelegation(),
+            input=config.input,
+            instructions=config.instructions,
+            safety_identifier=config.safety_identifier,
+            store=config.store,
+        )
+        started = self.ids.send(live.SessionStartedEvent(session=self.resource, client_event_id=ev.event_id))
+        return [started, *self._outgoing(effects, now)]
+
+    def _append_audio(self, ev: live.InputAudioAppendEvent, now: float) -> list[Effect]:
+        if self.closing_since is not None:
+            return []
+        audio = ev.audio
+        if self.muted or self.fixture.playing:  # silence in: the turn clock and VAD go on, nothing is heard
+            audio = _SILENT_BYTE[self.inner.buffer.format] * len(audio)
+        effects = self.inner.handle(rt.InputAudioBufferAppendEvent(audio=audio, event_id=ev.event_id), now)
+        return self._outgoing(effects, now)
+
+    def _play_fixture(self, ev: live.OutputAudioFixturePlayEvent, now: float) -> list[Effect]:
+        try:
+            self.fixture.check(ev.audio)
+        except FixtureError as e:
+            code = "fixture_active" if self.fixture.playing else "invalid_value"
+            raise LiveError(str(e), code, None if self.fixture.playing else "audio") from None
+        interrupted = self._outgoing(self.inner.handle(rt.OutputAudioBufferClearEvent(), now), now)
+        return interrupted + self.fixture.play(ev, self.inner.settings.output_format)
+
+    def _context(self, ev: live.InstructionsAppendEvent | live.ThinkingAppendEvent | live.CommentaryAppendEvent, now: float) -> list[Effect]:
+        if not ev.content.strip():
+            raise LiveError("content must not be empty", "invalid_value", "content")
+        if approx_tokens(ev.content) > MAX_APPEND_TOKENS:
+            raise LiveError(f"content is over {MAX_APPEND_TOKENS} tokens", "invalid_value", "content")
+        answers = ev.delegation_id is not None and not isinstance(ev, live.InstructionsAppendEvent)
+        if ev.delegation_id is not None and ev.delegation_id not in self.delegations:
+            raise LiveError(f"Unknown delegation '{ev.delegation_id}'", "invalid_value", "delegation_id")
+        if answers and self.delegations[ev.delegation_id]:  # type: ignore[index]
+            raise LiveError(f"Delegation '{ev.delegation_id}' was already answered", "invalid_value", "delegation_id")
+        if answers:
+            self.delegations[ev.delegation_id] = True  # type: ignore[index]
+            items = [rt.Item(type="function_call_output", call_id=ev.delegation_id, output=ev.content)]
+            items += [_system_item(SPEAK_RESULT)] if isinstance(ev, live.CommentaryAppendEvent) else []
+        else:
+            items = [_system_item(_FRAMES[type(ev)].format(ev.content))]
+        if not isinstance(ev, live.InstructionsAppendEvent):
+            self.ack_due = None  # the app spoke up: no automatic acknowledgement
+        at = self.clock_ms(now)
+        ack = self.ids.send(_ACKS[type(ev)](start_ms=at, end_ms=at, client_event_id=ev.event_id))
+        if isinstance(ev, live.CommentaryAppendEvent) and self.inner.response is not None:
+            self.queued += items  # said once the voice is free: after what it is saying, in order
+            return [ack]
+        effects = self._add_items(items, ev.event_id, now)
+        if any(isinstance(e, Send) and isinstance(e.event, live.ErrorEvent) for e in effects):
+            return effects
+        if isinstance(ev, live.CommentaryAppendEvent):
+            effects += self._outgoing(self.inner.responses.answer(self.inner.settings), now)
+        return [*effects, ack]
+
+    def _add_items(self, items: list[rt.Item], event_id: str | None, now: float) -> list[Effect]:
+        effects: list[Effect] = []
+        for item in items:
+            effects += self.inner.handle(rt.ConversationItemCreateEvent(item=item, event_id=event_id), now)
+        return self._outgoing(effects, now)
+
+    def _speak_queued(self, now: float) -> list[Effect]:
+        """Commentary that waited for the voice: into the conversation and said, now that it is free."""
+        if not self.queued or self.inner.response is not None:
+            return []
+        items, self.queued = self.queued, []
+        return self._add_items(items, None, now) + self._outgoing(self.inner.responses.answer(self.inner.settings), now)
+
+    def _update(self, ev: live.SessionUpdateEvent) -> list[Effect]:
+        assert self.resource is not None
+        asked = ev.session
+        if asked.triggers:
+            raise LiveError("Decisions triggers are not supported", "unsupported_value", "session.triggers")
+        if asked.delegation is not None:
+            current = self.resource.delegation
+            if type(asked.delegation) is not type(current):
+                raise LiveError("The delegation type cannot change", "invalid_value", "session.delegation.type")
+            self.resource.delegation = asked.delegation
+        return [self.ids.send(live.SessionUpdatedEvent(session=self.resource, client_event_id=ev.event_id))]
+
+    def _acknowledge(self, now: float) -> list[Effect]:
+        """The voice acknowledges a delegation it made silently, ``acknowledgement_delay_ms`` after it
+        (unless a commentary or thinking came first, or the session is closing)."""
+        if self.ack_due is None or now < self.ack_due or self.closing_since is not None:
+            return []
+        self.ack_due = None
+        effects = self.inner.handle(rt.ConversationItemCreateEvent(item=_system_item(ACKNOWLEDGE)), now)
+        return self._outgoing(effects + self.inner.responses.answer(self.inner.settings), now)
+
+    def _drain(self, now: float) -> list[Effect]:
+        if self.closing_since is None or self.ended:
+            return []
+        if self.inner.response is not None and now - self.closing_since < DRAIN_S:
+            return []
+        return self.end("close_requested", now, self.close_event_id)
+
+    # -- the realtime session's events, as GPT-Live events ------------------------------------------
+    def _outgoing(self, effects: list[Effect], now: float) -> list[Effect]:
+        out: list[Effect] = []
+        for e in effects:
+            if not isinstance(e, Send):
+                out.append(e)
+                continue
+            if isinstance(e.event, rt.ResponseDoneEvent):
+                usage = live.SessionUsage(seconds=float(self.clock_ms(now) // 1000))
+                out.append(self.ids.send(live.SessionUsageUpdatedEvent(usage=usage)))
+            mapped = self._map(e.event, now)
+            if mapped is e.event:
+                out.append(e)
+            elif mapped is not None:
+                mapped.event_id = e.event.event_id
+                out.append(Send(mapped, response_id=e.response_id, audio_ms=e.audio_ms))
+        return out
+
+    def _map(self, ev: rt.ServerEvent, now: float) -> Any:
+        match ev:
+            case rt.ResponseAudioTranscriptDeltaEvent():
+                self.spoke.add(ev.response_id)
+                return ev  # written as a GPT-Live event by the wire, on the output clock
+            case rt.ResponseAudioDeltaEvent():
+                return ev
+            case rt.ResponseCreatedEvent():
+                return ev  # the outbox keeps time by it; the wire drops it
+            case rt.ResponseDoneEvent():
+                self.spoke.discard(ev.response.id)
+                return ev
+            case rt.ErrorEvent():
+                d = ev.error
+                return live.error_event(d.message, d.code or "server_error", _live_param(d.param), d.event_id)
+            case rt.InputAudioBufferSpeechStartedEvent():
+                self.turn_ms[ev.item_id] = [ev.audio_start_ms, ev.audio_start_ms]
+            case rt.InputAudioBufferSpeechStoppedEvent():
+                self.turn_ms.setdefault(ev.item_id, [ev.audio_end_ms, ev.audio_end_ms])[1] = ev.audio_end_ms
+            case rt.ConversationItemInputAudioTranscriptionDeltaEvent():
+                start, end = self.turn_ms.get(ev.item_id, [0, 0])
+                end = max(end, start, round(self.inner.buffer.end_ms) if end == start else end)
+                first = ev.item_id not in self.hearing
+                self.hearing.add(ev.item_id)
+                delta = (" " if first and self.transcribed else "") + ev.delta
+                self.transcribed = True
+                return live.InputTranscriptDeltaEvent(delta=delta, start_ms=start, end_ms=end)
+            case (
+                rt.ConversationItemInputAudioTranscriptionCompletedEvent()
+                | rt.ConversationItemInputAudioTranscriptionFailedEvent()
+            ):
+                self.turn_ms.pop(ev.item_id, None)  # the turn's transcript is complete: forget it
+                self.hearing.discard(ev.item_id)
+            case rt.ResponseFunctionCallArgumentsDoneEvent() if ev.name == DELEGATE_TOOL:
+                self.delegations[ev.call_id] = False
+                delegation = self.resource.delegation if self.resource else None
+                if ev.response_id not in self.spoke and isinstance(delegation, live.ClientDelegation):
+                    self.ack_due = now + (delegation.acknowledgement_delay_ms or 0) / 1000
+                ref = live.DelegationRef(id=ev.call_id, target="client")
+                return live.DelegationCreatedEvent(delegation=ref, offset_ms=self.clock_ms(now))
+        return None
+
+
+_FRAMES = {
+    live.InstructionsAppendEvent: "Standing instruction from the application, from now on: {}",
+    live.ThinkingAppendEvent: "Context from the application, for you only (do not say it unless asked): {}",
+    live.CommentaryAppendEvent: "Tell the user this now, briefly and in your own words: {}",
+}
+_ACKS: dict[type, Any] = {
+    live.InstructionsAppendEvent: live.InstructionsAppendedEvent,
+    live.ThinkingAppendEvent: live.ThinkingAppendedEvent,
+    live.CommentaryAppendEvent: live.CommentaryAppendedEvent,
+}
+
+
+def _system_item(text: str) -> rt.Item:
+    return rt.Item(type="message", role="system", content=[rt.ContentPart(type="input_text", text=text)])
+
+
+def _history_item(m: live.InitialItem) -> rt.Item:
+    role = _ROLES[m.role]
+    part = "output_text" if role == "assistant" else "input_text"
+    return rt.Item(type="message", role=role, content=[rt.ContentPart(type=part, text=m.content[0].text)])  # type: ignore[arg-type]
+
+
+def _live_param(param: str | None) -> str | None:
+    """A realtime session's parameter path, as the GPT-Live field it came from."""
+    if param is None:
+        return None
+    return param.replace("session.audio.input.", "session.audio.").replace("session.audio.output.", "session.audio.")
+
+
+def realtime_update(config: live.SessionConfig, voices: frozenset[str]) -> rt.SessionUpdateEvent:
+    """``session.start`` as the realtime session's configuration (raises ``LiveError`` for what this
+    gateway does not serve). The gateway's own turn-taking answers and yields: server VAD that creates
+    a response at each turn's end and interrupts the voice when the user speaks over it."""
+    if config.client is not None:
+        raise LiveError("session.client is for WebRTC sessions, which this gateway does not serve", "unsupported_value", "session.client")
+    if config.triggers:
+        raise LiveError("Decisions triggers are not supported", "unsupported_value", "session.triggers")
+    if config.delegation is not None and not isinstance(config.delegation, live.ClientDelegation):
+        raise LiveError(
+            f"Delegation '{type(config.delegation).__struct_config__.tag}' is not supported; use 'client'",
+            "unsupported_value",
+            "session.delegation.type",
+        )
+    history = config.input or []
+    if len(history) > MAX_STARTUP_MESSAGES:
+        raise LiveError(f"At most {MAX_STARTUP_MESSAGES} startup messages", "invalid_value", "session.input")
+    for i, m in enumerate(history):
+        if len(m.content) != 1:
+            raise LiveError("A startup message has exactly one text part", "invalid_value", f"session.input[{i}].content")
+    audio = config.audio or live.Audio()
+    fmt = audio.format or live.AudioPCM(rate=24000)
+    if not isinstance(fmt, live.AudioPCM) and fmt.rate != 8000:
+        raise LiveError("G.711 audio is 8000 Hz", "invalid_value", "session.audio.format.rate")
+    kind = fmt.__struct_config__.tag
+    voice = audio.output.voice if audio.output else None
+    name = voice.id if isinstance(voice, live.CustomVoice) else voice
+    instructions = (config.instructions or "").strip() or "You are a helpful voice assistant. Keep answers short."
+    session = {
+        "type": "realtime",
+        "instructions": instructions,
+        "audio": {
+            "input": {
+                "format": {"type": kind, **({"rate": fmt.rate} if kind == "audio/pcm" else {})},
+                "transcription": {"model": "gateway"},
+                "turn_detection": {"type": "server_vad", "create_response": True, "interrupt_response": True},
+            },
+            "output": {
+                "format": {"type": kind, **({"rate": 24000} if kind == "audio/pcm" else {})},
+                "voice": name if name in voices else "default",
+            },
+        },
+        "tools": [DELEGATE_SPEC],
+        "tool_choice": "auto",
+    }
+    return msgspec.convert({"type": "session.update", "session": session}, rt.SessionUpdateEvent)
