@@ -35,6 +35,8 @@ from realtime_gw.sessions.events import (
     Effect,
     Ids,
     Limits,
+    McpCallDone,
+    McpToolsListed,
     PlaybackStarted,
     ResponseAudio,
     ResponseFinished,
@@ -53,6 +55,7 @@ from realtime_gw.sessions.events import (
     VadUnavailable,
 )
 from realtime_gw.sessions.input_buffer import InputBuffer, decode_audio_part
+from realtime_gw.sessions.mcp import McpServers, check_allowed
 from realtime_gw.sessions.out_of_band import SideResponses
 from realtime_gw.sessions.response_lifecycle import Phase, Responses
 from realtime_gw.sessions.response_state import LiveResponse
@@ -81,6 +84,9 @@ class RealtimeSession:
         self.responses = Responses(
             self.ids, self.conversation, self.turns.playbacks, limits.voices, f"conv_{session_id}", limits
         )
+        self.mcp = McpServers(self.ids, self.conversation)
+        """MCP servers of the session's tools and their listed tools (``mcp.py``)."""
+        self.responses.mcp = self.mcp
         self.side = SideResponses(
             lambda: Responses(self.ids, self.conversation, self.turns.playbacks, limits.voices, f"conv_{session_id}", limits)
         )
@@ -138,6 +144,7 @@ class RealtimeSession:
     # -- session -------------------------------------------------------------------------------------
     def _on_session_update(self, ev: rt.SessionUpdateEvent, now: float) -> list[Effect]:
         new = apply_session_update(self.settings, ev.session, self.limits.voices, self.text_limits)
+        check_allowed(new.tools, self.limits.mcp_allowed_urls)  # before anything changes or connects
         if not new.answers and (self.responses.live is not None or self.side.slots):
             raise SessionError(
                 "A response is in progress; cancel it before making this a transcription session",
@@ -154,6 +161,7 @@ class RealtimeSession:
         # Setting turn detection again while VAD is unavailable is the client's way to retry it.
         retry = new.turn_detection is not old.turn_detection and not self.turns.vad_stream
         out: list[Effect] = [self.ids.send(rt.SessionUpdatedEvent(session=self._wire()))]
+        out += self.mcp.configure(new.tools)
         return out + self._restart_vad() if toggled or reformatted or retry else out
 
     def _on_session_close(self, ev: rt.SessionCloseEvent, now: float) -> list[Effect]:
@@ -390,6 +398,7 @@ _HANDLERS: dict[type, Any] = {
     AsrUnavailable: lambda s, ev, now: s.transcriber.unavailable(ev),
     TurnVerdict: lambda s, ev, now: [e for step in s.turns.verdict(s.settings, ev, now) for e in s._carry_out(step, now)],
     PlaybackStarted: lambda s, ev, now: s.turns.playback_started(ev),
+    McpToolsListed: lambda s, ev, now: s.mcp.listed(ev),
     # worker results go to the slot of the response they are of (the main one, or out-of-band)
     ResponseTextDelta: _routed(lambda s, slot, ev: slot.on_text(ev)),
     ResponseAudio: _routed(lambda s, slot, ev: slot.on_audio(ev)),
@@ -398,4 +407,5 @@ _HANDLERS: dict[type, Any] = {
     ResponseFinished: _routed(lambda s, slot, ev: slot.on_finished(ev, s.settings)),
     ResponseRefused: _routed(lambda s, slot, ev: slot.on_refused(ev)),
     AudioDelivered: _routed(lambda s, slot, ev: slot.on_delivered(ev, s.settings)),
+    McpCallDone: _routed(lambda s, slot, ev: slot.on_mcp_done(ev, s.settings)),
 }

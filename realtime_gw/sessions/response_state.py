@@ -57,6 +57,10 @@ class LiveResponse:
     text: str = ""
     spans: list[SpokenSpan] = field(default_factory=list)
     calls: FunctionCalls = field(default_factory=FunctionCalls)
+    mcp_names: dict[str, str] = field(default_factory=dict)
+    """Tool names offered that are MCP servers' tools, and their server's label."""
+    mcp_started: bool = False
+    """Its MCP calls were announced and handed to the transport."""
     usage: ChatUsage | None = None
     """The backend's token counts (``ResponseUsage``), when it gives them."""
     prompt_tokens: int = 0
@@ -113,8 +117,9 @@ class LiveResponse:
         output: list[rt.Item] = []
         if final and self.opened:
             output.append(self.item("completed" if status == "completed" else "incomplete"))
+        output += [call.item("completed") for call in self.calls if call.server_label is not None]
         if status == "completed":
-            output += [call.item("completed") for call in self.calls]
+            output += [call.item("completed") for call in self.calls.for_client]
         return rt.Response(
             id=self.id,
             status=status,  # type: ignore[arg-type]
