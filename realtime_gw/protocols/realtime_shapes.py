@@ -160,6 +160,8 @@ class Item(Struct, kw_only=True):
     tools: list[dict[str, Any]] | UnsetType = UNSET
     approval_request_id: str | None | UnsetType = UNSET
     error: dict[str, Any] | None | UnsetType = UNSET
+    approve: bool | UnsetType = UNSET
+    reason: str | None | UnsetType = UNSET
 
 
 class ResponseParams(Struct, kw_only=True):

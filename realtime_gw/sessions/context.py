@@ -5,7 +5,8 @@ Conversion (``chat_units``): a message item becomes one chat message (text parts
 joined; ``input_image`` parts as ``images``); the ``function_call`` items of one response become the
 ``tool_calls`` of one assistant message (that response's spoken or written text, if any, is its
 content) and each ``function_call_output`` a ``tool`` message right after it, in call order; an
-ended ``mcp_call`` item is a call and its result (output, or ``error: ...``) at once. A call
+ended ``mcp_call`` item is a call and its result (output, or ``error: ...``) at once, and so is an
+``mcp_approval_request`` the client denied (its result says so). A call
 without its output yet (or an output whose call is gone) is left out: chat backends refuse a
 ``tool_calls`` message that is not answered at once.
 
@@ -66,6 +67,11 @@ def chat_units(entries: list[Entry]) -> list[Unit]:
         e.item.call_id: e.item for e in entries if e.item.type == "function_call_output"
     }  # type: ignore[misc]
     called = {e.item.call_id for e in entries if e.item.type == "function_call"}
+    denied = {
+        e.item.approval_request_id: e.item
+        for e in entries
+        if e.item.type == "mcp_approval_response" and e.item.approve is False
+    }
     units: list[Unit] = []
     previous: Entry | None = None
     for entry in entries:
@@ -76,6 +82,10 @@ def chat_units(entries: list[Entry]) -> list[Unit]:
                 _add_call(units, previous, entry, output)
         elif item.type == "mcp_call" and (item.output is not None or item.error is not None):
             _add_call(units, previous, entry, _mcp_result(item))
+        elif item.type == "mcp_approval_request" and item.id in denied:
+            reason = denied[item.id].reason
+            text = "error: the user denied this call" + (f" ({reason})" if reason else "")
+            _add_call(units, previous, entry, Item(type="function_call_output", id=f"{item.id}:result", output=text))
         elif item.type == "message":
             message = message_of(item)
             if message is not None:
@@ -97,7 +107,7 @@ def _mcp_result(item: Item) -> Item:
 def _add_call(units: list[Unit], previous: Entry | None, entry: Entry, output: Item) -> None:
     """A call joins the assistant message before it when that message is of the same response (its
     text, or the previous call of a parallel set); otherwise it starts an assistant message."""
-    call_id = entry.item.id if entry.item.type == "mcp_call" else entry.item.call_id
+    call_id = entry.item.id if entry.item.type.startswith("mcp_") else entry.item.call_id
     call = ToolCall(call_id or "", entry.item.name or "", entry.item.arguments or "")
     result = ChatMessage("tool", output.output or "", tool_call_id=call.call_id)
     same_response = (
@@ -107,7 +117,7 @@ def _add_call(units: list[Unit], previous: Entry | None, entry: Entry, output: I
         and units[-1].item_ids[0] == previous.item.id
         and previous.response_id is not None
         and previous.response_id == entry.response_id
-        and previous.item.type in ("message", "function_call", "mcp_call")
+        and previous.item.type in ("message", "function_call", "mcp_call", "mcp_approval_request")
         and units[-1].messages[0].role == "assistant"
     )
     if same_response:

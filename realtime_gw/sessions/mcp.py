@@ -13,7 +13,10 @@ feeds the answers back (``McpToolsListed``, ``McpCallDone``).
   text is generated, announces an ``mcp_call`` item (``response.output_item.added``, the
   ``response.mcp_call_arguments.delta``/``.done`` events, ``response.mcp_call.in_progress``) and stays
   live while the gateway runs the call; ``.completed`` or ``.failed`` and ``response.output_item.done``
-  follow with its output or error. Then the response completes, and when it called MCP tools only
+  follow with its output or error. A call that ``require_approval`` covers is first announced as an
+  ``mcp_approval_request`` item, and the response waits for the client's ``mcp_approval_response``
+  item: approved, the call runs (its ``mcp_call`` names the request); denied, it is never made and
+  the model hears so (``context.py``). Then the response completes, and when it called MCP tools only
   (no client function call is outstanding) the gateway creates the next response itself, which reads
   the results and answers (at most ``MAX_MCP_ROUNDS`` in a row).
 """
@@ -49,6 +52,19 @@ def check_allowed(tools: list[dict[str, Any]], allowed_urls: tuple[str, ...]) ->
             )
 
 
+def check_approval(item: rt.Item, conversation: Conversation) -> None:
+    """A client's ``mcp_approval_response`` answers an ``mcp_approval_request`` of the conversation."""
+    asked = item.approval_request_id
+    if item.type != "mcp_approval_response":
+        return
+    if asked not in conversation or conversation.get(asked).item.type != "mcp_approval_request":  # type: ignore[arg-type]
+        raise SessionError(
+            f"approval_request_id '{asked}' names no mcp_approval_request",
+            "invalid_value",
+            "item.approval_request_id",
+        )
+
+
 @dataclass(slots=True)
 class McpServer:
     label: str
@@ -56,8 +72,17 @@ class McpServer:
     headers: dict[str, str]
     allowed: list[str] | None
     item_id: str
+    approval: Any = "always"
+    """``require_approval``: "always", "never" or {"always": {"tool_names"}, "never": {"tool_names"}}."""
     tools: list[dict[str, Any]] | None = None
     """Listed tools (the filter applied); None while listing or after a failed listing."""
+
+    def needs_approval(self, name: str) -> bool:
+        """A name under ``never`` runs at once; otherwise (named under ``always``, or not named) the
+        client is asked first."""
+        if isinstance(self.approval, dict):
+            return name not in (self.approval.get("never") or {}).get("tool_names", [])
+        return bool(self.approval != "never")
 
     def key(self) -> tuple[Any, ...]:
         return (self.url, sorted(self.headers.items()), self.allowed)
@@ -79,8 +104,10 @@ class McpServers:
             if t["type"] != "mcp":
                 continue
             server = McpServer(t["server_label"], t["server_url"], t["headers"], t["allowed_tools"], "")
+            server.approval = t["require_approval"]
             old = self.by_label.get(server.label)
             if old is not None and old.key() == server.key():
+                old.approval = server.approval
                 wanted[server.label] = old  # cached
                 continue
             server.item_id = self.ids.new("item")
@@ -139,51 +166,82 @@ class McpServers:
 
 
 # -- calls within a response ------------------------------------------------------------------------
-def start_calls(r: LiveResponse, servers: McpServers, send: Any, conversation: Conversation) -> list[Effect]:
-    """The model's text is done and it called MCP tools: announce each ``mcp_call`` and run it."""
+def start_calls(
+    r: LiveResponse, servers: McpServers, send: Any, conversation: Conversation, new_id: Any
+) -> list[Effect]:
+    """The model's text is done and it called MCP tools: run each, or first ask the client's approval."""
     out: list[Effect] = []
-    index = 1 if r.opened else 0
     for call in r.calls:
         label = r.mcp_names.get(call.name)
         server = servers.by_label.get(label) if label is not None else None
         if server is None:
             continue
-        call.server_label, call.output_index, call.pending = server.label, index, True
+        call.server_label, call.server_url, call.headers = server.label, server.url, server.headers
         r.mcp_started = True
-        index += 1
-        started = call.item("in_progress")
-        ref = {"response_id": r.id, "item_id": call.item_id, "output_index": call.output_index}
-        out.append(
-            send(
-                r,
-                rt.ResponseOutputItemAddedEvent(
-                    response_id=r.id, output_index=call.output_index, item=started
-                ),
-            )
-        )
-        if r.in_conversation:
-            previous = conversation.last_id()
-            conversation.add(started, force=True).response_id = r.id
-            out.append(send(r, rt.ConversationItemAdded(item=started, previous_item_id=previous)))
-        out += [send(r, mcp_rt.ResponseMcpCallArgumentsDelta(**ref, delta=f)) for f in call.fragments]
-        out.append(send(r, mcp_rt.ResponseMcpCallArgumentsDone(**ref, arguments=call.arguments)))
-        out.append(
-            send(r, mcp_rt.ResponseMcpCallInProgress(item_id=call.item_id, output_index=call.output_index))
-        )
-        out.append(
-            CallMcpTool(r.id, r.epoch, call.item_id, server.url, server.headers, call.name, call.arguments)
-        )
+        if server.needs_approval(call.name):
+            call.approval_id, call.awaiting = new_id("mcpr"), True
+            out += _announce(r, "approval", call, send, conversation, done=True)
+        else:
+            out += _run(r, call, send, conversation)
     return out
 
 
-def call_done(
-    r: LiveResponse, ev: McpCallDone, send: Any, conversation: Conversation
+def _announce(
+    r: LiveResponse, kind: str, call: FunctionCall, send: Any, conversation: Conversation, done: bool
+) -> list[Effect]:
+    """A new output item of the response (and of the conversation); ``done``: complete at once."""
+    index = (1 if r.opened else 0) + len(r.mcp_outputs)
+    r.mcp_outputs.append((kind, call))
+    item = call.approval_item() if kind == "approval" else call.item("in_progress")
+    if kind == "call":
+        call.output_index = index
+    out = [send(r, rt.ResponseOutputItemAddedEvent(response_id=r.id, output_index=index, item=item))]
+    if r.in_conversation:
+        previous = conversation.last_id()
+        conversation.add(item, force=True).response_id = r.id
+        out.append(send(r, rt.ConversationItemAdded(item=item, previous_item_id=previous)))
+    if done:
+        out.append(send(r, rt.ResponseOutputItemDoneEvent(response_id=r.id, output_index=index, item=item)))
+        if r.in_conversation:
+            previous = conversation.previous_id(item.id or "")
+            out.append(send(r, rt.ConversationItemDone(item=item, previous_item_id=previous)))
+    return out
+
+
+def _run(r: LiveResponse, call: FunctionCall, send: Any, conversation: Conversation) -> list[Effect]:
+    """Announce an ``mcp_call`` and hand it to the transport."""
+    call.pending = True
+    out = _announce(r, "call", call, send, conversation, done=False)
+    ref = {"response_id": r.id, "item_id": call.item_id, "output_index": call.output_index}
+    out += [send(r, mcp_rt.ResponseMcpCallArgumentsDelta(**ref, delta=f)) for f in call.fragments]
+    out.append(send(r, mcp_rt.ResponseMcpCallArgumentsDone(**ref, arguments=call.arguments)))
+    out.append(
+        send(r, mcp_rt.ResponseMcpCallInProgress(item_id=call.item_id, output_index=call.output_index))
+    )
+    out.append(
+        CallMcpTool(r.id, r.epoch, call.item_id, call.server_url, call.headers, call.name, call.arguments)
+    )
+    return out
+
+
+def advance(
+    r: LiveResponse, ev: McpCallDone | rt.Item, send: Any, conversation: Conversation
 ) -> tuple[list[Effect], bool]:
-    """A call's result: its item is done. Returns the events and whether every call has ended."""
-    call = next((c for c in r.calls if c.item_id == ev.item_id and c.pending), None)
-    if call is None:
-        return [], False
-    return end_call(r, call, ev.output, ev.error, send, conversation), not any(c.pending for c in r.calls)
+    """A call's result (its item is done), or the client's approval (the call runs) or denial (it is
+    never made; the model hears so). Returns the events and whether every MCP call has ended."""
+    out: list[Effect] = []
+    if isinstance(ev, rt.Item):
+        call = next((c for c in r.calls if c.awaiting and c.approval_id == ev.approval_request_id), None)
+        if call is None:
+            return [], False  # not this response's (a cancelled one's, or answered already)
+        call.awaiting = False
+        out = _run(r, call, send, conversation) if ev.approve else []
+    else:
+        call = next((c for c in r.calls if c.item_id == ev.item_id and c.pending), None)
+        if call is None:
+            return [], False
+        out = end_call(r, call, ev.output, ev.error, send, conversation)
+    return out, not any(c.pending or c.awaiting for c in r.calls)
 
 
 def end_call(
@@ -209,6 +267,7 @@ def end_call(
 
 
 def abandon_calls(r: LiveResponse, send: Any, conversation: Conversation) -> list[Effect]:
-    """The response ends (cancelled, failed) with calls still running: each fails, so no item hangs."""
+    """The response ends (cancelled, failed) with calls still running: each fails, so no item hangs
+    (a call still awaiting approval was never made: nothing to end)."""
     error = {"type": "tool_execution_error", "message": "the response ended before the call finished"}
     return [e for c in r.calls if c.pending for e in end_call(r, c, None, error, send, conversation)]

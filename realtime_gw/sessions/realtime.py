@@ -55,7 +55,7 @@ from realtime_gw.sessions.events import (
     VadUnavailable,
 )
 from realtime_gw.sessions.input_buffer import InputBuffer, decode_audio_part
-from realtime_gw.sessions.mcp import McpServers, check_allowed
+from realtime_gw.sessions.mcp import McpServers, check_allowed, check_approval
 from realtime_gw.sessions.out_of_band import SideResponses
 from realtime_gw.sessions.response_lifecycle import Phase, Responses
 from realtime_gw.sessions.response_state import LiveResponse
@@ -271,6 +271,7 @@ class RealtimeSession:
     def _on_item_create(self, ev: rt.ConversationItemCreateEvent, now: float) -> list[Effect]:
         item = ev.item
         check_item(item, self.limits.max_item_text_chars)
+        check_approval(item, self.conversation)
         item.id = item.id or self.ids.new("item")
         item.object, item.status = "realtime.item", "completed"
         spoken = [part for part in item.content if part.type == "input_audio" and part.audio]
@@ -284,6 +285,8 @@ class RealtimeSession:
             self.ids.send(rt.ConversationItemAdded(item=item, previous_item_id=previous)),
             self.ids.send(rt.ConversationItemDone(item=item, previous_item_id=previous)),
         ]
+        if item.type == "mcp_approval_response":
+            out += self.responses.on_mcp(item, self.settings)  # the live response waits for it
         return out + [Transcribe(item.id, pcm[0], self.buffer.rate)] if pcm else out
 
     def _on_item_retrieve(self, ev: rt.ConversationItemRetrieveEvent, now: float) -> list[Effect]:
@@ -407,5 +410,5 @@ _HANDLERS: dict[type, Any] = {
     ResponseFinished: _routed(lambda s, slot, ev: slot.on_finished(ev, s.settings)),
     ResponseRefused: _routed(lambda s, slot, ev: slot.on_refused(ev)),
     AudioDelivered: _routed(lambda s, slot, ev: slot.on_delivered(ev, s.settings)),
-    McpCallDone: _routed(lambda s, slot, ev: slot.on_mcp_done(ev, s.settings)),
+    McpCallDone: _routed(lambda s, slot, ev: slot.on_mcp(ev, s.settings)),
 }

@@ -275,16 +275,17 @@ class Responses:
             details = rt.ResponseStatusDetails(type="failed", error={"type": "server_error", "message": ev.error})
             return [failed, *self._finish(r, "failed", details)]
         if r.mcp_names and not r.mcp_started and self.mcp is not None:  # once: MCP results never re-enter here
-            started = mcp.start_calls(r, self.mcp, self._send, self.conversation)
+            started = mcp.start_calls(r, self.mcp, self._send, self.conversation, self.ids.new)
             if started:
                 return started  # live (generating) until every MCP call has ended: on_mcp_done
         return self._generated(r, settings)
 
-    def on_mcp_done(self, ev: McpCallDone, settings: SessionSettings) -> list[Effect]:
-        r = self._accepts(ev.response_id, ev.epoch, Phase.GENERATING)
-        if r is None:
+    def on_mcp(self, ev: McpCallDone | rt.Item, settings: SessionSettings) -> list[Effect]:
+        """An MCP call's result, or the client's ``mcp_approval_response`` item."""
+        r = self.live if isinstance(ev, rt.Item) else self._accepts(ev.response_id, ev.epoch, Phase.GENERATING)
+        if r is None or self.phase is not Phase.GENERATING:
             return []
-        out, all_done = mcp.call_done(r, ev, self._send, self.conversation)
+        out, all_done = mcp.advance(r, ev, self._send, self.conversation)
         return out + self._generated(r, settings) if all_done else out
 
     def _generated(self, r: LiveResponse, settings: SessionSettings) -> list[Effect]:
@@ -386,7 +387,7 @@ def emit_calls(r: LiveResponse, send: Any, conversation: Conversation) -> list[E
     """The GA sequence per call: output_item.added, arguments deltas, arguments done,
     output_item.done (and the item joins the conversation, after the message)."""
     out: list[Effect] = []
-    first = (1 if r.opened else 0) + sum(1 for c in r.calls if c.server_label is not None)
+    first = (1 if r.opened else 0) + len(r.mcp_outputs)
     for index, call in enumerate(r.calls.for_client, start=first):
         call.output_index = index
         started, made = call.item("in_progress"), call.item("completed")

@@ -16,7 +16,7 @@ from realtime_gw.protocols import realtime as rt
 from realtime_gw.records.voice import ChatMessage, ChatUsage
 from realtime_gw.sessions.conversation import Entry, SpokenSpan
 from realtime_gw.sessions.events import StartResponse
-from realtime_gw.sessions.tools import FunctionCalls
+from realtime_gw.sessions.tools import FunctionCall, FunctionCalls
 
 AUDIO_TOKENS_PER_S = 20
 """Output audio tokens are estimated from the audio's duration (one per 50 ms, as OpenAI's realtime
@@ -60,7 +60,9 @@ class LiveResponse:
     mcp_names: dict[str, str] = field(default_factory=dict)
     """Tool names offered that are MCP servers' tools, and their server's label."""
     mcp_started: bool = False
-    """Its MCP calls were announced and handed to the transport."""
+    """Its MCP calls were announced (approval requests and calls)."""
+    mcp_outputs: list[tuple[str, FunctionCall]] = field(default_factory=list)
+    """Its ``mcp_approval_request`` (``"approval"``) and ``mcp_call`` (``"call"``) items, in output order."""
     usage: ChatUsage | None = None
     """The backend's token counts (``ResponseUsage``), when it gives them."""
     prompt_tokens: int = 0
@@ -117,7 +119,7 @@ class LiveResponse:
         output: list[rt.Item] = []
         if final and self.opened:
             output.append(self.item("completed" if status == "completed" else "incomplete"))
-        output += [call.item("completed") for call in self.calls if call.server_label is not None]
+        output += [c.approval_item() if kind == "approval" else c.item("completed") for kind, c in self.mcp_outputs]
         if status == "completed":
             output += [call.item("completed") for call in self.calls.for_client]
         return rt.Response(

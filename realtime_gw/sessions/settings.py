@@ -367,7 +367,12 @@ def check_tool_choice(choice: Any, tools: list[dict[str, Any]], param: str) -> s
 
 
 _LABEL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-APPROVALS = ("never",)
+APPROVALS = ("always", "never")
+
+
+def _names_filter(f: Any) -> bool:
+    """An MCP tool filter: ``{"tool_names": [...]}`` (``read_only`` is accepted and not used)."""
+    return isinstance(f, dict) and isinstance(f.get("tool_names", []), list)
 
 
 def check_mcp_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
@@ -397,9 +402,12 @@ def check_mcp_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
             f"{where}.allowed_tools",
         )
     approval = tool.get("require_approval", "always")
-    if approval not in APPROVALS:
+    if approval not in APPROVALS and not (
+        isinstance(approval, dict) and set(approval) <= {"always", "never"} and all(_names_filter(f) for f in approval.values())
+    ):
         raise SessionError(
-            f"{where}.require_approval: only 'never' is supported (the gateway does not ask for approval yet)",
+            f"{where}.require_approval must be 'always', 'never' or "
+            "{\"always\": {\"tool_names\": [...]}, \"never\": {\"tool_names\": [...]}}",
             "invalid_value",
             f"{where}.require_approval",
         )

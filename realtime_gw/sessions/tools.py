@@ -28,10 +28,25 @@ class FunctionCall:
     """An MCP call the gateway is running."""
     output: str | None = None
     error: dict[str, Any] | None = None
+    server_url: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    approval_id: str | None = None
+    """The ``mcp_approval_request`` item asking the client to approve this MCP call."""
+    awaiting: bool = False
+    """An MCP call waiting for the client's ``mcp_approval_response``."""
 
     @property
     def arguments(self) -> str:
         return "".join(self.fragments)
+
+    def approval_item(self) -> rt.Item:
+        return rt.Item(
+            type="mcp_approval_request",
+            id=self.approval_id,
+            server_label=self.server_label or "",
+            name=self.name,
+            arguments=self.arguments,
+        )
 
     def item(self, status: str) -> rt.Item:
         if self.server_label is not None:
@@ -42,7 +57,7 @@ class FunctionCall:
                 server_label=self.server_label,
                 name=self.name,
                 arguments=self.arguments if done else "",
-                approval_request_id=None,
+                approval_request_id=self.approval_id,
                 output=self.output if done else None,
                 error=self.error if done else None,
             )

@@ -147,3 +147,24 @@ async def test_a_url_not_on_the_allow_list_is_refused(
         assert err.type == "error" and "not allowed" in err.error.message
         assert err.error.param == "session.tools[0].server_url"
     assert len(mcp.headers) == before  # never connected to
+
+
+async def test_approval_then_the_call(peers: tuple[ChatServer, McpTestServer, LiveServer]) -> None:
+    _, mcp, gateway = peers
+    always = {"always": {"tool_names": ["add"]}}
+    async with text_session(gateway, tools=[mcp_tool(mcp.url, require_approval=always)]) as conn:
+        await listed(conn)
+        await conn.conversation.item.create(item=user_text('call add {"a": 1, "b": 2}'))
+        await recv(conn), await recv(conn)
+        await conn.response.create()
+        while (event := await recv(conn)).type != "response.output_item.done":
+            assert event.type != "response.mcp_call.in_progress"
+        request = event.item
+        assert request.type == "mcp_approval_request" and request.name == "add"
+        answer = {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}
+        await conn.conversation.item.create(item=answer)
+        events = await until_done(conn)
+        call = next(o for o in events[-1].response.output if o.type == "mcp_call")
+        assert call.approval_request_id == request.id and call.output == "3"
+        follow = await until_done(conn)
+        assert follow[-1].response.output[0].content[0].text == "The tool said: 3"

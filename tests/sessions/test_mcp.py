@@ -73,7 +73,9 @@ def test_a_url_not_on_the_allow_list_is_refused_and_never_listed() -> None:
     assert "not allowed" in err.error.message and err.error.param == "session.tools[0].server_url"
     assert of(effects, ListMcpTools) == [] and s.settings.tools == []
     (err,) = errors(
-        client(s, {"type": "session.update", "session": {"tools": [{**MCP, "require_approval": "always"}]}})
+        client(
+            s, {"type": "session.update", "session": {"tools": [{**MCP, "require_approval": "sometimes"}]}}
+        )
     )
     assert err.error.param == "session.tools[0].require_approval"
 
@@ -182,3 +184,70 @@ def test_function_calls_beside_mcp_calls_go_to_the_client() -> None:
     added = [e for e in events(done) if isinstance(e, rt.ResponseOutputItemAddedEvent)]
     assert [(e.item.type, e.output_index) for e in added] == [("function_call", 1)]
     assert of(done, StartResponse) == []  # the client runs get_weather, then asks again
+
+
+def approval(s: RealtimeSession, request_id: str, approve: bool, reason: str | None = None) -> list[Any]:
+    item = {"type": "mcp_approval_response", "approval_request_id": request_id, "approve": approve}
+    return client(
+        s, {"type": "conversation.item.create", "item": {**item, **({"reason": reason} if reason else {})}}
+    )
+
+
+def asked_approval(require: Any) -> tuple[RealtimeSession, StartResponse, list[Any]]:
+    s = session(Limits(mcp_allowed_urls=(URL,)), output_modalities=["text"])
+    effects = client(
+        s, {"type": "session.update", "session": {"tools": [{**MCP, "require_approval": require}]}}
+    )
+    (listing,) = of(effects, ListMcpTools)
+    s.handle(McpToolsListed(listing.item_id, TOOLS), 0.0)
+    say(s, "Add 1 and 1")
+    start, _ = respond(s)
+    return s, start, model_calls(s, start, ("add", '{"a": 1, "b": 1}'))
+
+
+def test_an_approved_call_runs_and_names_its_request() -> None:
+    s, start, effects = asked_approval("always")
+    assert types(effects) == [
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.output_item.done",
+        "conversation.item.done",
+    ]
+    request = events(effects)[0].item  # type: ignore[attr-defined]
+    assert (request.type, request.name, request.server_label) == ("mcp_approval_request", "add", "calc")
+    assert of(effects, CallMcpTool) == [] and s.response is not None  # waits for the client
+    approved = approval(s, request.id, True)
+    assert types(approved)[:3] == [
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.output_item.added",
+    ]
+    call_item = events(approved)[2].item  # type: ignore[attr-defined]
+    assert call_item.type == "mcp_call" and call_item.approval_request_id == request.id
+    assert events(approved)[2].output_index == 1  # type: ignore[attr-defined]
+    (run,) = of(approved, CallMcpTool)
+    done = s.handle(McpCallDone(start.response_id, start.epoch, run.item_id, "2"), 0.0)
+    final = next(e for e in events(done) if isinstance(e, rt.ResponseDoneEvent))
+    assert [o.type for o in final.response.output] == ["mcp_approval_request", "mcp_call"]
+    (follow,) = of(done, StartResponse)
+    assert follow.messages[-1].content == "2"
+
+
+def test_a_denied_call_is_never_made_and_the_model_hears_so() -> None:
+    s, start, effects = asked_approval({"always": {"tool_names": ["add"]}})
+    request = events(effects)[0].item  # type: ignore[attr-defined]
+    denied = approval(s, request.id, False, "not now")
+    assert of(denied, CallMcpTool) == []
+    final = next(e for e in events(denied) if isinstance(e, rt.ResponseDoneEvent))
+    assert final.response.status == "completed"
+    assert [o.type for o in final.response.output] == ["mcp_approval_request"]
+    (follow,) = of(denied, StartResponse)
+    assert follow.messages[-2].tool_calls[0].name == "add"
+    assert follow.messages[-1].content == "error: the user denied this call (not now)"
+
+
+def test_a_never_filter_runs_at_once_and_a_bad_approval_is_refused() -> None:
+    s, start, effects = asked_approval({"never": {"tool_names": ["add"]}})
+    assert len(of(effects, CallMcpTool)) == 1
+    (err,) = errors(approval(s, "mcpr_nope", True))
+    assert err.error.param == "item.approval_request_id"
