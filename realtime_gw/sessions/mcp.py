@@ -165,6 +165,21 @@ class McpServers:
         return tools, names
 
 
+def follow_up(r: LiveResponse) -> rt.ResponseParams:
+    """The response that answers MCP results asks what the one that called them asked (instructions,
+    modalities, voice, metadata; tools and the reply limit are the session's), but never forces a
+    tool call again."""
+    forced = r.tool_choice == "required" or isinstance(r.tool_choice, dict)
+    voice = rt.AudioConfig(output=rt.AudioOutputConfig(voice=r.voice, speed=r.speed)) if r.audio else None
+    return rt.ResponseParams(
+        instructions=r.instructions,
+        output_modalities=["audio"] if r.audio else ["text"],
+        audio=voice,
+        metadata=r.metadata,
+        tool_choice="auto" if forced else None,
+    )
+
+
 # -- calls within a response ------------------------------------------------------------------------
 def start_calls(
     r: LiveResponse, servers: McpServers, send: Any, conversation: Conversation, new_id: Any

@@ -198,14 +198,14 @@ class Responses:
         r.prompt_tokens = sum(estimate_tokens(m) for m in messages)
         return [r.start(messages)]
 
-    def answer(self, settings: SessionSettings) -> list[Effect]:
+    def answer(self, settings: SessionSettings, p: rt.ResponseParams | None = None) -> list[Effect]:
         """A user turn asks for an answer: now, or when the live response completes. Never raises:
         a rule the new response would break (a full conversation) becomes an error event."""
         if self.live is not None:
             self.live.answer_after = True
             return []
         try:
-            return self.create(rt.ResponseParams(), settings)
+            return self.create(p or rt.ResponseParams(), settings)
         except (SessionError, ConversationError) as e:
             return [self.ids.error(str(e), e.code, e.param)]
 
@@ -317,7 +317,7 @@ class Responses:
         answer_mcp = r.mcp_started and not r.calls.for_client and self.mcp_rounds < mcp.MAX_MCP_ROUNDS
         if answer_mcp:
             rounds = self.mcp_rounds + 1
-            out += self.answer(settings)
+            out += self.answer(settings, mcp.follow_up(r))
             self.mcp_rounds = rounds
             return out
         return out + self.answer(settings) if r.answer_after else out

@@ -9,21 +9,35 @@ import json
 from typing import Any
 
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.records.voice import ToolCallDelta
+from realtime_gw.records.voice import ToolCallDelta, TtsFrame
 from realtime_gw.sessions.events import (
+    AudioDelivered,
+    AwaitDelivery,
     CallMcpTool,
     CancelResponse,
     Limits,
     ListMcpTools,
     McpCallDone,
     McpToolsListed,
+    ResponseAudio,
     ResponseFinished,
     ResponseTextDelta,
     ResponseToolCall,
     StartResponse,
 )
 from realtime_gw.sessions.realtime import RealtimeSession
-from tests.sessions.realtime_helpers import WEATHER, client, errors, events, of, respond, say, session, types
+from tests.sessions.realtime_helpers import (
+    FRAME,
+    WEATHER,
+    client,
+    errors,
+    events,
+    of,
+    respond,
+    say,
+    session,
+    types,
+)
 
 URL = "http://127.0.0.1:9/mcp"
 TOOLS = [
@@ -113,9 +127,9 @@ def test_a_failed_listing_offers_nothing() -> None:
 
 
 def test_a_call_runs_on_the_gateway_and_the_model_answers_its_result() -> None:
-    s = listed_session()
+    s = listed_session(tool_choice="required")
     say(s, "Add 2 and 3")
-    start, _ = respond(s)
+    start, _ = respond(s, instructions="Be brief.", metadata={"turn": "7"})
     s.handle(ResponseTextDelta(start.response_id, start.epoch, "Adding."), 0.0)
     effects = model_calls(s, start, ("add", json.dumps({"a": 2, "b": 3})))
     assert types(effects) == [
@@ -138,6 +152,11 @@ def test_a_call_runs_on_the_gateway_and_the_model_answers_its_result() -> None:
     assert names.count("response.created") == 1  # the follow-up that answers the result
     (follow,) = of(done, StartResponse)
     assert follow.messages[-2].tool_calls[0].name == "add" and follow.messages[-2].content == "Adding."
+    assert (
+        follow.messages[0].content == "Be brief." and follow.tool_choice == "auto"
+    )  # asked as the first, never forced
+    created = next(e for e in events(done) if isinstance(e, rt.ResponseCreatedEvent))
+    assert created.response.metadata == {"turn": "7"}
     assert follow.messages[-1].role == "tool" and follow.messages[-1].content == "5"
     s.handle(ResponseTextDelta(follow.response_id, follow.epoch, "It is 5."), 0.0)
     answered = s.handle(ResponseFinished(follow.response_id, follow.epoch), 0.0)
@@ -251,3 +270,20 @@ def test_a_never_filter_runs_at_once_and_a_bad_approval_is_refused() -> None:
     assert len(of(effects, CallMcpTool)) == 1
     (err,) = errors(approval(s, "mcpr_nope", True))
     assert err.error.param == "item.approval_request_id"
+
+
+def test_a_spoken_response_delivers_its_audio_after_the_call_then_answers() -> None:
+    s = session(Limits(mcp_allowed_urls=(URL,)), output_modalities=["audio"])
+    (listing,) = of(client(s, {"type": "session.update", "session": {"tools": [MCP]}}), ListMcpTools)
+    s.handle(McpToolsListed(listing.item_id, TOOLS), 0.0)
+    say(s, "Add")
+    start, _ = respond(s)
+    s.handle(ResponseAudio(start.response_id, start.epoch, TtsFrame(FRAME, text="Let me add.")), 0.0)
+    (run,) = of(model_calls(s, start, ("add", "{}")), CallMcpTool)
+    done = s.handle(McpCallDone(start.response_id, start.epoch, run.item_id, "0"), 0.0)
+    assert of(done, AwaitDelivery) and "response.done" not in types(done)
+    delivered = s.handle(AudioDelivered(start.response_id, start.epoch), 0.0)
+    final = next(e for e in events(delivered) if isinstance(e, rt.ResponseDoneEvent))
+    assert [o.type for o in final.response.output] == ["message", "mcp_call"]
+    (follow,) = of(delivered, StartResponse)
+    assert follow.audio and follow.messages[-2].content == "Let me add."
