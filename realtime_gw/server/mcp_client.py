@@ -44,9 +44,15 @@ class McpRequests:
             self.spawn(self._list(e), f"mcp-list-{e.item_id}")
             return
         task = self.spawn(self._call(e), f"mcp-call-{e.item_id}")
-        tasks = self.calls.setdefault(e.response_id, set())
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        self.calls.setdefault(e.response_id, set()).add(task)
+        task.add_done_callback(lambda t: self._forget(e.response_id, t))
+
+    def _forget(self, response_id: str, task: asyncio.Task[None]) -> None:
+        tasks = self.calls.get(response_id)
+        if tasks is not None:
+            tasks.discard(task)
+            if not tasks:
+                del self.calls[response_id]
 
     def cancel(self, response_id: str) -> None:
         for task in self.calls.pop(response_id, set()):
