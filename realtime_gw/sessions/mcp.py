@@ -7,7 +7,7 @@ feeds the answers back (``McpToolsListed``, ``McpCallDone``).
   joins the conversation (``conversation.item.added``), ``mcp_list_tools.in_progress``, then
   ``mcp_list_tools.completed`` (or ``.failed``) and ``conversation.item.done`` with the tools. The
   listing is cached for the session: an update naming the same server (URL, headers, filter) again
-  does not list it again.
+  does not list it again (unless its listing failed: that is how a client retries).
 - The listed tools (``allowed_tools`` applied) reach the responder model as functions under their own
   names (a function tool of the same name wins). When the model calls one, the response, once its
   text is generated, announces an ``mcp_call`` item (``response.output_item.added``, the
@@ -76,6 +76,8 @@ class McpServer:
     """``require_approval``: "always", "never" or {"always": {"tool_names"}, "never": {"tool_names"}}."""
     tools: list[dict[str, Any]] | None = None
     """Listed tools (the filter applied); None while listing or after a failed listing."""
+    failed: bool = False
+    """Its listing failed: the next update naming it lists it again."""
 
     def needs_approval(self, name: str) -> bool:
         """A name under ``never`` runs at once; otherwise (named under ``always``, or not named) the
@@ -106,7 +108,7 @@ class McpServers:
             server = McpServer(t["server_label"], t["server_url"], t["headers"], t["allowed_tools"], "")
             server.approval = t["require_approval"]
             old = self.by_label.get(server.label)
-            if old is not None and old.key() == server.key():
+            if old is not None and old.key() == server.key() and not old.failed:
                 old.approval = server.approval
                 wanted[server.label] = old  # cached
                 continue
@@ -135,6 +137,7 @@ class McpServers:
         server = next((s for s in self.by_label.values() if s.item_id == ev.item_id), None)
         if server is None:
             return []  # the session dropped that server meanwhile
+        server.failed = ev.tools is None
         if ev.tools is not None:
             server.tools = [t for t in ev.tools if server.allowed is None or t["name"] in server.allowed]
         item = self._item(server)

@@ -124,6 +124,8 @@ def test_a_failed_listing_offers_nothing() -> None:
     say(s, "hi")
     start, _ = respond(s)
     assert start.tools == []
+    retry = client(s, {"type": "session.update", "session": {"tools": [MCP]}})
+    assert len(of(retry, ListMcpTools)) == 1  # a failed listing is tried again
 
 
 def test_a_call_runs_on_the_gateway_and_the_model_answers_its_result() -> None:
