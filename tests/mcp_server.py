@@ -1,6 +1,6 @@
 """A real MCP server (the ``mcp`` package's ``MCPServer``, streamable HTTP) on a free loopback port,
 served from a thread, for tests of the gateway as an MCP client: ``add`` answers, ``explode`` fails,
-``nap`` is slow, ``secret`` is there to be filtered out. The headers of every request are kept."""
+``nap`` is slow, ``shout`` answers at length, ``secret`` is there to be filtered out. The headers of every request are kept."""
 
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ def build_server() -> MCPServer:
         """Sleeps, then answers."""
         await asyncio.sleep(seconds)
         return "rested"
+
+    @server.tool()
+    def shout(times: int) -> str:
+        """A long answer."""
+        return "A" * times
 
     @server.tool()
     def secret() -> str:

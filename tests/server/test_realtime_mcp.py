@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
+from realtime_gw.testing.gateway import LiveServer, free_port, start_server, stop_server
 from tests.chat_server import ChatServer, call_when_asked, running_chat_server
 from tests.mcp_server import McpTestServer, running_mcp_server
 from tests.server.test_realtime_tools import recv, text_session, until_done, user_text
 
 TIMEOUT_S = 1.0
+MAX_RESULT_CHARS = 64
 
 
 @pytest.fixture(scope="module")
@@ -24,11 +25,20 @@ def peers() -> Iterator[tuple[ChatServer, McpTestServer, LiveServer]]:
     with running_chat_server(call_when_asked) as chat, running_mcp_server() as mcp:
         gateway = start_server(
             "--policy", "none", "--tts", "tone", "--responder", "openai", "--responder-url", chat.url,
-            "--mcp-allowed-urls", mcp.url, "--mcp-timeout-s", str(TIMEOUT_S),
+            "--mcp-allowed-urls", mcp.url, "--mcp-allowed-urls", closed_url(),
+            "--mcp-timeout-s", str(TIMEOUT_S), "--mcp-max-result-chars", str(MAX_RESULT_CHARS),
             name="realtime-mcp",
         )  # fmt: skip
         yield chat, mcp, gateway
         stop_server(gateway)
+
+
+def closed_url() -> str:
+    """An allowed MCP URL where nothing listens."""
+    return f"http://127.0.0.1:{CLOSED_PORT}/mcp"
+
+
+CLOSED_PORT = free_port()
 
 
 def mcp_tool(url: str, **extra: Any) -> dict[str, Any]:
@@ -36,7 +46,7 @@ def mcp_tool(url: str, **extra: Any) -> dict[str, Any]:
         "type": "mcp",
         "server_label": "calc",
         "server_url": url,
-        "allowed_tools": ["add", "explode", "nap"],
+        "allowed_tools": ["add", "explode", "nap", "shout"],
         "require_approval": "never",
         "headers": {"Authorization": "Bearer mcp-secret"},
         **extra,
@@ -71,12 +81,12 @@ async def test_list_call_and_answer(peers: tuple[ChatServer, McpTestServer, Live
     chat, mcp, gateway = peers
     async with text_session(gateway, tools=[mcp_tool(mcp.url)]) as conn:
         item = await listed(conn)
-        assert [t.name for t in item.tools] == ["add", "explode", "nap"]  # "secret" filtered out
+        assert [t.name for t in item.tools] == ["add", "explode", "nap", "shout"]  # "secret" filtered out
         assert item.tools[0].input_schema["properties"]["a"]["type"] == "integer"
         assert {h.get("authorization") for h in mcp.headers} == {"Bearer mcp-secret"}
         events = await ask(conn, 'call add {"a": 2, "b": 40}')
         sent_tools = [t["function"]["name"] for t in chat.requests[-2]["tools"]]
-        assert sent_tools == ["add", "explode", "nap"]
+        assert sent_tools == ["add", "explode", "nap", "shout"]
         kinds = [e.type for e in events if e.type != "rate_limits.updated"]
         assert kinds.index("response.mcp_call_arguments.done") < kinds.index("response.mcp_call.in_progress")
         assert kinds.index("response.mcp_call.in_progress") < kinds.index("response.mcp_call.completed")
@@ -168,3 +178,21 @@ async def test_approval_then_the_call(peers: tuple[ChatServer, McpTestServer, Li
         assert call.approval_request_id == request.id and call.output == "3"
         follow = await until_done(conn)
         assert follow[-1].response.output[0].content[0].text == "The tool said: 3"
+
+
+async def test_a_long_result_is_cut_and_an_unreachable_server_fails_its_listing(
+    peers: tuple[ChatServer, McpTestServer, LiveServer],
+) -> None:
+    _, mcp, gateway = peers
+    async with text_session(gateway, tools=[mcp_tool(mcp.url)]) as conn:
+        await listed(conn)
+        events = await ask(conn, 'call shout {"times": 5000}')
+        done = next(e for e in events if e.type == "response.done")
+        call = next(o for o in done.response.output if o.type == "mcp_call")
+        assert call.output.startswith("A" * MAX_RESULT_CHARS + " [result cut: 5000 characters")
+    async with text_session(gateway, tools=[mcp_tool(closed_url())]) as conn:
+        assert (await recv(conn)).type == "conversation.item.added"
+        assert (await recv(conn)).type == "mcp_list_tools.in_progress"
+        assert (await recv(conn)).type == "mcp_list_tools.failed"
+        done = await recv(conn)
+        assert done.type == "conversation.item.done" and done.item.tools == []
