@@ -58,6 +58,19 @@ def say_back(body: dict[str, Any]) -> Reply:
     return Reply(f"You said: {last_user_text(body)}")
 
 
+def call_when_asked(body: dict[str, Any]) -> Reply:
+    """Calls a tool when the latest user text says ``call NAME {json arguments}``; after a tool's
+    result, answers with it (``The tool said: ...``); else says back what it heard."""
+    last = body["messages"][-1]
+    if last["role"] == "tool":
+        return Reply(f"The tool said: {last['content']}")
+    text = last_user_text(body)
+    if text.startswith("call "):
+        name, _, arguments = text[5:].partition(" ")
+        return Reply("", [ToolCallReply(name, arguments or "{}")])
+    return say_back(body)
+
+
 def estimate_tokens(messages: list[dict[str, Any]]) -> int:
     """A stand-in tokenizer for ``usage.prompt_tokens``: about four characters per token."""
     return max(1, len(json.dumps(messages)) // 4)

@@ -168,3 +168,22 @@ class ResponderSettings(SpeechSettings, kw_only=True):
     """The chat backend's context window. With truncation on, the oldest items leave the model's
     context (never the client's view) so instructions + items + tools + the reserved reply fit it;
     tokens are estimated (about 4 UTF-8 bytes per token plus a per-message overhead)."""
+
+
+class McpSettings(ResponderSettings, kw_only=True):
+    """MCP tools (``{"type": "mcp", ...}`` in a realtime session's tools): the gateway is the MCP
+    client (streamable HTTP), lists the server's tools, hands them to the responder model and runs the
+    calls it makes."""
+
+    SECTION: ClassVar[str] = "mcp"
+    KEYS: ClassVar[dict[str, str]] = {"mcp_allowed_urls": "allowed_urls"}
+    mcp_allowed_urls: list[str] = msgspec.field(default_factory=list)
+    """MCP server URLs sessions may use, exactly as a tool's ``server_url`` names them (a trailing
+    ``/`` aside); repeatable. Empty (the default): no MCP server is allowed. A URL not on the list is
+    refused at ``session.update`` and never connected to."""
+    mcp_timeout_s: float = 10.0
+    """Seconds one MCP request (connect, list the tools, or one tool call) may take; a call past it
+    fails as the model's tool result, a listing past it fails the listing."""
+    mcp_max_result_chars: int = 16 * 1024
+    """Characters of one MCP tool result kept (a longer one is cut, and says so) before it goes into
+    the conversation and to the model."""

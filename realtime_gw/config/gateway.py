@@ -6,7 +6,7 @@ belongs to exactly one section, named by its class's ``SECTION``. A section's do
 read above its flags in ``realtime-gw serve --help`` and above its table in ``realtime-gw config --show``;
 a field's docstring is its help. ``KEYS`` names a field in its TOML table where the field's name less
 the section's prefix (``tts_device`` -> ``[tts] device``) would not read well. The line starts with the
-front's sections (server, limits, realtime, speech, responder) in ``config.front``.
+front's sections (server, limits, realtime, speech, responder, mcp) in ``config.front``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import ClassVar, Literal
 
 import msgspec
 
-from realtime_gw.config.front import ConfigError, ResponderSettings
+from realtime_gw.config.front import ConfigError, McpSettings
 
 
-class TtsSettings(ResponderSettings, kw_only=True):
+class TtsSettings(McpSettings, kw_only=True):
     """Text to speech: the family, its voice and device; the batching families' (codec, qwen3) shape."""
 
     SECTION: ClassVar[str] = "tts"

@@ -142,7 +142,7 @@ class ContentPart(Struct, omit_defaults=True):
 class Item(Struct, kw_only=True):
     """A conversation item as sent by clients and echoed by the server: a ``message`` (role,
     content), a ``function_call`` (call_id, name, arguments) or a ``function_call_output`` (call_id,
-    output). Fields of the other kinds stay unset and are not encoded; other item types decode too,
+    output), or one of the server's MCP items (``mcp_list_tools``, ``mcp_call``). Fields of the other kinds stay unset and are not encoded; other item types decode too,
     so the session can say they are not supported."""
 
     type: str = "message"
@@ -155,6 +155,13 @@ class Item(Struct, kw_only=True):
     name: str | None | UnsetType = UNSET
     arguments: str | None | UnsetType = UNSET
     output: str | None | UnsetType = UNSET
+    # MCP items (``mcp_list_tools``, ``mcp_call``; see ``protocols/realtime_mcp.py``)
+    server_label: str | UnsetType = UNSET
+    tools: list[dict[str, Any]] | UnsetType = UNSET
+    approval_request_id: str | None | UnsetType = UNSET
+    error: dict[str, Any] | None | UnsetType = UNSET
+    approve: bool | UnsetType = UNSET
+    reason: str | None | UnsetType = UNSET
 
 
 class ResponseParams(Struct, kw_only=True):

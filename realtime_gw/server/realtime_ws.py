@@ -38,12 +38,14 @@ from realtime_gw.server.auth import Refusal
 from realtime_gw.server.client_secrets import ClientSecret
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.listen_effects import Listening
+from realtime_gw.server.mcp_client import McpRequests
 from realtime_gw.server.metrics import FRAME_LATENESS, TTFA
 from realtime_gw.server.outbox import Notice, Outbox, OutboxFull, Outgoing
 from realtime_gw.server.realtime_input import Channel, ClientInput, FromClient
 from realtime_gw.sessions.events import (
     AskTurn,
     AwaitDelivery,
+    CallMcpTool,
     CancelAsr,
     CancelResponse,
     Close,
@@ -51,6 +53,7 @@ from realtime_gw.sessions.events import (
     FeedAsr,
     FeedVad,
     Limits,
+    ListMcpTools,
     PurgeAudio,
     ResponseAudio,
     ResponseFinished,
@@ -103,6 +106,7 @@ class RealtimeConnection:
         self.responses: dict[str, asyncio.Task[None]] = {}
         turn_worker = getattr(gateway.workers, "turn", None)
         self.listening = Listening(gateway.workers.asr, turn_worker, self.mailbox.put, self.spawn)
+        self.mcp = McpRequests(self.config, self.mailbox.put, self.spawn)
         self.close_reason: tuple[int, str] | None = None
 
     # -- task plumbing -------------------------------------------------------------------------------
@@ -216,6 +220,9 @@ class RealtimeConnection:
                 case CancelResponse():
                     if (task := self.responses.pop(e.response_id, None)) is not None:
                         task.cancel()
+                    self.mcp.cancel(e.response_id)
+                case ListMcpTools() | CallMcpTool():
+                    self.mcp.run(e)
                 case PurgeAudio():
                     self._post(self.outbox.purge(e.response_id))
                     self._outbox_changed()
@@ -243,15 +250,12 @@ class RealtimeConnection:
         self._sync_rooms()
 
     def _sync_rooms(self) -> None:
-        if self.outbox.has_room:
-            self.audio_room.set()
-        else:
-            self.audio_room.clear()
+        (self.audio_room.set if self.outbox.has_room else self.audio_room.clear)()
         self.input.outbox_drained()
 
     def _post(self, notices: list[Notice]) -> None:
-        """Hand the outbox's notices to the session. Never blocks: the session task itself may be
-        the caller, so a full mailbox gets a task that waits for room."""
+        """Hand the outbox's notices to the session. Never blocks (the caller may be the session
+        task): a full mailbox gets a task that waits for room."""
         for notice in notices:
             try:
                 self.mailbox.put_nowait(notice)
@@ -277,9 +281,8 @@ class RealtimeConnection:
                     continue
                 if due is None:
                     self.idle.set()
-                # Sleep until the next event is due, or until a push or purge changes the answer.
-                # (asyncio.timeout, not wait_for: before 3.12 wait_for can swallow a cancel that lands
-                # as the wake-up does, and the writer would outlive its connection.)
+                # Sleep until due, or until a push or purge changes the answer (asyncio.timeout: before
+                # 3.12 wait_for can swallow a cancel that lands as the wake-up does; the writer would live on)
                 self.wake.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(due):
@@ -428,6 +431,7 @@ def session_limits(gateway: Gateway, model: str, key: str | None) -> Limits:
         max_tools=gateway.config.max_tools,
         context_tokens=gateway.config.responder_context_tokens,
         reply_tokens=gateway.config.responder_max_tokens,
+        mcp_allowed_urls=tuple(gateway.config.mcp_allowed_urls),
     )
 
 

@@ -4,7 +4,9 @@
 Conversion (``chat_units``): a message item becomes one chat message (text parts and transcripts
 joined; ``input_image`` parts as ``images``); the ``function_call`` items of one response become the
 ``tool_calls`` of one assistant message (that response's spoken or written text, if any, is its
-content) and each ``function_call_output`` a ``tool`` message right after it, in call order. A call
+content) and each ``function_call_output`` a ``tool`` message right after it, in call order; an
+ended ``mcp_call`` item is a call and its result (output, or ``error: ...``) at once, and so is an
+``mcp_approval_request`` the client denied (its result says so). A call
 without its output yet (or an output whose call is gone) is left out: chat backends refuse a
 ``tool_calls`` message that is not answered at once.
 
@@ -65,6 +67,11 @@ def chat_units(entries: list[Entry]) -> list[Unit]:
         e.item.call_id: e.item for e in entries if e.item.type == "function_call_output"
     }  # type: ignore[misc]
     called = {e.item.call_id for e in entries if e.item.type == "function_call"}
+    denied = {
+        e.item.approval_request_id: e.item
+        for e in entries
+        if e.item.type == "mcp_approval_response" and e.item.approve is False
+    }
     units: list[Unit] = []
     previous: Entry | None = None
     for entry in entries:
@@ -73,6 +80,12 @@ def chat_units(entries: list[Entry]) -> list[Unit]:
             output = outputs.get(item.call_id)  # type: ignore[arg-type]
             if output is not None:
                 _add_call(units, previous, entry, output)
+        elif item.type == "mcp_call" and (item.output is not None or item.error is not None):
+            _add_call(units, previous, entry, _mcp_result(item))
+        elif item.type == "mcp_approval_request" and item.id in denied:
+            reason = denied[item.id].reason
+            text = "error: the user denied this call" + (f" ({reason})" if reason else "")
+            _add_call(units, previous, entry, Item(type="function_call_output", id=f"{item.id}:result", output=text))
         elif item.type == "message":
             message = message_of(item)
             if message is not None:
@@ -85,10 +98,17 @@ def chat_units(entries: list[Entry]) -> list[Unit]:
     return units
 
 
+def _mcp_result(item: Item) -> Item:
+    """An ``mcp_call`` item is its call and its result at once: the result as a tool message."""
+    text = f"error: {item.error.get('message', '')}" if item.error else item.output or ""  # type: ignore[union-attr]
+    return Item(type="function_call_output", id=f"{item.id}:result", call_id=item.id, output=text)  # type: ignore[arg-type]
+
+
 def _add_call(units: list[Unit], previous: Entry | None, entry: Entry, output: Item) -> None:
     """A call joins the assistant message before it when that message is of the same response (its
     text, or the previous call of a parallel set); otherwise it starts an assistant message."""
-    call = ToolCall(entry.item.call_id or "", entry.item.name or "", entry.item.arguments or "")
+    call_id = entry.item.id if entry.item.type.startswith("mcp_") else entry.item.call_id
+    call = ToolCall(call_id or "", entry.item.name or "", entry.item.arguments or "")
     result = ChatMessage("tool", output.output or "", tool_call_id=call.call_id)
     same_response = (
         previous is not None
@@ -97,7 +117,7 @@ def _add_call(units: list[Unit], previous: Entry | None, entry: Entry, output: I
         and units[-1].item_ids[0] == previous.item.id
         and previous.response_id is not None
         and previous.response_id == entry.response_id
-        and previous.item.type in ("message", "function_call")
+        and previous.item.type in ("message", "function_call", "mcp_call", "mcp_approval_request")
         and units[-1].messages[0].role == "assistant"
     )
     if same_response:

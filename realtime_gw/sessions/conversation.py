@@ -222,9 +222,16 @@ def check_item(item: Item, max_text_chars: int) -> None:
         _cap(item.output, max_text_chars, "item.output")
         item.role, item.content = None, []
         return
+    if item.type == "mcp_approval_response":
+        _require(item, ("approval_request_id",))
+        if not isinstance(item.approve, bool):
+            raise ConversationError("An mcp_approval_response needs 'approve'", "missing_required_parameter", "item.approve")
+        item.role, item.content = None, []
+        return
     if item.type != "message":
         raise ConversationError(
-            f"Item type '{item.type}' is not supported; send a message, function_call or function_call_output",
+            f"Item type '{item.type}' is not supported; send a message, function_call, function_call_output "
+            "or mcp_approval_response",
             "invalid_value",
             "item.type",
         )

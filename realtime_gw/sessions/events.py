@@ -111,6 +111,28 @@ class ResponseFinished:
 
 
 @dataclass(slots=True)
+class McpToolsListed:
+    """The transport listed an MCP server's tools (``ListMcpTools``): ``tools`` (name, description,
+    input_schema, annotations), or None with ``error``."""
+
+    item_id: str
+    tools: list[dict[str, Any]] | None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class McpCallDone:
+    """An MCP tool call (``CallMcpTool``) ended: its ``output`` text, or ``error`` (a ``RealtimeMcp*Error``
+    shape: tool_execution_error, protocol_error or http_error)."""
+
+    response_id: str
+    epoch: int
+    item_id: str
+    output: str | None
+    error: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
 class ResponseRefused:
     """A worker had no free slot to start the response (``NoFreeSlot``): it never began. A refusal,
     not a fault: the worker never queues, so the session answers it at once."""
@@ -249,6 +271,30 @@ class AwaitDelivery:
 
 
 @dataclass(slots=True)
+class ListMcpTools:
+    """List the tools of the MCP server at ``server_url`` (already on the allow-list); answer
+    ``McpToolsListed``. ``headers`` go to that server only and are never logged."""
+
+    item_id: str
+    server_url: str
+    headers: dict[str, str]
+
+
+@dataclass(slots=True)
+class CallMcpTool:
+    """Run one MCP tool call for a live response; answer ``McpCallDone``. Cancelled with the
+    response (``CancelResponse``)."""
+
+    response_id: str
+    epoch: int
+    item_id: str
+    server_url: str
+    headers: dict[str, str]
+    name: str
+    arguments: str
+
+
+@dataclass(slots=True)
 class Close:
     """Send what is queued (audio excepted), then close the socket."""
 
@@ -305,6 +351,8 @@ Effect = (
     | CancelResponse
     | PurgeAudio
     | ListenEffect
+    | ListMcpTools
+    | CallMcpTool
 )
 
 
@@ -333,3 +381,5 @@ class Limits:
     reply_tokens: int = 256
     """What the responder asks for a reply without ``max_output_tokens`` (``responder_max_tokens``):
     kept free in the context window."""
+    mcp_allowed_urls: tuple[str, ...] = ()
+    """MCP server URLs a session may use (``mcp_allowed_urls``); empty: none."""

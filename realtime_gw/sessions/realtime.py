@@ -35,6 +35,8 @@ from realtime_gw.sessions.events import (
     Effect,
     Ids,
     Limits,
+    McpCallDone,
+    McpToolsListed,
     PlaybackStarted,
     ResponseAudio,
     ResponseFinished,
@@ -53,10 +55,17 @@ from realtime_gw.sessions.events import (
     VadUnavailable,
 )
 from realtime_gw.sessions.input_buffer import InputBuffer, decode_audio_part
+from realtime_gw.sessions.mcp import McpServers, check_allowed, check_approval
 from realtime_gw.sessions.out_of_band import SideResponses
 from realtime_gw.sessions.response_lifecycle import Phase, Responses
 from realtime_gw.sessions.response_state import LiveResponse
-from realtime_gw.sessions.settings import SessionError, SessionSettings, TextLimits, apply_session_update
+from realtime_gw.sessions.settings import (
+    SessionError,
+    SessionSettings,
+    TextLimits,
+    apply_session_update,
+    check_type_change,
+)
 from realtime_gw.sessions.transcription import Transcriber
 from realtime_gw.sessions.turn_detection import PauseHeard
 from realtime_gw.sessions.turns import Backchannel, Decided, Interrupt, Turns, UserTurn, prefix_ms
@@ -81,6 +90,8 @@ class RealtimeSession:
         self.responses = Responses(
             self.ids, self.conversation, self.turns.playbacks, limits.voices, f"conv_{session_id}", limits
         )
+        # MCP servers of the session's tools and their listed tools (``mcp.py``), which responses call
+        self.mcp = self.responses.mcp = McpServers(self.ids, self.conversation)
         self.side = SideResponses(
             lambda: Responses(self.ids, self.conversation, self.turns.playbacks, limits.voices, f"conv_{session_id}", limits)
         )
@@ -138,12 +149,8 @@ class RealtimeSession:
     # -- session -------------------------------------------------------------------------------------
     def _on_session_update(self, ev: rt.SessionUpdateEvent, now: float) -> list[Effect]:
         new = apply_session_update(self.settings, ev.session, self.limits.voices, self.text_limits)
-        if not new.answers and (self.responses.live is not None or self.side.slots):
-            raise SessionError(
-                "A response is in progress; cancel it before making this a transcription session",
-                "conversation_already_has_active_response",
-                "session.type",
-            )
+        check_allowed(new.tools, self.limits.mcp_allowed_urls)  # before anything changes or connects
+        check_type_change(new, busy=self.responses.live is not None or bool(self.side.slots))
         old, self.settings = self.settings, new
         self.conversation.bounded = new.truncation == "disabled"
         if not self.conversation.bounded:
@@ -154,6 +161,7 @@ class RealtimeSession:
         # Setting turn detection again while VAD is unavailable is the client's way to retry it.
         retry = new.turn_detection is not old.turn_detection and not self.turns.vad_stream
         out: list[Effect] = [self.ids.send(rt.SessionUpdatedEvent(session=self._wire()))]
+        out += self.mcp.configure(new.tools)
         return out + self._restart_vad() if toggled or reformatted or retry else out
 
     def _on_session_close(self, ev: rt.SessionCloseEvent, now: float) -> list[Effect]:
@@ -263,6 +271,7 @@ class RealtimeSession:
     def _on_item_create(self, ev: rt.ConversationItemCreateEvent, now: float) -> list[Effect]:
         item = ev.item
         check_item(item, self.limits.max_item_text_chars)
+        check_approval(item, self.conversation)
         item.id = item.id or self.ids.new("item")
         item.object, item.status = "realtime.item", "completed"
         spoken = [part for part in item.content if part.type == "input_audio" and part.audio]
@@ -276,6 +285,8 @@ class RealtimeSession:
             self.ids.send(rt.ConversationItemAdded(item=item, previous_item_id=previous)),
             self.ids.send(rt.ConversationItemDone(item=item, previous_item_id=previous)),
         ]
+        if item.type == "mcp_approval_response":
+            out += self.responses.on_mcp(item, self.settings)  # the live response waits for it
         return out + [Transcribe(item.id, pcm[0], self.buffer.rate)] if pcm else out
 
     def _on_item_retrieve(self, ev: rt.ConversationItemRetrieveEvent, now: float) -> list[Effect]:
@@ -392,6 +403,7 @@ _HANDLERS: dict[type, Any] = {
     AsrUnavailable: lambda s, ev, now: s.transcriber.unavailable(ev),
     TurnVerdict: lambda s, ev, now: [e for step in s.turns.verdict(s.settings, ev, now) for e in s._carry_out(step, now)],
     PlaybackStarted: lambda s, ev, now: s.turns.playback_started(ev),
+    McpToolsListed: lambda s, ev, now: s.mcp.listed(ev),
     # worker results go to the slot of the response they are of (the main one, or out-of-band)
     ResponseTextDelta: _routed(lambda s, slot, ev: slot.on_text(ev)),
     ResponseAudio: _routed(lambda s, slot, ev: slot.on_audio(ev)),
@@ -400,4 +412,5 @@ _HANDLERS: dict[type, Any] = {
     ResponseFinished: _routed(lambda s, slot, ev: slot.on_finished(ev, s.settings)),
     ResponseRefused: _routed(lambda s, slot, ev: slot.on_refused(ev)),
     AudioDelivered: _routed(lambda s, slot, ev: slot.on_delivered(ev, s.settings)),
+    McpCallDone: _routed(lambda s, slot, ev: slot.on_mcp(ev, s.settings)),
 }

@@ -28,13 +28,13 @@ from enum import Enum
 from typing import Any
 
 import msgspec
-from msgspec import UNSET
 
 from realtime_gw.protocols import audio
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.records.voice import OUTPUT_RATE, ChatMessage
-from realtime_gw.sessions.context import ModelContext, chat_units, estimate_tokens
-from realtime_gw.sessions.conversation import Conversation, ConversationError, Entry, SpokenSpan, check_item
+from realtime_gw.sessions import mcp
+from realtime_gw.sessions.context import ModelContext, estimate_tokens
+from realtime_gw.sessions.conversation import Conversation, ConversationError, SpokenSpan
 from realtime_gw.sessions.duplex import Playbacks
 from realtime_gw.sessions.events import (
     AudioDelivered,
@@ -43,6 +43,7 @@ from realtime_gw.sessions.events import (
     Effect,
     Ids,
     Limits,
+    McpCallDone,
     PurgeAudio,
     ResponseAudio,
     ResponseFinished,
@@ -51,16 +52,12 @@ from realtime_gw.sessions.events import (
     ResponseToolCall,
     ResponseUsage,
 )
+from realtime_gw.sessions.response_params import validated
 from realtime_gw.sessions.response_state import LiveResponse
 from realtime_gw.sessions.settings import (
     OUTPUT_RATES,
     SessionError,
     SessionSettings,
-    TextLimits,
-    check_instructions,
-    check_tool_choice,
-    check_tools,
-    check_voice,
 )
 
 
@@ -111,6 +108,10 @@ class Responses:
         self.live: LiveResponse | None = None
         self.epoch = 0
         """Bumped by every create and cancel: results carrying an older epoch are stale."""
+        self.mcp: mcp.McpServers | None = None
+        """The session's MCP servers: their tools are offered to responses in the conversation."""
+        self.mcp_rounds = 0
+        """Responses created in a row to answer MCP results (``mcp.MAX_MCP_ROUNDS``)."""
 
     def _enter(self, phase: Phase, action: str) -> None:
         if phase not in _NEXT[self.phase]:
@@ -129,18 +130,24 @@ class Responses:
     def create(self, p: rt.ResponseParams, settings: SessionSettings, event_id: str | None = None) -> list[Effect]:
         """``response.create`` (or a turn that asks for an answer). Raises ``SessionError`` (or
         ``ConversationError``) and changes nothing when it cannot be created."""
+        self.mcp_rounds = 0
         if self.live is not None:
             raise SessionError(
                 f"Conversation already has an active response in progress: {self.live.id}. "
                 "Wait until the response is finished before creating a new one.",
                 "conversation_already_has_active_response",
             )
-        asked = _validated(p, settings, self.voices, self.limits, self.conversation)
+        asked = validated(p, settings, self.voices, self.limits, self.conversation)
+        offered, names = [], {}
+        if self.mcp is not None and asked["in_conversation"]:
+            offered, names = self.mcp.functions({t["name"] for t in asked["tools"]})
+        asked["tools"] = asked["tools"] + offered
         r = LiveResponse(
             id=self.ids.new("resp"),
             epoch=self.epoch + 1,
             item_id=self.ids.new("item"),
             conversation_id=self.conversation_id,
+            mcp_names=names,
             **asked,
         )
         if r.in_conversation:
@@ -191,14 +198,14 @@ class Responses:
         r.prompt_tokens = sum(estimate_tokens(m) for m in messages)
         return [r.start(messages)]
 
-    def answer(self, settings: SessionSettings) -> list[Effect]:
+    def answer(self, settings: SessionSettings, p: rt.ResponseParams | None = None) -> list[Effect]:
         """A user turn asks for an answer: now, or when the live response completes. Never raises:
         a rule the new response would break (a full conversation) becomes an error event."""
         if self.live is not None:
             self.live.answer_after = True
             return []
         try:
-            return self.create(rt.ResponseParams(), settings)
+            return self.create(p or rt.ResponseParams(), settings)
         except (SessionError, ConversationError) as e:
             return [self.ids.error(str(e), e.code, e.param)]
 
@@ -267,6 +274,21 @@ class Responses:
             failed = self.ids.error(f"Response {r.id} failed: {ev.error}", "response_failed", type="server_error")
             details = rt.ResponseStatusDetails(type="failed", error={"type": "server_error", "message": ev.error})
             return [failed, *self._finish(r, "failed", details)]
+        if r.mcp_names and not r.mcp_started and self.mcp is not None:  # once: MCP results never re-enter here
+            started = mcp.start_calls(r, self.mcp, self._send, self.conversation, self.ids.new)
+            if started:
+                return started  # live (generating) until every MCP call has ended: on_mcp_done
+        return self._generated(r, settings)
+
+    def on_mcp(self, ev: McpCallDone | rt.Item, settings: SessionSettings) -> list[Effect]:
+        """An MCP call's result, or the client's ``mcp_approval_response`` item."""
+        r = self.live if isinstance(ev, rt.Item) else self._accepts(ev.response_id, ev.epoch, Phase.GENERATING)
+        if r is None or self.phase is not Phase.GENERATING:
+            return []
+        out, all_done = mcp.advance(r, ev, self._send, self.conversation)
+        return out + self._generated(r, settings) if all_done else out
+
+    def _generated(self, r: LiveResponse, settings: SessionSettings) -> list[Effect]:
         out: list[Effect] = []
         tail = r.encoder.flush() if r.encoder is not None else b""
         if tail:  # G.711: the resampler's withheld last samples
@@ -291,6 +313,13 @@ class Responses:
 
     def _complete(self, r: LiveResponse, settings: SessionSettings) -> list[Effect]:
         out = self._finish(r, "completed", None)
+        # MCP results and no client call outstanding: the model is asked again, to answer them
+        answer_mcp = r.mcp_started and not r.calls.for_client and self.mcp_rounds < mcp.MAX_MCP_ROUNDS
+        if answer_mcp:
+            rounds = self.mcp_rounds + 1
+            out += self.answer(settings, mcp.follow_up(r))
+            self.mcp_rounds = rounds
+            return out
         return out + self.answer(settings) if r.answer_after else out
 
     # -- ending ----------------------------------------------------------------------------------------
@@ -325,11 +354,12 @@ class Responses:
             playback.finished = True
         if status == "completed" and not r.opened and not r.calls:
             self._open_message(r)  # nothing said and nothing called: an empty message, as a reply
-        out = self._close_message(r, status) if r.opened else []
+        out = mcp.abandon_calls(r, self._send, self.conversation)
+        out += self._close_message(r, status) if r.opened else []
         if status == "completed":
-            out += self._emit_calls(r)
+            out += emit_calls(r, self._send, self.conversation)
         out.append(self._send(r, rt.ResponseDoneEvent(response=r.wire(status, details))))
-        return out + self._rate_limits(r)
+        return [*out, rate_limits(r, self.ids, self.limits)]
 
     def _close_message(self, r: LiveResponse, status: str) -> list[Effect]:
         item_status = "completed" if status == "completed" else "incomplete"
@@ -352,122 +382,39 @@ class Responses:
             out.append(self._send(r, rt.ConversationItemDone(item=item, previous_item_id=previous)))
         return out
 
-    def _emit_calls(self, r: LiveResponse) -> list[Effect]:
-        """The GA sequence per call: output_item.added, arguments deltas, arguments done,
-        output_item.done (and the item joins the conversation, after the message)."""
-        out: list[Effect] = []
-        for index, call in enumerate(r.calls, start=1 if r.opened else 0):
-            call.output_index = index
-            started, made = call.item("in_progress"), call.item("completed")
-            ref = {"response_id": r.id, "item_id": call.item_id, "output_index": index, "call_id": call.call_id}
-            out.append(self._send(r, rt.ResponseOutputItemAddedEvent(response_id=r.id, output_index=index, item=started)))
-            if r.in_conversation:
-                previous = self.conversation.last_id()
-                self.conversation.add(made, force=True).response_id = r.id
-                out.append(self._send(r, rt.ConversationItemAdded(item=started, previous_item_id=previous)))
-            for fragment in call.fragments:
-                out.append(self._send(r, rt.ResponseFunctionCallArgumentsDeltaEvent(**ref, delta=fragment)))
-            args = rt.ResponseFunctionCallArgumentsDoneEvent(**ref, name=call.name, arguments=call.arguments)
-            out.append(self._send(r, args))
-            out.append(self._send(r, rt.ResponseOutputItemDoneEvent(response_id=r.id, output_index=index, item=made)))
-            if r.in_conversation:
-                previous = self.conversation.previous_id(call.item_id)
-                out.append(self._send(r, rt.ConversationItemDone(item=made, previous_item_id=previous)))
-        return out
 
-    def _rate_limits(self, r: LiveResponse) -> list[Effect]:
-        """``rate_limits.updated`` after each ``response.done``. The gateway meters no requests; what
-        it knows is the backend's context budget, so ``tokens`` is that budget and what this
-        response's context left of it."""
-        limit = self.limits.context_tokens
-        used = r.usage.input_tokens if r.usage is not None else r.prompt_tokens
-        tokens = rt.RateLimit(name="tokens", limit=limit, remaining=max(0, limit - used), reset_seconds=0.0)
-        # Not in the response's lane (nothing of a response follows its response.done); that lane is
-        # empty by then (response.done waits for the audio's delivery), so it still arrives after it.
-        return [self.ids.send(rt.RateLimitsUpdatedEvent(rate_limits=[tokens]))]
+def emit_calls(r: LiveResponse, send: Any, conversation: Conversation) -> list[Effect]:
+    """The GA sequence per call: output_item.added, arguments deltas, arguments done,
+    output_item.done (and the item joins the conversation, after the message)."""
+    out: list[Effect] = []
+    first = (1 if r.opened else 0) + len(r.mcp_outputs)
+    for index, call in enumerate(r.calls.for_client, start=first):
+        call.output_index = index
+        started, made = call.item("in_progress"), call.item("completed")
+        ref = {"response_id": r.id, "item_id": call.item_id, "output_index": index, "call_id": call.call_id}
+        out.append(send(r, rt.ResponseOutputItemAddedEvent(response_id=r.id, output_index=index, item=started)))
+        if r.in_conversation:
+            previous = conversation.last_id()
+            conversation.add(made, force=True).response_id = r.id
+            out.append(send(r, rt.ConversationItemAdded(item=started, previous_item_id=previous)))
+        for fragment in call.fragments:
+            out.append(send(r, rt.ResponseFunctionCallArgumentsDeltaEvent(**ref, delta=fragment)))
+        args = rt.ResponseFunctionCallArgumentsDoneEvent(**ref, name=call.name, arguments=call.arguments)
+        out.append(send(r, args))
+        out.append(send(r, rt.ResponseOutputItemDoneEvent(response_id=r.id, output_index=index, item=made)))
+        if r.in_conversation:
+            previous = conversation.previous_id(call.item_id)
+            out.append(send(r, rt.ConversationItemDone(item=made, previous_item_id=previous)))
+    return out
 
 
-def _validated(
-    p: rt.ResponseParams, s: SessionSettings, voices: frozenset[str], limits: Limits, conversation: Conversation
-) -> dict[str, Any]:
-    """What ``response.create`` asks for, merged over the session settings (``None``: the session's
-    value); raises ``SessionError`` (or ``ConversationError``)."""
-    voice, speed = s.voice, s.speed
-    if p.audio is not None and p.audio.output not in (UNSET, None):
-        if p.audio.output.voice not in (UNSET, None):
-            voice = check_voice(p.audio.output.voice, voices, "response.audio.output.voice")
-        if p.audio.output.speed not in (UNSET, None):
-            speed = p.audio.output.speed
-            if not audio.speed_in_range(speed):
-                raise SessionError(audio.SPEED_ERROR, "invalid_value", "response.audio.output.speed")
-    if p.conversation not in (None, "auto", "none"):
-        raise SessionError(
-            f"conversation must be 'auto' or 'none', got '{p.conversation}'", "invalid_value", "response.conversation"
-        )
-    text_limits = TextLimits(limits.max_instructions_chars, limits.max_tools)
-    instructions = s.instructions
-    if p.instructions is not None:
-        instructions = check_instructions(p.instructions, text_limits, "response.instructions")
-    tools = s.tools
-    if p.tools is not None:
-        tools = check_tools(p.tools, limits.max_tools, limits.max_instructions_chars, "response.tools")
-    tool_choice = s.tool_choice if p.tool_choice is None else p.tool_choice
-    tool_choice = check_tool_choice(tool_choice, tools, "response.tool_choice")
-    context = None if p.input is None else _input_context(p.input, conversation, limits.max_item_text_chars)
-    _check_metadata(p.metadata)
-    max_tokens = p.max_output_tokens if p.max_output_tokens not in (None, "inf") else s.max_output_tokens
-    if isinstance(max_tokens, int) and max_tokens < 1:
-        raise SessionError("max_output_tokens must be at least 1", "invalid_value", "response.max_output_tokens")
-    return {
-        "audio": "audio" in (p.output_modalities or s.output_modalities),
-        "in_conversation": p.conversation != "none",
-        "instructions": instructions,
-        "context": context,
-        "voice": voice,
-        "speed": speed,
-        "max_output_tokens": max_tokens if isinstance(max_tokens, int) else None,
-        "metadata": p.metadata,
-        "tools": tools,
-        "tool_choice": tool_choice,
-        "temperature": p.temperature,
-        "truncation": s.truncation,
-    }
-
-
-def _check_metadata(metadata: dict[str, str] | None) -> None:
-    """OpenAI's bounds (16 pairs, keys ≤ 64, values ≤ 512 characters): it is echoed twice."""
-    if metadata is None:
-        return
-    if len(metadata) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in metadata.items()):
-        raise SessionError(
-            "metadata: at most 16 pairs, keys up to 64 and values up to 512 characters",
-            "invalid_value",
-            "response.metadata",
-        )
-
-
-def _input_context(raw: list[Any], conversation: Conversation, max_chars: int) -> list[ChatMessage]:
-    """``response.input``: the items the model reads instead of the conversation, in order; an
-    ``item_reference`` names a conversation item by id."""
-    entries: list[Entry] = []
-    for i, given in enumerate(raw):
-        try:
-            item = msgspec.convert(given, rt.Item)
-        except msgspec.ValidationError as e:
-            raise SessionError(f"Invalid response.input[{i}]: {e}", "invalid_value", f"response.input[{i}]") from None
-        if item.type == "item_reference":
-            if not item.id or item.id not in conversation:
-                raise SessionError(
-                    f"response.input[{i}] refers to item '{item.id}', which does not exist",
-                    "invalid_value",
-                    f"response.input[{i}].id",
-                )
-            entries.append(conversation.get(item.id))
-            continue
-        try:
-            check_item(item, max_chars)
-        except ConversationError as e:
-            raise SessionError(str(e), e.code, f"response.input[{i}]") from None
-        item.id = item.id or f"input_{i}"
-        entries.append(Entry(item))
-    return [m for unit in chat_units(entries) for m in unit.messages]
+def rate_limits(r: LiveResponse, ids: Ids, limits: Limits) -> Effect:
+    """``rate_limits.updated`` after each ``response.done``. The gateway meters no requests; what
+    it knows is the backend's context budget, so ``tokens`` is that budget and what this
+    response's context left of it."""
+    limit = limits.context_tokens
+    used = r.usage.input_tokens if r.usage is not None else r.prompt_tokens
+    tokens = rt.RateLimit(name="tokens", limit=limit, remaining=max(0, limit - used), reset_seconds=0.0)
+    # Not in the response's lane (nothing of a response follows its response.done); that lane is
+    # empty by then (response.done waits for the audio's delivery), so it still arrives after it.
+    return ids.send(rt.RateLimitsUpdatedEvent(rate_limits=[tokens]))

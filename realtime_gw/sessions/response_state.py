@@ -16,7 +16,7 @@ from realtime_gw.protocols import realtime as rt
 from realtime_gw.records.voice import ChatMessage, ChatUsage
 from realtime_gw.sessions.conversation import Entry, SpokenSpan
 from realtime_gw.sessions.events import StartResponse
-from realtime_gw.sessions.tools import FunctionCalls
+from realtime_gw.sessions.tools import FunctionCall, FunctionCalls
 
 AUDIO_TOKENS_PER_S = 20
 """Output audio tokens are estimated from the audio's duration (one per 50 ms, as OpenAI's realtime
@@ -57,6 +57,12 @@ class LiveResponse:
     text: str = ""
     spans: list[SpokenSpan] = field(default_factory=list)
     calls: FunctionCalls = field(default_factory=FunctionCalls)
+    mcp_names: dict[str, str] = field(default_factory=dict)
+    """Tool names offered that are MCP servers' tools, and their server's label."""
+    mcp_started: bool = False
+    """Its MCP calls were announced (approval requests and calls)."""
+    mcp_outputs: list[tuple[str, FunctionCall]] = field(default_factory=list)
+    """Its ``mcp_approval_request`` (``"approval"``) and ``mcp_call`` (``"call"``) items, in output order."""
     usage: ChatUsage | None = None
     """The backend's token counts (``ResponseUsage``), when it gives them."""
     prompt_tokens: int = 0
@@ -113,8 +119,9 @@ class LiveResponse:
         output: list[rt.Item] = []
         if final and self.opened:
             output.append(self.item("completed" if status == "completed" else "incomplete"))
+        output += [c.approval_item() if kind == "approval" else c.item("completed") for kind, c in self.mcp_outputs]
         if status == "completed":
-            output += [call.item("completed") for call in self.calls]
+            output += [call.item("completed") for call in self.calls.for_client]
         return rt.Response(
             id=self.id,
             status=status,  # type: ignore[arg-type]

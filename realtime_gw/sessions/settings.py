@@ -6,6 +6,7 @@ An absent field is unchanged; an explicit ``null`` means the field's default (fo
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +56,8 @@ class SessionSettings:
     max_output_tokens: int | None = None
     duplex: DuplexSettings = field(default_factory=DuplexSettings)
     tools: list[dict[str, Any]] = field(default_factory=list)
-    """Function tools, validated (``sessions/tools.py``); never executed here: the client runs them."""
+    """Function tools (the client runs them) and MCP tools (the gateway runs them: ``sessions/mcp.py``),
+    validated."""
     tool_choice: str | dict[str, Any] = "auto"
     truncation: rt.Truncation = "auto"
 
@@ -103,7 +105,7 @@ class SessionSettings:
                 "output": {"format": out_fmt, "voice": self.voice, "speed": self.speed},
             },
             max_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
-            tools=list(self.tools),
+            tools=[wire_tool(t) for t in self.tools],
             tool_choice=self.tool_choice,
             truncation=self.truncation,
             capabilities={"supports_barge_in": True, "supports_playback_ack": True, "chunk_period_ms": 80}
@@ -310,9 +312,16 @@ def check_tools(tools: list[Any], max_tools: int, max_chars: int, param: str) ->
         if not isinstance(tool, dict):
             raise SessionError(f"{where} must be an object", "invalid_value", where)
         kind = tool.get("type") or "function"
+        if kind == "mcp":
+            mcp = check_mcp_tool(tool, where)
+            if f"mcp:{mcp['server_label']}" in seen:
+                raise SessionError(f"Duplicate server_label '{mcp['server_label']}'", "invalid_value", f"{where}.server_label")
+            seen.add(f"mcp:{mcp['server_label']}")
+            out.append(mcp)
+            continue
         if kind != "function":
             raise SessionError(
-                f"Tool type '{kind}' is not supported; only 'function' tools are", "invalid_value", f"{where}.type"
+                f"Tool type '{kind}' is not supported; only 'function' and 'mcp' tools are", "invalid_value", f"{where}.type"
             )
         name = tool.get("name")
         if not isinstance(name, str) or not name:
@@ -347,7 +356,7 @@ def check_tool_choice(choice: Any, tools: list[dict[str, Any]], param: str) -> s
             )
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        if choice["name"] not in {t["name"] for t in tools}:
+        if choice["name"] not in {t["name"] for t in tools if t["type"] == "function"}:
             raise SessionError(f"tool_choice names '{choice['name']}', which is not a defined tool", "invalid_value", param)
         return {"type": "function", "name": choice["name"]}
     raise SessionError(
@@ -355,3 +364,75 @@ def check_tool_choice(choice: Any, tools: list[dict[str, Any]], param: str) -> s
         "invalid_value",
         param,
     )
+
+
+_LABEL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+APPROVALS = ("always", "never")
+
+
+def _names_filter(f: Any) -> bool:
+    """An MCP tool filter: ``{"tool_names": [...]}`` (``read_only`` is accepted and not used)."""
+    return isinstance(f, dict) and isinstance(f.get("tool_names", []), list)
+
+
+def check_mcp_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    """An ``mcp`` tool as given, checked and normalized; raises ``SessionError`` naming the bad field."""
+    label = tool.get("server_label")
+    if not isinstance(label, str) or not _LABEL.match(label):
+        raise SessionError(
+            f"{where} needs a 'server_label' of letters, digits, '_' or '-'", "invalid_value", f"{where}.server_label"
+        )
+    url = tool.get("server_url")
+    if tool.get("connector_id") is not None or not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise SessionError(
+            f"{where} needs a 'server_url' (http or https; connectors are not supported)",
+            "invalid_value",
+            f"{where}.server_url",
+        )
+    headers = tool.get("headers") or {}
+    if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise SessionError(f"{where}.headers must map names to strings", "invalid_value", f"{where}.headers")
+    allowed = tool.get("allowed_tools")
+    if isinstance(allowed, dict):
+        allowed = allowed.get("tool_names")
+    if allowed is not None and not (isinstance(allowed, list) and all(isinstance(n, str) for n in allowed)):
+        raise SessionError(
+            f"{where}.allowed_tools must be a list of tool names or {{\"tool_names\": [...]}}",
+            "invalid_value",
+            f"{where}.allowed_tools",
+        )
+    approval = tool.get("require_approval", "always")
+    if approval not in APPROVALS and not (
+        isinstance(approval, dict) and set(approval) <= {"always", "never"} and all(_names_filter(f) for f in approval.values())
+    ):
+        raise SessionError(
+            f"{where}.require_approval must be 'always', 'never' or "
+            "{\"always\": {\"tool_names\": [...]}, \"never\": {\"tool_names\": [...]}}",
+            "invalid_value",
+            f"{where}.require_approval",
+        )
+    return {
+        "type": "mcp",
+        "server_label": label,
+        "server_url": url,
+        "allowed_tools": allowed,
+        "require_approval": approval,
+        "headers": headers,
+    }
+
+
+def wire_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """How a tool is echoed in ``session.updated``: an MCP tool's header values are never sent back."""
+    if tool["type"] != "mcp":
+        return tool
+    return {**tool, "headers": dict.fromkeys(tool["headers"], "<redacted>")}
+
+
+def check_type_change(new: SessionSettings, busy: bool) -> None:
+    """A session becomes a transcription session only while no response is in progress."""
+    if not new.answers and busy:
+        raise SessionError(
+            "A response is in progress; cancel it before making this a transcription session",
+            "conversation_already_has_active_response",
+            "session.type",
+        )

@@ -1,6 +1,7 @@
 """The function calls a response makes, assembled from the responder's fragments into
-``function_call`` items. Pure. (Tool definitions are checked in ``settings.py``; the gateway never
-runs a tool: the client does, and sends a ``function_call_output`` item back.)
+``function_call`` items. Pure. (Tool definitions are checked in ``settings.py``; the client runs a
+function tool and sends a ``function_call_output`` item back; a call of an MCP server's tool becomes
+an ``mcp_call`` item the gateway runs: ``sessions/mcp.py``.)
 """
 
 from __future__ import annotations
@@ -21,12 +22,45 @@ class FunctionCall:
     name: str = ""
     fragments: list[str] = field(default_factory=list)
     output_index: int = 0
+    server_label: str | None = None
+    """Set when the call is of an MCP server's tool: an ``mcp_call`` item the gateway runs."""
+    pending: bool = False
+    """An MCP call the gateway is running."""
+    output: str | None = None
+    error: dict[str, Any] | None = None
+    server_url: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    approval_id: str | None = None
+    """The ``mcp_approval_request`` item asking the client to approve this MCP call."""
+    awaiting: bool = False
+    """An MCP call waiting for the client's ``mcp_approval_response``."""
 
     @property
     def arguments(self) -> str:
         return "".join(self.fragments)
 
+    def approval_item(self) -> rt.Item:
+        return rt.Item(
+            type="mcp_approval_request",
+            id=self.approval_id,
+            server_label=self.server_label or "",
+            name=self.name,
+            arguments=self.arguments,
+        )
+
     def item(self, status: str) -> rt.Item:
+        if self.server_label is not None:
+            done = status != "in_progress"
+            return rt.Item(
+                type="mcp_call",
+                id=self.item_id,
+                server_label=self.server_label,
+                name=self.name,
+                arguments=self.arguments if done else "",
+                approval_request_id=self.approval_id,
+                output=self.output if done else None,
+                error=self.error if done else None,
+            )
         return rt.Item(
             type="function_call",
             id=self.item_id,
@@ -49,6 +83,11 @@ class FunctionCalls:
 
     def __iter__(self) -> Any:
         return iter(self.by_index.values())
+
+    @property
+    def for_client(self) -> list[FunctionCall]:
+        """The function calls the client runs (not MCP calls)."""
+        return [c for c in self.by_index.values() if c.server_label is None]
 
     def feed(self, delta: ToolCallDelta, new_id: Any) -> None:
         """A fragment. ``new_id(prefix)`` makes item ids (and call ids the backend did not give)."""

@@ -51,7 +51,8 @@ def test_malformed_tools_get_a_clear_error_and_change_nothing() -> None:
         ({"type": "function", "parameters": {"type": "object"}}, "session.tools[0].name"),
         ({"type": "function", "name": "f", "parameters": "x"}, "session.tools[0].parameters"),
         ({"type": "function", "name": "f", "parameters": {"type": "array"}}, "session.tools[0].parameters"),
-        ({"type": "mcp", "name": "m"}, "session.tools[0].type"),
+        ({"type": "mcp", "name": "m"}, "session.tools[0].server_label"),
+        ({"type": "web_search"}, "session.tools[0].type"),
     ]
     for tool, param in bad:
         (err,) = errors(client(s, {"type": "session.update", "session": {"tools": [tool]}}))
