@@ -1,5 +1,5 @@
 """The sections of the gateway's front: where it listens, its limits, the realtime sessions and their WebRTC
-calls, the speech sessions and the responder. ``config.gateway`` continues the line of section structs with the model stages'
+calls, the speech sessions, file transcription and the responder. ``config.gateway`` continues the line of section structs with the model stages'
 sections and ends in ``GatewayConfig`` (see there).
 """
 
@@ -146,7 +146,19 @@ class SpeechSettings(WebrtcSettings, kw_only=True):
     deletes some."""
 
 
-class ResponderSettings(SpeechSettings, kw_only=True):
+class TranscriptionSettings(SpeechSettings, kw_only=True):
+    """File transcription over HTTP (POST /v1/audio/transcriptions), served by the ASR stage."""
+
+    SECTION: ClassVar[str] = "transcription"
+    transcription_max_file_bytes: int = 25 * 1024 * 1024
+    """Largest upload to `POST /v1/audio/transcriptions` (OpenAI's own limit); above it: HTTP 413."""
+    transcription_max_audio_s: float = 1800.0
+    """Longest audio `POST /v1/audio/transcriptions` transcribes; longer: HTTP 400."""
+    transcription_max_concurrent: int = 2
+    """Files transcribed at once, each holding one ASR stream while it runs; one more: HTTP 429."""
+
+
+class ResponderSettings(TranscriptionSettings, kw_only=True):
     """The chat model that writes a realtime session's replies."""
 
     SECTION: ClassVar[str] = "responder"

@@ -103,12 +103,6 @@ class AsrSettings(Qwen3Settings, kw_only=True):
     asr_max_utterance_s: float = 60.0
     """Longest committed utterance transcribed; a longer one fails its transcription with a clear error
     (the decode's cost grows with it; the input buffer itself may hold more)."""
-    transcription_max_file_bytes: int = 25 * 1024 * 1024
-    """Largest upload to `POST /v1/audio/transcriptions` (OpenAI's own limit); above it: HTTP 413."""
-    transcription_max_audio_s: float = 1800.0
-    """Longest audio `POST /v1/audio/transcriptions` transcribes; longer: HTTP 400."""
-    transcription_max_concurrent: int = 2
-    """Files transcribed at once, each holding one ASR stream while it runs; one more: HTTP 429."""
 
 
 class PocketsphinxSettings(AsrSettings, kw_only=True):

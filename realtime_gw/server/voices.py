@@ -137,6 +137,8 @@ async def _register(gateway: Gateway, record: VoiceRegistration | VoiceRemoval) 
 async def restore_voices(gateway: Gateway) -> None:
     """Register every stored voice of a kind this TTS model makes (from what it computed before: nothing is
     computed again); others stay listed but cannot be spoken (speech names why)."""
+    if not gateway.voices.voices:
+        return
     kinds = gateway.workers.tts.describe().voice_kinds
     ok = 0
     for v in list(gateway.voices.voices.values()):
@@ -149,9 +151,8 @@ async def restore_voices(gateway: Gateway) -> None:
             continue
         v.usable = True
         ok += 1
-    if gateway.voices.voices:
-        log.info("voices: %d of %d stored voices registered with %s", ok, len(gateway.voices.voices),
-                 gateway.workers.tts.name)  # fmt: skip
+    log.info("voices: %d of %d stored voices registered with %s", ok, len(gateway.voices.voices),
+             gateway.workers.tts.name)  # fmt: skip
 
 
 # -- /v1/audio/voices ----------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from prometheus_client import REGISTRY
 from realtime_gw.app import Gateway, create_app
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models import faults
+from realtime_gw.models.contract import BackendInfo
 from realtime_gw.models.policy.backend import PolicyBackend, PolicyRunner
 from realtime_gw.models.registry import Workers
 from realtime_gw.models.runtime import StageWorker, StepResult
@@ -52,6 +53,9 @@ class _Unused:
 
     def warmup(self) -> None:
         pass
+
+    def describe(self) -> BackendInfo:
+        return BackendInfo(name=self.name)
 
 
 @dataclass
