@@ -115,14 +115,31 @@ def check_language(language: str | None) -> str:
     return language
 
 
-def decode_recording(data: bytes | io.IOBase, param: str = "audio_sample") -> np.ndarray:
+MAX_RECORDING_S = 120.0
+"""Longest upload decoded at all (a sample or a consent recording), read from its header before decoding,
+so a small compressed file cannot expand into gigabytes of samples."""
+MAX_RECORDING_SAMPLES = int(MAX_RECORDING_S * 48_000 * 2)
+"""The same bound in decoded samples (all channels): a high rate or many channels count too."""
+
+
+def decode_recording(
+    data: bytes | io.IOBase, param: str = "audio_sample", bounded: bool = True
+) -> np.ndarray:
     """An audio file (WAV, FLAC, OGG: what libsndfile reads) -> mono float32 at ``VOICE_RATE``, as the
     Qwen3-TTS reference prepares a reference recording (librosa: channels averaged, soxr HQ resampling,
     then ``fix_length``), so a file given here or at start-up gives the same x-vector. CPU-bound for long
     files: callers on an event loop run it in a thread."""
+    source = io.BytesIO(data) if isinstance(data, bytes) else data
     try:
-        wav, rate = soundfile.read(io.BytesIO(data) if isinstance(data, bytes) else data,
-                                   dtype="float32", always_2d=True)  # fmt: skip
+        if bounded:  # an upload: judged by its header first (``bounded=False``: the operator's own file)
+            info = soundfile.info(source)
+            source.seek(0)
+            if (
+                info.frames > MAX_RECORDING_S * info.samplerate
+                or info.frames * info.channels > MAX_RECORDING_SAMPLES
+            ):
+                raise VoiceInputError(f"{param}: longer than {MAX_RECORDING_S:g} s of audio", param)
+        wav, rate = soundfile.read(source, dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError) as e:
         raise VoiceInputError(f"{param}: not an audio file this server can read ({e})", param) from None
     if wav.shape[0] == 0:

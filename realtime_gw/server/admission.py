@@ -43,8 +43,10 @@ class Admission:
         if not access.origin_allowed(headers.get("origin"), headers.get("host")):
             return Refusal("origin_not_allowed", "origin not allowed", 403)
         presented = presented_key(headers)
-        self.key = access.identify(presented)
-        self.secret = access.client_secrets.find(presented)
+        # A client secret opens realtime sessions only (as OpenAI's do): not speech, OpenPI or GPT-Live.
+        realtime = self.kind == "realtime"
+        self.key = access.identify(presented, client_secret_ok=realtime)
+        self.secret = access.client_secrets.find(presented) if realtime else None
         if self.key is None:
             return Refusal("invalid_api_key", "invalid or missing API key", 401)
         return None

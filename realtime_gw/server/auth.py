@@ -160,12 +160,13 @@ class Access:
     def required(self) -> bool:
         return bool(self.api_keys)
 
-    def identify(self, presented: str | None) -> str | None:
+    def identify(self, presented: str | None, client_secret_ok: bool = False) -> str | None:
         """The key that matches (compared in constant time against every key), or None.
-        With no keys configured everyone is the anonymous key "". A client secret (``ek_…``) stands
-        for the key that minted it while it is unexpired (an expired one is refused, keys or not)."""
+        With no keys configured everyone is the anonymous key "". A client secret (``ek_…``) is accepted
+        only where ``client_secret_ok`` (a realtime session: a socket or a call), standing for the key that
+        minted it while it is unexpired; elsewhere (and expired) it is refused, keys or not."""
         if presented is not None and presented.startswith(CLIENT_SECRET_PREFIX):
-            record = self.client_secrets.find(presented)
+            record = self.client_secrets.find(presented) if client_secret_ok else None
             return None if record is None else record.owner
         if not self.api_keys:
             return ""

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from realtime_gw.models.registry import accepted_voices
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.server.admission import Admission
+from realtime_gw.server.speech import bounded_body
 from realtime_gw.sessions.settings import SessionError, SessionSettings, TextLimits, apply_session_update
 
 MIN_SECONDS, MAX_SECONDS, DEFAULT_SECONDS = 10, 7200, 600
@@ -35,10 +36,22 @@ def error_response(status: int, message: str, code: str, param: str | None = Non
     return JSONResponse({"error": {"message": message, "type": kind, "code": code, "param": param}}, status)
 
 
-def settings_of(session: rt.SessionParams | None, voices: frozenset[str], limits: TextLimits) -> SessionSettings:
-    """The settings a secret's session config gives a new session; raises ``SessionError``."""
+def settings_of(
+    session: rt.SessionParams | None, voices: frozenset[str], limits: TextLimits
+) -> SessionSettings:
+    """The settings a secret's session config gives a new session; raises ``SessionError``. MCP tools are
+    refused here: their servers are listed by a ``session.update`` of the running session."""
     settings = SessionSettings()
-    return settings if session is None else apply_session_update(settings, session, voices, limits)
+    if session is None:
+        return settings
+    settings = apply_session_update(settings, session, voices, limits)
+    if any(tool.get("type") == "mcp" for tool in settings.tools):
+        raise SessionError(
+            "MCP tools cannot be set before the session starts; add them with session.update",
+            "invalid_value",
+            "tools",
+        )
+    return settings
 
 
 async def client_secrets_endpoint(request: Request) -> Response:
@@ -48,9 +61,11 @@ async def client_secrets_endpoint(request: Request) -> Response:
     if refusal is not None:
         return error_response(refusal.status, refusal.message, refusal.code)
     if admission.secret is not None:  # a secret cannot mint secrets: that would extend its life
-        return error_response(401, "a client secret cannot mint client secrets; use a deployment key", "invalid_api_key")
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
+        return error_response(
+            401, "a client secret cannot mint client secrets; use a deployment key", "invalid_api_key"
+        )
+    body = await bounded_body(request, MAX_BODY_BYTES)
+    if body is None:
         return error_response(413, f"body over {MAX_BODY_BYTES} bytes", "request_too_large")
     try:
         parsed = msgspec.json.decode(body or b"{}", type=_CreateBody)
@@ -60,10 +75,14 @@ async def client_secrets_endpoint(request: Request) -> Response:
         return error_response(400, "the body must be a JSON object", "invalid_json")
     expires = parsed.expires_after or _ExpiresAfter()
     if expires.anchor != "created_at":
-        return error_response(400, "expires_after.anchor must be 'created_at'", "invalid_value", "expires_after.anchor")
+        return error_response(
+            400, "expires_after.anchor must be 'created_at'", "invalid_value", "expires_after.anchor"
+        )
     if not MIN_SECONDS <= expires.seconds <= MAX_SECONDS:
         return error_response(
-            400, f"expires_after.seconds must be between {MIN_SECONDS} and {MAX_SECONDS}", "invalid_value",
+            400,
+            f"expires_after.seconds must be between {MIN_SECONDS} and {MAX_SECONDS}",
+            "invalid_value",
             "expires_after.seconds",
         )
     cfg = gateway.config
@@ -76,7 +95,9 @@ async def client_secrets_endpoint(request: Request) -> Response:
     if minted is None:
         return error_response(429, "too many live client secrets; retry later", "rate_limit_exceeded")
     value, record = minted
-    model = parsed.session.model if parsed.session and isinstance(parsed.session.model, str) else "realtime-gw"
+    model = (
+        parsed.session.model if parsed.session and isinstance(parsed.session.model, str) else "realtime-gw"
+    )
     wire: dict[str, Any] = msgspec.to_builtins(settings.to_wire("sess_" + secrets.token_hex(8), model))
     wire.pop("id", None)
     return JSONResponse({"value": value, "expires_at": int(record.expires_at), "session": wire})

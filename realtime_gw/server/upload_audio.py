@@ -39,6 +39,10 @@ def decode(data: bytes, rate: int, max_seconds: float) -> tuple[bytes, float]:
     return float32_to_pcm16(out), duration
 
 
+MAX_RATE = 48_000
+"""Decoded audio is held as mono at no more than this rate (the ASR stages listen at 16 or 24 kHz)."""
+
+
 class _NotMine(Exception):
     pass
 
@@ -60,11 +64,20 @@ def _soundfile(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
     with f:
         if f.frames / f.samplerate > max_seconds:
             raise _too_long(f.frames / f.samplerate, max_seconds)
+        # Block by block, to mono and at most MAX_RATE: what is held grows with the seconds only, not with
+        # the file's rate or channels (a small compressed file must not expand into gigabytes).
+        rate = min(f.samplerate, MAX_RATE)
+        down = soxr.ResampleStream(f.samplerate, rate, 1, dtype="float32") if rate != f.samplerate else None
+        chunks: list[np.ndarray] = []
         try:
-            x = f.read(dtype="float32", always_2d=True)
+            for block in f.blocks(blocksize=f.samplerate * 10, dtype="float32", always_2d=True):
+                mono = block.mean(axis=1, dtype=np.float32)
+                chunks.append(down.resample_chunk(mono) if down is not None else mono)
         except (soundfile.LibsndfileError, RuntimeError) as e:
             raise _NotMine from e
-        return x.mean(axis=1), f.samplerate
+        if down is not None:
+            chunks.append(down.resample_chunk(np.zeros(0, np.float32), last=True))
+        return (np.concatenate(chunks) if chunks else np.zeros(0, np.float32)), rate
 
 
 def _ffmpeg(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
@@ -81,6 +94,7 @@ def _ffmpeg(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
         rate = stream.rate or stream.codec_context.sample_rate
         if not rate:
             raise UploadError("The uploaded file's audio stream has no sample rate")
+        rate = min(rate, MAX_RATE)  # held as mono at most MAX_RATE, whatever the file's rate and channels
         resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
         chunks: list[np.ndarray] = []
         samples = 0

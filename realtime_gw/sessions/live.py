@@ -54,6 +54,10 @@ _SILENT_BYTE = {"audio/pcm": b"\0", "audio/pcmu": b"\xff", "audio/pcma": b"\xd5"
 _ROLES = {"developer": "system", "user": "user", "assistant": "assistant"}
 
 
+MAX_QUEUED_ITEMS = 32
+"""Commentary items waiting for the voice to finish its current reply (each append adds one or two)."""
+
+
 class LiveError(Exception):
     def __init__(self, message: str, code: str = "invalid_value", param: str | None = None) -> None:
         super().__init__(message)
@@ -236,10 +240,7 @@ class LiveSession:
         return interrupted + self.fixture.play(ev, self.inner.settings.output_format)
 
     def _context(self, ev: live.InstructionsAppendEvent | live.ThinkingAppendEvent | live.CommentaryAppendEvent, now: float) -> list[Effect]:
-        if not ev.content.strip():
-            raise LiveError("content must not be empty", "invalid_value", "content")
-        if approx_tokens(ev.content) > MAX_APPEND_TOKENS:
-            raise LiveError(f"content is over {MAX_APPEND_TOKENS} tokens", "invalid_value", "content")
+        speaking = _checked_append(ev, self.inner.response is not None, len(self.queued))
         answers = ev.delegation_id is not None and not isinstance(ev, live.InstructionsAppendEvent)
         if ev.delegation_id is not None and ev.delegation_id not in self.delegations:
             raise LiveError(f"Unknown delegation '{ev.delegation_id}'", "invalid_value", "delegation_id")
@@ -255,7 +256,7 @@ class LiveSession:
             self.ack_due = None  # the app spoke up: no automatic acknowledgement
         at = self.clock_ms(now)
         ack = self.ids.send(_ACKS[type(ev)](start_ms=at, end_ms=at, client_event_id=ev.event_id))
-        if isinstance(ev, live.CommentaryAppendEvent) and self.inner.response is not None:
+        if speaking:
             self.queued += items  # said once the voice is free: after what it is saying, in order
             return [ack]
         effects = self._add_items(items, ev.event_id, now)
@@ -442,3 +443,18 @@ def realtime_update(config: live.SessionConfig, voices: frozenset[str]) -> rt.Se
         "tool_choice": "auto",
     }
     return msgspec.convert({"type": "session.update", "session": session}, rt.SessionUpdateEvent)
+
+
+def _checked_append(
+    ev: live.InstructionsAppendEvent | live.ThinkingAppendEvent | live.CommentaryAppendEvent, speaking: bool, queued: int
+) -> bool:
+    """Refuse an append that is empty, too long, or commentary beyond what may wait for the voice; whether
+    it is commentary that waits for the voice's current reply."""
+    if not ev.content.strip():
+        raise LiveError("content must not be empty", "invalid_value", "content")
+    if approx_tokens(ev.content) > MAX_APPEND_TOKENS:
+        raise LiveError(f"content is over {MAX_APPEND_TOKENS} tokens", "invalid_value", "content")
+    waits = isinstance(ev, live.CommentaryAppendEvent) and speaking
+    if waits and queued >= MAX_QUEUED_ITEMS:
+        raise LiveError("Too much commentary is waiting for the voice; let it finish first", "invalid_value", "content")
+    return waits

@@ -52,6 +52,11 @@ def test_recordings_decode_to_24k_mono_and_are_bounded() -> None:
         pv.check_sample(np.full(24000 * 61, 0.1, np.float32))
     with pytest.raises(pv.VoiceInputError, match="silent"):
         pv.check_sample(np.zeros(24000, np.float32))
+    # judged by its header before decoding: a small compressed file cannot expand without bound
+    with pytest.raises(pv.VoiceInputError, match="longer than 120 s"):
+        pv.decode_recording(_wav(121.0, 8000, fmt="FLAC"))
+    with pytest.raises(pv.VoiceInputError, match="longer than 120 s"):
+        pv.decode_recording(_wav(70.0, 96000, channels=2, fmt="FLAC"))  # within 120 s, over the sample bound
 
 
 def test_fields_are_checked() -> None:

@@ -59,6 +59,25 @@ async def test_refusals(voice_server: LiveServer) -> None:
         await good.realtime.client_secrets.create(
             session={"type": "realtime", "audio": {"output": {"voice": "no-such-voice"}}}
         )
+    with pytest.raises(BadRequestError, match="MCP tools"):  # listed by a running session's update only
+        await good.realtime.client_secrets.create(
+            session={
+                "type": "realtime",
+                "tools": [{"type": "mcp", "server_label": "s", "server_url": "http://127.0.0.1:9/mcp"}],
+            }
+        )
+    # a secret opens realtime sessions only: the HTTP audio API and the other sockets refuse it
+    auth = {"Authorization": f"Bearer {secret}"}
+    speech = httpx.post(
+        voice_server.http + "/v1/audio/speech",
+        json={"model": "tts-1", "input": "hi", "voice": "alloy"},
+        headers=auth,
+    )
+    assert speech.status_code == 401
+    assert httpx.get(voice_server.http + "/v1/audio/voices", headers=auth).status_code == 401
+    with pytest.raises(websockets.InvalidStatus):
+        async with websockets.connect(voice_server.ws + "/v1/audio/speech/stream", additional_headers=auth):
+            pass
     # an unknown or made-up secret is a bad key, on the socket too
     with pytest.raises(websockets.InvalidStatus):
         async with websockets.connect(
@@ -82,4 +101,7 @@ def test_the_store_expires_bounds_and_keeps_no_value() -> None:
 
 
 def test_secrets_never_reach_the_log() -> None:
-    assert redact('"POST /v1/realtime/calls HTTP/1.1" ek_AbC-12_x') == '"POST /v1/realtime/calls HTTP/1.1" ek_[redacted]'
+    assert (
+        redact('"POST /v1/realtime/calls HTTP/1.1" ek_AbC-12_x')
+        == '"POST /v1/realtime/calls HTTP/1.1" ek_[redacted]'
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -32,7 +33,10 @@ TEXT = "The weather today is sunny with a light breeze. I would like to book a t
 WER_BOUND = 0.25
 """pocketsphinx's own bound on Piper speech (tests/models/speech/test_asr_pocketsphinx.py)."""
 MAX_FILE_BYTES = 3_000_000
-MAX_AUDIO_S = 150.0
+LONG_FILE_S = float(os.environ.get("REALTIME_GW_TEST_LONG_FILE_S", "120"))
+"""The long file's length in the bystander test: 2 minutes in the suite; the issue's 10 minutes is run by
+hand with REALTIME_GW_TEST_LONG_FILE_S=600 (docs/benchmarks-log.md)."""
+MAX_AUDIO_S = max(150.0, LONG_FILE_S + 30)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +68,11 @@ def test_every_response_format(server: LiveServer, speech: bytes) -> None:
     plain = Transcription.model_validate_json(raw.text)  # strictly: the SDK's own parse is lenient
     assert isinstance(raw.parse(), Transcription) and raw.parse().text == plain.text
     assert wer(TEXT, plain.text) <= WER_BOUND, plain.text
-    assert plain.usage is not None and plain.usage.type == "duration" and abs(plain.usage.seconds - len(speech) / 2 / RATE) < 0.05
+    assert (
+        plain.usage is not None
+        and plain.usage.type == "duration"
+        and abs(plain.usage.seconds - len(speech) / 2 / RATE) < 0.05
+    )
 
     text = c.audio.transcriptions.create(file=wav(speech), model="gpt-4o-transcribe", response_format="text")
     assert isinstance(text, str) and text.strip() == plain.text
@@ -89,7 +97,9 @@ def test_every_response_format(server: LiveServer, speech: bytes) -> None:
 
 
 def test_streamed_transcript(server: LiveServer, speech: bytes) -> None:
-    events = list(client(server).audio.transcriptions.create(file=wav(speech), model="gpt-4o-transcribe", stream=True))
+    events = list(
+        client(server).audio.transcriptions.create(file=wav(speech), model="gpt-4o-transcribe", stream=True)
+    )
     for e in events:  # strictly, as the SDK's own parse is lenient
         type(e).model_validate_json(json.dumps(e.model_dump(exclude_unset=True)))
     deltas, done = events[:-1], events[-1]
@@ -103,7 +113,9 @@ def test_streamed_transcript(server: LiveServer, speech: bytes) -> None:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_upload_format(server: LiveServer, speech: bytes, fmt: str) -> None:
     name = f"speech.{fmt}"
-    result = client(server).audio.transcriptions.create(file=(name, encode(speech, RATE, fmt)), model="whisper-1")
+    result = client(server).audio.transcriptions.create(
+        file=(name, encode(speech, RATE, fmt)), model="whisper-1"
+    )
     assert wer(TEXT, result.text) <= WER_BOUND, (fmt, result.text)
 
 
@@ -121,7 +133,9 @@ def test_refusals(server: LiveServer, speech: bytes) -> None:
     long_flac = encode(bytes(2 * 8000 * int(MAX_AUDIO_S + 10)), 8000, "flac")  # silence compresses to little
     too_long = refusal(server, file=("long.flac", long_flac), model="whisper-1")
     assert too_long.status_code == 400 and "transcription_max_audio_s" in too_long.message
-    not_audio = refusal(server, file=("notes.mp3", b"these are not the bytes of an mp3 " * 40), model="whisper-1")
+    not_audio = refusal(
+        server, file=("notes.mp3", b"these are not the bytes of an mp3 " * 40), model="whisper-1"
+    )
     assert not_audio.status_code == 400 and not_audio.body["param"] == "file"  # type: ignore[index]
     fmt = refusal(server, file=wav(speech[:4800]), model="whisper-1", response_format="diarized_json")
     assert fmt.status_code == 400 and fmt.body["param"] == "response_format"  # type: ignore[index]
@@ -152,16 +166,21 @@ def test_a_client_that_leaves_cancels_its_transcription(server: LiveServer, spee
 
 
 async def test_live_call_stays_on_time_while_a_long_file_is_transcribed(server: LiveServer) -> None:
-    """A 2-minute file (the same sentence over and over, with pauses) transcribed while a bystander
-    holds realtime text->audio turns: its audio frames stay on time (the bounds of test_isolation)."""
+    """A long file (``LONG_FILE_S``: the same sentence over and over, with pauses) transcribed while a
+    bystander holds realtime text->audio turns: its audio frames stay on time (the bounds of
+    test_isolation)."""
     sentence = synthesize(TEXT, RATE) + bytes(RATE)
-    long = sentence * int(120 * RATE * 2 / len(sentence) + 1)
+    long = sentence * int(LONG_FILE_S * RATE * 2 / len(sentence) + 1)
     data = encode(long, RATE, "flac")
     async with Bystander(server.port) as alone:
         await asyncio.sleep(4)
     async with Bystander(server.port) as busy:
-        api = AsyncOpenAI(base_url=server.http + "/v1", api_key="unused", max_retries=0, timeout=300)
-        result = await api.audio.transcriptions.create(file=("long.flac", io.BytesIO(data)), model="whisper-1")
+        api = AsyncOpenAI(
+            base_url=server.http + "/v1", api_key="unused", max_retries=0, timeout=max(300.0, 2 * LONG_FILE_S)
+        )
+        result = await api.audio.transcriptions.create(
+            file=("long.flac", io.BytesIO(data)), model="whisper-1"
+        )
     base, hit = alone.report.summary(), busy.report.summary()
     assert hit["errors"] == 0 and hit["frames"] >= 1, hit
     assert hit["late_max_ms"] <= base["late_max_ms"] + 100, (base, hit)
@@ -177,7 +196,9 @@ async def test_a_realtime_transcription_session(server: LiveServer) -> None:
     async with api.realtime.connect(extra_query={"intent": "transcription"}) as conn:
         created = await recv(conn)
         assert created.type == "session.created" and created.session.type == "transcription"
-        await conn.session.update(session={"type": "transcription", "audio": {"input": {"noise_reduction": {"type": "near_field"}}}})
+        await conn.session.update(
+            session={"type": "transcription", "audio": {"input": {"noise_reduction": {"type": "near_field"}}}}
+        )
         updated = await recv(conn)
         assert updated.type == "session.updated" and updated.session.type == "transcription", updated
         sender = asyncio.create_task(speak(conn, silence(300) + synthesize(text, RATE) + silence(1200)))
@@ -190,6 +211,10 @@ async def test_a_realtime_transcription_session(server: LiveServer) -> None:
     assert names[-1] == "input_audio_buffer.cleared", names  # nothing came between
     assert not [n for n in names if n.startswith("response.")], names
     first_delta = names.index("conversation.item.input_audio_transcription.delta")
-    assert names.index("input_audio_buffer.speech_started") < first_delta < names.index("input_audio_buffer.speech_stopped")
+    assert (
+        names.index("input_audio_buffer.speech_started")
+        < first_delta
+        < names.index("input_audio_buffer.speech_stopped")
+    )
     completed = next(e for e in events if e.type.endswith("input_audio_transcription.completed"))
     assert wer(text, completed.transcript) <= WER_BOUND, completed.transcript

@@ -4,9 +4,11 @@ too-long files are an ``UploadError`` (a 400), never another exception."""
 from __future__ import annotations
 
 import contextlib
+import io
 
 import numpy as np
 import pytest
+import soundfile
 
 from realtime_gw.server.upload_audio import UploadError, decode
 from realtime_gw.testing.audio_files import FORMATS, encode
@@ -44,3 +46,13 @@ def test_empty_and_too_long() -> None:
         decode(encode(bytes(2 * 8000 * 70), 8000, "flac"), 16000, 60)
     with pytest.raises(UploadError, match="transcription_max_audio_s"):
         decode(encode(tone(70.0, 16000), 16000, "webm"), 16000, 60)  # FFmpeg: stopped while decoding
+
+
+def test_high_rates_and_many_channels_are_held_as_mono_at_48k() -> None:
+    """What a decode holds grows with the seconds only, not the file's rate or channels."""
+    buf = io.BytesIO()
+    t = np.arange(96000 * 2) / 96000
+    x = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    soundfile.write(buf, np.stack([x] * 6, axis=1), 96000, format="FLAC")
+    pcm, duration = decode(buf.getvalue(), 16000, 60)
+    assert abs(duration - 2.0) < 0.01 and abs(len(pcm) / 2 - 2 * 16000) <= 16  # PCM16 at the stage's rate

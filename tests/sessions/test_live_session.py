@@ -18,7 +18,7 @@ from realtime_gw.sessions.events import (
     StartResponse,
     StartVad,
 )
-from realtime_gw.sessions.live import ACKNOWLEDGE, DELEGATE_TOOL, SPEAK_RESULT, LiveSession
+from realtime_gw.sessions.live import ACKNOWLEDGE, DELEGATE_TOOL, MAX_QUEUED_ITEMS, SPEAK_RESULT, LiveSession
 from tests.server.live_events import validate_live
 
 
@@ -297,3 +297,15 @@ def test_a_delegation_the_voice_announced_needs_no_acknowledgement() -> None:
     assert [e.type for e in sent(effects) if e.type == "session.delegation.created"] == ["session.delegation.created"]
     assert not any(isinstance(e, StartResponse) for e in effects)
     assert s.ack_due is None and s.spoke == set()
+
+
+def test_commentary_waiting_for_the_voice_is_bounded() -> None:
+    """Commentary sent while the voice speaks waits for it (in order), up to ``MAX_QUEUED_ITEMS``."""
+    s = started()
+    assert any(isinstance(e, StartResponse) for e in client(s, {"type": "session.commentary.append", "content": "One."}))
+    for i in range(MAX_QUEUED_ITEMS):
+        (ack,) = sent(client(s, {"type": "session.commentary.append", "content": f"Then {i}."}))
+        assert ack.type == "session.commentary.appended"
+    (error,) = sent(client(s, {"type": "session.commentary.append", "event_id": "more", "content": "More."}))
+    assert (error.error.param, error.error.client_event_id) == ("content", "more")
+    assert len(s.queued) == MAX_QUEUED_ITEMS and not s.closed

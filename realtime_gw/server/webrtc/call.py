@@ -81,7 +81,11 @@ class CallConnection(RealtimeConnection):
         super()._run_effects(effects, closing)
         for e in effects:
             if isinstance(e, PurgeAudio):
-                if self.track.purge(e.response_id) and not closing and not _says_cleared(effects, e.response_id):
+                if (
+                    self.track.purge(e.response_id)
+                    and not closing
+                    and not _says_cleared(effects, e.response_id)
+                ):
                     # Cancelling a response (barge-in) purges without a word: a call says it.
                     self._to_client(rt.OutputAudioBufferClearedEvent(response_id=e.response_id))
                 self.reply_audio.reset()
@@ -115,20 +119,27 @@ class CallConnection(RealtimeConnection):
 
     # The track's reports (from aiortc's sender task; each is a put, never a wait).
     def _playback_started(self, response_id: str) -> None:
-        self._to_session(PlaybackStarted(response_id, time.monotonic()))
+        self._to_session(PlaybackStarted(response_id, time.monotonic()), must_arrive=True)
         self._to_client(rt.OutputAudioBufferStartedEvent(response_id=response_id))
 
     def _playback_sent(self, response_id: str, sent_ms: float) -> None:
         self._reports += 1
         ack_id = f"{ACK_EVENT_PREFIX}{self._reports}"
-        self._to_session(rt.PlaybackAckEvent(response_id=response_id, played_ms=int(sent_ms), event_id=ack_id))
+        self._to_session(
+            rt.PlaybackAckEvent(response_id=response_id, played_ms=int(sent_ms), event_id=ack_id)
+        )
 
     def _playback_stopped(self, response_id: str) -> None:
         self._to_client(rt.OutputAudioBufferStoppedEvent(response_id=response_id))
 
-    def _to_session(self, item: Any) -> None:
-        with contextlib.suppress(asyncio.QueueFull):  # a full mailbox: the next report supersedes it
+    def _to_session(self, item: Any, must_arrive: bool = False) -> None:
+        """An ack may be dropped on a full mailbox (the next one supersedes it); a playback start may not:
+        it then waits for room in a task, as the outbox's notices do."""
+        try:
             self.mailbox.put_nowait(item)
+        except asyncio.QueueFull:
+            if must_arrive:
+                self.spawn(self.mailbox.put(item), "playback-started")
 
     def _to_client(self, event: rt.ServerEvent) -> None:
         try:
@@ -140,7 +151,9 @@ class CallConnection(RealtimeConnection):
 
 def _says_cleared(effects: list[Effect], response_id: str) -> bool:
     return any(
-        isinstance(e, Send) and isinstance(e.event, rt.OutputAudioBufferClearedEvent) and e.event.response_id == response_id
+        isinstance(e, Send)
+        and isinstance(e.event, rt.OutputAudioBufferClearedEvent)
+        and e.event.response_id == response_id
         for e in effects
     )
 
@@ -166,7 +179,12 @@ class Call:
     """A live call: its id, peer connection and session task. ``hangup`` ends it (idempotent)."""
 
     def __init__(
-        self, call_id: str, owner: str, pc: RTCPeerConnection, channel: EventChannel, connection: CallConnection
+        self,
+        call_id: str,
+        owner: str,
+        pc: RTCPeerConnection,
+        channel: EventChannel,
+        connection: CallConnection,
     ) -> None:
         self.id = call_id
         self.owner = owner

@@ -52,7 +52,11 @@ def with_cors(endpoint: Endpoint) -> Endpoint:
         origin = request.headers.get("origin")
         access = request.app.state.gateway.access
         allowed = origin is not None and access.origin_allowed(origin, request.headers.get("host"))
-        response = Response(status_code=204 if allowed else 403) if request.method == "OPTIONS" else await endpoint(request)
+        response = (
+            Response(status_code=204 if allowed else 403)
+            if request.method == "OPTIONS"
+            else await endpoint(request)
+        )
         if allowed:
             assert origin is not None
             response.headers.update({
@@ -102,7 +106,9 @@ async def _offer(request: Request, limit: int) -> tuple[str, rt.SessionParams | 
                 raise OfferError(400, f"invalid 'session' part: {e}", "invalid_value") from None
     else:
         raise OfferError(
-            400, "send the SDP offer as application/sdp, or multipart/form-data with an 'sdp' part", "invalid_request"
+            400,
+            "send the SDP offer as application/sdp, or multipart/form-data with an 'sdp' part",
+            "invalid_request",
         )
     if not sdp.lstrip().startswith("v=0"):
         raise OfferError(400, "the body is not an SDP offer", "invalid_offer")
@@ -135,15 +141,20 @@ async def create_call(request: Request) -> Response:
     except Exception as e:
         admission.leave()
         return error_response(400, f"the offer could not be answered: {e}", "invalid_offer")
+    except BaseException:  # cancelled (the client left): its session slot comes back all the same
+        admission.leave()
+        raise
     call.start(admission, calls_of(request))
     answer = call.pc.localDescription.sdp
-    return Response(
-        answer, 201, {"location": f"/v1/realtime/calls/{call.id}"}, media_type="application/sdp"
-    )
+    return Response(answer, 201, {"location": f"/v1/realtime/calls/{call.id}"}, media_type="application/sdp")
 
 
 async def _answer(
-    request: Request, gateway: Gateway, sdp: str, session_params: rt.SessionParams | None, admission: Admission
+    request: Request,
+    gateway: Gateway,
+    sdp: str,
+    session_params: rt.SessionParams | None,
+    admission: Admission,
 ) -> Call:
     config = gateway.config
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))

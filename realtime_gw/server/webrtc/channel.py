@@ -90,4 +90,3 @@ class EventChannel:
             if self.channel is not None and self.channel.readyState == "open" and self.channel.bufferedAmount:
                 self.drained.clear()
                 await asyncio.wait_for(self.drained.wait(), 1.0)
-

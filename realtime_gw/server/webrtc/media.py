@@ -149,7 +149,9 @@ class InputConverter:
         channels = len(frame.layout.channels)
         if samples.dtype != np.int16:  # planar/float layouts some decoders give
             samples = (np.clip(samples.astype(np.float32), -1.0, 1.0) * 32767).astype(np.int16)
-        mono = samples.reshape(-1, channels).mean(axis=1).astype("<i2") if channels > 1 else samples.reshape(-1)
+        mono = (
+            samples.reshape(-1, channels).mean(axis=1).astype("<i2") if channels > 1 else samples.reshape(-1)
+        )
         rate = 8000 if input_format != "audio/pcm" else input_rate
         r = self._resampler
         if r is None or r.in_rate != frame.sample_rate or r.out_rate != rate:

@@ -16,14 +16,17 @@ CALL_FRAME_LATENESS = Histogram(
     buckets=(0.0, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32),
 )
 CALL_INPUT_PACKETS = Counter("realtime_gw_call_input_packets", "RTP audio packets received from callers")
-CALL_INPUT_PACKETS_LOST = Counter("realtime_gw_call_input_packets_lost", "RTP audio packets of callers lost on the way")
+CALL_INPUT_PACKETS_LOST = Counter(
+    "realtime_gw_call_input_packets_lost", "RTP audio packets of callers lost on the way"
+)
 CALL_INPUT_JITTER = Histogram(
     "realtime_gw_call_input_jitter_seconds",
     "Interarrival jitter of a caller's audio (RFC 3550), at the end of its call",
     buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16),
 )
 CALL_OUTPUT_PACKETS_LOST = Counter(
-    "realtime_gw_call_output_packets_lost", "Reply audio packets the callers reported lost (RTCP receiver reports)"
+    "realtime_gw_call_output_packets_lost",
+    "Reply audio packets the callers reported lost (RTCP receiver reports)",
 )
 
 

@@ -7,11 +7,14 @@ go into the same session mailbox as the caller's. It ends with the call, or on i
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.server import auth, realtime_ws
 from realtime_gw.server.admission import Admission
+from realtime_gw.server.realtime_input import OFFLOAD_DECODE_BYTES
 from realtime_gw.server.webrtc.call import Call
 
 
@@ -28,7 +31,9 @@ async def sideband_endpoint(ws: WebSocket, call_id: str) -> None:
     admission = Admission(ws.app.state.gateway, "realtime")
     refusal = admission.check(ws.headers)
     if refusal is not None or admission.secret is not None:
-        await ws.close(code=1008, reason=refusal.message if refusal else "the sideband needs a deployment key")
+        await ws.close(
+            code=1008, reason=refusal.message if refusal else "the sideband needs a deployment key"
+        )
         return
     subprotocol = "realtime" if "realtime" in auth.offered_subprotocols(ws.headers) else None
     await ws.accept(subprotocol=subprotocol)
@@ -49,11 +54,13 @@ async def sideband_endpoint(ws: WebSocket, call_id: str) -> None:
             text = msg.get("text")
             if text is None or len(text) > max_bytes:
                 event = rt.error_event("Send JSON text events within max_frame_bytes", code="invalid_frame")
+            elif len(text) > OFFLOAD_DECODE_BYTES:  # big JSON and base64 stay off the event loop
+                event = await asyncio.to_thread(rt.decode_client_event, text)
             else:
                 event = rt.decode_client_event(text)
-            await connection.mailbox.put(event)
-    except (WebSocketDisconnect, RuntimeError):
+            # The call's session task drains the mailbox; once the call has ended nobody does.
+            await asyncio.wait_for(connection.mailbox.put(event), connection.config.send_timeout_s)
+    except (WebSocketDisconnect, RuntimeError, TimeoutError):
         return
     finally:
         connection.sidebands.discard(ws)
-

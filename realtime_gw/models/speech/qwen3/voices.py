@@ -43,7 +43,7 @@ def read_clone_audio(path: str) -> np.ndarray:
     """A recording as mono float32 at 24 kHz, as the reference prepares it for its speaker encoder (the
     same decoding as a sample uploaded to ``/v1/audio/voices``)."""
     with open(path, "rb") as f:
-        return decode_recording(f, path)
+        return decode_recording(f, path, bounded=False)
 
 
 @dataclass(frozen=True)
