@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from realtime_gw.models.registry import accepted_voices
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.server.admission import Admission
-from realtime_gw.server.speech import bounded_body
+from realtime_gw.server.speech import bounded_body, openai_error
 from realtime_gw.sessions.settings import SessionError, SessionSettings, TextLimits, apply_session_update
 
 MIN_SECONDS, MAX_SECONDS, DEFAULT_SECONDS = 10, 7200, 600
@@ -32,8 +32,8 @@ class _CreateBody(msgspec.Struct):
 
 
 def error_response(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "code": code, "param": param}}, status)
+    """OpenAI's error shape (``speech.openai_error``), code first as these routes name it."""
+    return openai_error(status, message, param, code)
 
 
 def settings_of(

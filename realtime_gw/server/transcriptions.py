@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from starlette.background import BackgroundTask
 from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
@@ -80,7 +81,8 @@ async def transcriptions_endpoint(request: Request) -> Response:
         job = FileTranscription(gateway.workers.asr, pcm, rate, duration, cuts, "word" in fields.granularities)
         if fields.stream:
             handed_off = True
-            return StreamingResponse(_events(job, gateway), media_type="text/event-stream")
+            done = _Release(gateway)  # by the stream's end, or after the response if it never started
+            return StreamingResponse(_events(job, done), media_type="text/event-stream", background=BackgroundTask(done))
         try:
             transcript = await _while_connected(request, job.run())
             if transcript is None:
@@ -143,7 +145,23 @@ async def _parse(headers: Headers, body: bytes) -> tuple[dict[str, list[str]], b
     return fields, data
 
 
-async def _events(job: FileTranscription, gateway: Gateway) -> AsyncIterator[str]:
+class _Release:
+    """Gives a streamed transcription's place back once, whichever comes first: the stream's own end, or
+    the response's background task (a client that leaves before the stream starts never runs its end)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway: Gateway | None = gateway
+
+    def release(self) -> None:
+        if self.gateway is not None:
+            self.gateway.transcriptions -= 1
+            self.gateway = None
+
+    async def __call__(self) -> None:  # async: Starlette runs it on the event loop, not in a thread
+        self.release()
+
+
+async def _events(job: FileTranscription, done: _Release) -> AsyncIterator[str]:
     queue: asyncio.Queue[str | None] = asyncio.Queue()
 
     async def delta(text: str) -> None:
@@ -166,7 +184,7 @@ async def _events(job: FileTranscription, gateway: Gateway) -> AsyncIterator[str
             yield item
     finally:
         task.cancel()  # the client left: its stream is cancelled and the slot freed
-        gateway.transcriptions -= 1
+        done.release()
 
 
 class FileTranscription:

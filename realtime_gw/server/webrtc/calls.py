@@ -24,6 +24,7 @@ from realtime_gw.server.admission import Admission
 from realtime_gw.server.client_secret_endpoint import error_response, settings_of
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.realtime_ws import open_session
+from realtime_gw.server.speech import bounded_body
 from realtime_gw.server.webrtc.call import Call, CallConnection
 from realtime_gw.server.webrtc.channel import LABEL, EventChannel
 from realtime_gw.server.webrtc.ice import HostCandidates, parse_port_range
@@ -73,16 +74,11 @@ def with_cors(endpoint: Endpoint) -> Endpoint:
 
 
 async def _read_capped(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    body = await bounded_body(request, limit)
+    if body is None:
         raise OfferError(413, f"offer over {limit} bytes (webrtc_max_offer_bytes)", "request_too_large")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise OfferError(413, f"offer over {limit} bytes (webrtc_max_offer_bytes)", "request_too_large")
-    request._body = bytes(body)  # what request.form() parses
-    return bytes(body)
+    request._body = body  # what request.form() parses
+    return body
 
 
 async def _offer(request: Request, limit: int) -> tuple[str, rt.SessionParams | None]:

@@ -20,6 +20,8 @@ BUFFERED_HIGH = 1024 * 1024
 BUFFERED_LOW = 256 * 1024
 MAX_INBOX = 1024
 """Client messages received but not yet read; a peer that floods past it has its call ended."""
+MAX_INBOX_BYTES = 16 * 1024 * 1024
+"""The same bound in bytes: aiortc takes messages of any size, so the count alone would not bound memory."""
 DEFAULT_MAX_MESSAGE_BYTES = 65536
 """RFC 8841's default when the offer names no ``a=max-message-size``."""
 
@@ -33,6 +35,7 @@ class EventChannel:
         self.drained = asyncio.Event()
         self.drained.set()
         self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.inbox_bytes = 0
         self.gone = False
         self.max_message_bytes = DEFAULT_MAX_MESSAGE_BYTES
 
@@ -48,7 +51,8 @@ class EventChannel:
         self.opened.set()
 
     def _received(self, message: str | bytes) -> None:
-        if self.inbox.qsize() >= MAX_INBOX:
+        self.inbox_bytes += len(message)
+        if self.inbox.qsize() >= MAX_INBOX or self.inbox_bytes > MAX_INBOX_BYTES:
             self.disconnected()
             return
         if isinstance(message, str):
@@ -65,7 +69,9 @@ class EventChannel:
 
     # -- the Channel protocol ----------------------------------------------------------------------------
     async def receive(self) -> dict[str, Any]:
-        return await self.inbox.get()
+        message = await self.inbox.get()
+        self.inbox_bytes -= len(message.get("text") or message.get("bytes") or "")
+        return message
 
     async def send_text(self, data: str) -> None:
         if not self.expect_channel:
