@@ -8,13 +8,14 @@ import base64
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from typing import Any
 
 import websockets
 
 from realtime_gw.testing.audio import synthesize
 from realtime_gw.testing.gateway import LiveServer
+from tests.event_wait import first_event
 from tests.server.sdk_events import validate
 
 CHUNK_MS = 80
@@ -84,16 +85,7 @@ class DuplexClient:
                 await self.send({"type": "playback.ack", "response_id": self.acking, "played_ms": played})
 
     async def wait_for(self, pred: Callable[[Any], bool], timeout: float = 60.0, after: int = 0) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            for _, ev in self.events[after:]:
-                if pred(ev):
-                    return ev
-            self._new_event.clear()
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"timed out; last events: {[e.type for _, e in self.events[-8:]]}"
-            with suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._new_event.wait(), remaining)
+        return await first_event(self.events, self._new_event, pred, timeout, after)
 
     def of_type(self, kind: str) -> list[Any]:
         return [ev for _, ev in self.events if ev.type == kind]

@@ -10,7 +10,6 @@ import json
 import re
 import time
 from collections.abc import Callable
-from contextlib import suppress
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,6 +21,7 @@ from av import AudioFrame
 
 from realtime_gw.server.webrtc.ice import HostCandidates
 from realtime_gw.testing.gateway import LiveServer
+from tests.event_wait import first_event
 
 RATE = 48000
 FRAME = 960  # 20 ms
@@ -119,16 +119,7 @@ class Caller:
         self.channel.send(json.dumps(event))
 
     async def wait_for(self, pred: Callable[[Any], bool], timeout: float = 60.0, after: int = 0) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            for _, ev in self.events[after:]:
-                if pred(ev):
-                    return ev
-            self._new.clear()
-            left = deadline - time.monotonic()
-            assert left > 0, f"timed out; last events: {[e.type for _, e in self.events[-10:]]}"
-            with suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._new.wait(), left)
+        return await first_event(self.events, self._new, pred, timeout, after)
 
     def types(self) -> list[str]:
         return [ev.type for _, ev in self.events]
