@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from loadtest.bench.log import append_run
 from loadtest.bench.realtime import hardware, pct
 from realtime_gw.testing.audio import synthesize
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
@@ -173,8 +174,7 @@ def main() -> None:
     table = "\n".join(lines) + "\n"
     print(table)
     if args.write:
-        with (ROOT / "docs" / "benchmarks-log.md").open("a") as f:
-            f.write(table)
+        append_run(table)
 
 
 if __name__ == "__main__":

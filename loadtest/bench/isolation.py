@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from loadtest.bench.log import append_run
 from loadtest.bench.realtime import TEXT, hardware, pct
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from realtime_gw.testing.load_client import Stats, open_session, text_turn
@@ -154,20 +155,19 @@ async def main() -> None:
     out("")
     out(ratios)
     if not args.no_write:
-        with (ROOT / "docs" / "benchmarks-log.md").open("a") as f:
-            f.write(
-                f"\n## CPU isolation: pocketsphinx and Piper in-process vs in a child process "
-                f"({dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC)\n\n"
-                f"- Hardware: {hardware()}; no GPU; a shared machine (other work ran meanwhile: compare\n"
-                "  the two modes of this run, not absolute numbers across runs)\n"
-                f"- Command: `.venv/bin/python -m loadtest.bench.isolation{' --quick' if args.quick else ''}`\n"
-                "- Gateway: Piper TTS, pocketsphinx ASR (4 slots), echo responder; in-process =\n"
-                "  `--cpu-backends-in-process`. A bystander loops text turns (TTFA = `response.create` ->\n"
-                "  first audio delta; lateness = arrival after the frame's real-time slot); `/healthz` probed\n"
-                f"  every 50 ms; the attacker commits {NOISE_SECONDS:g} s of loud noise (transcription on).\n\n"
-                + "\n".join(lines)
-                + "\n"
-            )
+        append_run(
+            f"\n## CPU isolation: pocketsphinx and Piper in-process vs in a child process "
+            f"({dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC)\n\n"
+            f"- Hardware: {hardware()}; no GPU; a shared machine (other work ran meanwhile: compare\n"
+            "  the two modes of this run, not absolute numbers across runs)\n"
+            f"- Command: `.venv/bin/python -m loadtest.bench.isolation{' --quick' if args.quick else ''}`\n"
+            "- Gateway: Piper TTS, pocketsphinx ASR (4 slots), echo responder; in-process =\n"
+            "  `--cpu-backends-in-process`. A bystander loops text turns (TTFA = `response.create` ->\n"
+            "  first audio delta; lateness = arrival after the frame's real-time slot); `/healthz` probed\n"
+            f"  every 50 ms; the attacker commits {NOISE_SECONDS:g} s of loud noise (transcription on).\n\n"
+            + "\n".join(lines)
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

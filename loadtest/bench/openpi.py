@@ -36,9 +36,11 @@ from typing import Any
 
 import numpy as np
 
+from loadtest.bench.log import BENCHMARKS_LOG
+
 ROOT = Path(__file__).resolve().parents[2]
 
-BENCHMARKS_MD = ROOT / "docs" / "benchmarks-log.md"
+BENCHMARKS_MD = BENCHMARKS_LOG
 
 
 # -- servers (child processes) ----------------------------------------------------------------------------

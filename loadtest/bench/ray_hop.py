@@ -34,6 +34,7 @@ from typing import Any
 
 import msgspec
 
+from loadtest.bench.log import append_run
 from loadtest.bench.realtime import Stats, hardware, pct, turns_load
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.contract import BackendInfo
@@ -289,21 +290,20 @@ async def main() -> None:
         )
 
     if not args.no_write:
-        with (ROOT / "docs" / "benchmarks-log.md").open("a") as f:
-            f.write(
-                f"\n## Ray hop: remote stage workers ({dt.date.today().isoformat()})\n\n"
-                f"- Hardware: {hardware()}; {gpu(args.tts_device)}; a local Ray (no dashboard), the actor at"
-                " 0.5 CPU\n"
-                f"- Command: `.venv/bin/python {' '.join(sys.argv)}`\n"
-                "- Worker level: streams submitted together (tone: two sentences, ~44 frames; the frame-per-step\n"
-                "  stand-in: 25 frames); TTFA = submit ->\n"
-                "  first frame in the stream; delivery = the actor's step handed the frame over -> it is in the\n"
-                "  front-end's stream (wall clocks of one machine). Gateway level: `loadtest/bench/realtime.py`'s text-turn\n"
-                "  loop; lateness = arrival after the frame's real-time playback slot. Client, front-ends, Ray and\n"
-                "  the actor share the machine (and its 2 cores with whatever else runs).\n\n"
-                + "\n".join(lines)
-                + "\n"
-            )
+        append_run(
+            f"\n## Ray hop: remote stage workers ({dt.date.today().isoformat()})\n\n"
+            f"- Hardware: {hardware()}; {gpu(args.tts_device)}; a local Ray (no dashboard), the actor at"
+            " 0.5 CPU\n"
+            f"- Command: `.venv/bin/python {' '.join(sys.argv)}`\n"
+            "- Worker level: streams submitted together (tone: two sentences, ~44 frames; the frame-per-step\n"
+            "  stand-in: 25 frames); TTFA = submit ->\n"
+            "  first frame in the stream; delivery = the actor's step handed the frame over -> it is in the\n"
+            "  front-end's stream (wall clocks of one machine). Gateway level: `loadtest/bench/realtime.py`'s text-turn\n"
+            "  loop; lateness = arrival after the frame's real-time playback slot. Client, front-ends, Ray and\n"
+            "  the actor share the machine (and its 2 cores with whatever else runs).\n\n"
+            + "\n".join(lines)
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

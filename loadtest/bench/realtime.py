@@ -21,6 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
+from loadtest.bench.log import BENCHMARKS_LOG
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from realtime_gw.testing.load_client import (
     PacedMic,
@@ -192,7 +193,7 @@ async def main() -> None:
         stop_server(tone)
 
     if not args.no_write:
-        doc = ROOT / "docs" / "benchmarks-log.md"
+        doc = BENCHMARKS_LOG
         header = "" if doc.exists() else "# Benchmarks\n"
         with doc.open("a") as f:
             f.write(

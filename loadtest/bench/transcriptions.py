@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from loadtest.bench.log import append_run
 from loadtest.bench.realtime import hardware
 from realtime_gw.models.runtime import END_OF_INPUT
 from realtime_gw.models.speech.asr_pocketsphinx import PocketsphinxAsrBackend
@@ -112,8 +113,7 @@ def main() -> None:
     table = "\n".join(lines) + "\n"
     print(table)
     if args.write:
-        with (ROOT / "docs" / "benchmarks-log.md").open("a") as f:
-            f.write(table)
+        append_run(table)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 
+from loadtest.bench.log import BENCHMARKS_LOG
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from realtime_gw.testing.load_client import open_session
 from tests.server.webrtc.caller import Caller, call
@@ -206,7 +207,7 @@ def main() -> None:
         table.append(f"| {rtc['n']} | {ws_row['cores']:.2f} | {rtc['cores']:.2f} | {ratio:.1f}x | {rtc['per_core']:.1f} | "
                      f"{rtc['missing']:.2%} | {rtc['late']:.2%} |")  # fmt: skip
     print("\n".join(table))
-    log = ROOT / "docs" / "benchmarks-log.md"
+    log = BENCHMARKS_LOG
     with log.open("a") as f:
         f.write(f"\n## {dt.date.today()} WebRTC calls per core (`python -m loadtest.bench.webrtc_calls "
                 f"--calls {' '.join(map(str, args.calls))} --seconds {args.seconds:g}`)\n\n"
