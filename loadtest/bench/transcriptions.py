@@ -1,12 +1,19 @@
 """``POST /v1/audio/transcriptions`` throughput: seconds of audio transcribed per wall second.
 
 Starts a gateway from this checkout (CPU default: pocketsphinx) and posts a file of Piper speech
-(``--minutes`` long, sentences with pauses, FLAC) with 1..N clients at once. The baseline, measured in
-the same run: the pocketsphinx backend alone in this process, hearing the same pieces through the same
-``AsrStreamRequest`` (no gateway, no child process, no HTTP); the ratio is what the gateway's path
-costs on top of the decoding itself.
+(``--minutes`` long, sentences with pauses, FLAC; or ``--audio FILE``) with 1..N clients at once. The
+baseline, measured in the same run (``--baseline``):
+
+- ``pocketsphinx``: the pocketsphinx backend alone in this process, hearing the same pieces through the
+  same ``AsrStreamRequest`` (no gateway, no child process, no HTTP); the ratio is what the gateway's
+  path costs on top of the decoding itself;
+- ``realtime``: the same pieces through ``/v1/realtime`` transcription sessions on the same gateway (one
+  session per client, each piece appended as fast as the session takes it and committed), for a stage
+  such as Kyutai on a GPU where the backend alone cannot run in this process.
 
     .venv/bin/python -m loadtest.bench.transcriptions --minutes 2 --clients 1,2
+    python3 -m loadtest.bench.transcriptions --audio speech.flac --clients 1,8,32 --baseline realtime \
+        --server-args '--policy none --tts tone --asr kyutai --asr-device cuda'
 
 Prints a markdown table (appended to docs/benchmarks-log.md with ``--write``).
 """
@@ -15,11 +22,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import datetime as dt
+import json
 import time
 from pathlib import Path
 
 import httpx
+import soundfile
+import websockets
 
 from loadtest.bench.log import append_run
 from loadtest.bench.realtime import hardware
@@ -61,6 +72,46 @@ def baseline(pcm24k: bytes) -> float:
     return time.perf_counter() - start
 
 
+def read_audio(path: str) -> bytes:
+    """A file as mono PCM16 at ``RATE`` (the first channel)."""
+    data, rate = soundfile.read(path, dtype="int16", always_2d=True)
+    return resample(data[:, 0].tobytes(), rate, RATE)
+
+
+async def realtime_session(ws_url: str, pcm24k: bytes) -> int:
+    """One ``/v1/realtime`` transcription session hearing the file piece by piece (each piece appended
+    in 0.5 s chunks, then committed); returns the number of completed transcripts."""
+    cuts = pieces(pcm24k, RATE)
+    chunk = RATE  # bytes: 0.5 s of PCM16
+    async with websockets.connect(ws_url + "/v1/realtime?intent=transcription", max_size=None) as ws:
+        await ws.recv()  # session.created
+        update = {"type": "transcription", "audio": {"input": {"turn_detection": None}}}
+        await ws.send(json.dumps({"type": "session.update", "session": update}))
+
+        async def send() -> None:
+            for lo, hi in cuts:
+                for at in range(lo * 2, hi * 2, chunk):
+                    audio = base64.b64encode(pcm24k[at : min(at + chunk, hi * 2)]).decode()
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+
+        sender = asyncio.create_task(send())
+        done = 0
+        while done < len(cuts):
+            ev = json.loads(await ws.recv())
+            if ev["type"] == "error":
+                raise RuntimeError(f"realtime transcription session: {ev['error']}")
+            done += ev["type"] == "conversation.item.input_audio_transcription.completed"
+        await sender
+        return done
+
+
+async def realtime_clients(ws_url: str, pcm24k: bytes, n: int) -> float:
+    start = time.perf_counter()
+    await asyncio.gather(*(realtime_session(ws_url, pcm24k) for _ in range(n)))
+    return time.perf_counter() - start
+
+
 async def post(url: str, data: bytes) -> str:
     async with httpx.AsyncClient(timeout=3600) as client:
         r = await client.post(url, files={"file": ("speech.flac", data)}, data={"model": "whisper-1"})
@@ -79,37 +130,59 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=2.0)
     ap.add_argument("--clients", default="1,2")
     ap.add_argument("--server-args", default="--policy none --tts tone --transcription-max-concurrent 4")
+    ap.add_argument(
+        "--audio", help="transcribe this file (any format libsndfile reads) instead of Piper speech"
+    )
+    ap.add_argument("--baseline", choices=("pocketsphinx", "realtime"), default="pocketsphinx")
     ap.add_argument("--write", action="store_true", help="append the table to docs/benchmarks-log.md")
     args = ap.parse_args()
-    pcm = speech(args.minutes)
+    pcm = read_audio(args.audio) if args.audio else speech(args.minutes)
     audio_s = len(pcm) / 2 / RATE
     data = encode(pcm, RATE, "flac")
-    alone = baseline(pcm)
-    rows = [("pocketsphinx backend alone, in process (baseline)", 1, alone)]
-    server = start_server(*args.server_args.split(), name="bench-transcriptions", timeout=300)
+    counts = [int(c) for c in args.clients.split(",")]
+    rows: list[tuple[str, int, float]] = []
+    if args.baseline == "pocketsphinx":
+        rows.append(("pocketsphinx backend alone, in process (baseline)", 1, baseline(pcm)))
+    server = start_server(*args.server_args.split(), name="bench-transcriptions", timeout=600)
     try:
         url = server.http + "/v1/audio/transcriptions"
-        for n in [int(c) for c in args.clients.split(",")]:
-            rows.append((f"POST /v1/audio/transcriptions, {n} client(s) at once", n, asyncio.run(clients(url, data, n))))
+        for n in counts:
+            if args.baseline == "realtime":
+                wall = asyncio.run(realtime_clients(server.ws, pcm, n))
+                rows.append((f"/v1/realtime transcription sessions, {n} at once (baseline)", n, wall))
+            rows.append(
+                (
+                    f"POST /v1/audio/transcriptions, {n} client(s) at once",
+                    n,
+                    asyncio.run(clients(url, data, n)),
+                )
+            )
     finally:
         stop_server(server)
+    source = (
+        f"`{Path(args.audio).name}`"
+        if args.audio
+        else "Piper speech (three sentences with 0.5 s pauses, repeated)"
+    )
     lines = [
         "",
-        f"## {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M')} UTC · CPU: file transcription throughput",
+        f"## {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M')} UTC · file transcription throughput",
         "",
         f"- hardware: {hardware()}",
         f"- command: `python -m loadtest.bench.transcriptions --minutes {args.minutes:g} --clients {args.clients} "
-        f"--server-args '{args.server_args}'`",
-        f"- file: {audio_s:.0f} s of Piper speech (three sentences with 0.5 s pauses, repeated), FLAC "
-        f"{len(data) // 1024} KiB; the gateway decodes it, cuts it at pauses into <= 20 s pieces and streams each "
-        "through the ASR stage worker (pocketsphinx in its child process)",
+        f"--baseline {args.baseline} --server-args '{args.server_args}'`",
+        f"- file: {audio_s:.0f} s of {source}, FLAC {len(data) // 1024} KiB; the gateway decodes it, cuts it at "
+        "pauses into <= 20 s pieces and streams each through the ASR stage worker",
         "",
         "| path | clients | wall s | audio s per wall s | vs baseline |",
         "|---|---|---|---|---|",
     ]
+    # each row against the baseline with as many clients (pocketsphinx alone: its one run)
+    base_speed = {n: n * audio_s / wall for label, n, wall in rows if "baseline" in label}
     for label, n, wall in rows:
         speed = n * audio_s / wall
-        lines.append(f"| {label} | {n} | {wall:.1f} | {speed:.1f} | {speed / (audio_s / alone):.2f}x |")
+        ref = base_speed.get(n, base_speed.get(1, speed))
+        lines.append(f"| {label} | {n} | {wall:.1f} | {speed:.1f} | {speed / ref:.2f}x |")
     table = "\n".join(lines) + "\n"
     print(table)
     if args.write:
