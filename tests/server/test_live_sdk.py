@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from realtime_gw.sessions.live import ACKNOWLEDGE, SPEAK_RESULT
+from realtime_gw.sessions.live_delegation import ACKNOWLEDGE, SPEAK_RESULT
 from realtime_gw.testing.audio import synthesize, transcribe, wer
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from tests.chat_server import ChatServer, Reply, ToolCallReply, running_chat_server, say_back

@@ -18,7 +18,8 @@ from realtime_gw.sessions.events import (
     StartResponse,
     StartVad,
 )
-from realtime_gw.sessions.live import ACKNOWLEDGE, DELEGATE_TOOL, MAX_QUEUED_ITEMS, SPEAK_RESULT, LiveSession
+from realtime_gw.sessions.live import MAX_QUEUED_ITEMS, LiveSession
+from realtime_gw.sessions.live_delegation import ACKNOWLEDGE, DELEGATE_TOOL, SPEAK_RESULT
 from tests.server.live_events import validate_live
 
 
