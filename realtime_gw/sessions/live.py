@@ -24,7 +24,7 @@ import msgspec
 
 from realtime_gw.protocols import live
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.sessions.events import Close, Effect, Limits, Send
+from realtime_gw.sessions.events import Close, Effect, Limits, Send, ServerStopping
 from realtime_gw.sessions.live_backend import Backend, LiveError, checked_config
 from realtime_gw.sessions.live_delegation import (
     ACKS,
@@ -109,6 +109,8 @@ class LiveSession(Delegating):
             return []
         if isinstance(event, live.ErrorEvent):  # a frame that did not decode
             return [self.ids.send(event)]
+        if isinstance(event, ServerStopping):  # a client told why reconnects; a bare close looks like a fault
+            return self.end("connection_lost", now)
         if isinstance(event, live.Unsupported):
             why = f"'{event.type}' is not supported by this gateway (see its protocol notes)"
             return [self.error(why, "unsupported_event", "type", event.event_id)]

@@ -310,3 +310,14 @@ def test_commentary_waiting_for_the_voice_is_bounded() -> None:
     (error,) = sent(client(s, {"type": "session.commentary.append", "event_id": "more", "content": "More."}))
     assert (error.error.param, error.error.client_event_id) == ("content", "more")
     assert len(s.queued) == MAX_QUEUED_ITEMS and not s.closed
+
+
+def test_server_stopping_ends_the_session_with_session_closed() -> None:
+    from realtime_gw.sessions.events import ServerStopping
+
+    s = started()
+    effects = s.handle(ServerStopping(), 3.0)
+    (closed,) = sent(effects)
+    assert (closed.type, closed.reason) == ("session.closed", "connection_lost")
+    assert isinstance(effects[-1], Close) and effects[-1].code == 1000
+    assert s.closed and s.handle(ServerStopping(), 4.0) == []
