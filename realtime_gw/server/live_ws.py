@@ -94,7 +94,8 @@ async def live_endpoint(ws: WebSocket) -> None:
     now = time.monotonic()
     session = LiveSession(
         "sess_" + secrets.token_hex(8),
-        session_limits(gateway, "gpt-live", admission.key),
+        # the model the voice and the Responses backend run on: what info and Responses snapshots name
+        session_limits(gateway, getattr(gateway.responder, "model", gateway.responder.name), admission.key),
         now,
         gateway.config.realtime_max_session_s or NO_LIMIT_S,
         unix_offset_s=time.time() - now,

@@ -37,6 +37,7 @@ from realtime_gw.sessions.live_delegation import (
     system_item,
 )
 from realtime_gw.sessions.live_fixture import Fixture, FixtureError
+from realtime_gw.sessions.live_info import ExpiryWarning, start_notices
 from realtime_gw.sessions.live_transcripts import InputTranscripts
 from realtime_gw.sessions.realtime import RealtimeSession
 
@@ -76,6 +77,7 @@ class LiveSession(Delegating):
         self.backend: Backend | None = None
         """Under Responses delegation: the backend model's runs (``live_backend.py``)."""
         self.transcripts = InputTranscripts()
+        self.expiry: ExpiryWarning | None = None
         self.ack_due: float | None = None
         """When the automatic acknowledgement of a delegation is due (none pending: None)."""
         self.spoke: set[str] = set()
@@ -123,7 +125,8 @@ class LiveSession(Delegating):
             out = self.fixture.notice(event)  # type: ignore[arg-type]
         else:  # worker results, time, the outbox's notices: the realtime session's business
             out = self._outgoing(self.inner.handle(event, now), now) if self.started else []
-        return out + self._speak_queued(now) + self._acknowledge(now) + self._drain(now)
+        notices = [self.ids.send(n) for n in self.expiry.due(now)] if self.expiry is not None else []
+        return out + self._speak_queued(now) + self._acknowledge(now) + notices + self._drain(now)
 
     def close(self) -> list[Effect]:
         """The connection is gone: what the realtime session stops (its sends are moot)."""
@@ -219,8 +222,10 @@ class LiveSession(Delegating):
             safety_identifier=config.safety_identifier,
             store=config.store,
         )
+        self.expiry = ExpiryWarning(now, self.max_session_s, self.resource.expires_at)
         started = self.ids.send(live.SessionStartedEvent(session=self.resource, client_event_id=ev.event_id))
-        return [started, *self._outgoing(effects, now)]
+        notices = [self.ids.send(n) for n in start_notices(config, limits.model)]
+        return [started, *notices, *self._outgoing(effects, now)]
 
     def _append_audio(self, ev: live.InputAudioAppendEvent, now: float) -> list[Effect]:
         if self.closing_since is not None:

@@ -165,6 +165,8 @@ async def test_events_before_start_are_refused(gateway: tuple[ChatServer, LiveSe
         await conn.session.start(session={"model": "gpt-live-1", "audio": {"format": {"type": "audio/pcmu", "rate": 8000}}})
         started = await recv(conn)
         assert started.type == "session.started" and started.session.audio.format.type == "audio/pcmu"
+        info = await recv(conn)  # what the model names run on, validated as the SDK's InfoEvent
+        assert info.type == "info" and info.code == "model_mapped" and "gpt-live-1" in info.message
         frame = await recv(conn)
         assert frame.type == "session.output_audio.delta" and frame.start_ms == 0
 
