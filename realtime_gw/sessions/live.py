@@ -10,10 +10,10 @@ transcript stay realtime events in the outbox (paced, purged on barge-in) and be
 ``session.output_audio.delta`` / ``session.output_transcript.delta`` as they are written
 (``live_wire.py``), where the continuous output stream and its clock live.
 
-Delegation to the client: the voice front is offered one function, ``delegate``; when it calls it,
-the call id becomes the delegation id of ``session.delegation.created``, and the app's
-``thinking.append`` / ``commentary.append`` with that ``delegation_id`` is the call's output (spoken,
-for commentary). Time on the session clock is milliseconds since ``session.start``.
+Delegation (``live_delegation.py``): the voice front is offered one function, ``delegate``; its call
+id is the delegation id. The app answers it (client delegation), or the backend model runs it as
+out-of-band responses of the same realtime session (Responses delegation, ``live_backend.py``).
+Time on the session clock is milliseconds since ``session.start``.
 """
 
 from __future__ import annotations
