@@ -181,7 +181,7 @@ class LiveSession(Delegating):
                 self.close_event_id = ev.event_id
                 return []
             case live.ResponseItemCreateEvent():
-                self._backend(kind).give_output(ev.item)
+                self._backend(kind).add_item(ev.item)
                 return []
             case live.ResponseCreateEvent():
                 return [e for d, task in self._backend(kind).continuations() for e in self._run_backend(d, task, now)[1]]

@@ -32,6 +32,9 @@ BACKEND_INSTRUCTIONS = (
 )
 """The backend's instructions when ``delegation.responses.instructions`` is not set."""
 FAILED = "The delegated task could not be completed."
+APP = "app:"
+"""Key prefix of the app's own backend requests (no delegation: ``delegation_id`` null)."""
+MAX_PENDING_MESSAGES = 32
 
 
 class LiveError(Exception):
@@ -80,7 +83,11 @@ class Backend:
         self.runs: dict[str, Run] = {}
         """Runs in progress, by realtime response id."""
         self.tasks: dict[str, Task] = {}
-        """Delegations whose backend work is not finished, by delegation id."""
+        """Delegations whose backend work is not finished, by delegation id (the app's own requests
+        under a key of their own, ``APP`` + a number)."""
+        self.pending: list[dict[str, Any]] = []
+        """Messages the app added for the next ``response.create``."""
+        self.app_runs = 0
 
     # -- configuration ---------------------------------------------------------------------------------
     def params(self, task: Task) -> rt.ResponseParams:
@@ -112,12 +119,19 @@ class Backend:
         self.tasks[delegation_id].running = response_id
         self.runs[response_id] = Run(delegation_id)
 
-    def give_output(self, item: dict[str, Any]) -> None:
-        """``response.item.create``: a function call's output (raises ``LiveError``)."""
-        if item.get("type") != "function_call_output":
-            kind = item.get("type")
+    def add_item(self, item: dict[str, Any]) -> None:
+        """``response.item.create``: a function call's output, or a message for the next response
+        (raises ``LiveError``)."""
+        kind = item.get("type", "message")
+        if kind == "message":
+            self.pending.append(_message(item))
+            if len(self.pending) > MAX_PENDING_MESSAGES:
+                self.pending.pop()
+                raise LiveError(f"At most {MAX_PENDING_MESSAGES} messages may wait for response.create", "invalid_value", "item")
+            return
+        if kind != "function_call_output":
             raise LiveError(
-                f"Item type '{kind}' is not supported here; send a 'function_call_output' for each call",
+                f"Item type '{kind}' is not supported: send a 'message' or a 'function_call_output'",
                 "unsupported_value",
                 "item.type",
             )
@@ -138,21 +152,30 @@ class Backend:
         task.outputs[call_id] = output
 
     def continuations(self) -> list[tuple[str, Task]]:
-        """``response.create``: the delegations to continue, each with every output in its
-        conversation (raises ``LiveError`` for a partial batch, or when none waits)."""
+        """``response.create``: the work to run next, each with its conversation: every delegation
+        whose calls all have their outputs, with them (and the messages the app added); else, a
+        response the app asks for over its messages. Raises ``LiveError`` for a partial batch, or
+        when there is nothing to respond to."""
         waiting = [(d, t) for d, t in self.tasks.items() if t.outputs]
         for _, t in waiting:
             missing = [c for c, out in t.outputs.items() if out is None]
             if missing:
                 raise LiveError(f"No tool output found for function call {missing[0]}.", "invalid_value", "type")
         ready = [(d, t) for d, t in waiting if t.running is None]
-        if not ready:
-            why = "a delegated response is still running" if waiting else "no delegated response is waiting for tool results"
-            raise LiveError(f"Nothing to continue: {why}", "invalid_value", "type")
+        if not ready and not self.pending:
+            why = "a delegated response is still running" if waiting else "no function call outputs or messages were added"
+            raise LiveError(f"Nothing to respond to: {why}", "invalid_value", "type")
         for _, t in ready:
             for call_id, out in t.outputs.items():
                 t.items.append({"type": "function_call_output", "call_id": call_id, "output": out})
             t.outputs = {}
+            t.items += self.pending
+        if not ready:  # the app's own request: a task of the session, not of a delegation
+            self.app_runs += 1
+            key = f"{APP}{self.app_runs}"
+            self.tasks[key] = Task(items=list(self.pending))
+            ready = [(key, self.tasks[key])]
+        self.pending = []
         return ready
 
     # -- the backend's events, as Responses stream events ----------------------------------------------
@@ -165,7 +188,8 @@ class Backend:
             return None, outcome
         event["sequence_number"] = run.seq
         run.seq += 1
-        return live.ResponseEventEnvelope(event=event, delegation_id=run.delegation_id), outcome
+        delegation_id = None if run.delegation_id.startswith(APP) else run.delegation_id
+        return live.ResponseEventEnvelope(event=event, delegation_id=delegation_id), outcome
 
     def _event(self, run: Run, ev: rt.ServerEvent, now: float) -> tuple[dict[str, Any] | None, Outcome | None]:
         match ev:
@@ -251,6 +275,29 @@ class Backend:
     def close(self) -> None:
         self.runs.clear()
         self.tasks.clear()
+
+
+def _message(item: dict[str, Any]) -> dict[str, Any]:
+    """A Responses input message (text only) as a realtime input item; raises ``LiveError``."""
+    role = item.get("role")
+    if role not in ("user", "developer", "system", "assistant"):
+        raise LiveError("A message's 'role' is user, developer, system or assistant", "invalid_value", "item.role")
+    content = item.get("content")
+    parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else content
+    if not isinstance(parts, list) or not parts:
+        raise LiveError("A message needs 'content': text, or a list of text parts", "invalid_value", "item.content")
+    texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") in ("input_text", "output_text")]
+    if len(texts) != len(parts) or not all(isinstance(t, str) for t in texts):
+        raise LiveError("Only text parts are supported in a message", "unsupported_value", "item.content")
+    unknown = set(item) - {"type", "role", "content", "id", "status"}
+    if unknown:
+        name = sorted(unknown)[0]
+        raise LiveError(f"Unknown parameter in 'item': '{name}'", "unknown_parameter", f"item.{name}")
+    text = "\n".join(texts)  # type: ignore[arg-type]
+    if role == "assistant":
+        return _said(text)
+    rt_role = "user" if role == "user" else "system"
+    return {"type": "message", "role": rt_role, "content": [{"type": "input_text", "text": text}]}
 
 
 def _where(ev: Any) -> dict[str, Any]:

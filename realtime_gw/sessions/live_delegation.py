@@ -104,9 +104,9 @@ class Delegating:
 
     def _result(self, delegation_id: str, text: str, now: float) -> list[Effect]:
         """The backend's outcome, spoken by the voice (as the delegation's result when the app has
-        not answered it already)."""
+        not answered it already; else, and for the app's own requests, as something to tell the user)."""
         self.ack_due = None
-        if self.delegations.get(delegation_id):
+        if self.delegations.get(delegation_id, True):  # answered already, or the app's own request
             return self._say([system_item(FRAMES[live.CommentaryAppendEvent].format(text))], True, now)
         self.delegations[delegation_id] = True
         return self._say(result_items(delegation_id, text, True), True, now)

@@ -152,9 +152,28 @@ def test_refusals() -> None:
     s = responses_session()
     (error,) = sent(client(s, {"type": "response.create", "event_id": "c"}))
     assert (error.error.code, error.error.client_event_id) == ("invalid_value", "c")
-    message = {"type": "message", "role": "user", "content": "hi"}
-    (error,) = sent(client(s, {"type": "response.item.create", "item": message}))
+    (error,) = sent(client(s, {"type": "response.item.create", "item": {"type": "item_reference", "id": "x"}}))
     assert (error.error.code, error.error.param) == ("unsupported_value", "item.type")
+    image = {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]}
+    (error,) = sent(client(s, {"type": "response.item.create", "item": image}))
+    assert (error.error.code, error.error.param) == ("unsupported_value", "item.content")
+
+
+def test_the_app_asks_the_backend_itself_and_the_voice_says_the_answer() -> None:
+    s = responses_session()
+    message = {"type": "message", "role": "user", "content": "What is on my calendar today?"}
+    assert sent(client(s, {"type": "response.item.create", "item": message})) == []
+    effects = client(s, {"type": "response.create", "event_id": "ask"}, now=2.0)
+    (run,) = starts(effects)
+    assert not run.audio and [(m.role, m.content) for m in run.messages][1:] == [("user", "What is on my calendar today?")]
+    envelopes = [e for e in sent(effects) if e.type == "response.event"]
+    assert [e.event["type"] for e in envelopes] == ["response.created"] and envelopes[0].delegation_id is None
+    s.handle(ResponseTextDelta(run.response_id, run.epoch, "A dentist at noon."), 2.5)
+    effects = s.handle(ResponseFinished(run.response_id, run.epoch), 2.6)
+    (voice,) = starts(effects)
+    assert voice.audio and voice.messages[-1].content.endswith("A dentist at noon.")
+    (error,) = sent(client(s, {"type": "response.create", "event_id": "again"}))  # nothing new to answer
+    assert error.error.client_event_id == "again"
 
 
 def test_response_events_need_responses_delegation() -> None:
