@@ -35,6 +35,8 @@ FAILED = "The delegated task could not be completed."
 APP = "app:"
 """Key prefix of the app's own backend requests (no delegation: ``delegation_id`` null)."""
 MAX_PENDING_MESSAGES = 32
+CONTEXT_TURNS = 8
+CONTEXT_INTRO = "The conversation with the user so far, for reference (the task follows):"
 
 
 class LiveError(Exception):
@@ -104,15 +106,18 @@ class Backend:
         )
 
     # -- delegations and the app's answers ------------------------------------------------------------
-    def delegate(self, delegation_id: str, arguments: str) -> Task:
-        """The voice handed over a task (the ``delegate`` call's arguments): its conversation starts."""
+    def delegate(self, delegation_id: str, arguments: str, context: list[tuple[str, str]]) -> Task:
+        """The voice handed over a task (the ``delegate`` call's arguments): its conversation starts,
+        with the last turns of the spoken conversation (``context``: role, text) for reference."""
         try:
             task = json.loads(arguments).get("task")
         except (ValueError, AttributeError):
             task = None
         text = task if isinstance(task, str) and task.strip() else arguments
         item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-        self.tasks[delegation_id] = Task(items=[item])
+        said = "\n".join(f"{role}: {words}" for role, words in context[-CONTEXT_TURNS:])
+        heard = [_system(f"{CONTEXT_INTRO}\n{said}")] if said else []
+        self.tasks[delegation_id] = Task(items=[*heard, item])
         return self.tasks[delegation_id]
 
     def started(self, delegation_id: str, response_id: str) -> None:
@@ -302,6 +307,10 @@ def _message(item: dict[str, Any]) -> dict[str, Any]:
 
 def _where(ev: Any) -> dict[str, Any]:
     return {"item_id": ev.item_id, "output_index": ev.output_index}
+
+
+def _system(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "system", "content": [{"type": "input_text", "text": text}]}
 
 
 def _said(text: str) -> dict[str, Any]:

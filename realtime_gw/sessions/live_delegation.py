@@ -14,7 +14,7 @@ from typing import Any
 
 from realtime_gw.protocols import live
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.sessions.conversation import ConversationError
+from realtime_gw.sessions.conversation import ConversationError, Entry, item_text
 from realtime_gw.sessions.events import Effect, Ids, Send
 from realtime_gw.sessions.live_backend import FAILED, Backend, LiveError, Task
 from realtime_gw.sessions.realtime import RealtimeSession
@@ -75,7 +75,8 @@ class Delegating:
             ref = live.DelegationRef(id=ev.call_id, target="client")
             return [self.ids.send(live.DelegationCreatedEvent(delegation=ref, offset_ms=self.clock_ms(now)))]
         at = self.clock_ms(now)
-        response_id, run = self._run_backend(ev.call_id, self.backend.delegate(ev.call_id, ev.arguments), now)
+        task = self.backend.delegate(ev.call_id, ev.arguments, spoken_turns(self.inner.conversation.entries()))
+        response_id, run = self._run_backend(ev.call_id, task, now)
         ref = live.DelegationRef(id=ev.call_id, target="responses", response_id=response_id)
         return [self.ids.send(live.DelegationCreatedEvent(delegation=ref, offset_ms=at)), *run]
 
@@ -143,6 +144,12 @@ def response_of(ev: object) -> str | None:
     if isinstance(ev, rt.ResponseCreatedEvent | rt.ResponseDoneEvent):
         return ev.response.id
     return getattr(ev, "response_id", None)
+
+
+def spoken_turns(entries: list[Entry]) -> list[tuple[str, str]]:
+    """What the user and the voice said, in order (the context a backend model gets)."""
+    turns = [(e.item.role, item_text(e.item).strip()) for e in entries if e.item.type == "message" and e.item.role in ("user", "assistant")]
+    return [(role or "", text) for role, text in turns if text]
 
 
 def system_item(text: str) -> rt.Item:

@@ -191,3 +191,14 @@ def test_a_refused_start_leaves_nothing_started() -> None:
     effects = client(s, {"type": "session.start", "session": {"model": "gpt-live-1"}})
     assert s.started and len([e for e in effects if isinstance(e, StartVad)]) == 1
     assert [e for e in s.close() if type(e).__name__ == "StopVad"]  # the one VAD stream the start ran
+
+
+def test_the_backend_reads_the_spoken_conversation_for_reference() -> None:
+    from realtime_gw.protocols import realtime as rt
+
+    s = responses_session()
+    item = rt.Item(type="message", role="user", content=[rt.ContentPart(type="input_text", text="I live in Paris.")])
+    s.inner.handle(rt.ConversationItemCreateEvent(item=item), 1.0)
+    _, run = delegate(s)
+    assert [m.role for m in run.messages] == ["system", "system", "user"]
+    assert run.messages[1].content.endswith("user: I live in Paris.") and run.messages[-1].content == "weather in Paris"
