@@ -27,7 +27,7 @@ from realtime_gw.server import (
 from realtime_gw.server.auth import Access, HostAllowlist, HostPolicy
 from realtime_gw.server.client_secret_endpoint import client_secrets_endpoint
 from realtime_gw.server.client_secrets import ClientSecrets
-from realtime_gw.server.connections import raise_open_files_limit, uvicorn_options
+from realtime_gw.server.connections import GracefulServer, raise_open_files_limit, uvicorn_options
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.responder import build_responder
 from realtime_gw.server.voice_library import VoiceLibrary
@@ -109,7 +109,10 @@ def serve(app: Starlette, config: GatewayConfig) -> None:
 
     soft, hard = raise_open_files_limit()
     log.info("open files limit %s (hard %s)", soft, hard)
-    uvicorn.run(app, **uvicorn_options(config))
+    gateway: Gateway = app.state.gateway
+    # GPT-Live sessions end with session.closed, not a bare close (clients would take it for a fault)
+    ending = lambda: gateway.sessions["live"] > 0  # noqa: E731
+    GracefulServer(uvicorn.Config(app, **uvicorn_options(config)), gateway.stopping, ending).run()
 
 
 def create_app_from_env() -> Starlette:

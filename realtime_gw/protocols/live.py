@@ -3,7 +3,7 @@
 Client events are decoded strictly: an unknown field or an unknown ``type`` is an ``error`` event that
 names the event and the parameter (``code``/``param`` as OpenAI spells them: ``unknown_parameter``,
 ``missing_required_parameter``, ``invalid_value``). Events of the protocol this gateway does not serve
-(Decisions, server-owned Responses delegation turns) decode to ``Unsupported``, so the session can
+(Decisions) decode to ``Unsupported``, so the session can
 refuse them by name. Server events encode with ``encode_server_event``; fields left at their default
 (``None``) are omitted, as the SDK's models make them optional. Pure: no I/O.
 """
@@ -57,8 +57,23 @@ class ClientDelegation(_Strict, tag="client", tag_field="type"):
     acknowledgement_delay_ms: int | None = None
 
 
+class ResponsesConfig(_Strict):
+    """``delegation.responses``: the backend model's settings (at start ``model`` is required; an
+    update names only what changes). Tools and ``tool_choice`` are checked by the session."""
+
+    model: str | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning: dict[str, Any] | None = None
+    service_tier: str | None = None
+    text: dict[str, Any] | None = None
+    tool_choice: Any = None
+    tools: list[Any] | None = None
+
+
 class ResponsesDelegation(_Strict, tag="responses", tag_field="type"):
-    responses: dict[str, Any] | None = None
+    responses: ResponsesConfig | None = None
     acknowledgement_delay_ms: int | None = None
 
 
@@ -172,6 +187,16 @@ class SessionCloseEvent(ClientEvent, tag="session.close"):
     pass
 
 
+class ResponseItemCreateEvent(ClientEvent, tag="response.item.create"):
+    """An input item for the Responses backend (a ``function_call_output``, or a message)."""
+
+    item: dict[str, Any]
+
+
+class ResponseCreateEvent(ClientEvent, tag="response.create"):
+    """Continue the delegated responses whose function calls all have their outputs."""
+
+
 class OutputAudioFixturePlayEvent(ClientEvent, tag="session.output_audio.fixture.play"):
     audio: bytes
     """base64 raw mono PCM16LE at 24 kHz, whatever the session's format; at most 30 s."""
@@ -188,6 +213,8 @@ AnyClientEvent = (
     | CommentaryAppendEvent
     | SessionCloseEvent
     | OutputAudioFixturePlayEvent
+    | ResponseItemCreateEvent
+    | ResponseCreateEvent
 )
 
 UNSUPPORTED_TYPES = frozenset(
@@ -195,8 +222,6 @@ UNSUPPORTED_TYPES = frozenset(
         "decision.create",
         "decision.item.create",
         "decision.item.delete",
-        "response.item.create",
-        "response.create",
     }
 )
 """Client events of the protocol this gateway does not serve (see docs/protocols.md)."""
@@ -316,6 +341,14 @@ class Error(Struct, kw_only=True):
 
 class ErrorEvent(_Answer, tag="error"):
     error: Error
+
+
+class ResponseEventEnvelope(_Answer, tag="response.event"):
+    """One event of the Responses backend's stream (``event`` in the Responses API's shape), under the
+    delegation it works for."""
+
+    event: dict[str, Any]
+    delegation_id: str | None = None
 
 
 class InfoEvent(_Answer, tag="info"):

@@ -17,6 +17,7 @@ place back when the socket closes and keeps the keepalive honest under backpress
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import resource
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import h11
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
@@ -254,3 +256,28 @@ def uvicorn_options(config: GatewayConfig) -> dict[str, Any]:
         "ws_ping_interval": WS_PING_INTERVAL_S,
         "ws_ping_timeout": WS_PING_TIMEOUT_S,
     }
+
+
+SHUTDOWN_DRAIN_S = 3.0
+"""At shutdown, how long sessions have to say goodbye (GPT-Live's ``session.closed``) before uvicorn
+closes their sockets."""
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, which at shutdown first stops listening and sets ``stopping`` so sessions
+    can end themselves, and waits while ``ending()`` says some still are (at most
+    ``SHUTDOWN_DRAIN_S``) before it closes every connection left (a bare 1012)."""
+
+    def __init__(self, config: uvicorn.Config, stopping: asyncio.Event, ending: Callable[[], bool]) -> None:
+        super().__init__(config)
+        self.stopping, self.ending = stopping, ending
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        for server in self.servers:
+            server.close()
+        self.stopping.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SHUTDOWN_DRAIN_S
+        while self.ending() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        await super().shutdown(sockets)

@@ -4,6 +4,7 @@ and live session counts. Built once by ``app.create_app``; handlers reach it as
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from realtime_gw.config import GatewayConfig
@@ -26,6 +27,9 @@ class Gateway:
     """Files being transcribed (``POST /v1/audio/transcriptions``), bounded by ``transcription_max_concurrent``."""
     voices: VoiceLibrary = field(default_factory=VoiceLibrary)
     """Custom voices and consent recordings, per API key (``/v1/audio/voices``)."""
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the server begins to shut down, before it closes connections (``app.GracefulServer``):
+    sessions whose protocol has a closing event send it first."""
 
     def voices_for(self, key: str | None) -> frozenset[str]:
         """The voice names ``key`` may speak with: the TTS model's, "default", OpenAI's, and its own

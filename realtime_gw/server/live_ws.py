@@ -5,7 +5,8 @@ writer and worker pumps as ``/v1/realtime``; what differs is the protocol face: 
 ``LiveSession`` (the realtime session behind a GPT-Live face), frames are decoded by
 ``protocols.live`` and written through ``LiveWire``, which keeps the output audio one continuous
 stream. A filler task asks the wire for silence every half frame, so the stream keeps up with the
-session clock while the voice is quiet. Expiry and idleness end the session with ``session.closed``.
+session clock while the voice is quiet. Expiry, idleness and the server's shutdown end the session with
+``session.closed``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from realtime_gw.server.auth import Refusal
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.realtime_input import ClientInput
 from realtime_gw.server.realtime_ws import RealtimeConnection, serve_admitted, session_limits
-from realtime_gw.sessions.events import Send
+from realtime_gw.sessions.events import Send, ServerStopping
 from realtime_gw.sessions.live import LiveSession
 from realtime_gw.sessions.live_wire import FRAME_MS, LiveWire
 
@@ -49,7 +50,12 @@ class LiveConnection(RealtimeConnection):
 
     async def run(self) -> None:
         self.spawn(self._fill_silence(), "silence")
+        self.spawn(self._on_server_stopping(), "stopping")
         await super().run()
+
+    async def _on_server_stopping(self) -> None:
+        await self.gateway.stopping.wait()
+        await self.mailbox.put(ServerStopping())
 
     async def _write(self, event: Any) -> None:
         """The outbox let ``event`` go: write its GPT-Live form, if the protocol has one."""
@@ -88,7 +94,8 @@ async def live_endpoint(ws: WebSocket) -> None:
     now = time.monotonic()
     session = LiveSession(
         "sess_" + secrets.token_hex(8),
-        session_limits(gateway, "gpt-live", admission.key),
+        # the model the voice and the Responses backend run on: what info and Responses snapshots name
+        session_limits(gateway, getattr(gateway.responder, "model", gateway.responder.name), admission.key),
         now,
         gateway.config.realtime_max_session_s or NO_LIMIT_S,
         unix_offset_s=time.time() - now,

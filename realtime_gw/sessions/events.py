@@ -163,6 +163,11 @@ class Tick:
     """Time passes (idle timeouts)."""
 
 
+@dataclass(slots=True)
+class ServerStopping:
+    """The server is shutting down: the session ends now, telling its client why where its protocol can."""
+
+
 # -- effects -----------------------------------------------------------------------------------------
 
 

@@ -10,10 +10,10 @@ transcript stay realtime events in the outbox (paced, purged on barge-in) and be
 ``session.output_audio.delta`` / ``session.output_transcript.delta`` as they are written
 (``live_wire.py``), where the continuous output stream and its clock live.
 
-Delegation to the client: the voice front is offered one function, ``delegate``; when it calls it,
-the call id becomes the delegation id of ``session.delegation.created``, and the app's
-``thinking.append`` / ``commentary.append`` with that ``delegation_id`` is the call's output (spoken,
-for commentary). Time on the session clock is milliseconds since ``session.start``.
+Delegation (``live_delegation.py``): the voice front is offered one function, ``delegate``; its call
+id is the delegation id. The app answers it (client delegation), or the backend model runs it as
+out-of-band responses of the same realtime session (Responses delegation, ``live_backend.py``).
+Time on the session clock is milliseconds since ``session.start``.
 """
 
 from __future__ import annotations
@@ -24,30 +24,25 @@ import msgspec
 
 from realtime_gw.protocols import live
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.sessions.events import Close, Effect, Limits, Send
+from realtime_gw.sessions.events import Close, Effect, Limits, Send, ServerStopping
+from realtime_gw.sessions.live_backend import Backend, LiveError, checked_config
+from realtime_gw.sessions.live_delegation import (
+    ACKS,
+    DELEGATE_SPEC,
+    DELEGATE_TOOL,
+    FRAMES,
+    Delegating,
+    response_of,
+    result_items,
+    system_item,
+)
 from realtime_gw.sessions.live_fixture import Fixture, FixtureError
+from realtime_gw.sessions.live_info import ExpiryWarning, start_notices
+from realtime_gw.sessions.live_transcripts import InputTranscripts
 from realtime_gw.sessions.realtime import RealtimeSession
 
-DELEGATE_TOOL = "delegate"
-DELEGATE_SPEC: dict[str, Any] = {
-    "type": "function",
-    "name": DELEGATE_TOOL,
-    "description": (
-        "Hand a task you cannot do yourself (looking something up, acting for the user) to the "
-        "application. Say briefly that you are on it; the result comes back later."
-    ),
-    "parameters": {
-        "type": "object",
-        "properties": {"task": {"type": "string", "description": "What to do, in full."}},
-        "required": ["task"],
-    },
-}
 MAX_STARTUP_MESSAGES = 128
 MAX_APPEND_TOKENS = 500
-ACKNOWLEDGE = "The application is working on the task you delegated: tell the user, in a few words, that you are on it."
-"""What asks the voice for the automatic spoken acknowledgement of a delegation."""
-SPEAK_RESULT = "The delegated task is done; its result is the tool output above: tell the user now."
-"""After a delegation's result given as commentary: what asks the voice to speak it."""
 DRAIN_S = 10.0
 """``session.close`` lets the voice finish for at most this long."""
 _SILENT_BYTE = {"audio/pcm": b"\0", "audio/pcmu": b"\xff", "audio/pcma": b"\xd5"}
@@ -58,18 +53,12 @@ MAX_QUEUED_ITEMS = 32
 """Commentary items waiting for the voice to finish its current reply (each append adds one or two)."""
 
 
-class LiveError(Exception):
-    def __init__(self, message: str, code: str = "invalid_value", param: str | None = None) -> None:
-        super().__init__(message)
-        self.code, self.param = code, param
-
-
 def approx_tokens(text: str) -> int:
     """About four characters a token (the gateway's stand-in tokenizer)."""
     return -(-len(text) // 4)
 
 
-class LiveSession:
+class LiveSession(Delegating):
     def __init__(
         self, session_id: str, limits: Limits, now: float, max_session_s: float, unix_offset_s: float = 0.0
     ) -> None:
@@ -84,13 +73,11 @@ class LiveSession:
         self.muted = False
         self.fixture = Fixture(self.ids)
         self.delegations: dict[str, bool] = {}
-        """Delegation (call) ids this session created -> whether the app answered it yet."""
-        self.turn_ms: dict[str, list[int]] = {}
-        """Each user turn's ``[start_ms, end_ms]`` on the input timeline (for its transcript)."""
-        self.hearing: set[str] = set()
-        """User turns whose transcript is being sent (their first delta went out)."""
-        self.transcribed = False
-        """Some user turn's transcript went out before: the next one starts with a space."""
+        """Delegation (call) ids this session created -> whether the voice has their result yet."""
+        self.backend: Backend | None = None
+        """Under Responses delegation: the backend model's runs (``live_backend.py``)."""
+        self.transcripts = InputTranscripts()
+        self.expiry: ExpiryWarning | None = None
         self.ack_due: float | None = None
         """When the automatic acknowledgement of a delegation is due (none pending: None)."""
         self.spoke: set[str] = set()
@@ -124,6 +111,8 @@ class LiveSession:
             return []
         if isinstance(event, live.ErrorEvent):  # a frame that did not decode
             return [self.ids.send(event)]
+        if isinstance(event, ServerStopping):  # a client told why reconnects; a bare close looks like a fault
+            return self.end("connection_lost", now)
         if isinstance(event, live.Unsupported):
             why = f"'{event.type}' is not supported by this gateway (see its protocol notes)"
             return [self.error(why, "unsupported_event", "type", event.event_id)]
@@ -136,10 +125,13 @@ class LiveSession:
             out = self.fixture.notice(event)  # type: ignore[arg-type]
         else:  # worker results, time, the outbox's notices: the realtime session's business
             out = self._outgoing(self.inner.handle(event, now), now) if self.started else []
-        return out + self._speak_queued(now) + self._acknowledge(now) + self._drain(now)
+        notices = [self.ids.send(n) for n in self.expiry.due(now)] if self.expiry is not None else []
+        return out + self._speak_queued(now) + self._acknowledge(now) + notices + self._drain(now)
 
     def close(self) -> list[Effect]:
         """The connection is gone: what the realtime session stops (its sends are moot)."""
+        if self.backend is not None:
+            self.backend.close()
         return [e for e in self.inner.close() if not isinstance(e, Send)]
 
     def end(self, reason: live.CloseReason, now: float, client_event_id: str | None = None) -> list[Effect]:
@@ -188,15 +180,27 @@ class LiveSession:
                 self.closing_since = now
                 self.close_event_id = ev.event_id
                 return []
+            case live.ResponseItemCreateEvent():
+                self._backend(kind).add_item(ev.item)
+                return []
+            case live.ResponseCreateEvent():
+                return [e for d, task in self._backend(kind).continuations() for e in self._run_backend(d, task, now)[1]]
         raise LiveError(f"'{kind}' is not handled", "unsupported_event", "type")
 
     def _start(self, ev: live.SessionStartEvent, now: float) -> list[Effect]:
         config = ev.session
-        update = realtime_update(config, self.inner.limits.voices)
+        limits = self.inner.limits
+        update = realtime_update(config, limits.voices)
+        if isinstance(config.delegation, live.ResponsesDelegation):
+            backend = checked_config(config.delegation.responses, None, limits.max_tools, limits.max_instructions_chars)
+            config.delegation.responses = backend
+            self.backend = Backend(backend, limits.model, self.unix_offset_s)
         self.started_at = now
         effects = self.inner.start(now) + self.inner.handle(update, now)
         problems = [e for e in effects if isinstance(e, Send) and isinstance(e.event, rt.ErrorEvent)]
-        if problems:
+        if problems:  # nothing of this start was run: a fresh machine for the next one
+            self.inner, self.backend = RealtimeSession(self.id, limits, now), None
+            self.ids = self.fixture.ids = self.inner.ids
             error = problems[0].event
             assert isinstance(error, rt.ErrorEvent)
             raise LiveError(error.error.message, error.error.code or "invalid_value", _live_param(error.error.param))
@@ -218,8 +222,10 @@ class LiveSession:
             safety_identifier=config.safety_identifier,
             store=config.store,
         )
+        self.expiry = ExpiryWarning(now, self.max_session_s, self.resource.expires_at)
         started = self.ids.send(live.SessionStartedEvent(session=self.resource, client_event_id=ev.event_id))
-        return [started, *self._outgoing(effects, now)]
+        notices = [self.ids.send(n) for n in start_notices(config, limits.model)]
+        return [started, *notices, *self._outgoing(effects, now)]
 
     def _append_audio(self, ev: live.InputAudioAppendEvent, now: float) -> list[Effect]:
         if self.closing_since is not None:
@@ -240,31 +246,38 @@ class LiveSession:
         return interrupted + self.fixture.play(ev, self.inner.settings.output_format)
 
     def _context(self, ev: live.InstructionsAppendEvent | live.ThinkingAppendEvent | live.CommentaryAppendEvent, now: float) -> list[Effect]:
-        speaking = _checked_append(ev, self.inner.response is not None, len(self.queued))
+        _checked_append(ev, self.inner.response is not None, len(self.queued))
         answers = ev.delegation_id is not None and not isinstance(ev, live.InstructionsAppendEvent)
         if ev.delegation_id is not None and ev.delegation_id not in self.delegations:
             raise LiveError(f"Unknown delegation '{ev.delegation_id}'", "invalid_value", "delegation_id")
         if answers and self.delegations[ev.delegation_id]:  # type: ignore[index]
             raise LiveError(f"Delegation '{ev.delegation_id}' was already answered", "invalid_value", "delegation_id")
+        items = (
+            result_items(ev.delegation_id, ev.content, isinstance(ev, live.CommentaryAppendEvent))  # type: ignore[arg-type]
+            if answers
+            else [system_item(FRAMES[type(ev)].format(ev.content))]
+        )
         if answers:
             self.delegations[ev.delegation_id] = True  # type: ignore[index]
-            items = [rt.Item(type="function_call_output", call_id=ev.delegation_id, output=ev.content)]
-            items += [_system_item(SPEAK_RESULT)] if isinstance(ev, live.CommentaryAppendEvent) else []
-        else:
-            items = [_system_item(_FRAMES[type(ev)].format(ev.content))]
         if not isinstance(ev, live.InstructionsAppendEvent):
             self.ack_due = None  # the app spoke up: no automatic acknowledgement
         at = self.clock_ms(now)
-        ack = self.ids.send(_ACKS[type(ev)](start_ms=at, end_ms=at, client_event_id=ev.event_id))
-        if speaking:
-            self.queued += items  # said once the voice is free: after what it is saying, in order
-            return [ack]
-        effects = self._add_items(items, ev.event_id, now)
+        ack = self.ids.send(ACKS[type(ev)](start_ms=at, end_ms=at, client_event_id=ev.event_id))
+        effects = self._say(items, isinstance(ev, live.CommentaryAppendEvent), now, ev.event_id)
         if any(isinstance(e, Send) and isinstance(e.event, live.ErrorEvent) for e in effects):
             return effects
-        if isinstance(ev, live.CommentaryAppendEvent):
-            effects += self._outgoing(self.inner.responses.answer(self.inner.settings), now)
         return [*effects, ack]
+
+    def _say(self, items: list[rt.Item], speak: bool, now: float, event_id: str | None = None) -> list[Effect]:
+        """``items`` into the conversation and, when ``speak``, the voice answers them: now, or once it
+        has finished what it is saying (queued, in order)."""
+        if speak and self.inner.response is not None:
+            self.queued += items
+            return []
+        effects = self._add_items(items, event_id, now)
+        if speak and not any(isinstance(e, Send) and isinstance(e.event, live.ErrorEvent) for e in effects):
+            effects += self._outgoing(self.inner.responses.answer(self.inner.settings), now)
+        return effects
 
     def _add_items(self, items: list[rt.Item], event_id: str | None, now: float) -> list[Effect]:
         effects: list[Effect] = []
@@ -288,17 +301,14 @@ class LiveSession:
             current = self.resource.delegation
             if type(asked.delegation) is not type(current):
                 raise LiveError("The delegation type cannot change", "invalid_value", "session.delegation.type")
+            if isinstance(asked.delegation, live.ResponsesDelegation) and self.backend is not None:
+                limits = self.inner.limits
+                config = checked_config(asked.delegation.responses, self.backend.config, limits.max_tools, limits.max_instructions_chars)
+                self.backend.config = asked.delegation.responses = config
+            if asked.delegation.acknowledgement_delay_ms is None:  # omitted: kept
+                asked.delegation.acknowledgement_delay_ms = current.acknowledgement_delay_ms  # type: ignore[union-attr]
             self.resource.delegation = asked.delegation
         return [self.ids.send(live.SessionUpdatedEvent(session=self.resource, client_event_id=ev.event_id))]
-
-    def _acknowledge(self, now: float) -> list[Effect]:
-        """The voice acknowledges a delegation it made silently, ``acknowledgement_delay_ms`` after it
-        (unless a commentary or thinking came first, or the session is closing)."""
-        if self.ack_due is None or now < self.ack_due or self.closing_since is not None:
-            return []
-        self.ack_due = None
-        effects = self.inner.handle(rt.ConversationItemCreateEvent(item=_system_item(ACKNOWLEDGE)), now)
-        return self._outgoing(effects + self.inner.responses.answer(self.inner.settings), now)
 
     def _drain(self, now: float) -> list[Effect]:
         if self.closing_since is None or self.ended:
@@ -314,10 +324,16 @@ class LiveSession:
             if not isinstance(e, Send):
                 out.append(e)
                 continue
+            if self.backend is not None and response_of(e.event) in self.backend.runs:
+                out += self._backend_event(e.event, now)
+                continue
+            if isinstance(e.event, rt.ResponseFunctionCallArgumentsDoneEvent) and e.event.name == DELEGATE_TOOL:
+                out += self._delegated(e.event, now)
+                continue
             if isinstance(e.event, rt.ResponseDoneEvent):
                 usage = live.SessionUsage(seconds=float(self.clock_ms(now) // 1000))
                 out.append(self.ids.send(live.SessionUsageUpdatedEvent(usage=usage)))
-            mapped = self._map(e.event, now)
+            mapped = self._map(e.event)
             if mapped is e.event:
                 out.append(e)
             elif mapped is not None:
@@ -325,7 +341,7 @@ class LiveSession:
                 out.append(Send(mapped, response_id=e.response_id, audio_ms=e.audio_ms))
         return out
 
-    def _map(self, ev: rt.ServerEvent, now: float) -> Any:
+    def _map(self, ev: rt.ServerEvent) -> Any:
         match ev:
             case rt.ResponseAudioTranscriptDeltaEvent():
                 self.spoke.add(ev.response_id)
@@ -340,48 +356,7 @@ class LiveSession:
             case rt.ErrorEvent():
                 d = ev.error
                 return live.error_event(d.message, d.code or "server_error", _live_param(d.param), d.event_id)
-            case rt.InputAudioBufferSpeechStartedEvent():
-                self.turn_ms[ev.item_id] = [ev.audio_start_ms, ev.audio_start_ms]
-            case rt.InputAudioBufferSpeechStoppedEvent():
-                self.turn_ms.setdefault(ev.item_id, [ev.audio_end_ms, ev.audio_end_ms])[1] = ev.audio_end_ms
-            case rt.ConversationItemInputAudioTranscriptionDeltaEvent():
-                start, end = self.turn_ms.get(ev.item_id, [0, 0])
-                end = max(end, start, round(self.inner.buffer.end_ms) if end == start else end)
-                first = ev.item_id not in self.hearing
-                self.hearing.add(ev.item_id)
-                delta = (" " if first and self.transcribed else "") + ev.delta
-                self.transcribed = True
-                return live.InputTranscriptDeltaEvent(delta=delta, start_ms=start, end_ms=end)
-            case (
-                rt.ConversationItemInputAudioTranscriptionCompletedEvent()
-                | rt.ConversationItemInputAudioTranscriptionFailedEvent()
-            ):
-                self.turn_ms.pop(ev.item_id, None)  # the turn's transcript is complete: forget it
-                self.hearing.discard(ev.item_id)
-            case rt.ResponseFunctionCallArgumentsDoneEvent() if ev.name == DELEGATE_TOOL:
-                self.delegations[ev.call_id] = False
-                delegation = self.resource.delegation if self.resource else None
-                if ev.response_id not in self.spoke and isinstance(delegation, live.ClientDelegation):
-                    self.ack_due = now + (delegation.acknowledgement_delay_ms or 0) / 1000
-                ref = live.DelegationRef(id=ev.call_id, target="client")
-                return live.DelegationCreatedEvent(delegation=ref, offset_ms=self.clock_ms(now))
-        return None
-
-
-_FRAMES = {
-    live.InstructionsAppendEvent: "Standing instruction from the application, from now on: {}",
-    live.ThinkingAppendEvent: "Context from the application, for you only (do not say it unless asked): {}",
-    live.CommentaryAppendEvent: "Tell the user this now, briefly and in your own words: {}",
-}
-_ACKS: dict[type, Any] = {
-    live.InstructionsAppendEvent: live.InstructionsAppendedEvent,
-    live.ThinkingAppendEvent: live.ThinkingAppendedEvent,
-    live.CommentaryAppendEvent: live.CommentaryAppendedEvent,
-}
-
-
-def _system_item(text: str) -> rt.Item:
-    return rt.Item(type="message", role="system", content=[rt.ContentPart(type="input_text", text=text)])
+        return self.transcripts.translate(ev, self.inner.buffer.end_ms)
 
 
 def _history_item(m: live.InitialItem) -> rt.Item:
@@ -405,9 +380,9 @@ def realtime_update(config: live.SessionConfig, voices: frozenset[str]) -> rt.Se
         raise LiveError("session.client is for WebRTC sessions, which this gateway does not serve", "unsupported_value", "session.client")
     if config.triggers:
         raise LiveError("Decisions triggers are not supported", "unsupported_value", "session.triggers")
-    if config.delegation is not None and not isinstance(config.delegation, live.ClientDelegation):
+    if isinstance(config.delegation, live.DecisionsDelegation):
         raise LiveError(
-            f"Delegation '{type(config.delegation).__struct_config__.tag}' is not supported; use 'client'",
+            "Delegation 'decisions' is not supported; use 'client' or 'responses'",
             "unsupported_value",
             "session.delegation.type",
         )

@@ -15,6 +15,9 @@ from realtime_gw.protocols import realtime as rt
 from realtime_gw.protocols.audio import FRAME_SAMPLES, OUTPUT_RATE, resample
 
 FRAME_MS = FRAME_SAMPLES * 1000 / OUTPUT_RATE
+SILENCE_LEAD_MS = FRAME_MS
+"""Silence is written one frame ahead of the clock: a client playing the stream in real time has each
+frame before its time comes (the filler wakes every half frame)."""
 MAX_SILENCE_FRAMES = 25
 """At most this much silence (2 s) at once: a stalled writer catches up, it does not flood."""
 
@@ -59,11 +62,11 @@ class LiveWire:
         return None
 
     def silence(self, now: float, speech_queued: bool) -> list[live.OutputAudioDeltaEvent]:
-        """Silence frames that bring the stream up to the session clock (none while speech is queued:
-        it is paced to its own slots)."""
+        """Silence frames that bring the stream up to one frame ahead of the session clock (none while
+        speech is queued: it is paced to its own slots)."""
         if self.t0 is None or speech_queued:
             return []
-        behind = (now - self.t0) * 1000 - self.out_ms
+        behind = (now - self.t0) * 1000 + SILENCE_LEAD_MS - self.out_ms
         frames = min(int(behind // FRAME_MS), MAX_SILENCE_FRAMES)
         return [self._place(live.OutputAudioDeltaEvent(delta=self._silent_frame()), FRAME_MS) for _ in range(frames)]
 

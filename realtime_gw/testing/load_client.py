@@ -188,8 +188,11 @@ class PacedMic:
         rate: int = RATE,
         idle_silence: bool = True,
         late_ms: list[float] | None = None,
+        append_type: str = "input_audio_buffer.append",
     ) -> None:
         self.ws = ws
+        self.append_type = append_type
+        """The append event's type (GPT-Live's is ``session.input_audio.append``)."""
         self.chunk_ms = chunk_ms
         self.chunk_bytes = rate * 2 * chunk_ms // 1000
         self.idle_silence = idle_silence
@@ -238,7 +241,7 @@ class PacedMic:
                 self.started = now
             chunk = self._queue.pop(0) if speech else silence
             await self.ws.send(
-                json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()})
+                json.dumps({"type": self.append_type, "audio": base64.b64encode(chunk).decode()})
             )
             if speech and not self._queue:
                 self.ended = time.monotonic()

@@ -9,6 +9,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from realtime_gw.sessions.live_delegation import ACKNOWLEDGE, DELEGATE_TOOL, SPEAK_RESULT
 from realtime_gw.testing.audio import normalize, synthesize
 from tests.chat_server import ChatServer, Reply, ToolCallReply
 from tests.frameworks.tap import RealtimeTap
@@ -47,14 +48,22 @@ GREETING = "Hello! How can I help?"
 def weather_agent(body: dict[str, Any]) -> Reply:
     """The model behind every framework test: calls ``get_weather`` when asked about the weather and
     the tool is offered, speaks the tool's result when it comes back, tells a story when asked, greets
-    when nobody spoke yet, and otherwise repeats what it heard."""
+    when nobody spoke yet, and otherwise repeats what it heard. As a GPT-Live voice front it hands
+    the weather to the backend (its ``delegate`` tool), says "one moment" when asked to acknowledge,
+    and speaks a delegation's result when asked to."""
     last = body["messages"][-1]
+    if last["role"] == "system" and last["content"] == ACKNOWLEDGE:
+        return Reply("One moment please.")
+    if last["role"] == "system" and last["content"] == SPEAK_RESULT:
+        return Reply(next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool"))
     if last["role"] == "tool":
         return Reply(f"The weather service says {json.loads(last['content'])['forecast']}.")
     text = latest_text(body)
     if not text:
         return Reply(GREETING)
     offered = {t["function"]["name"] for t in body.get("tools", [])}
+    if "weather" in text.lower() and DELEGATE_TOOL in offered:
+        return Reply(tool_calls=[ToolCallReply(DELEGATE_TOOL, json.dumps({"task": text}))])
     if "weather" in text.lower() and "get_weather" in offered:
         return Reply(tool_calls=[ToolCallReply("get_weather", json.dumps({"city": "Paris"}))])
     if "story" in text.lower():

@@ -1,20 +1,31 @@
-"""LiveKit Agents' own ``GPTLiveModel`` / ``GPTLiveSession`` (client delegation) against a live
-gateway's ``/v1/live/sessions``, driven without a room the way ``AgentSession`` drives a duplex model:
-the caller's audio pushed in, the model's continuous audio stream read out. Spoken input is heard and
-transcribed, the answer is spoken, and LiveKit reports no error."""
+"""LiveKit Agents' own ``GPTLiveModel`` / ``GPTLiveSession`` against a live gateway's
+``/v1/live/sessions``, driven without a room the way ``AgentSession`` drives a duplex model: the
+caller's audio pushed in, the model's continuous audio stream read out. With client delegation,
+spoken input is heard and transcribed and the answer is spoken; with the model's defaults (Responses
+delegation) and a function tool, the backend's call is run and answered as the adapter does, and
+the voice speaks the result. LiveKit reports no error."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
 from livekit import rtc
+from livekit.agents import llm
 from livekit.plugins.openai.realtime import GPTLiveModel
 
 from realtime_gw.testing.audio import wer
 from realtime_gw.testing.gateway import LiveServer
-from tests.frameworks.scenario import RATE, speech
+from tests.chat_server import ChatServer
+from tests.frameworks.scenario import RATE, forecast, speech
+
+
+@llm.function_tool
+async def get_weather(city: str) -> dict[str, str]:
+    """The weather forecast for a city."""
+    return {"forecast": forecast(city)}
 
 
 async def wait_for(check: Any, timeout: float = 40.0) -> None:
@@ -63,3 +74,52 @@ async def test_livekit_gpt_live_hears_and_answers(gateway: LiveServer) -> None:
         await asyncio.wait_for(model.aclose(), 5)
     assert errors == [], errors
     assert wer(text, finals[-1]) <= 0.25, finals
+
+
+async def test_livekit_gpt_live_defaults_run_a_backend_function_and_speak_the_result(chat: ChatServer, gateway: LiveServer) -> None:
+    model = GPTLiveModel(api_key="unused", base_url=gateway.http + "/v1")  # Responses delegation
+    session = model.session()
+    errors: list[Any] = []
+    said: list[str] = []
+    calls: list[llm.FunctionCall] = []
+    frames: list[rtc.AudioFrame] = []
+    session.on("error", errors.append)
+    session.on("transcript_delta", lambda d: said.append(d.text))
+    session.on("function_call", calls.append)
+
+    async def read_audio() -> None:
+        async for out in session.audio_stream:
+            frames.append(out.frame)
+
+    reader = asyncio.create_task(read_audio())
+    answer = f"The weather service says {forecast('Paris')}."
+    asked_before = len(chat.requests)
+    try:
+        await session._update_session(instructions="Answer briefly.", tools=[get_weather])
+        chunk = RATE * 2 // 10
+        pcm = b"\0" * (RATE * 2 * 4 // 10) + speech("What is the weather like in Paris?")
+        for pos in range(0, len(pcm), chunk):
+            piece = pcm[pos : pos + chunk]
+            session.push_audio(rtc.AudioFrame(piece, RATE, 1, len(piece) // 2))
+            await asyncio.sleep(0.08)
+        silence = b"\0" * chunk
+        deadline = time.monotonic() + 40
+        answered = False
+        while answer not in "".join(said):  # a live microphone goes on
+            session.push_audio(rtc.AudioFrame(silence, RATE, 1, chunk // 2))
+            await asyncio.sleep(0.1)
+            if calls and not answered:  # what the agent adapter does with the backend's call
+                result = await get_weather(**json.loads(calls[0].arguments))
+                output = llm.FunctionCallOutput(name=calls[0].name, call_id=calls[0].call_id, output=json.dumps(result), is_error=False)
+                await session._append_items([output])
+                answered = True
+            assert time.monotonic() < deadline, (errors, calls, said)
+        await wait_for(lambda: any(any(bytes(f.data)) for f in frames))
+    finally:
+        await asyncio.wait_for(session.aclose(), 15)
+        reader.cancel()
+        await asyncio.wait_for(model.aclose(), 5)
+    assert errors == [], errors
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    backend_asks = [b for b in chat.requests[asked_before:] if any(t["function"]["name"] == "get_weather" for t in b.get("tools", []))]
+    assert len(backend_asks) == 2 and backend_asks[-1]["messages"][-1]["role"] == "tool"

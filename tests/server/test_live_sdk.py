@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from realtime_gw.sessions.live import ACKNOWLEDGE, SPEAK_RESULT
+from realtime_gw.sessions.live_delegation import ACKNOWLEDGE, SPEAK_RESULT
 from realtime_gw.testing.audio import synthesize, transcribe, wer
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from tests.chat_server import ChatServer, Reply, ToolCallReply, running_chat_server, say_back
@@ -37,6 +37,9 @@ def voice_front(body: dict[str, Any]) -> Reply:
     content = last["content"] if isinstance(last["content"], str) else json.dumps(last["content"])
     if last["role"] == "tool":
         return Reply(content)
+    offered = {t["function"]["name"] for t in body.get("tools", [])}
+    if "get_weather" in offered and last["role"] == "user":  # the backend model, asked to look it up
+        return Reply("", [ToolCallReply("get_weather", json.dumps({"city": "Paris"}))])
     if last["role"] == "system" and content == ACKNOWLEDGE:
         return Reply("One moment please.")
     if last["role"] == "system" and content == SPEAK_RESULT:
@@ -120,7 +123,7 @@ async def test_mute_thinking_and_refusals_keep_the_session(gateway: tuple[ChatSe
             ({"type": "session.thinking.append", "content": "word " * 600}, "invalid_value"),
             ({"type": "session.commentary.append", "content": "x", "delegation_id": "nope"}, "invalid_value"),
             ({"type": "session.input_audio.mute", "loudly": True}, "unknown_parameter"),
-            ({"type": "response.create"}, "unsupported_event"),
+            ({"type": "response.create"}, "invalid_value"),  # needs Responses delegation
             ({"type": "session.output_audio.fixture.play", "audio": "AAAA"}, "invalid_value"),
         ]
         for i, (event, code) in enumerate(refusals):
@@ -162,5 +165,34 @@ async def test_events_before_start_are_refused(gateway: tuple[ChatServer, LiveSe
         await conn.session.start(session={"model": "gpt-live-1", "audio": {"format": {"type": "audio/pcmu", "rate": 8000}}})
         started = await recv(conn)
         assert started.type == "session.started" and started.session.audio.format.type == "audio/pcmu"
+        info = await recv(conn)  # what the model names run on, validated as the SDK's InfoEvent
+        assert info.type == "info" and info.code == "model_mapped" and "gpt-live-1" in info.message
         frame = await recv(conn)
         assert frame.type == "session.output_audio.delta" and frame.start_ms == 0
+
+
+async def test_responses_delegation_function_round_trip_is_spoken(gateway: tuple[ChatServer, LiveServer]) -> None:
+    chat, server = gateway
+    weather = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    delegation = {"type": "responses", "responses": {"model": "gpt-5.4-mini", "tools": [weather]}}
+    async with live_session(server, delegation=delegation) as conn:
+        assert conn.started.session.delegation.type == "responses"
+        await conn.session.commentary.append(content="Look up the weather in Paris.", delegation_id=None)
+        heard = await listen(conn, Heard(), lambda h: any(e.type == "response.event" and e.event["type"] == "response.completed" for e in h.events))
+        (created,) = heard.of("session.delegation.created")
+        assert created.delegation.target == "responses" and created.delegation.response_id
+        calls = [e.event["item"] for e in heard.of("response.event") if e.event["type"] == "response.output_item.done"]
+        assert [c["name"] for c in calls] == ["get_weather"]
+        assert all(e.delegation_id == created.delegation.id for e in heard.of("response.event"))
+        await conn.response.create(event_id="early")  # before the output: a partial batch, refused
+        heard = await listen(conn, heard, lambda h: bool(h.of("error")))
+        assert heard.of("error")[0].error.client_event_id == "early"
+        output = {"type": "function_call_output", "call_id": calls[0]["call_id"], "output": "Sunny and warm in Paris."}
+        await conn.response.item.create(item=output)  # type: ignore[arg-type]
+        await conn.response.create(event_id="go")
+        heard = await listen(conn, Heard(), spoke_then_quiet(), timeout=60)
+    kinds = [e.event["type"] for e in heard.of("response.event")]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "Sunny and warm in Paris." in heard.output_text
+    assert wer(heard.output_text, transcribe(heard.speech(), RATE)) <= 0.4
+    assert [m["role"] for m in chat.requests[-2]["messages"]][-1] == "tool"  # the backend continued

@@ -18,7 +18,8 @@ from realtime_gw.sessions.events import (
     StartResponse,
     StartVad,
 )
-from realtime_gw.sessions.live import ACKNOWLEDGE, DELEGATE_TOOL, MAX_QUEUED_ITEMS, SPEAK_RESULT, LiveSession
+from realtime_gw.sessions.live import MAX_QUEUED_ITEMS, LiveSession
+from realtime_gw.sessions.live_delegation import ACKNOWLEDGE, DELEGATE_TOOL, SPEAK_RESULT
 from tests.server.live_events import validate_live
 
 
@@ -309,3 +310,30 @@ def test_commentary_waiting_for_the_voice_is_bounded() -> None:
     (error,) = sent(client(s, {"type": "session.commentary.append", "event_id": "more", "content": "More."}))
     assert (error.error.param, error.error.client_event_id) == ("content", "more")
     assert len(s.queued) == MAX_QUEUED_ITEMS and not s.closed
+
+
+def test_server_stopping_ends_the_session_with_session_closed() -> None:
+    from realtime_gw.sessions.events import ServerStopping
+
+    s = started()
+    effects = s.handle(ServerStopping(), 3.0)
+    (closed,) = sent(effects)
+    assert (closed.type, closed.reason) == ("session.closed", "connection_lost")
+    assert isinstance(effects[-1], Close) and effects[-1].code == 1000
+    assert s.closed and s.handle(ServerStopping(), 4.0) == []
+
+
+def test_info_notices_model_mapping_ignored_settings_and_expiry() -> None:
+    from realtime_gw.sessions.events import Tick
+
+    s = LiveSession("sess_live0001", Limits(voices=frozenset({"default"}), model="local-llm"), 0.0, 100.0, 1_800_000_000.0)
+    backend = {"model": "gpt-5.4-mini", "reasoning": {"effort": "low"}, "service_tier": "flex"}
+    start = {"type": "session.start", "session": {"model": "gpt-live-1", "delegation": {"type": "responses", "responses": backend}}}
+    infos = [e for e in sent(client(s, start, now=0.0)) if e.type == "info"]
+    assert [i.code for i in infos] == ["model_mapped", "settings_ignored"]
+    assert "'gpt-live-1'" in infos[0].message and "'gpt-5.4-mini'" in infos[0].message and "local-llm" in infos[0].message
+    assert "reasoning" in infos[1].message and "service_tier" in infos[1].message
+    assert not [e for e in sent(s.handle(Tick(), 49.0)) if e.type == "info"]
+    (expiring,) = [e for e in sent(s.handle(Tick(), 50.0)) if e.type == "info"]
+    assert expiring.code == "session_expiring" and "50 s" in expiring.message
+    assert not [e for e in sent(s.handle(Tick(), 60.0)) if e.type == "info"]  # once

@@ -25,11 +25,12 @@ def speech(ms: int = 80) -> rt.ResponseAudioDeltaEvent:
     )
 
 
-def test_silence_fills_up_to_the_clock_and_speech_follows_on() -> None:
+def test_silence_fills_up_to_a_frame_ahead_of_the_clock_and_speech_follows_on() -> None:
     w = wire()
-    assert w.silence(10.0, speech_queued=False) == []
-    frames = w.silence(10.25, speech_queued=False)
-    assert [(f.start_ms, f.end_ms) for f in frames] == [(0, 80), (80, 160), (160, 240)]
+    assert [(f.start_ms, f.end_ms) for f in w.silence(10.0, speech_queued=False)] == [(0, 80)]
+    assert w.silence(10.05, speech_queued=False) == []
+    frames = w.silence(10.17, speech_queued=False)
+    assert [(f.start_ms, f.end_ms) for f in frames] == [(80, 160), (160, 240)]
     assert all(f.delta == b"\0\0" * 1920 for f in frames)
     assert w.silence(10.3, speech_queued=True) == []  # speech is paced to its own slots
     spoken = w.translate(speech(), 10.3)
