@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ from realtime_gw.models.registry import Workers, build_workers
 from realtime_gw.server import (
     live_ws,
     log_hygiene,
+    metrics,
     openpi_ws,
     ops,
     realtime_ws,
@@ -63,10 +65,12 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         log_hygiene.install()  # here: after uvicorn has configured its loggers
         await gateway.workers.start(warmup=config.warmup)
         await voices.restore_voices(gateway)
+        loop_lag = asyncio.create_task(metrics.watch_event_loop(), name="event-loop-lag")
         log.info("gateway ready on %s:%s", config.host, config.port)
         try:
             yield
         finally:
+            loop_lag.cancel()
             for call in list(app.state.calls.values()):
                 await call.hangup()
             await gateway.workers.stop()
