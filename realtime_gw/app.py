@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
@@ -63,6 +64,8 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         log_hygiene.install()  # here: after uvicorn has configured its loggers
+        if config.gil_switch_interval_ms:
+            sys.setswitchinterval(config.gil_switch_interval_ms / 1000)
         await gateway.workers.start(warmup=config.warmup)
         await voices.restore_voices(gateway)
         loop_lag = asyncio.create_task(metrics.watch_event_loop(), name="event-loop-lag")

@@ -23,6 +23,7 @@ Sample = dict[tuple[str, Labels], float]
 STEP = "realtime_gw_worker_step_seconds"
 STEP_CPU = "realtime_gw_worker_step_cpu_seconds"
 CLOCK_WAIT = "realtime_gw_device_clock_wait_seconds"
+CLOCK_HANDOFF = "realtime_gw_device_clock_handoff_seconds"
 LOOP_LAG = "realtime_gw_event_loop_lag_seconds"
 FRAMES = "realtime_gw_stage_frames_total"
 MISSES = "realtime_gw_stage_deadline_misses_total"
@@ -133,6 +134,9 @@ def summarize(before: Sample, after: Sample, wall_s: float) -> dict[str, Any]:
         "deadlines": deadlines,
         "deadline_miss_rate": round(sum(misses.values()) / total_frames, 5) if total_frames else None,
         "clock_wait": waits,
+        "clock_handoff": {
+            dev: _quantiles(cum, 0.5, 0.95) for dev, cum in histograms(d, CLOCK_HANDOFF, "device").items()
+        },
         "event_loop_lag": _quantiles(lag, 0.5, 0.95, 0.99),
         "gateway_cpu_cores": round(cpu_s / wall_s, 2),
         "device_busy": round(sum(wall_sums.values()) / wall_s, 3),

@@ -248,6 +248,7 @@ def run_level(args: argparse.Namespace, port: int, sessions: int) -> dict[str, A
         "deadline_miss_rate": miss_rate,
         "deadlines": inside["deadlines"],
         "clock_wait": inside["clock_wait"],
+        "clock_handoff": inside["clock_handoff"],
         "event_loop_lag": inside["event_loop_lag"],
         "gateway_cpu_cores": inside["gateway_cpu_cores"],
         "device_busy": inside["device_busy"],
@@ -297,9 +298,9 @@ def comparison_table(runs: list[dict[str, Any]]) -> str:
     """Clock on vs off, level by level: the user's figures, then where the time went (device or host)."""
     rows = [
         "| N | clock | turn p50 / p95 (ms) | late p95 / max (ms) | 80 ms misses (ASR / TTS / VAD) "
-        "| clock wait p95 ASR / TTS / VAD (ms) | device busy | GPU util | event loop lag p95 / p99 (ms) "
+        "| clock wait p95 ASR / TTS / VAD (ms) | handoff p50 / p95 (ms) | device busy | GPU util | event loop lag p95 / p99 (ms) "
         "| gateway CPU (cores) | step CPU / wall (ASR / TTS) | goal |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     sizes = sorted({lv["sessions"] for run in runs for lv in run["levels"]})
     for n in sizes:
@@ -319,10 +320,12 @@ def comparison_table(runs: list[dict[str, Any]]) -> str:
             )
             cpu = " / ".join(str(stage(lv["gpu_steps"], p, "cpu_over_wall")) for p in ("asr", "tts"))
             lag = lv["event_loop_lag"]
+            hand = next(iter(lv["clock_handoff"].values()), {})
+            handoff = f"{hand.get('p50_ms', '-')} / {hand.get('p95_ms', '-')}"
             rows.append(
                 f"| {n} | {run['clock']} | {lv['turn_ms_p50']} / {lv['turn_ms_p95']} "
                 f"| {lv['late_ms_p95']} / {lv['late_ms_max']} | {percent(lv['deadline_miss_rate'])} ({misses}) "
-                f"| {waits} | {lv['device_busy']} | {lv['gpu_util_mean']} % | {lag['p95_ms']} / {lag['p99_ms']} "
+                f"| {waits} | {handoff} | {lv['device_busy']} | {lv['gpu_util_mean']} % | {lag['p95_ms']} / {lag['p99_ms']} "
                 f"| {lv['gateway_cpu_cores']} | {cpu} | {'met' if lv['goal_met'] else 'no'} |"
             )
     return "\n".join(rows)

@@ -42,6 +42,14 @@ CLOCK_WAIT = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
 )
 
+CLOCK_HANDOFF = Histogram(
+    "realtime_gw_device_clock_handoff_seconds",
+    "From a grant to the granted thread starting its step: the device idles meanwhile (the thread waking, "
+    "and taking the GIL from the event loop and the other stages' threads)",
+    ["device"],
+    buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05),
+)
+
 
 def normalize_device(device: str) -> str:
     """One name per device: ``cuda`` is the current CUDA device, 0 unless the process chose another."""
@@ -63,13 +71,14 @@ def clocked(device: str, setting: Iterable[str]) -> bool:
 class Ticket:
     """One step's place at the clock."""
 
-    __slots__ = ("step", "granted", "held", "closed", "started_at")
+    __slots__ = ("step", "granted", "held", "closed", "granted_at", "started_at")
 
     def __init__(self, step: PendingStep) -> None:
         self.step = step
         self.granted = threading.Event()
         self.held = False
         self.closed = False
+        self.granted_at: float | None = None
         self.started_at: float | None = None
         """When its thread began the step (after the grant); None: still waiting."""
 
@@ -102,6 +111,8 @@ class DeviceClock:
         """On the step's thread: block until the device is this step's (or the ticket was withdrawn)."""
         ticket.granted.wait()
         ticket.started_at = self._now()
+        if ticket.held and ticket.granted_at is not None:
+            CLOCK_HANDOFF.labels(self.device).observe(max(0.0, ticket.started_at - ticket.granted_at))
 
     def leave(self, ticket: Ticket) -> None:
         """The step ended (or will not run under the clock): pass the device on. Idempotent."""
@@ -127,7 +138,7 @@ class DeviceClock:
             return
         ticket = next(t for t in self._pending if t.step is step)
         self._pending.remove(ticket)
-        self._holder, ticket.held = ticket, True
+        self._holder, ticket.held, ticket.granted_at = ticket, True, now
         self.granted_order = [*self.granted_order[-_KEEP + 1 :], step.stage]
         CLOCK_WAIT.labels(step.stage, self.device).observe(max(0.0, now - step.ready_at))
         ticket.granted.set()

@@ -67,5 +67,6 @@ async def test_stages_sharing_the_cpu_clock_serve_sessions_and_count_deadlines(
         assert clocked_server.metric("realtime_gw_stage_frames_total", labels) > 0, stage
         assert f"realtime_gw_stage_deadline_misses_total{{{labels}}}" in metrics, stage
         assert clocked_server.metric("realtime_gw_device_clock_wait_seconds_count", labels) > 0, stage
+    assert clocked_server.metric("realtime_gw_device_clock_handoff_seconds_count", 'device="cpu"') > 0
     assert clocked_server.metric("realtime_gw_event_loop_lag_seconds_count") > 0
     assert clocked_server.metric("realtime_gw_worker_step_cpu_seconds_count", 'worker="tts-tone"') > 0
