@@ -417,7 +417,12 @@ def main() -> None:
         if args.budget_s and time.monotonic() - t_start + ready_s + args.run_s + 30 > args.budget_s:
             print(f"skip clock {clock}: time budget", flush=True)
             continue
-        run = run_gateway(args, clock, out, t_start)
+        try:
+            run = run_gateway(args, clock, out, t_start)
+        except Exception as e:  # one gateway failing (start-up, a crash) leaves the other run's figures
+            print(f"clock {clock}: failed: {e!r}"[:4000], flush=True)
+            result["runs"].append({"clock": clock, "error": repr(e)[:4000], "levels": []})
+            continue
         ready_s = run["ready_s"]
         result["runs"].append(run)
     print(json.dumps(result, indent=1))

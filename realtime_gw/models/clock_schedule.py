@@ -16,13 +16,15 @@ Deadlines come from what the sessions wait for, on the 80 ms frame of the voice 
   within one frame of becoming ready (its oldest unread input arrived, or its previous step ended while
   it still had work), else it falls behind the microphone: one frame per step is what keeps these
   models real time. Once its input has ended (the user stopped: the turn's transcript is what the reply
-  waits for) its steps are *awaited*, which wins ties over steps nobody waits on yet.
+  waits for) its steps are *awaited*.
 
 A step is due when its earliest stream is. Among the ready steps of a device the earliest due runs
-first (earliest-deadline-first, which on one machine minimizes the largest lateness); ties go to
-awaited steps, then to the step that has waited longest. A step that is already due and has been passed
-over ``max_passes`` times runs next whatever the others' deadlines, so no stage starves when the device
-is overloaded and every deadline is past.
+first (earliest-deadline-first, which on one machine minimizes the largest lateness), an awaited step
+counted one frame sooner: a reply's first audio, or the flush steps of a finished turn (a dozen steps in
+a row before the transcript, each otherwise due only a frame after the last), are what a user is waiting
+for now, while a frame due later is slack. Ties go to the step that has waited longest. A step that is
+already due and has been passed over ``max_passes`` times runs next whatever the others' deadlines, so no
+stage starves when the device is overloaded and every deadline is past.
 """
 
 from __future__ import annotations
@@ -116,8 +118,11 @@ class DeadlineFirst:
     max_passes: int = 3
     """A due step passed over this many times runs next (starvation bound)."""
 
-    def order_key(self, step: PendingStep) -> tuple[float, bool, float]:
-        return (step.due, not step.awaited, step.ready_at)
+    awaited_lead_s: float = FRAME_S
+    """How much sooner an awaited step counts than its deadline."""
+
+    def order_key(self, step: PendingStep) -> tuple[float, float]:
+        return (step.due - (self.awaited_lead_s if step.awaited else 0.0), step.ready_at)
 
     def choose(self, pending: list[PendingStep], now: float) -> PendingStep | None:
         """The step to run now (None when nothing is ready); every other one counts one more pass.

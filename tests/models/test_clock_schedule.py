@@ -83,9 +83,18 @@ def test_earliest_deadline_runs_first() -> None:
     assert [s.passes for s in pending] == [1, 0, 1]
 
 
-def test_ties_go_to_awaited_steps_then_to_the_oldest() -> None:
+def test_an_awaited_step_counts_a_frame_sooner() -> None:
+    """A finished turn's flush step (due a frame after its last step) goes before a TTS frame due a
+    little earlier, but not before one that is about to run out."""
     policy = DeadlineFirst()
-    assert policy.choose([step("asr", 1.0, 0.1), step("tts", 1.0, 0.2, awaited=True)], 0.5).stage == "tts"
+    flush = step("asr", due=1.05, ready_at=0.2, awaited=True)
+    assert policy.choose([step("tts", 1.0, 0.1), flush], now=0.9) is flush
+    flush = step("asr", due=1.05, ready_at=0.2, awaited=True)
+    assert policy.choose([step("tts", 0.95, 0.1), flush], now=0.9).stage == "tts"
+
+
+def test_ties_go_to_the_step_that_waited_longest() -> None:
+    policy = DeadlineFirst()
     assert policy.choose([step("asr", 1.0, 0.2), step("tts", 1.0, 0.1)], 0.5).stage == "tts"
 
 
