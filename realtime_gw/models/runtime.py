@@ -264,7 +264,7 @@ class StageWorker:
                 await self._restart(reason, to_open, abandoned=(running, it))
                 continue
             except BaseException as e:  # the thread (or the child process) died outside per-request handling
-                step.withdraw()
+                step.withdraw(running)
                 if isinstance(e, asyncio.CancelledError):
                     raise
                 log.exception("worker %s failed", self.name)

@@ -92,9 +92,12 @@ class StepRun:
         if self.clock is not None and self.ticket is not None:
             self.clock.leave(self.ticket)
 
-    def withdraw(self) -> None:
-        """The step will not run (worker stopping, thread died): give up its place if never granted."""
-        if self.clock is not None and self.ticket is not None and not self.ticket.held:
+    def withdraw(self, running: Future[IterationResult]) -> None:
+        """The worker stops waiting for the step (stopping, or its thread died): give up its place if it
+        was never granted, or its grant if its thread never began it (a step that runs leaves itself)."""
+        if self.clock is None or self.ticket is None:
+            return
+        if not self.ticket.held or running.cancel():
             self.clock.leave(self.ticket)
 
     def settle(self, device: str, stepped: list[Stream[Any]], results: list[StepResult]) -> None:

@@ -124,3 +124,24 @@ async def test_a_hung_stage_holds_the_device_only_until_its_supervisor_gives_up(
     finally:
         for w in (hung, other):
             await w.stop()
+
+
+async def test_a_worker_stopped_while_its_step_waits_gives_the_device_back() -> None:
+    """Stopping a worker whose step is waiting for the device (or granted but not yet begun) must not
+    leave the device held: the other stage's next step still runs."""
+    log: list[tuple[str, float, float]] = []
+    slow = StageWorker(TimedToy("clock-slow", log, delay_s=0.2))
+    stopped = StageWorker(TimedToy("clock-stopped", log))
+    share_clocks([slow, stopped], ["cpu"])
+    for w in (slow, stopped):
+        await w.start(warmup=False)
+    try:
+        first = slow.submit(Req(n=2))
+        await asyncio.sleep(0.05)  # the slow stage holds the device
+        stopped.submit(Req(n=1))
+        await asyncio.sleep(0.05)  # its step waits for the device
+        await asyncio.wait_for(stopped.stop(), 2.0)
+        assert await asyncio.wait_for(first.collect(), 2.0) == [1, 2]
+        assert slow.clock is not None and not slow.clock.busy
+    finally:
+        await slow.stop()
