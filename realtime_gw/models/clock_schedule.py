@@ -142,13 +142,10 @@ class DeadlineFirst:
 
 @dataclass(slots=True)
 class StepDeadlines:
-    """The deadlines of one step's streams: how many of them its end missed."""
+    """The deadlines of one step's streams (in the order the step takes them)."""
 
     dues: list[float]
 
     @property
     def due(self) -> float:
         return min(self.dues) if self.dues else float("inf")
-
-    def missed(self, ended_at: float) -> int:
-        return sum(1 for d in self.dues if ended_at > d)

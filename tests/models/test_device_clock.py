@@ -145,3 +145,21 @@ async def test_a_worker_stopped_while_its_step_waits_gives_the_device_back() -> 
         assert slow.clock is not None and not slow.clock.busy
     finally:
         await slow.stop()
+
+
+async def test_a_step_longer_than_a_frame_misses_every_stream_deadline() -> None:
+    """Counted with or without a clock: each stream a 100 ms step advances is due 80 ms after it was
+    ready, so every one of its frames is missed."""
+    from realtime_gw.models.device_clock import STAGE_MISSES
+
+    def counts(stage: str) -> tuple[float, float]:
+        return (
+            STAGE_FRAMES.labels(stage, "cpu")._value.get(),
+            STAGE_MISSES.labels(stage, "cpu")._value.get(),
+        )
+
+    slow = StageWorker(TimedToy("miss-slow", [], delay_s=0.1), max_batch=4)
+    before = counts("miss-slow")
+    await _serve([slow], streams=2, steps=3)
+    frames, missed = (a - b for a, b in zip(counts("miss-slow"), before, strict=True))
+    assert frames == 6 and missed == 6
