@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
@@ -16,6 +18,7 @@ from realtime_gw.models.registry import Workers, build_workers
 from realtime_gw.server import (
     live_ws,
     log_hygiene,
+    metrics,
     openpi_ws,
     ops,
     realtime_ws,
@@ -61,12 +64,16 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         log_hygiene.install()  # here: after uvicorn has configured its loggers
+        if config.gil_switch_interval_ms:
+            sys.setswitchinterval(config.gil_switch_interval_ms / 1000)
         await gateway.workers.start(warmup=config.warmup)
         await voices.restore_voices(gateway)
+        loop_lag = asyncio.create_task(metrics.watch_event_loop(), name="event-loop-lag")
         log.info("gateway ready on %s:%s", config.host, config.port)
         try:
             yield
         finally:
+            loop_lag.cancel()
             for call in list(app.state.calls.values()):
                 await call.hangup()
             await gateway.workers.stop()

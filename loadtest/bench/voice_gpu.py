@@ -1,17 +1,21 @@
-"""The whole voice pipeline on one GPU, end to end through the real /v1/realtime socket.
+"""The whole voice pipeline on one GPU, end to end through the real /v1/realtime socket, with the device
+clock on and off (``--clock``; one gateway start each, the same load).
 
-Starts one gateway (Kyutai streaming ASR, Qwen3 TTS and Silero VAD on the GPU; ``--vad-device onnx`` keeps
+Starts a gateway (Kyutai streaming ASR, Qwen3 TTS and Silero VAD on the GPU; ``--vad-device onnx`` keeps
 Silero on onnxruntime's CPU provider, as before; Smart Turn stays on onnxruntime's CPU provider; the echo
 responder) and drives it with N concurrent sessions, each a microphone streaming 80 ms PCM16 frames paced at
 real time: a recorded utterance (loadtest/data/voice_turn_24k.wav, Piper, ~2 s), then silence, with server VAD;
 it listens to the spoken echo reply to its end, thinks 1-3 s (random phase) and speaks again. Per turn:
 ``input_audio_buffer.speech_stopped`` -> first ``response.output_audio.delta`` (turn latency), and end of the
 utterance's audio -> first delta (which adds the VAD's silence wait); per reply frame: lateness against
-real-time playback from the reply's first frame. GPU step times come from the gateway's
-``realtime_gw_worker_step_seconds`` histogram (read before and after each load level).
+real-time playback from the reply's first frame. From the gateway's ``/metrics`` (before and after each
+level; ``gateway_metrics.py``): step times, the 80 ms deadline miss rate per stage, the clock's waits, and
+what tells a GPU-bound gateway from one bound by its own Python: the event loop's lag, the process's CPU,
+step CPU vs wall time, how busy the stages keep the device, and nvidia-smi's GPU utilization.
 
-    python3 -m loadtest.bench.voice_gpu --device cuda --sessions 1 64 256 --search 384 512 --run-s 30
-    .venv/bin/python -m loadtest.bench.voice_gpu --tiny --sessions 1 2 --run-s 8     # CPU smoke run
+    python3 -m loadtest.bench.voice_gpu --sessions 64 256 --run-s 20 --max-batch 320 --budget-s 540
+    python3 -m loadtest.bench.voice_gpu --device cuda --sessions 1 64 256 --search 384 512 --run-s 30 --clock on
+    .venv/bin/python -m loadtest.bench.voice_gpu --tiny --device cpu --sessions 2 --run-s 6   # CPU smoke run
 
 The load comes from client processes (``--client-procs``) separate from the gateway's one process, so the client's
 JSON and base64 work does not share the gateway's event loop.
@@ -33,8 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from loadtest.bench.gateway_metrics import GpuSampler, scrape, summarize
 from realtime_gw.testing.gateway import free_port, start_server, stop_server
 from realtime_gw.testing.load_client import (
     FRAME_MS,
@@ -50,8 +53,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 UTTERANCE = ROOT / "loadtest" / "data" / "voice_turn_24k.wav"
 FRAME_BYTES = RATE * 2 * FRAME_MS // 1000
-STEP_METRIC = "realtime_gw_worker_step_seconds"
 REAL_TIME_LATE_P95_MS = 20.0
+GOAL_TURN_P50_MS = 300.0
+GOAL_MISS_RATE = 0.001
+"""The voice pipeline's goal on one GPU: real time, turn p50 <= 300 ms, < 0.1 % of 80 ms deadlines missed."""
 
 
 @dataclass
@@ -140,64 +145,26 @@ def run_client_worker(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------- orchestration
 
 
-def step_histograms(port: int) -> dict[str, dict[float, float]]:
-    """worker -> {bucket upper bound: cumulative count} of the step-time histogram."""
-    out: dict[str, dict[float, float]] = {}
-    for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
-        if not line.startswith(STEP_METRIC + "_bucket{"):
-            continue
-        labels, value = line.rsplit(" ", 1)
-        fields = dict(
-            kv.split("=", 1) for kv in labels[labels.index("{") + 1 : labels.rindex("}")].split(",")
-        )
-        worker = fields.get("worker", fields.get("stage", "?")).strip('"')
-        le = fields["le"].strip('"')
-        out.setdefault(worker, {})[float("inf") if le == "+Inf" else float(le)] = float(value)
-    return out
-
-
-def bucket_quantile(cum: dict[float, float], q: float) -> float | None:
-    """Prometheus-style quantile (linear inside the bucket) in ms."""
-    bounds = sorted(cum)
-    total = cum[bounds[-1]] if bounds else 0
-    if total <= 0:
-        return None
-    rank, prev_b, prev_c = q * total, 0.0, 0.0
-    for b in bounds:
-        if cum[b] >= rank:
-            if b == float("inf"):
-                return round(prev_b * 1000, 2)
-            frac = (rank - prev_c) / max(cum[b] - prev_c, 1e-9)
-            return round((prev_b + (b - prev_b) * frac) * 1000, 2)
-        prev_b, prev_c = b, cum[b]
-    return None
-
-
-def step_summary(
-    before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]
-) -> dict[str, Any]:
-    summary: dict[str, Any] = {}
-    for worker, cum in after.items():
-        delta = {b: c - before.get(worker, {}).get(b, 0.0) for b, c in cum.items()}
-        steps = delta.get(float("inf"), 0.0)
-        if steps:
-            summary[worker] = {
-                "steps": int(steps),
-                "p50_ms": bucket_quantile(delta, 0.5),
-                "p95_ms": bucket_quantile(delta, 0.95),
-            }
-    return summary
-
-
 def vad_device(args: argparse.Namespace) -> str:
     return args.vad_device or args.device
 
 
-def gateway_flags(args: argparse.Namespace) -> list[str]:
+def clock_flag(args: argparse.Namespace, clock: str) -> list[str]:
+    """The gateway's ``device_clock`` for a run: on = the stages' device shares a clock; off = none."""
+    device = "cuda" if args.device.startswith("cuda") else args.device
+    return ["--device-clock", device if clock == "on" else "[]"]
+
+
+def gateway_flags(args: argparse.Namespace, clock: str) -> list[str]:
     batch = str(args.max_batch)
     # The gateway warms its CUDA stages one after another (Workers.start), so both may share the GPU.
-    flags = ["--policy", "none"]
-    flags += ["--tts", "qwen3", "--tts-config", "tiny" if args.tiny else args.tts_config]
+    flags = ["--policy", "none", *clock_flag(args, clock)]
+    # Qwen3-TTS has only the published shapes; the CPU smoke run speaks with the tiny codec LM instead.
+    flags += (
+        ["--tts", "codec", "--tts-config", "tiny"]
+        if args.tiny
+        else ["--tts", "qwen3", "--tts-config", args.tts_config]
+    )
     flags += ["--asr", "kyutai", "--asr-config", "tiny" if args.tiny else args.asr_config]
     flags += ["--tts-device", args.device, "--asr-device", args.device, "--tts-max-batch", batch]
     if vad_device(args) != "onnx":
@@ -208,11 +175,9 @@ def gateway_flags(args: argparse.Namespace) -> list[str]:
     return flags + args.gateway_arg
 
 
-def run_level(args: argparse.Namespace, port: int, sessions: int) -> dict[str, Any]:
-    procs = max(1, min(args.client_procs, sessions))
+def run_clients(args: argparse.Namespace, port: int, sessions: int, procs: int) -> TurnStats:
+    """``sessions`` talking sessions from ``procs`` client processes for ``--run-s``; their merged stats."""
     shares = [sessions // procs + (1 if i < sessions % procs else 0) for i in range(procs)]
-    before = step_histograms(port)
-    t0 = time.monotonic()
     workers = [
         subprocess.Popen(
             [
@@ -241,8 +206,19 @@ def run_level(args: argparse.Namespace, port: int, sessions: int) -> dict[str, A
         for key, value in part.items():
             current = getattr(merged, key)
             setattr(merged, key, current + value)
+    return merged
+
+
+def run_level(args: argparse.Namespace, port: int, sessions: int) -> dict[str, Any]:
+    procs = max(1, min(args.client_procs, sessions))
+    before = scrape(port)
+    t0 = time.monotonic()
+    with GpuSampler() as gpu:
+        merged = run_clients(args, port, sessions, procs)
     wall = time.monotonic() - t0
-    steps = step_summary(before, step_histograms(port))
+    inside = summarize(before, scrape(port), wall)
+    turn50 = pct(merged.turn_ms, 50)
+    miss_rate = inside["deadline_miss_rate"]
     late95 = pct(merged.lateness_ms, 95)
     turn95 = pct(merged.turn_ms, 95)
     real_time = (
@@ -259,7 +235,7 @@ def run_level(args: argparse.Namespace, port: int, sessions: int) -> dict[str, A
         "turns": merged.turns,
         "replies_started": len(merged.end_of_audio_ms),
         "missed": merged.missed,
-        "turn_ms_p50": pct(merged.turn_ms, 50),
+        "turn_ms_p50": turn50,
         "turn_ms_p95": turn95,
         "end_of_audio_ms_p50": pct(merged.end_of_audio_ms, 50),
         "end_of_audio_ms_p95": pct(merged.end_of_audio_ms, 95),
@@ -268,21 +244,37 @@ def run_level(args: argparse.Namespace, port: int, sessions: int) -> dict[str, A
         "late_ms_max": pct(merged.lateness_ms, 100),
         "frames": len(merged.lateness_ms),
         "client_mic_late_ms_p95": pct(merged.mic_late_ms, 95),
-        "gpu_steps": steps,
+        "gpu_steps": inside["steps"],
+        "deadline_miss_rate": miss_rate,
+        "deadlines": inside["deadlines"],
+        "clock_wait": inside["clock_wait"],
+        "clock_handoff": inside["clock_handoff"],
+        "event_loop_lag": inside["event_loop_lag"],
+        "gateway_cpu_cores": inside["gateway_cpu_cores"],
+        "device_busy": inside["device_busy"],
+        "gpu_util_mean": gpu.mean,
         "errors": len(merged.errors),
         "error_samples": sorted(set(merged.errors))[:5],
         "real_time": real_time,
+        "goal_met": bool(
+            real_time
+            and turn50 is not None
+            and turn50 <= GOAL_TURN_P50_MS
+            and miss_rate is not None
+            and miss_rate < GOAL_MISS_RATE
+        ),
     }
 
 
-def markdown_table(result: dict[str, Any]) -> str:
-    """The docs/benchmarks-log.md table of one run."""
+def markdown_table(run: dict[str, Any]) -> str:
+    """The docs/benchmarks-log.md table of one gateway's run."""
     rows = [
         "| N | turns (replies started / missed) | turn p50 / p95 (ms) | end of audio -> 1st frame p50 / p95 (ms) "
-        "| late p50 / p95 / max (ms) | ASR step p50 / p95 | TTS step p50 / p95 | VAD step p50 / p95 | real time |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| late p50 / p95 / max (ms) | ASR step p50 / p95 | TTS step p50 / p95 | VAD step p50 / p95 "
+        "| 80 ms misses | real time |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for lv in result["levels"]:
+    for lv in run["levels"]:
         steps = lv["gpu_steps"]
 
         def step(prefix: str, steps: dict[str, Any] = steps) -> str:
@@ -293,8 +285,49 @@ def markdown_table(result: dict[str, Any]) -> str:
             f"| {lv['sessions']} | {lv['turns']} ({lv['replies_started']} / {lv['missed']}) "
             f"| {lv['turn_ms_p50']} / {lv['turn_ms_p95']} | {lv['end_of_audio_ms_p50']} / {lv['end_of_audio_ms_p95']} "
             f"| {lv['late_ms_p50']} / {lv['late_ms_p95']} / {lv['late_ms_max']} | {step('asr')} | {step('tts')} "
-            f"| {step('vad')} | {'yes' if lv['real_time'] else 'no'} |"
+            f"| {step('vad')} | {percent(lv['deadline_miss_rate'])} | {'yes' if lv['real_time'] else 'no'} |"
         )
+    return "\n".join(rows)
+
+
+def percent(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate * 100:.2f} %"
+
+
+def comparison_table(runs: list[dict[str, Any]]) -> str:
+    """Clock on vs off, level by level: the user's figures, then where the time went (device or host)."""
+    rows = [
+        "| N | clock | turn p50 / p95 (ms) | late p95 / max (ms) | 80 ms misses (ASR / TTS / VAD) "
+        "| clock wait p95 ASR / TTS / VAD (ms) | handoff p50 / p95 (ms) | device busy | GPU util | event loop lag p95 / p99 (ms) "
+        "| gateway CPU (cores) | step CPU / wall (ASR / TTS) | goal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    sizes = sorted({lv["sessions"] for run in runs for lv in run["levels"]})
+    for n in sizes:
+        for run in runs:
+            lv = next((x for x in run["levels"] if x["sessions"] == n), None)
+            if lv is None:
+                continue
+
+            def stage(table: dict[str, Any], prefix: str, key: str) -> Any:
+                return next((v.get(key) for k, v in table.items() if k.startswith(prefix)), None)
+
+            misses = " / ".join(
+                percent(stage(lv["deadlines"], p, "miss_rate")) for p in ("asr", "tts", "vad")
+            )
+            waits = " / ".join(
+                str(stage(lv["clock_wait"], p, "p95_ms") or "-") for p in ("asr", "tts", "vad")
+            )
+            cpu = " / ".join(str(stage(lv["gpu_steps"], p, "cpu_over_wall")) for p in ("asr", "tts"))
+            lag = lv["event_loop_lag"]
+            hand = next(iter(lv["clock_handoff"].values()), {})
+            handoff = f"{hand.get('p50_ms', '-')} / {hand.get('p95_ms', '-')}"
+            rows.append(
+                f"| {n} | {run['clock']} | {lv['turn_ms_p50']} / {lv['turn_ms_p95']} "
+                f"| {lv['late_ms_p95']} / {lv['late_ms_max']} | {percent(lv['deadline_miss_rate'])} ({misses}) "
+                f"| {waits} | {handoff} | {lv['device_busy']} | {lv['gpu_util_mean']} % | {lag['p95_ms']} / {lag['p99_ms']} "
+                f"| {lv['gateway_cpu_cores']} | {cpu} | {'met' if lv['goal_met'] else 'no'} |"
+            )
     return "\n".join(rows)
 
 
@@ -315,7 +348,11 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--tts-config", default="0.6b")
     p.add_argument("--asr-config", default="1b")
-    p.add_argument("--tiny", action="store_true", help="tiny model shapes (CPU smoke run)")
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="tiny model shapes, the codec LM for TTS (CPU smoke run, --device cpu)",
+    )
     p.add_argument(
         "--vad-device", default=None, help="Silero's torch device (default: --device); onnx = onnxruntime CPU"
     )
@@ -335,6 +372,13 @@ def main() -> None:
         default=[],
         help="one more gateway flag, repeatable (e.g. --gateway-arg=--asr-flush-s=0.56)",
     )
+    p.add_argument(
+        "--clock",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on", "off"],
+        help="the device clock (--device-clock) in each gateway run, one gateway start each, in order",
+    )
     p.add_argument("--ready-timeout-s", type=float, default=400.0)
     p.add_argument(
         "--budget-s", type=float, default=0.0, help="skip levels that would end past this (0: none)"
@@ -351,16 +395,54 @@ def main() -> None:
         return
     t_start = time.monotonic()
     args.max_batch = args.max_batch or max([*args.sessions, *args.search])
-    port = free_port()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    flags = gateway_flags(args)
-    print("gateway: -m realtime_gw serve --port", port, " ".join(flags), flush=True)
-    gw = start_server(*flags, log_path=out / "gateway.log", port=port, timeout=args.ready_timeout_s)
-    ready_s = gw.ready_s
+    result: dict[str, Any] = {
+        "bench": "voice_gpu",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "gpu": gpu_name(),
+        "python": platform.python_version(),
+        "weights": "random-init at the published shapes",
+        "tts": "codec tiny" if args.tiny else f"qwen3 {args.tts_config}",
+        "asr": f"kyutai {'tiny' if args.tiny else args.asr_config}",
+        "vad": "silero onnxruntime CPU" if vad_device(args) == "onnx" else f"silero torch {vad_device(args)}",
+        "device": args.device,
+        "max_batch": args.max_batch,
+        "run_s": args.run_s,
+        "runs": [],
+    }
+    ready_s = 0.0
+    for clock in args.clock:
+        # A run is a gateway start (its warm-up) and every level; skip it rather than be cut off.
+        if args.budget_s and time.monotonic() - t_start + ready_s + args.run_s + 30 > args.budget_s:
+            print(f"skip clock {clock}: time budget", flush=True)
+            continue
+        try:
+            run = run_gateway(args, clock, out, t_start)
+        except Exception as e:  # one gateway failing (start-up, a crash) leaves the other run's figures
+            print(f"clock {clock}: failed: {e!r}"[:4000], flush=True)
+            result["runs"].append({"clock": clock, "error": repr(e)[:4000], "levels": []})
+            continue
+        ready_s = run["ready_s"]
+        result["runs"].append(run)
+    print(json.dumps(result, indent=1))
+    (out / "bench_voice_gpu.json").write_text(json.dumps(result, indent=1))
+    for run in result["runs"]:
+        print(f"\nclock {run['clock']}:\n" + markdown_table(run))
+    if len(result["runs"]) > 1:
+        print("\n" + comparison_table(result["runs"]))
+
+
+def run_gateway(args: argparse.Namespace, clock: str, out: Path, t_start: float) -> dict[str, Any]:
+    """One gateway (the device clock on or off) through every load level."""
+    port = free_port()
+    flags = gateway_flags(args, clock)
+    print(f"clock {clock}: gateway: -m realtime_gw serve --port", port, " ".join(flags), flush=True)
+    log_path = out / f"gateway-clock-{clock}.log"
+    gw = start_server(*flags, log_path=log_path, port=port, timeout=args.ready_timeout_s)
+    levels: list[dict[str, Any]] = []
     try:
-        print(f"ready in {ready_s:.1f} s", flush=True)
-        levels: list[dict[str, Any]] = []
+        print(f"ready in {gw.ready_s:.1f} s", flush=True)
         plan = [(n, False) for n in args.sessions] + [(n, True) for n in args.search]
         for n, searching in plan:
             if args.budget_s and time.monotonic() - t_start + args.run_s + 15 > args.budget_s:
@@ -368,34 +450,19 @@ def main() -> None:
                 continue
             level = run_level(args, port, n)
             levels.append(level)
-            print(json.dumps(level), flush=True)
+            print(json.dumps({"clock": clock, **level}), flush=True)
             if searching and not level["real_time"]:
                 break
-        real = [lv["sessions"] for lv in levels if lv["real_time"]]
-        result = {
-            "bench": "voice_gpu",
-            "gateway_flags": flags,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "gpu": gpu_name(),
-            "python": platform.python_version(),
-            "weights": "random-init at the published shapes",
-            "tts": f"qwen3 {'tiny' if args.tiny else args.tts_config}",
-            "asr": f"kyutai {'tiny' if args.tiny else args.asr_config}",
-            "vad": "silero onnxruntime CPU"
-            if vad_device(args) == "onnx"
-            else f"silero torch {vad_device(args)}",
-            "device": args.device,
-            "max_batch": args.max_batch,
-            "run_s": args.run_s,
-            "ready_s": round(ready_s, 1),
-            "largest_real_time_n": max(real) if real else None,
-            "levels": levels,
-        }
-        print(json.dumps(result, indent=1))
-        (out / "bench_voice_gpu.json").write_text(json.dumps(result, indent=1))
-        print(markdown_table(result))
     finally:
         stop_server(gw, timeout=15)
+    real = [lv["sessions"] for lv in levels if lv["real_time"]]
+    return {
+        "clock": clock,
+        "gateway_flags": flags,
+        "ready_s": round(gw.ready_s, 1),
+        "largest_real_time_n": max(real) if real else None,
+        "levels": levels,
+    }
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ from typing import Any
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models import faults
+from realtime_gw.models.clock_schedule import pacing_of
 from realtime_gw.models.contract import BackendInfo
+from realtime_gw.models.device_clock import DeviceClock, share_clocks
 from realtime_gw.models.families import Role, StagePlan, chosen
 from realtime_gw.models.process_backend import ProcessBackend
 from realtime_gw.models.runtime import StageWorker
@@ -25,6 +27,8 @@ class Workers:
     turn: StageWorker | None = None
     """Semantic VAD's end-of-turn model; None: pauses are judged by silence length."""
     all: list[StageWorker] = field(default_factory=list)
+    clocks: dict[str, DeviceClock] = field(default_factory=dict)
+    """The device clocks their stages share, by device (``device_clock`` setting)."""
 
     @property
     def ready(self) -> bool:
@@ -91,6 +95,7 @@ def serve(role: str, plan: StagePlan, config: GatewayConfig) -> StageWorker:
         max_backlog=plan.max_backlog,
         step_timeout_s=config.worker_step_timeout_s,
         admit=plan.admit,
+        pacing=pacing_of(role),
     )
 
 
@@ -142,4 +147,5 @@ def build_workers(config: GatewayConfig) -> Workers:
     workers.all = [
         w for w in (workers.tts, workers.asr, workers.vad, workers.turn, workers.policy) if w is not None
     ]
+    workers.clocks = share_clocks(workers.all, config.device_clock)
     return workers

@@ -6,7 +6,8 @@ batched ``step``), or hands it to a hosted backend's child process. All backend 
 that thread (or in that child) alone, one step at a time, so backends need no locks. The backend
 contract and the iteration records live in ``models/contract.py``.
 
-``Stream.close_input`` delivers ``END_OF_INPUT`` as a final input item.
+``Stream.close_input`` delivers ``END_OF_INPUT`` as a final input item. Workers sharing a device may share
+its clock (``device_clock``): then each step waits for its turn on the device, earliest deadline first.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from realtime_gw.models.clock_schedule import Pacing
 from realtime_gw.models.contract import (
     END_OF_INPUT,
     Backend,
@@ -36,6 +38,9 @@ from realtime_gw.models.contract import (
     run_iteration,
     unreleased,
 )
+from realtime_gw.models.device_clock import DeviceClock
+from realtime_gw.models.step_timing import StepRun
+from realtime_gw.models.stream import SlotFreed, Stream
 
 __all__ = [
     "END_OF_INPUT",
@@ -45,6 +50,7 @@ __all__ = [
     "IterationResult",
     "NoFreeSlot",
     "RequestRefused",
+    "SlotFreed",
     "StageWorker",
     "StepResult",
     "Stream",
@@ -52,10 +58,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-S = TypeVar("S")
-
-_END = object()
 
 WORKER_ACTIVE = Gauge("realtime_gw_worker_active_requests", "Requests holding backend state", ["worker"])
 WORKER_QUEUE = Gauge("realtime_gw_worker_queue_depth", "Requests waiting to be opened", ["worker"])
@@ -82,118 +84,6 @@ WORKER_RESTARTS = Counter(
 )
 
 
-class Stream(Generic[S]):
-    """One request's handle: push inputs, iterate outputs, cancel."""
-
-    def __init__(self, worker: StageWorker, request: Any, max_backlog: int) -> None:
-        self._worker = worker
-        self.request = request
-        self.state: S | None = None
-        self.pending: list[Any] = []
-        self.input_closed = False
-        self.cancelled = False
-        self.finished = False
-        self.steps = 0
-        """Backend steps this request has had; 0 = still waiting for its first output."""
-        self.last_step = 0
-        """The worker iteration that last advanced it (for round-robin order)."""
-        self._max_backlog = max_backlog
-        self._outputs: deque[Any] = deque()
-        self._readable = asyncio.Event()
-        self._error: BaseException | None = None
-
-    # -- caller side -------------------------------------------------------------------------------
-    def push(self, item: Any) -> None:
-        if self.cancelled or self.finished:
-            return
-        self.pending.append(item)
-        self._worker.wake()
-
-    def close_input(self) -> None:
-        """No more pushes; the backend receives ``END_OF_INPUT`` as the last input item."""
-        if self.input_closed or self.cancelled or self.finished:
-            return
-        self.input_closed = True
-        self.pending.append(END_OF_INPUT)
-        self._worker.wake()
-
-    def cancel(self) -> None:
-        if self.cancelled or self.finished:
-            return
-        self.cancelled = True
-        self._outputs.clear()
-        self._readable.set()
-        self._worker.wake()
-
-    @property
-    def backlog(self) -> int:
-        return len(self._outputs)
-
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self._iter()
-
-    async def _iter(self) -> AsyncIterator[Any]:
-        while True:
-            while not self._outputs:
-                if self.cancelled:
-                    return
-                self._readable.clear()
-                await self._readable.wait()
-            item = self._outputs.popleft()
-            self._worker.wake()  # backlog shrank: a paused stream may run again
-            if item is _END:
-                if self._error is not None:
-                    raise self._error
-                return
-            yield item
-
-    async def collect(self) -> list[Any]:
-        return [x async for x in self]
-
-    # -- worker side -------------------------------------------------------------------------------
-    def _deliver(
-        self, outputs: list[Any], done: bool, error: str | None, fault: type[WorkerFault] = WorkerFault
-    ) -> None:
-        if self.cancelled:
-            return
-        self._outputs.extend(outputs)
-        if error is not None:
-            self._error = fault(error)
-        if done or error is not None:
-            self.finished = True
-            self._outputs.append(_END)
-        self._readable.set()
-
-    def _runnable(self, backend: Backend[S]) -> bool:
-        if self.cancelled or self.finished or self.state is None:
-            return False
-        if self.pending:
-            return True
-        if self._outputs and len(self._outputs) >= self._max_backlog:
-            return False  # flow control: the consumer is behind
-        return backend.has_work(self.state)
-
-
-class SlotFreed:
-    """The notice "a slot may be free": waiters wake at the next ``notify``, one event per generation, so a waiter
-    that comes later waits for the next release rather than returning on a stale set event."""
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    async def wait(self, timeout: float) -> bool:
-        """True once notified, False after ``timeout`` seconds."""
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
-
-    def notify(self) -> None:
-        event, self._event = self._event, asyncio.Event()
-        event.set()
-
-
 class StageWorker:
     """Queue in, per-request result streams out, one batched backend step per iteration."""
 
@@ -213,6 +103,7 @@ class StageWorker:
         step_timeout_s: float = 30.0,
         restart_timeout_s: float = 120.0,
         admit: Callable[[Any], str | None] | None = None,
+        pacing: Pacing = Pacing.INPUT,
     ) -> None:
         self.backend = backend
         self.name = backend.name
@@ -225,6 +116,8 @@ class StageWorker:
         self.restart_timeout_s = restart_timeout_s
         self.admit = admit
         """Per-request cost bound, checked at submit: the reason a request is refused, or None."""
+        self.pacing = pacing  # how its streams' deadlines are read (clock_schedule)
+        self.clock: DeviceClock | None = None  # its device's clock, if shared (device_clock.share_clocks)
         self.restarts = 0
         self.ready = False
         self.hosted = is_hosted(backend)
@@ -345,7 +238,8 @@ class StageWorker:
                 to_open += [s for s in self._opening if not s.cancelled]
                 self._opening.clear()
                 runnable = [s for s in self._active if s._runnable(self.backend)]
-            batch = self._pick(runnable)
+            self._rr += 1
+            batch = pick(runnable, self.max_batch, self._rr)
             # Inputs are taken here, on the loop thread that pushes them; new requests get theirs back
             # below if they could not join this step.
             it = Iteration(
@@ -360,14 +254,17 @@ class StageWorker:
             for s in batch + to_open:
                 s.pending = []
             self._wake_event.clear()
-            running: Future[IterationResult] = self._thread.submit(self._iterate, it)
+            step = StepRun(self.name, batch, to_open, self.pacing, self.clock, it)
+            running: Future[IterationResult] = self._thread.submit(step.run, self._iterate, it)
             try:
-                result = await asyncio.wait_for(asyncio.wrap_future(running), self.step_timeout_s)
+                result = await step.wait(running, self.step_timeout_s)
             except asyncio.TimeoutError:
+                step.abandon()
                 reason = f"{self.name}: step exceeded {self.step_timeout_s:g} s"
                 await self._restart(reason, to_open, abandoned=(running, it))
                 continue
             except BaseException as e:  # the thread (or the child process) died outside per-request handling
+                step.withdraw(running)
                 if isinstance(e, asyncio.CancelledError):
                     raise
                 log.exception("worker %s failed", self.name)
@@ -375,10 +272,15 @@ class StageWorker:
                     f"{self.name}: worker failed ({type(e).__name__})", to_open, abandoned=None
                 )
                 continue
-            self._apply(result, batch, to_open, it)
+            self._apply(result, batch, to_open, it, step)
 
     def _apply(
-        self, result: IterationResult, batch: list[Stream[Any]], to_open: list[Stream[Any]], it: Iteration
+        self,
+        result: IterationResult,
+        batch: list[Stream[Any]],
+        to_open: list[Stream[Any]],
+        it: Iteration,
+        step: StepRun,
     ) -> None:
         """Route an iteration's outcome to its streams (on the event loop)."""
         if result.step_seconds is not None:
@@ -402,6 +304,7 @@ class StageWorker:
                 s.pending = taken + s.pending  # it could not join this step
         if stepped:
             WORKER_BATCH.labels(self.name).observe(len(stepped))
+        step.settle(self.device, stepped, result.results)
         for s, r in zip(stepped, result.results, strict=True):
             if r.done or r.error is not None:
                 s.state = None  # released next to the backend, in the same iteration
@@ -477,15 +380,15 @@ class StageWorker:
             self._orphans += unreleased(it, result)
         self.wake()
 
-    def _pick(self, runnable: list[Stream[Any]]) -> list[Stream[Any]]:
-        """Requests still waiting for their first output go first (time to first audio), then the
-        least recently advanced: a long stream never starves a new one."""
-        self._rr += 1
-        chosen = sorted(runnable, key=lambda s: (s.steps > 0, s.last_step))[: self.max_batch]
-        for s in chosen:
-            s.steps += 1
-            s.last_step = self._rr
-        return chosen
+
+def pick(runnable: list[Stream[Any]], max_batch: int, iteration: int) -> list[Stream[Any]]:
+    """Requests still waiting for their first output go first (time to first audio), then the least
+    recently advanced: a long stream never starves a new one."""
+    chosen = sorted(runnable, key=lambda s: (s.steps > 0, s.last_step))[:max_batch]
+    for s in chosen:
+        s.steps += 1
+        s.last_step = iteration
+    return chosen
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:

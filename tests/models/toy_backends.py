@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,3 +118,21 @@ class WarmingToy(SlotToy):
     def warmup(self) -> None:
         super().warmup()
         self.warmup_report = {"warm_batches": len(self.batches)}
+
+
+class TimedToy(Toy):
+    """``Toy`` whose step takes ``delay_s`` (a device step's length) and logs ``(name, start, end)`` into a
+    log it may share with other backends, to see whether steps of two stages overlapped."""
+
+    def __init__(self, name: str, log: list[tuple[str, float, float]], delay_s: float = 0.01) -> None:
+        super().__init__()
+        self.name = name
+        self.log = log
+        self.delay_s = delay_s
+
+    def step(self, work: list[tuple[St, list[Any]]]) -> list[StepResult]:
+        start = time.monotonic()
+        time.sleep(self.delay_s)
+        results = super().step(work)
+        self.log.append((self.name, start, time.monotonic()))
+        return results
