@@ -299,21 +299,23 @@ class Responses:
 
     def _end_message(self, r: LiveResponse) -> list[Effect]:
         """The round's message is complete (its audio's last samples flushed)."""
-        out: list[Effect] = []
+        out = self._flush_audio(r)
         if r.encoder is not None:
-            if tail := r.encoder.flush():  # G.711: the resampler's withheld last samples
-                out.append(self._audio_delta(r, tail, len(tail) / (OUTPUT_RATES[r.encoder.format] / 1000)))
-            r.encoder = audio.OutputEncoder(r.encoder.format)
+            r.encoder = audio.OutputEncoder(r.encoder.format)  # the next round's message starts afresh
         if r.opened and not r.closed:
             out += close_message(r, "completed", self._send, self.conversation)
         r.closed = True
         return out
 
-    def _generated(self, r: LiveResponse, settings: SessionSettings) -> list[Effect]:
-        out: list[Effect] = []
+    def _flush_audio(self, r: LiveResponse) -> list[Effect]:
+        """G.711: the resampler's withheld last samples of the message."""
         tail = r.encoder.flush() if r.encoder is not None else b""
-        if tail:  # G.711: the resampler's withheld last samples
-            out.append(self._audio_delta(r, tail, len(tail) / (OUTPUT_RATES[r.encoder.format] / 1000)))  # type: ignore[union-attr]
+        if not tail:
+            return []
+        return [self._audio_delta(r, tail, len(tail) / (OUTPUT_RATES[r.encoder.format] / 1000))]  # type: ignore[union-attr]
+
+    def _generated(self, r: LiveResponse, settings: SessionSettings) -> list[Effect]:
+        out = self._flush_audio(r)
         if r.audio and r.frames:
             self._enter(Phase.DELIVERING, "wait for the audio to be delivered")
             return [*out, AwaitDelivery(r.id, r.epoch)]  # live until its audio is out
