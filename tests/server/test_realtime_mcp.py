@@ -18,7 +18,8 @@ from tests.chat_server import ChatServer, call_when_asked, running_chat_server
 from tests.mcp_server import McpTestServer, running_mcp_server
 from tests.server.test_realtime_tools import recv, text_session, until_done, user_text
 
-TIMEOUT_S = 1.0
+TIMEOUT_S = 3.0
+"""Long enough for a listing on a busy box (connect, initialize, list), short for the slow-tool test."""
 APPROVAL_TIMEOUT_S = 1.5
 MAX_RESULT_CHARS = 64
 
@@ -246,3 +247,21 @@ async def test_a_long_result_is_cut_and_an_unreachable_server_fails_its_listing(
         assert (await recv(conn)).type == "mcp_list_tools.failed"
         done = await recv(conn)
         assert done.type == "conversation.item.done" and done.item.tools == []
+
+
+async def test_a_spoken_response_speaks_the_answer_after_its_call(
+    peers: tuple[ChatServer, McpTestServer, LiveServer],
+) -> None:
+    _, mcp, gateway = peers
+    async with text_session(gateway, tools=[mcp_tool(mcp.url)], output_modalities=["audio"]) as conn:
+        await listed(conn)
+        events = await ask(conn, 'call add {"a": 5, "b": 6}')
+        done = events[-1]
+        assert done.response.status == "completed" and [o.type for o in done.response.output] == ["mcp_call", "message"]
+        assert done.response.output[1].content[0].transcript == "The tool said: 11"
+        kinds = [e.type for e in events]
+        assert kinds.count("response.done") == 1
+        assert kinds.index("response.mcp_call.completed") < kinds.index("response.output_audio.delta")
+        audio = [e for e in events if e.type == "response.output_audio.delta"]
+        assert audio and {e.output_index for e in audio} == {1}
+        assert done.response.usage.output_token_details.audio_tokens > 0
