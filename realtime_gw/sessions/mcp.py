@@ -102,6 +102,9 @@ def needs_approval(approval: Any, name: str) -> bool:
     return bool(approval != "never")
 
 
+MAX_RESPONSE_SERVERS = 32
+"""Listings of servers named only by ``response.create`` kept per session (by label)."""
+
 UsedServers = dict[str, tuple[McpServer, Any]]
 """A response's MCP servers by label, each with the ``require_approval`` it was named with."""
 
@@ -128,7 +131,11 @@ class McpServers:
                 if server is not None and (server.key() != wanted.key() or server.failed):
                     server = None
             if server is None:
+                self.by_response.pop(wanted.label, None)
                 server = self.by_response[wanted.label] = wanted
+                listed = [k for k, v in self.by_response.items() if v.tools is not None or v.failed]
+                for label in listed[: max(0, len(self.by_response) - MAX_RESPONSE_SERVERS)]:
+                    del self.by_response[label]  # the oldest listings are forgotten (never one in flight)
                 out += self._list(server)
             used[server.label] = (server, t["require_approval"])
         return used, out
