@@ -83,8 +83,6 @@ class McpServer:
     headers: dict[str, str]
     allowed: list[str] | None
     item_id: str
-    approval: Any = "always"
-    """``require_approval``: "always", "never" or {"always": {"tool_names"}, "never": {"tool_names"}}."""
     tools: list[dict[str, Any]] | None = None
     """Listed tools (the filter applied); None while listing or after a failed listing."""
     failed: bool = False
@@ -95,8 +93,9 @@ class McpServer:
 
 
 def needs_approval(approval: Any, name: str) -> bool:
-    """``require_approval``: a name under ``never`` runs at once; otherwise (named under ``always``,
-    or not named) the client is asked first."""
+    """``require_approval`` ("always", "never" or {"always": {"tool_names"}, "never": {"tool_names"}}):
+    a name under ``never`` runs at once; otherwise (named under ``always``, or not named) the client is
+    asked first."""
     if isinstance(approval, dict):
         return name not in (approval.get("never") or {}).get("tool_names", [])
     return bool(approval != "never")
@@ -159,11 +158,9 @@ class McpServers:
             if t["type"] != "mcp":
                 continue
             server = McpServer(t["server_label"], t["server_url"], t["headers"], t["allowed_tools"], "")
-            server.approval = t["require_approval"]
             old = self.by_label.get(server.label)
             if old is not None and old.key() == server.key() and not old.failed:
-                old.approval = server.approval
-                wanted[server.label] = old  # cached
+                wanted[server.label] = old  # cached (its require_approval comes with each response's tools)
                 continue
             wanted[server.label] = server
             out += self._list(server)

@@ -380,7 +380,9 @@ class Responses:
 
 
 
-def round_start(r: LiveResponse, conversation: Conversation, model_context: ModelContext, limits: Limits) -> StartResponse:
+def round_start(
+    r: LiveResponse, conversation: Conversation, model_context: ModelContext, limits: Limits
+) -> StartResponse:
     """What the model is asked for this round: the conversation (or ``response.input``) and, out
     of the conversation, what the response's earlier rounds did."""
     if r.mcp_servers and r.tool_choice != "none":

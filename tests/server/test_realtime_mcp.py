@@ -200,7 +200,8 @@ async def test_an_unanswered_approval_times_out_and_the_response_goes_on(
         began = time.monotonic()
         events = await ask(conn, 'call add {"a": 1, "b": 2}')
         assert APPROVAL_TIMEOUT_S <= time.monotonic() - began < APPROVAL_TIMEOUT_S + 3
-        denial = next(e.item for e in events if e.type == "conversation.item.added" and e.item.type == "mcp_approval_response")
+        added = [e.item for e in events if e.type == "conversation.item.added"]
+        denial = next(item for item in added if item.type == "mcp_approval_response")
         request = next(o for o in events[-1].response.output if o.type == "mcp_approval_request")
         assert (denial.approval_request_id, denial.approve) == (request.id, False) and "timed out" in denial.reason
         assert [o.type for o in events[-1].response.output] == ["mcp_approval_request", "message"]  # no call

@@ -87,15 +87,14 @@ def test_an_out_of_band_response_calls_mcp_tools_and_answers_outside_the_convers
     client(s, {"type": "session.update", "session": {"tools": [ASK]}})
     say(s, "Add")
     before = len(s.conversation.entries())
-    out_of_band = {"conversation": "none", "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Add 1 and 1"}]}]}
+    asked = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Add 1 and 1"}]}
+    out_of_band = {"conversation": "none", "input": [asked]}
     start, _ = respond(s, **out_of_band)
     assert [t["name"] for t in start.tools] == ["add"]
     request = events(model_calls(s, start, ("add", '{"a":1,"b":1}')))[0].item  # type: ignore[attr-defined]
     assert request.type == "mcp_approval_request"
-    approved = client(
-        s,
-        {"type": "conversation.item.create", "item": {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}},
-    )
+    answer = {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}
+    approved = client(s, {"type": "conversation.item.create", "item": answer})
     (run,) = of(approved, CallMcpTool)
     (follow,) = of(s.handle(McpCallDone(start.response_id, start.epoch, run.item_id, "2"), 0.0), StartResponse)
     assert [m.role for m in follow.messages] == ["user", "assistant", "tool"]  # its input, then its call

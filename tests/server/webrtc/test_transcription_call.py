@@ -24,7 +24,8 @@ async def test_a_transcription_call_captions_speech_and_never_answers(voice_serv
         assert resp.status_code == 201, resp.text
         created = await caller.wait_for(lambda e: e.type == "session.created")
         assert created.session.type == "transcription"
-        caller.send({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"noise_reduction": {"type": "near_field"}, "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}}})
+        heard = {"noise_reduction": {"type": "near_field"}, "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}
+        caller.send({"type": "session.update", "session": {"type": "transcription", "audio": {"input": heard}}})
         updated = await caller.wait_for(lambda e: e.type in ("session.updated", "error"), timeout=10)
         assert updated.type == "session.updated" and updated.session.type == "transcription", updated
         caller.mic.say(bytes(RATE) + synthesize(TEXT, RATE) + bytes(3 * RATE))  # 0.5 s, speech, 1.5 s
