@@ -58,6 +58,7 @@ conversations, compiles, a Ray cluster), or 5 s and more for a test that boots n
 
 LONGEST_FIRST = [
     "tests/server/test_isolation.py",
+    "tests/server/test_transcriptions_live.py",
     "tests/loadtest/test_soak.py",
     "tests/server/test_tts_qwen3_kinds_live.py",
     "tests/server/test_faults.py",

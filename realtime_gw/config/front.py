@@ -196,6 +196,11 @@ class McpSettings(ResponderSettings, kw_only=True):
     mcp_timeout_s: float = 10.0
     """Seconds one MCP request (connect, list the tools, or one tool call) may take; a call past it
     fails as the model's tool result, a listing past it fails the listing."""
+    mcp_approval_timeout_s: float = 120.0
+    """Seconds an ``mcp_approval_request`` waits for the client's ``mcp_approval_response``. Past it
+    the gateway denies the call itself: it adds an ``mcp_approval_response`` item (``approve: false``,
+    its ``reason`` says the approval timed out) to the conversation, the call is never made, and the
+    response goes on (the model hears the call was not approved)."""
     mcp_max_result_chars: int = 16 * 1024
     """Characters of one MCP tool result kept (a longer one is cut, and says so) before it goes into
     the conversation and to the model."""

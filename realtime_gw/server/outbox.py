@@ -61,6 +61,8 @@ class _Playback:
     t0: float
     """When the response's first frame left: its playback starts then at the client."""
     sent_ms: float = 0.0
+    message: str = ""
+    """The message item whose audio plays (a response that called MCP tools speaks in several)."""
 
 
 class Outbox:
@@ -139,11 +141,17 @@ class Outbox:
         if item.audio_ms:
             assert item.response_id is not None
             playback = self._playback.get(item.response_id)
+            message = getattr(item.event, "item_id", "")
             if playback is None:  # the response's first frame: its playback starts now
-                playback = self._playback[item.response_id] = _Playback(now)
+                playback = self._playback[item.response_id] = _Playback(now, message=message)
                 started = self._created.pop(item.response_id, None)
                 out.ttfa_s = None if started is None else now - started
                 out.notices.append(PlaybackStarted(item.response_id, now))
+            elif message != playback.message:
+                # a later message of the response (it went on after MCP calls): after the pause, its
+                # audio plays from now (or right after what is still playing), not on the old clock
+                playback.t0 = max(now, playback.t0 + playback.sent_ms / 1000.0)
+                playback.sent_ms, playback.message = 0.0, message
             due = playback.t0 + playback.sent_ms / 1000.0  # when this frame starts playing at the client
             if self.lead_s and now < due - self.lead_s:
                 return due - self.lead_s - now

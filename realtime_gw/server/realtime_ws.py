@@ -432,6 +432,7 @@ def session_limits(gateway: Gateway, model: str, key: str | None) -> Limits:
         context_tokens=gateway.config.responder_context_tokens,
         reply_tokens=gateway.config.responder_max_tokens,
         mcp_allowed_urls=tuple(gateway.config.mcp_allowed_urls),
+        mcp_approval_timeout_s=gateway.config.mcp_approval_timeout_s,
     )
 
 

@@ -42,6 +42,23 @@ class Playback:
     acks: list[tuple[float, float]] = field(default_factory=list)
     """The ledger: (session time, played_ms) per accepted ack."""
     finished: bool = False
+    later_items: list[tuple[str, float]] = field(default_factory=list)
+    """The messages of the response's later model rounds (it went on after MCP calls): each item
+    and where its audio starts in the response's audio."""
+
+    def items(self) -> list[tuple[str, float]]:
+        """Its message items and where each one's audio starts, in order."""
+        return [(self.item_id, 0.0), *self.later_items]
+
+    def add_item(self, item_id: str, at_ms: float, now: float) -> None:
+        """The response speaks again, in a new message, after a pause (its MCP calls ran). A client
+        that has played everything sent so far hears the new audio from ``now``, not from where the
+        first frame's clock says."""
+        if self.started_at is not None and self.played_ms(now) >= at_ms - 1e-6:
+            self.started_at = now - at_ms / 1000.0
+            if self.acked_at is not None:
+                self.acked_ms, self.acked_at = max(self.acked_ms, at_ms), now
+        self.later_items.append((item_id, at_ms))
 
     def played_ms(self, now: float) -> float:
         """What the client has heard by ``now``: its acks if any, else the real-time clock since the
@@ -97,8 +114,13 @@ class Playbacks:
         playback = self.latest()
         return playback if playback is not None and playback.audible(now) else None
 
-    def of_item(self, item_id: str) -> Playback | None:
-        return next((p for p in self._by_response.values() if p.item_id == item_id), None)
+    def of_item(self, item_id: str) -> tuple[Playback, float] | None:
+        """The playback an item's audio is in, and where its audio starts in that playback's."""
+        for p in self._by_response.values():
+            for each, start_ms in p.items():
+                if each == item_id:
+                    return p, start_ms
+        return None
 
 
 @dataclass(slots=True)

@@ -388,3 +388,5 @@ class Limits:
     kept free in the context window."""
     mcp_allowed_urls: tuple[str, ...] = ()
     """MCP server URLs a session may use (``mcp_allowed_urls``); empty: none."""
+    mcp_approval_timeout_s: float = 120.0
+    """How long an ``mcp_approval_request`` waits for its answer (``mcp_approval_timeout_s``)."""

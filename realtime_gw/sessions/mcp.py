@@ -2,45 +2,55 @@
 response makes to them. Pure: the transport lists and calls (``ListMcpTools``, ``CallMcpTool``) and
 feeds the answers back (``McpToolsListed``, ``McpCallDone``).
 
-- At ``session.update`` each ``{"type": "mcp", ...}`` tool whose URL is on the gateway's allow-list
-  (else the update is refused and nothing is connected to) is listed once: an ``mcp_list_tools`` item
-  joins the conversation (``conversation.item.added``), ``mcp_list_tools.in_progress``, then
+- MCP servers are named by ``{"type": "mcp", ...}`` tools in ``session.update`` (for every later
+  response) or in ``response.create``'s ``tools`` (for that response; out-of-band ones too). A URL
+  not on the gateway's allow-list is refused (``session.tools[i]``/``response.tools[i]``) and never
+  connected to. Each server is listed once per session: an ``mcp_list_tools`` item joins the
+  conversation (``conversation.item.added``), ``mcp_list_tools.in_progress``, then
   ``mcp_list_tools.completed`` (or ``.failed``) and ``conversation.item.done`` with the tools. The
-  listing is cached for the session: an update naming the same server (URL, headers, filter) again
-  does not list it again (unless its listing failed: that is how a client retries).
+  listing is cached for the session by label, URL, headers and filter (a failed one is tried again
+  when named again). A response waits for the listings it needs before its model starts.
 - The listed tools (``allowed_tools`` applied) reach the responder model as functions under their own
   names (a function tool of the same name wins). When the model calls one, the response, once its
   text is generated, announces an ``mcp_call`` item (``response.output_item.added``, the
   ``response.mcp_call_arguments.delta``/``.done`` events, ``response.mcp_call.in_progress``) and stays
   live while the gateway runs the call; ``.completed`` or ``.failed`` and ``response.output_item.done``
   follow with its output or error. A call that ``require_approval`` covers is first announced as an
-  ``mcp_approval_request`` item, and the response waits for the client's ``mcp_approval_response``
-  item: approved, the call runs (its ``mcp_call`` names the request); denied, it is never made and
-  the model hears so (``context.py``). Then the response completes, and when it called MCP tools only
-  (no client function call is outstanding) the gateway creates the next response itself, which reads
-  the results and answers (at most ``MAX_MCP_ROUNDS`` in a row).
+  ``mcp_approval_request`` item, and the response waits for an ``mcp_approval_response`` item:
+  approved, the call runs (its ``mcp_call`` names the request); denied, it is never made and the
+  model hears so (``context.py``). A request unanswered for ``mcp_approval_timeout_s`` is denied by
+  the gateway: it adds the ``mcp_approval_response`` itself (``approve: false``, its ``reason`` says
+  the approval timed out), so the client sees why, and the response goes on.
+- When every MCP call of a round has ended, and no function call waits for the client, the model
+  goes on within the same response (as OpenAI's Realtime API does): it is started again with the
+  results, and what it says is a new message item after the calls, in the same response; it may
+  call tools again. One ``response.done`` ends it all. At most ``MAX_MODEL_ROUNDS`` rounds: the
+  last is offered no tools, so it answers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.protocols import realtime_mcp as mcp_rt
-from realtime_gw.sessions.conversation import Conversation
+from realtime_gw.sessions.conversation import Conversation, Entry
 from realtime_gw.sessions.events import CallMcpTool, Effect, Ids, ListMcpTools, McpCallDone, McpToolsListed
 from realtime_gw.sessions.settings import SessionError
 from realtime_gw.sessions.tools import FunctionCall
 
 if TYPE_CHECKING:
     from realtime_gw.sessions.response_state import LiveResponse
+    from realtime_gw.sessions.settings import SessionSettings
 
-MAX_MCP_ROUNDS = 8
-"""Responses the gateway creates in a row to answer MCP results (a model that keeps calling stops)."""
+MAX_MODEL_ROUNDS = 8
+"""Model rounds in one response (each after the MCP calls of the one before); the last is offered
+no tools, so a model that keeps calling still answers."""
 
 
-def check_allowed(tools: list[dict[str, Any]], allowed_urls: tuple[str, ...]) -> None:
+def check_allowed(tools: list[dict[str, Any]], allowed_urls: tuple[str, ...], where: str = "session.tools") -> None:
     """Every MCP server URL is on the gateway's allow-list (compared without a trailing ``/``)."""
     allowed = {u.rstrip("/") for u in allowed_urls}
     for i, tool in enumerate(tools):
@@ -48,14 +58,15 @@ def check_allowed(tools: list[dict[str, Any]], allowed_urls: tuple[str, ...]) ->
             raise SessionError(
                 f"MCP server URL '{tool['server_url']}' is not allowed by this gateway (mcp_allowed_urls)",
                 "invalid_value",
-                f"session.tools[{i}].server_url",
+                f"{where}[{i}].server_url",
             )
 
 
-def check_approval(item: rt.Item, conversation: Conversation) -> None:
-    """A client's ``mcp_approval_response`` answers an ``mcp_approval_request`` of the conversation."""
+def check_approval(item: rt.Item, conversation: Conversation, asked_elsewhere: set[str]) -> None:
+    """A client's ``mcp_approval_response`` answers an ``mcp_approval_request`` of the conversation
+    (or of a live out-of-band response: ``asked_elsewhere``)."""
     asked = item.approval_request_id
-    if item.type != "mcp_approval_response":
+    if item.type != "mcp_approval_response" or asked in asked_elsewhere:
         return
     if asked not in conversation or conversation.get(asked).item.type != "mcp_approval_request":  # type: ignore[arg-type]
         raise SessionError(
@@ -72,22 +83,29 @@ class McpServer:
     headers: dict[str, str]
     allowed: list[str] | None
     item_id: str
-    approval: Any = "always"
-    """``require_approval``: "always", "never" or {"always": {"tool_names"}, "never": {"tool_names"}}."""
     tools: list[dict[str, Any]] | None = None
     """Listed tools (the filter applied); None while listing or after a failed listing."""
     failed: bool = False
     """Its listing failed: the next update naming it lists it again."""
 
-    def needs_approval(self, name: str) -> bool:
-        """A name under ``never`` runs at once; otherwise (named under ``always``, or not named) the
-        client is asked first."""
-        if isinstance(self.approval, dict):
-            return name not in (self.approval.get("never") or {}).get("tool_names", [])
-        return bool(self.approval != "never")
-
     def key(self) -> tuple[Any, ...]:
         return (self.url, sorted(self.headers.items()), self.allowed)
+
+
+def needs_approval(approval: Any, name: str) -> bool:
+    """``require_approval`` ("always", "never" or {"always": {"tool_names"}, "never": {"tool_names"}}):
+    a name under ``never`` runs at once; otherwise (named under ``always``, or not named) the client is
+    asked first."""
+    if isinstance(approval, dict):
+        return name not in (approval.get("never") or {}).get("tool_names", [])
+    return bool(approval != "never")
+
+
+MAX_RESPONSE_SERVERS = 32
+"""Listings of servers named only by ``response.create`` kept per session (by label)."""
+
+UsedServers = dict[str, tuple[McpServer, Any]]
+"""A response's MCP servers by label, each with the ``require_approval`` it was named with."""
 
 
 class McpServers:
@@ -97,6 +115,40 @@ class McpServers:
         self.ids = ids
         self.conversation = conversation
         self.by_label: dict[str, McpServer] = {}
+        self.by_response: dict[str, McpServer] = {}
+        """Servers named only by a ``response.create`` (their listing is cached too)."""
+
+    def use(self, tools: list[dict[str, Any]]) -> tuple[UsedServers, list[Effect]]:
+        """A response's MCP tools: their servers (listed now when not listed yet)."""
+        used: UsedServers = {}
+        out: list[Effect] = []
+        for t in tools:
+            wanted = McpServer(t["server_label"], t["server_url"], t["headers"], t["allowed_tools"], "")
+            server = self.by_label.get(wanted.label)  # the session's (retried by a session.update)
+            if server is None or server.key() != wanted.key():
+                server = self.by_response.get(wanted.label)
+                if server is not None and (server.key() != wanted.key() or server.failed):
+                    server = None
+            if server is None:
+                self.by_response.pop(wanted.label, None)
+                server = self.by_response[wanted.label] = wanted
+                listed = [k for k, v in self.by_response.items() if v.tools is not None or v.failed]
+                for label in listed[: max(0, len(self.by_response) - MAX_RESPONSE_SERVERS)]:
+                    del self.by_response[label]  # the oldest listings are forgotten (never one in flight)
+                out += self._list(server)
+            used[server.label] = (server, t["require_approval"])
+        return used, out
+
+    def _list(self, server: McpServer) -> list[Effect]:
+        server.item_id = self.ids.new("item")
+        item = self._item(server)
+        previous = self.conversation.last_id()
+        self.conversation.add(item, force=True)
+        return [
+            self.ids.send(rt.ConversationItemAdded(item=item, previous_item_id=previous)),
+            self.ids.send(mcp_rt.McpListToolsInProgress(item_id=server.item_id)),
+            ListMcpTools(server.item_id, server.url, server.headers),
+        ]
 
     def configure(self, tools: list[dict[str, Any]]) -> list[Effect]:
         """The session's tools changed: list the servers not listed yet (or listed otherwise)."""
@@ -106,22 +158,12 @@ class McpServers:
             if t["type"] != "mcp":
                 continue
             server = McpServer(t["server_label"], t["server_url"], t["headers"], t["allowed_tools"], "")
-            server.approval = t["require_approval"]
             old = self.by_label.get(server.label)
             if old is not None and old.key() == server.key() and not old.failed:
-                old.approval = server.approval
-                wanted[server.label] = old  # cached
+                wanted[server.label] = old  # cached (its require_approval comes with each response's tools)
                 continue
-            server.item_id = self.ids.new("item")
             wanted[server.label] = server
-            item = self._item(server)
-            previous = self.conversation.last_id()
-            self.conversation.add(item, force=True)
-            out += [
-                self.ids.send(rt.ConversationItemAdded(item=item, previous_item_id=previous)),
-                self.ids.send(mcp_rt.McpListToolsInProgress(item_id=server.item_id)),
-                ListMcpTools(server.item_id, server.url, server.headers),
-            ]
+            out += self._list(server)
         self.by_label = wanted
         return out
 
@@ -134,7 +176,8 @@ class McpServers:
         )
 
     def listed(self, ev: McpToolsListed) -> list[Effect]:
-        server = next((s for s in self.by_label.values() if s.item_id == ev.item_id), None)
+        known = [*self.by_label.values(), *self.by_response.values()]
+        server = next((s for s in known if s.item_id == ev.item_id), None)
         if server is None:
             return []  # the session dropped that server meanwhile
         server.failed = ev.tools is None
@@ -150,54 +193,52 @@ class McpServers:
             self.ids.send(rt.ConversationItemDone(item=item, previous_item_id=previous)),
         ]
 
-    def functions(self, taken: set[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
-        """The listed tools as function tools for the model, and which server each name is on."""
-        tools: list[dict[str, Any]] = []
-        names: dict[str, str] = {}
-        for server in self.by_label.values():
-            for t in server.tools or []:
-                if t["name"] in taken or t["name"] in names:
-                    continue  # a function tool (or an earlier server) has that name
-                names[t["name"]] = server.label
-                fn = {
-                    "type": "function",
-                    "name": t["name"],
-                    "parameters": t.get("input_schema") or {"type": "object"},
-                }
-                tools.append({**fn, "description": t["description"]} if t.get("description") else fn)
-        return tools, names
 
 
-def follow_up(r: LiveResponse) -> rt.ResponseParams:
-    """The response that answers MCP results asks what the one that called them asked (instructions,
-    modalities, voice, metadata; tools and the reply limit are the session's), but never forces a
-    tool call again."""
-    forced = r.tool_choice == "required" or isinstance(r.tool_choice, dict)
-    voice = rt.AudioConfig(output=rt.AudioOutputConfig(voice=r.voice, speed=r.speed)) if r.audio else None
-    return rt.ResponseParams(
-        instructions=r.instructions,
-        output_modalities=["audio"] if r.audio else ["text"],
-        audio=voice,
-        metadata=r.metadata,
-        tool_choice="auto" if forced else None,
-    )
+def functions(used: UsedServers, taken: set[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """A response's listed MCP tools as function tools for the model, and which server each name is on."""
+    tools: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
+    for server, _ in used.values():
+        for t in server.tools or []:
+            if t["name"] in taken or t["name"] in names:
+                continue  # a function tool (or an earlier server) has that name
+            names[t["name"]] = server.label
+            fn = {"type": "function", "name": t["name"], "parameters": t.get("input_schema") or {"type": "object"}}
+            tools.append({**fn, "description": t["description"]} if t.get("description") else fn)
+    return tools, names
+
+
+def listing(used: UsedServers) -> bool:
+    """A server the response needs is still being listed."""
+    return any(server.tools is None and not server.failed for server, _ in used.values())
+
+
+def offer(r: LiveResponse) -> None:
+    """The tools the model is offered this round: the function tools, then the listed MCP tools."""
+    offered, r.mcp_names = functions(r.mcp_servers, {t["name"] for t in r.function_tools})
+    r.tools = r.function_tools + offered
+
+
+def earlier_entries(r: LiveResponse) -> list[Entry]:
+    """An out-of-band response's earlier rounds (and the approvals given for them), as entries: the
+    model reads them after its context."""
+    return [Entry(item, response_id=r.id) for item in [*r.earlier, *r.round_outputs(), *r.answers]]
 
 
 # -- calls within a response ------------------------------------------------------------------------
-def start_calls(
-    r: LiveResponse, servers: McpServers, send: Any, conversation: Conversation, new_id: Any
-) -> list[Effect]:
+def start_calls(r: LiveResponse, send: Any, conversation: Conversation, new_id: Any, now: float) -> list[Effect]:
     """The model's text is done and it called MCP tools: run each, or first ask the client's approval."""
     out: list[Effect] = []
     for call in r.calls:
         label = r.mcp_names.get(call.name)
-        server = servers.by_label.get(label) if label is not None else None
-        if server is None:
+        if label is None or label not in r.mcp_servers:
             continue
+        server, approval = r.mcp_servers[label]
         call.server_label, call.server_url, call.headers = server.label, server.url, server.headers
         r.mcp_started = True
-        if server.needs_approval(call.name):
-            call.approval_id, call.awaiting = new_id("mcpr"), True
+        if needs_approval(approval, call.name):
+            call.approval_id, call.awaiting, call.asked_at = new_id("mcpr"), True, now
             out += _announce(r, "approval", call, send, conversation, done=True)
         else:
             out += _run(r, call, send, conversation)
@@ -208,7 +249,7 @@ def _announce(
     r: LiveResponse, kind: str, call: FunctionCall, send: Any, conversation: Conversation, done: bool
 ) -> list[Effect]:
     """A new output item of the response (and of the conversation); ``done``: complete at once."""
-    index = (1 if r.opened else 0) + len(r.mcp_outputs)
+    index = r.message_index + (1 if r.opened else 0) + len(r.mcp_outputs)
     r.mcp_outputs.append((kind, call))
     item = call.approval_item() if kind == "approval" else call.item("in_progress")
     if kind == "call":
@@ -253,6 +294,8 @@ def advance(
         if call is None:
             return [], False  # not this response's (a cancelled one's, or answered already)
         call.awaiting = False
+        if not r.in_conversation:
+            r.answers.append(ev)  # the model of an out-of-band response reads it from there
         out = _run(r, call, send, conversation) if ev.approve else []
     else:
         call = next((c for c in r.calls if c.item_id == ev.item_id and c.pending), None)
@@ -289,3 +332,57 @@ def abandon_calls(r: LiveResponse, send: Any, conversation: Conversation) -> lis
     (a call still awaiting approval was never made: nothing to end)."""
     error = {"type": "tool_execution_error", "message": "the response ended before the call finished"}
     return [e for c in r.calls if c.pending for e in end_call(r, c, None, error, send, conversation)]
+
+
+def expired(r: LiveResponse, now: float, timeout_s: float, new_id: Any) -> list[rt.Item]:
+    """The gateway's denials of the approval requests that waited ``timeout_s``."""
+    return [
+        rt.Item(
+            type="mcp_approval_response",
+            id=new_id("item"),
+            approval_request_id=c.approval_id,
+            approve=False,
+            reason=f"the approval timed out: no mcp_approval_response within {timeout_s:g} s",
+        )
+        for c in r.calls
+        if c.awaiting and now - c.asked_at >= timeout_s
+    ]
+
+
+def record_answer(r: LiveResponse, answer: rt.Item, send: Any, conversation: Conversation) -> list[Effect]:
+    """The gateway's own ``mcp_approval_response`` joins the conversation as a client's would (an
+    out-of-band response keeps it: ``advance``)."""
+    if not r.in_conversation:
+        return []
+    answer.object, answer.status = "realtime.item", "completed"
+    previous = conversation.last_id()
+    conversation.add(answer, force=True)
+    return [
+        send(rt.ConversationItemAdded(item=answer, previous_item_id=previous)),
+        send(rt.ConversationItemDone(item=answer, previous_item_id=previous)),
+    ]
+
+
+def expire_approvals(slots: list[Any], now: float, settings: SessionSettings) -> list[Effect]:
+    """Approval requests that waited ``mcp_approval_timeout_s`` are denied by the gateway (``slots``:
+    the session's response slots, ``response_lifecycle.Responses``)."""
+    out: list[Effect] = []
+    for slot in slots:
+        r = slot.live
+        if r is None:
+            continue
+        for answer in expired(r, now, slot.limits.mcp_approval_timeout_s, slot.ids.new):
+            out += record_answer(r, answer, partial(slot.ids.send, response_id=r.id), slot.conversation)
+            out += slot.on_mcp(answer, settings)
+    return out
+
+
+def route_approval(slots: list[Any], item: rt.Item, settings: SessionSettings) -> list[Effect]:
+    """An ``mcp_approval_response`` goes to the live response that asked (main or out-of-band)."""
+    return [e for slot in slots for e in slot.on_mcp(item, settings)]
+
+
+def asked_out_of_band(slots: list[Any]) -> set[str]:
+    """The approval requests out-of-band responses wait on (they are not in the conversation)."""
+    live = [slot.live for slot in slots if slot.live is not None and not slot.live.in_conversation]
+    return {c.approval_id or "" for r in live for c in r.calls if c.awaiting}

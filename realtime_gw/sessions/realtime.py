@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from realtime_gw.protocols import realtime as rt
+from realtime_gw.sessions import mcp
 from realtime_gw.sessions.conversation import (
     Conversation,
     ConversationError,
@@ -87,14 +88,11 @@ class RealtimeSession:
         self.buffer = InputBuffer(limits.max_input_buffer_bytes, self.settings.input_format, self.settings.input_rate)
         self.turns = Turns(self.ids, duplex, now)
         self.transcriber = Transcriber(self.ids)
-        self.responses = Responses(
-            self.ids, self.conversation, self.turns.playbacks, limits.voices, f"conv_{session_id}", limits
-        )
         # MCP servers of the session's tools and their listed tools (``mcp.py``), which responses call
-        self.mcp = self.responses.mcp = McpServers(self.ids, self.conversation)
-        self.side = SideResponses(
-            lambda: Responses(self.ids, self.conversation, self.turns.playbacks, limits.voices, f"conv_{session_id}", limits)
-        )
+        self.mcp = McpServers(self.ids, self.conversation)
+        slot_of = (self.ids, self.conversation, self.turns.playbacks, limits.voices, f"conv_{session_id}", limits)
+        self.responses = Responses(*slot_of, self.mcp)
+        self.side = SideResponses(lambda: Responses(*slot_of, self.mcp))
         """Out-of-band responses running beside the live one (``out_of_band.py``)."""
         self.text_limits = TextLimits(limits.max_instructions_chars, limits.max_tools)
 
@@ -110,6 +108,9 @@ class RealtimeSession:
     @property
     def vad_stream(self) -> int:
         return self.turns.vad_stream
+
+    def _slots(self) -> list[Responses]:
+        return [self.responses, *self.side.slots.values()]
 
     @property
     def playbacks(self) -> Playbacks:
@@ -251,13 +252,14 @@ class RealtimeSession:
         return self.turns.vad_unavailable(ev)
 
     def _on_tick(self, ev: Tick, now: float) -> list[Effect]:
+        out = mcp.expire_approvals(self._slots(), now, self.settings) + self.side.settle()
         busy = self.responses.live is not None or self.conversation.transcripts_pending
         if not self.turns.idle_timeout_due(self.settings.turn_detection, now, busy):
-            return []
+            return out
         item_id = self.ids.new("item")
         start, end = self.buffer.start_ms, self.buffer.end_ms
         timeout = rt.InputAudioBufferTimeoutTriggered(audio_start_ms=int(start), audio_end_ms=int(end), item_id=item_id)
-        return [self.ids.send(timeout), *self._carry_out(UserTurn(item_id, start, end, respond=True), now)]
+        return [*out, self.ids.send(timeout), *self._carry_out(UserTurn(item_id, start, end, respond=True), now)]
 
     def _on_transcription(self, ev: TranscriptionDone, now: float) -> list[Effect]:
         part = self.conversation.fill_transcript(ev.item_id, ev.text, ev.error)
@@ -271,7 +273,7 @@ class RealtimeSession:
     def _on_item_create(self, ev: rt.ConversationItemCreateEvent, now: float) -> list[Effect]:
         item = ev.item
         check_item(item, self.limits.max_item_text_chars)
-        check_approval(item, self.conversation)
+        check_approval(item, self.conversation, mcp.asked_out_of_band(self._slots()))
         item.id = item.id or self.ids.new("item")
         item.object, item.status = "realtime.item", "completed"
         spoken = [part for part in item.content if part.type == "input_audio" and part.audio]
@@ -285,8 +287,8 @@ class RealtimeSession:
             self.ids.send(rt.ConversationItemAdded(item=item, previous_item_id=previous)),
             self.ids.send(rt.ConversationItemDone(item=item, previous_item_id=previous)),
         ]
-        if item.type == "mcp_approval_response":
-            out += self.responses.on_mcp(item, self.settings)  # the live response waits for it
+        if item.type == "mcp_approval_response":  # the live response that asked waits for it
+            out += mcp.route_approval(self._slots(), item, self.settings) + self.side.settle()
         return out + [Transcribe(item.id, pcm[0], self.buffer.rate)] if pcm else out
 
     def _on_item_retrieve(self, ev: rt.ConversationItemRetrieveEvent, now: float) -> list[Effect]:
@@ -375,7 +377,7 @@ def _routed(handle: Any) -> Any:
     """A worker result, handled by the slot of the response it is of."""
 
     def run(s: RealtimeSession, ev: Any, now: float) -> list[Effect]:
-        return handle(s, s._slot(ev.response_id), ev) + s.side.settle()  # type: ignore[no-any-return]
+        return handle(s, s._slot(ev.response_id), ev, now) + s.side.settle()  # type: ignore[no-any-return]
 
     return run
 
@@ -403,14 +405,14 @@ _HANDLERS: dict[type, Any] = {
     AsrUnavailable: lambda s, ev, now: s.transcriber.unavailable(ev),
     TurnVerdict: lambda s, ev, now: [e for step in s.turns.verdict(s.settings, ev, now) for e in s._carry_out(step, now)],
     PlaybackStarted: lambda s, ev, now: s.turns.playback_started(ev),
-    McpToolsListed: lambda s, ev, now: s.mcp.listed(ev),
+    McpToolsListed: lambda s, ev, now: s.mcp.listed(ev) + s.responses.start_if_ready() + s.side.start_if_ready(),
     # worker results go to the slot of the response they are of (the main one, or out-of-band)
-    ResponseTextDelta: _routed(lambda s, slot, ev: slot.on_text(ev)),
-    ResponseAudio: _routed(lambda s, slot, ev: slot.on_audio(ev)),
-    ResponseToolCall: _routed(lambda s, slot, ev: slot.on_tool_call(ev)),
-    ResponseUsage: _routed(lambda s, slot, ev: slot.on_usage(ev)),
-    ResponseFinished: _routed(lambda s, slot, ev: slot.on_finished(ev, s.settings)),
-    ResponseRefused: _routed(lambda s, slot, ev: slot.on_refused(ev)),
-    AudioDelivered: _routed(lambda s, slot, ev: slot.on_delivered(ev, s.settings)),
-    McpCallDone: _routed(lambda s, slot, ev: slot.on_mcp(ev, s.settings)),
+    ResponseTextDelta: _routed(lambda s, slot, ev, now: slot.on_text(ev)),
+    ResponseAudio: _routed(lambda s, slot, ev, now: slot.on_audio(ev, now)),
+    ResponseToolCall: _routed(lambda s, slot, ev, now: slot.on_tool_call(ev)),
+    ResponseUsage: _routed(lambda s, slot, ev, now: slot.on_usage(ev)),
+    ResponseFinished: _routed(lambda s, slot, ev, now: slot.on_finished(ev, s.settings, now)),
+    ResponseRefused: _routed(lambda s, slot, ev, now: slot.on_refused(ev)),
+    AudioDelivered: _routed(lambda s, slot, ev, now: slot.on_delivered(ev, s.settings)),
+    McpCallDone: _routed(lambda s, slot, ev, now: slot.on_mcp(ev, s.settings)),
 }

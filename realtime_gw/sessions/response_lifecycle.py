@@ -12,7 +12,9 @@
 - ``WAITING``: ``response.created`` is out, the worker is not asked yet: a user transcript the
   response reads is still on its way (``StartResponse`` goes out when the last one arrives).
 - ``GENERATING``: ``StartResponse`` is out; the worker's text and audio flow in. A refusal
-  (``ResponseRefused``: no free slot) or a fault (``ResponseFinished(error=…)``) fails it.
+  (``ResponseRefused``: no free slot) or a fault (``ResponseFinished(error=…)``) fails it. A
+  response whose model called MCP tools stays here while the gateway runs them, then starts the
+  model again for its next round, within the same response (``sessions/mcp.py``).
 - ``DELIVERING``: generated; the response stays live until its audio has left for the client
   (``AwaitDelivery`` → ``AudioDelivered``), so speech over it still interrupts it.
 
@@ -33,7 +35,7 @@ from realtime_gw.protocols import audio
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.records.voice import OUTPUT_RATE, ChatMessage
 from realtime_gw.sessions import mcp
-from realtime_gw.sessions.context import ModelContext, estimate_tokens
+from realtime_gw.sessions.context import ModelContext, chat_units, estimate_tokens
 from realtime_gw.sessions.conversation import Conversation, ConversationError, SpokenSpan
 from realtime_gw.sessions.duplex import Playbacks
 from realtime_gw.sessions.events import (
@@ -51,6 +53,7 @@ from realtime_gw.sessions.events import (
     ResponseTextDelta,
     ResponseToolCall,
     ResponseUsage,
+    StartResponse,
 )
 from realtime_gw.sessions.response_params import validated
 from realtime_gw.sessions.response_state import LiveResponse
@@ -94,6 +97,7 @@ class Responses:
         voices: frozenset[str],
         conversation_id: str,
         limits: Limits | None = None,
+        servers: mcp.McpServers | None = None,
     ) -> None:
         self.ids = ids
         self.conversation = conversation
@@ -108,10 +112,8 @@ class Responses:
         self.live: LiveResponse | None = None
         self.epoch = 0
         """Bumped by every create and cancel: results carrying an older epoch are stale."""
-        self.mcp: mcp.McpServers | None = None
-        """The session's MCP servers: their tools are offered to responses in the conversation."""
-        self.mcp_rounds = 0
-        """Responses created in a row to answer MCP results (``mcp.MAX_MCP_ROUNDS``)."""
+        self.mcp = servers
+        """The session's MCP servers (and those responses named): what its responses may call."""
 
     def _enter(self, phase: Phase, action: str) -> None:
         if phase not in _NEXT[self.phase]:
@@ -130,7 +132,6 @@ class Responses:
     def create(self, p: rt.ResponseParams, settings: SessionSettings, event_id: str | None = None) -> list[Effect]:
         """``response.create`` (or a turn that asks for an answer). Raises ``SessionError`` (or
         ``ConversationError``) and changes nothing when it cannot be created."""
-        self.mcp_rounds = 0
         if self.live is not None:
             raise SessionError(
                 f"Conversation already has an active response in progress: {self.live.id}. "
@@ -138,26 +139,27 @@ class Responses:
                 "conversation_already_has_active_response",
             )
         asked = validated(p, settings, self.voices, self.limits, self.conversation)
-        offered, names = [], {}
-        if self.mcp is not None and asked["in_conversation"]:
-            offered, names = self.mcp.functions({t["name"] for t in asked["tools"]})
-        asked["tools"] = asked["tools"] + offered
+        mcp_tools = asked.pop("mcp_tools")
         r = LiveResponse(
             id=self.ids.new("resp"),
             epoch=self.epoch + 1,
             item_id=self.ids.new("item"),
             conversation_id=self.conversation_id,
-            mcp_names=names,
+            function_tools=asked["tools"],
             **asked,
         )
         if r.in_conversation:
             self.conversation.check_add(r.item_id)  # a refused response must leave nothing behind
         self._enter(Phase.WAITING, "create a response")
+        listings: list[Effect] = []
+        if self.mcp is not None and mcp_tools:
+            r.mcp_servers, listings = self.mcp.use(mcp_tools)
+            mcp.offer(r)
         self.epoch, self.live = r.epoch, r
         if r.audio:
             r.encoder = audio.OutputEncoder(settings.output_format)
             self.playbacks.open(r.id, r.item_id)
-        out = [self._send(r, rt.ResponseCreatedEvent(response=r.wire("in_progress")))]
+        out = [self._send(r, rt.ResponseCreatedEvent(response=r.wire("in_progress"))), *listings]
         if not r.offers_tools:  # a message for sure: announced at once
             out += self._open_message(r)
         return out + self.start_if_ready()
@@ -168,7 +170,8 @@ class Responses:
             return []
         r.opened = True
         item = r.item("in_progress")
-        out = [self._send(r, rt.ResponseOutputItemAddedEvent(response_id=r.id, output_index=0, item=item))]
+        index = r.message_index
+        out = [self._send(r, rt.ResponseOutputItemAddedEvent(response_id=r.id, output_index=index, item=item))]
         if r.in_conversation:
             previous = self.conversation.last_id()
             entry = self.conversation.add(msgspec.structs.replace(item, content=[]), force=True)
@@ -182,21 +185,10 @@ class Responses:
         r = self.live
         if r is None or self.phase is not Phase.WAITING or self.conversation.transcripts_pending:
             return []
+        if mcp.listing(r.mcp_servers):
+            return []  # an MCP server it names is still being listed
         self._enter(Phase.GENERATING, "start the response")
-        fixed = [ChatMessage("system", r.instructions)] if r.instructions else []
-        if r.context is not None:
-            messages = fixed + r.context
-        else:
-            tools_chars = len(msgspec.json.encode(r.tools)) if r.offers_tools else 0
-            entries = self.conversation.entries()
-            reply = r.max_output_tokens or self.limits.reply_tokens
-            messages = self.model_context.messages(entries, r.truncation, fixed, tools_chars, reply)
-            if r.truncation != "disabled":
-                # the reply may only use what the prompt leaves of the window (a backend refuses more)
-                room = self.model_context.limit(r.truncation) - sum(estimate_tokens(m) for m in messages)
-                r.max_output_tokens = max(1, min(reply, room - tools_chars // 4))
-        r.prompt_tokens = sum(estimate_tokens(m) for m in messages)
-        return [r.start(messages)]
+        return [round_start(r, self.conversation, self.model_context, self.limits)]
 
     def answer(self, settings: SessionSettings, p: rt.ResponseParams | None = None) -> list[Effect]:
         """A user turn asks for an answer: now, or when the live response completes. Never raises:
@@ -237,10 +229,13 @@ class Responses:
             r.usage = ev.usage
         return []
 
-    def on_audio(self, ev: ResponseAudio) -> list[Effect]:
+    def on_audio(self, ev: ResponseAudio, now: float) -> list[Effect]:
         r = self._accepts(ev.response_id, ev.epoch, Phase.GENERATING)
         if r is None or not r.audio:
             return []
+        playback = self.playbacks.get(r.id)
+        if playback is not None and r.rounds > 1 and ev.frame.pcm and not r.audio_ms:
+            playback.add_item(r.item_id, r.earlier_audio_ms, now)  # a later round speaks
         words = ev.frame.text.strip()
         out: list[Effect] = self._open_message(r) if words or ev.frame.pcm else []
         if words:
@@ -253,9 +248,8 @@ class Responses:
             ms = len(ev.frame.pcm) / 2 / OUTPUT_RATE * 1000
             out.append(self._audio_delta(r, r.encoder.encode(ev.frame.pcm), ms))
             r.audio_ms += ms
-            playback = self.playbacks.get(r.id)
             if playback is not None:
-                playback.audio_ms = r.audio_ms
+                playback.audio_ms = r.earlier_audio_ms + r.audio_ms
         return out
 
     def _audio_delta(self, r: LiveResponse, wire: bytes, ms: float) -> Effect:
@@ -265,7 +259,7 @@ class Responses:
         r.frames += 1
         return self._send(r, delta, audio_ms=ms)
 
-    def on_finished(self, ev: ResponseFinished, settings: SessionSettings) -> list[Effect]:
+    def on_finished(self, ev: ResponseFinished, settings: SessionSettings, now: float) -> list[Effect]:
         r = self._accepts(ev.response_id, ev.epoch, Phase.GENERATING)
         if r is None:
             return []
@@ -274,25 +268,54 @@ class Responses:
             failed = self.ids.error(f"Response {r.id} failed: {ev.error}", "response_failed", type="server_error")
             details = rt.ResponseStatusDetails(type="failed", error={"type": "server_error", "message": ev.error})
             return [failed, *self._finish(r, "failed", details)]
-        if r.mcp_names and not r.mcp_started and self.mcp is not None:  # once: MCP results never re-enter here
-            started = mcp.start_calls(r, self.mcp, self._send, self.conversation, self.ids.new)
-            if started:
-                return started  # live (generating) until every MCP call has ended: on_mcp_done
+        if r.offers_tools and any(c.name in r.mcp_names for c in r.calls):
+            # the round's message is done, then its MCP calls follow it; the response stays live
+            # (generating) until every one has ended: on_mcp
+            out = self._end_message(r)
+            return out + mcp.start_calls(r, self._send, self.conversation, self.ids.new, now)
         return self._generated(r, settings)
 
     def on_mcp(self, ev: McpCallDone | rt.Item, settings: SessionSettings) -> list[Effect]:
-        """An MCP call's result, or the client's ``mcp_approval_response`` item."""
+        """An MCP call's result, or an ``mcp_approval_response`` item (the client's, or the one the
+        gateway makes for a request that waited too long: ``expire_approvals``)."""
         r = self.live if isinstance(ev, rt.Item) else self._accepts(ev.response_id, ev.epoch, Phase.GENERATING)
         if r is None or self.phase is not Phase.GENERATING:
             return []
         out, all_done = mcp.advance(r, ev, self._send, self.conversation)
-        return out + self._generated(r, settings) if all_done else out
+        return out + self._after_calls(r, settings) if all_done else out
+
+    def _after_calls(self, r: LiveResponse, settings: SessionSettings) -> list[Effect]:
+        """Every MCP call of the round has ended. With a function call for the client, the response
+        completes (the client runs it, then asks again). Otherwise the model goes on within this
+        response, reading the results: a new round, whose message follows this round's outputs; the
+        last round allowed (``mcp.MAX_MODEL_ROUNDS``) is offered no tools, so it answers."""
+        if r.calls.for_client:
+            return self._generated(r, settings)
+        self.epoch += 1
+        r.next_round(self.ids.new("item"), self.epoch)
+        if r.rounds >= mcp.MAX_MODEL_ROUNDS:
+            r.tool_choice = "none"
+        return [round_start(r, self.conversation, self.model_context, self.limits)]
+
+    def _end_message(self, r: LiveResponse) -> list[Effect]:
+        """The round's message is complete (its audio's last samples flushed)."""
+        out = self._flush_audio(r)
+        if r.encoder is not None:
+            r.encoder = audio.OutputEncoder(r.encoder.format)  # the next round's message starts afresh
+        if r.opened and not r.closed:
+            out += close_message(r, "completed", self._send, self.conversation)
+        r.closed = True
+        return out
+
+    def _flush_audio(self, r: LiveResponse) -> list[Effect]:
+        """G.711: the resampler's withheld last samples of the message."""
+        tail = r.encoder.flush() if r.encoder is not None else b""
+        if not tail:
+            return []
+        return [self._audio_delta(r, tail, len(tail) / (OUTPUT_RATES[r.encoder.format] / 1000))]  # type: ignore[union-attr]
 
     def _generated(self, r: LiveResponse, settings: SessionSettings) -> list[Effect]:
-        out: list[Effect] = []
-        tail = r.encoder.flush() if r.encoder is not None else b""
-        if tail:  # G.711: the resampler's withheld last samples
-            out.append(self._audio_delta(r, tail, len(tail) / (OUTPUT_RATES[r.encoder.format] / 1000)))  # type: ignore[union-attr]
+        out = self._flush_audio(r)
         if r.audio and r.frames:
             self._enter(Phase.DELIVERING, "wait for the audio to be delivered")
             return [*out, AwaitDelivery(r.id, r.epoch)]  # live until its audio is out
@@ -313,13 +336,6 @@ class Responses:
 
     def _complete(self, r: LiveResponse, settings: SessionSettings) -> list[Effect]:
         out = self._finish(r, "completed", None)
-        # MCP results and no client call outstanding: the model is asked again, to answer them
-        answer_mcp = r.mcp_started and not r.calls.for_client and self.mcp_rounds < mcp.MAX_MCP_ROUNDS
-        if answer_mcp:
-            rounds = self.mcp_rounds + 1
-            out += self.answer(settings, mcp.follow_up(r))
-            self.mcp_rounds = rounds
-            return out
         return out + self.answer(settings) if r.answer_after else out
 
     # -- ending ----------------------------------------------------------------------------------------
@@ -352,42 +368,71 @@ class Responses:
         playback = self.playbacks.get(r.id)
         if playback is not None:
             playback.finished = True
+        out: list[Effect] = []
         if status == "completed" and not r.opened and not r.calls:
-            self._open_message(r)  # nothing said and nothing called: an empty message, as a reply
-        out = mcp.abandon_calls(r, self._send, self.conversation)
-        out += self._close_message(r, status) if r.opened else []
+            out += self._open_message(r)  # nothing said and nothing called: an empty message, as a reply
+        out += mcp.abandon_calls(r, self._send, self.conversation)
+        out += close_message(r, status, self._send, self.conversation) if r.opened and not r.closed else []
         if status == "completed":
             out += emit_calls(r, self._send, self.conversation)
         out.append(self._send(r, rt.ResponseDoneEvent(response=r.wire(status, details))))
         return [*out, rate_limits(r, self.ids, self.limits)]
 
-    def _close_message(self, r: LiveResponse, status: str) -> list[Effect]:
-        item_status = "completed" if status == "completed" else "incomplete"
-        item = r.item(item_status)
-        ref = r.ref()
-        if r.audio:
-            out = [
-                self._send(r, rt.ResponseAudioDoneEvent(**ref)),
-                self._send(r, rt.ResponseAudioTranscriptDoneEvent(**ref, transcript=r.text)),
-            ]
-        else:
-            out = [self._send(r, rt.ResponseTextDoneEvent(**ref, text=r.text))]
-        out.append(self._send(r, rt.ResponseContentPartDoneEvent(**ref, part=r.part())))
-        out.append(self._send(r, rt.ResponseOutputItemDoneEvent(response_id=r.id, output_index=0, item=item)))
-        if r.in_conversation and r.item_id in self.conversation:
-            entry = self.conversation.get(r.item_id)
-            r.sync(entry)
-            entry.item.status = item_status  # type: ignore[assignment]
-            previous = self.conversation.previous_id(r.item_id)
-            out.append(self._send(r, rt.ConversationItemDone(item=item, previous_item_id=previous)))
-        return out
+
+
+def round_start(
+    r: LiveResponse, conversation: Conversation, model_context: ModelContext, limits: Limits
+) -> StartResponse:
+    """What the model is asked for this round: the conversation (or ``response.input``) and, out
+    of the conversation, what the response's earlier rounds did."""
+    if r.mcp_servers and r.tool_choice != "none":
+        mcp.offer(r)  # with the listings as they are now
+    fixed = [ChatMessage("system", r.instructions)] if r.instructions else []
+    earlier = [] if r.in_conversation else mcp.earlier_entries(r)
+    if r.context is not None:
+        messages = fixed + r.context + [m for u in chat_units(earlier) for m in u.messages]
+    else:
+        tools_chars = len(msgspec.json.encode(r.tools)) if r.offers_tools else 0
+        entries = conversation.entries() + earlier
+        reply = r.max_output_tokens or limits.reply_tokens
+        messages = model_context.messages(entries, r.truncation, fixed, tools_chars, reply)
+        if r.truncation != "disabled":
+            # the reply may only use what the prompt leaves of the window (a backend refuses more)
+            room = model_context.limit(r.truncation) - sum(estimate_tokens(m) for m in messages)
+            r.max_output_tokens = max(1, min(reply, room - tools_chars // 4))
+    r.prompt_tokens = sum(estimate_tokens(m) for m in messages)
+    return r.start(messages)
+
+
+def close_message(r: LiveResponse, status: str, send: Any, conversation: Conversation) -> list[Effect]:
+    """The message's done events (``status``: how the response ended); its item brought up to date."""
+    item_status = "completed" if status == "completed" else "incomplete"
+    item = r.item(item_status)
+    ref = r.ref()
+    if r.audio:
+        out = [
+            send(r, rt.ResponseAudioDoneEvent(**ref)),
+            send(r, rt.ResponseAudioTranscriptDoneEvent(**ref, transcript=r.text)),
+        ]
+    else:
+        out = [send(r, rt.ResponseTextDoneEvent(**ref, text=r.text))]
+    out.append(send(r, rt.ResponseContentPartDoneEvent(**ref, part=r.part())))
+    done = rt.ResponseOutputItemDoneEvent(response_id=r.id, output_index=r.message_index, item=item)
+    out.append(send(r, done))
+    if r.in_conversation and r.item_id in conversation:
+        entry = conversation.get(r.item_id)
+        r.sync(entry)
+        entry.item.status = item_status  # type: ignore[assignment]
+        previous = conversation.previous_id(r.item_id)
+        out.append(send(r, rt.ConversationItemDone(item=item, previous_item_id=previous)))
+    return out
 
 
 def emit_calls(r: LiveResponse, send: Any, conversation: Conversation) -> list[Effect]:
     """The GA sequence per call: output_item.added, arguments deltas, arguments done,
     output_item.done (and the item joins the conversation, after the message)."""
     out: list[Effect] = []
-    first = (1 if r.opened else 0) + len(r.mcp_outputs)
+    first = r.message_index + (1 if r.opened else 0) + len(r.mcp_outputs)
     for index, call in enumerate(r.calls.for_client, start=first):
         call.output_index = index
         started, made = call.item("in_progress"), call.item("completed")

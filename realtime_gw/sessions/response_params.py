@@ -13,6 +13,7 @@ from realtime_gw.records.voice import ChatMessage
 from realtime_gw.sessions.context import chat_units
 from realtime_gw.sessions.conversation import Conversation, ConversationError, Entry, check_item
 from realtime_gw.sessions.events import Limits
+from realtime_gw.sessions.mcp import check_allowed
 from realtime_gw.sessions.settings import (
     SessionError,
     SessionSettings,
@@ -52,12 +53,10 @@ def validated(
     if p.instructions is not None:
         instructions = check_instructions(p.instructions, text_limits, "response.instructions")
     tools = s.tools
-    if p.tools is not None:
+    if p.tools is not None:  # the response's tools replace the session's, MCP servers included
         tools = check_tools(p.tools, limits.max_tools, limits.max_instructions_chars, "response.tools")
-        if any(t["type"] == "mcp" for t in tools):
-            raise SessionError(
-                "MCP tools are declared with session.update", "invalid_value", "response.tools"
-            )
+        check_allowed(tools, limits.mcp_allowed_urls, "response.tools")
+    mcp_tools = [t for t in tools if t["type"] == "mcp"]
     tools = [t for t in tools if t["type"] == "function"]
     tool_choice = s.tool_choice if p.tool_choice is None else p.tool_choice
     tool_choice = check_tool_choice(tool_choice, tools, "response.tool_choice")
@@ -78,6 +77,7 @@ def validated(
         "max_output_tokens": max_tokens if isinstance(max_tokens, int) else None,
         "metadata": p.metadata,
         "tools": tools,
+        "mcp_tools": mcp_tools,
         "tool_choice": tool_choice,
         "temperature": p.temperature,
         "truncation": s.truncation,

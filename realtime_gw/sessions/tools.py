@@ -34,6 +34,8 @@ class FunctionCall:
     """The ``mcp_approval_request`` item asking the client to approve this MCP call."""
     awaiting: bool = False
     """An MCP call waiting for the client's ``mcp_approval_response``."""
+    asked_at: float = 0.0
+    """When its approval was asked (session clock, seconds)."""
 
     @property
     def arguments(self) -> str:

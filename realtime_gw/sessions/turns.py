@@ -286,24 +286,28 @@ class Turns:
             cleared = rt.OutputAudioBufferClearedEvent(response_id=playback.response_id)
             out += [PurgeAudio(playback.response_id), self.ids.send(cleared)]
         playback.finished = True
-        if playback.item_id in conversation:
-            played = playback.played_ms(now)
-            entry = conversation.get(playback.item_id)
-            if played < entry.audio_ms - 1e-6:
-                entry.truncate(played)
-                playback.audio_ms = played
+        played = playback.played_ms(now)
+        for item_id, start_ms in playback.items():  # one message per model round of the response
+            if item_id not in conversation:
+                continue
+            entry = conversation.get(item_id)
+            heard = max(0.0, played - start_ms)
+            if heard < entry.audio_ms - 1e-6:
+                entry.truncate(heard)
                 truncated = rt.ConversationItemTruncatedEvent(
-                    item_id=playback.item_id, content_index=0, audio_end_ms=round(played)
+                    item_id=item_id, content_index=0, audio_end_ms=round(heard)
                 )
                 out.append(self.ids.send(truncated))
+        playback.audio_ms = min(playback.audio_ms, played)
         return out
 
     def stop_item_playback(self, item_id: str, audio_end_ms: float, now: float) -> list[Effect]:
         """The client truncated an assistant item: it stopped listening at ``audio_end_ms``."""
-        playback = self.playbacks.of_item(item_id)
-        if playback is None:
+        found = self.playbacks.of_item(item_id)
+        if found is None:
             return []
+        playback, start_ms = found
         out: list[Effect] = [PurgeAudio(playback.response_id)] if playback.audible(now) else []
         playback.finished = True
-        playback.audio_ms = min(playback.audio_ms, audio_end_ms)
+        playback.audio_ms = min(playback.audio_ms, start_ms + audio_end_ms)
         return out

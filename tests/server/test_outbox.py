@@ -199,3 +199,19 @@ def test_playback_clock_is_forgotten_with_response_done() -> None:
     box.push(done("r1"), "r1", now=0.0)
     drain(box, now=0.0)
     assert box._playback == {} and box._created == {}
+
+
+def test_a_later_message_of_the_response_is_paced_from_when_it_comes() -> None:
+    """A response that spoke, ran MCP calls for 5 s, then speaks a new message: the new message's
+    audio is not late by the pause, and it is paced again from its first frame."""
+    box = Outbox(max_items=1000, audio_lead_ms=40)
+    push_response(box, "r1", frames=2, now=0.0)
+    first = [o for o in drain(box, now=0.0) if isinstance(o.event, rt.ResponseAudioDeltaEvent)]
+    assert len(first) == 1  # the second frame is due at 80 ms
+    drain(box, now=0.1)
+    for i in range(2):
+        later = rt.ResponseAudioDeltaEvent(response_id="r1", item_id="item_2", output_index=2, content_index=0, delta=b"\0\0", seq=2 + i)
+        box.push(later, "r1", FRAME_MS, now=5.0)
+    resumed = box.next_due(5.0)
+    assert isinstance(resumed, Outgoing) and resumed.lateness_s == 0.0 and resumed.notices == []
+    assert box.next_due(5.0) == pytest.approx(0.04)  # paced again, from 5 s (80 ms on, 40 ms lead)

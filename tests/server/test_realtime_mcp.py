@@ -1,6 +1,8 @@
 """MCP tools end to end: the official ``openai`` SDK drives a live gateway (``--responder openai`` on
 the scripted chat server, which calls a tool when asked) that is the MCP client of a real MCP server
-built with the ``mcp`` package. Every event is validated against the SDK's models (``recv``)."""
+built with the ``mcp`` package. As on OpenAI's Realtime API, the model's answer to an MCP result comes
+within the response that called the tool (one ``response.done``). Every event is validated against
+the SDK's models (``recv``)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from tests.chat_server import ChatServer, call_when_asked, running_chat_server
 from tests.mcp_server import McpTestServer, running_mcp_server
 from tests.server.test_realtime_tools import recv, text_session, until_done, user_text
 
-TIMEOUT_S = 1.0
+TIMEOUT_S = 3.0
+"""Long enough for a listing on a busy box (connect, initialize, list), short for the slow-tool test."""
+APPROVAL_TIMEOUT_S = 1.5
 MAX_RESULT_CHARS = 64
 
 
@@ -27,6 +31,7 @@ def peers() -> Iterator[tuple[ChatServer, McpTestServer, LiveServer]]:
             "--policy", "none", "--tts", "tone", "--responder", "openai", "--responder-url", chat.url,
             "--mcp-allowed-urls", mcp.url, "--mcp-allowed-urls", closed_url(),
             "--mcp-timeout-s", str(TIMEOUT_S), "--mcp-max-result-chars", str(MAX_RESULT_CHARS),
+            "--mcp-approval-timeout-s", str(APPROVAL_TIMEOUT_S),
             name="realtime-mcp",
         )  # fmt: skip
         yield chat, mcp, gateway
@@ -66,15 +71,19 @@ async def listed(conn: Any) -> Any:
 
 
 async def ask(conn: Any, text: str) -> list[Any]:
-    """A user message and a response; every event until the follow-up response's done."""
+    """A user message and a response; every event until its response.done."""
     await conn.conversation.item.create(item=user_text(text))
     assert (await recv(conn)).type == "conversation.item.added"
     assert (await recv(conn)).type == "conversation.item.done"
     await conn.response.create()
-    first = await until_done(conn)
-    if first[-1].response.status != "completed":
-        return first
-    return first + await until_done(conn)
+    return await until_done(conn)
+
+
+def answer_of(done: Any) -> str:
+    """The text of a response's last output, its message after the MCP calls."""
+    message = done.response.output[-1]
+    assert message.type == "message"
+    return str(message.content[0].text)
 
 
 async def test_list_call_and_answer(peers: tuple[ChatServer, McpTestServer, LiveServer]) -> None:
@@ -90,18 +99,21 @@ async def test_list_call_and_answer(peers: tuple[ChatServer, McpTestServer, Live
         kinds = [e.type for e in events if e.type != "rate_limits.updated"]
         assert kinds.index("response.mcp_call_arguments.done") < kinds.index("response.mcp_call.in_progress")
         assert kinds.index("response.mcp_call.in_progress") < kinds.index("response.mcp_call.completed")
-        dones = [e for e in events if e.type == "response.done"]
-        assert len(dones) == 2
-        call = next(o for o in dones[0].response.output if o.type == "mcp_call")
+        assert kinds.index("response.mcp_call.completed") < kinds.index("response.output_text.delta")
+        assert kinds.count("response.created") == 1 and kinds.count("response.done") == 1
+        assert {e.response_id for e in events if hasattr(e, "response_id")} == {events[-1].response.id}
+        call, message = events[-1].response.output
         assert (call.name, json.loads(call.arguments), call.output, call.server_label) == (
             "add", {"a": 2, "b": 40}, "42", "calc"
         )  # fmt: skip
-        answer = dones[1].response.output[0].content[0].text
-        assert answer == "The tool said: 42"
+        assert answer_of(events[-1]) == "The tool said: 42"
+        added = [e for e in events if e.type == "response.output_item.added"]
+        assert [(e.item.type, e.output_index) for e in added] == [("mcp_call", 0), ("message", 1)]
         assert chat.requests[-1]["messages"][-1] == {"role": "tool", "tool_call_id": call.id, "content": "42"}
-        await conn.response.create()  # the conversation goes on: no more MCP rounds were started
-        assert (await until_done(conn))[-1].response.status == "completed"
-        assert len([r for r in chat.requests if r["messages"][-1]["role"] == "tool"]) == 1
+        await conn.response.create()  # the conversation goes on (the model reads the answered call)
+        again = await until_done(conn)
+        assert [o.type for o in again[-1].response.output] == ["mcp_call", "message"]
+        assert [m["role"] for m in chat.requests[-2]["messages"]] == ["user", "assistant", "tool", "assistant"]
     assert "mcp-secret" not in gateway.logs()
 
 
@@ -116,7 +128,7 @@ async def test_a_failing_and_a_slow_tool_fail_their_calls(
         done = next(e for e in events if e.type == "response.done")
         call = next(o for o in done.response.output if o.type == "mcp_call")
         assert call.error.type == "tool_execution_error" and call.output is None
-        assert events[-1].response.output[0].content[0].text.startswith("The tool said: error:")
+        assert answer_of(events[-1]).startswith("The tool said: error:")
 
         began = time.monotonic()
         events = await ask(conn, 'call nap {"seconds": 30}')
@@ -176,8 +188,48 @@ async def test_approval_then_the_call(peers: tuple[ChatServer, McpTestServer, Li
         events = await until_done(conn)
         call = next(o for o in events[-1].response.output if o.type == "mcp_call")
         assert call.approval_request_id == request.id and call.output == "3"
-        follow = await until_done(conn)
-        assert follow[-1].response.output[0].content[0].text == "The tool said: 3"
+        assert answer_of(events[-1]) == "The tool said: 3"
+
+
+async def test_an_unanswered_approval_times_out_and_the_response_goes_on(
+    peers: tuple[ChatServer, McpTestServer, LiveServer],
+) -> None:
+    _, mcp, gateway = peers
+    async with text_session(gateway, tools=[mcp_tool(mcp.url, require_approval="always")]) as conn:
+        await listed(conn)
+        began = time.monotonic()
+        events = await ask(conn, 'call add {"a": 1, "b": 2}')
+        assert APPROVAL_TIMEOUT_S <= time.monotonic() - began < APPROVAL_TIMEOUT_S + 3
+        added = [e.item for e in events if e.type == "conversation.item.added"]
+        denial = next(item for item in added if item.type == "mcp_approval_response")
+        request = next(o for o in events[-1].response.output if o.type == "mcp_approval_request")
+        assert (denial.approval_request_id, denial.approve) == (request.id, False) and "timed out" in denial.reason
+        assert [o.type for o in events[-1].response.output] == ["mcp_approval_request", "message"]  # no call
+        assert answer_of(events[-1]).startswith("The tool said: error: the user denied this call (the approval")
+
+
+async def test_mcp_tools_of_an_out_of_band_response_create(
+    peers: tuple[ChatServer, McpTestServer, LiveServer],
+) -> None:
+    _, mcp, gateway = peers
+    async with text_session(gateway) as conn:
+        asked = {
+            "conversation": "none",
+            "output_modalities": ["text"],
+            "tools": [mcp_tool(mcp.url)],
+            "input": [user_text('call add {"a": 20, "b": 22}')],
+        }
+        await conn.response.create(response=asked)
+        events = await until_done(conn)
+        kinds = [e.type for e in events]
+        assert kinds.index("mcp_list_tools.completed") < kinds.index("response.mcp_call.in_progress")
+        assert [o.type for o in events[-1].response.output] == ["mcp_call", "message"]
+        assert events[-1].response.conversation_id is None
+        assert answer_of(events[-1]) == "The tool said: 42"
+        other = mcp_tool(mcp.url.replace("/mcp", "/elsewhere"))
+        await conn.response.create(response={**asked, "tools": [other]})
+        err = await recv(conn)
+        assert err.type == "error" and err.error.param == "response.tools[0].server_url"
 
 
 async def test_a_long_result_is_cut_and_an_unreachable_server_fails_its_listing(
@@ -196,3 +248,21 @@ async def test_a_long_result_is_cut_and_an_unreachable_server_fails_its_listing(
         assert (await recv(conn)).type == "mcp_list_tools.failed"
         done = await recv(conn)
         assert done.type == "conversation.item.done" and done.item.tools == []
+
+
+async def test_a_spoken_response_speaks_the_answer_after_its_call(
+    peers: tuple[ChatServer, McpTestServer, LiveServer],
+) -> None:
+    _, mcp, gateway = peers
+    async with text_session(gateway, tools=[mcp_tool(mcp.url)], output_modalities=["audio"]) as conn:
+        await listed(conn)
+        events = await ask(conn, 'call add {"a": 5, "b": 6}')
+        done = events[-1]
+        assert done.response.status == "completed" and [o.type for o in done.response.output] == ["mcp_call", "message"]
+        assert done.response.output[1].content[0].transcript == "The tool said: 11"
+        kinds = [e.type for e in events]
+        assert kinds.count("response.done") == 1
+        assert kinds.index("response.mcp_call.completed") < kinds.index("response.output_audio.delta")
+        audio = [e for e in events if e.type == "response.output_audio.delta"]
+        assert audio and {e.output_index for e in audio} == {1}
+        assert done.response.usage.output_token_details.audio_tokens > 0

@@ -1,6 +1,6 @@
 """MCP tools on the pure session: the allow-list, the listing (items, events, cache, filter), calls the
-gateway runs within a response (events in order, results back to the model, a follow-up response that
-answers them), failures, cancellation, and function tools beside MCP tools. Every event is validated
+gateway runs within a response (events in order, results back to the model, which answers them within
+the same response), failures, cancellation, and function tools beside MCP tools. Every event is validated
 against the openai SDK's models (``events``)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.records.voice import ToolCallDelta, TtsFrame
+from realtime_gw.records.voice import TtsFrame
 from realtime_gw.sessions.events import (
     AudioDelivered,
     AwaitDelivery,
@@ -22,10 +22,11 @@ from realtime_gw.sessions.events import (
     ResponseAudio,
     ResponseFinished,
     ResponseTextDelta,
-    ResponseToolCall,
     StartResponse,
 )
+from realtime_gw.sessions.mcp import MAX_MODEL_ROUNDS
 from realtime_gw.sessions.realtime import RealtimeSession
+from tests.sessions.mcp_helpers import MCP, TOOLS, URL, listed_session, mcp_session, model_calls
 from tests.sessions.realtime_helpers import (
     FRAME,
     WEATHER,
@@ -38,46 +39,6 @@ from tests.sessions.realtime_helpers import (
     session,
     types,
 )
-
-URL = "http://127.0.0.1:9/mcp"
-TOOLS = [
-    {"name": "add", "description": "Add two numbers.", "input_schema": {"type": "object", "properties": {}}},
-    {"name": "secret", "description": "Not allowed.", "input_schema": {"type": "object"}},
-]
-MCP = {
-    "type": "mcp",
-    "server_label": "calc",
-    "server_url": URL,
-    "allowed_tools": ["add"],
-    "require_approval": "never",
-    "headers": {"Authorization": "Bearer hush"},
-}
-
-
-def mcp_session(**settings: Any) -> tuple[RealtimeSession, list[Any]]:
-    s = session(Limits(mcp_allowed_urls=(URL + "/",)), output_modalities=["text"])
-    return s, client(s, {"type": "session.update", "session": {"tools": [MCP], **settings}})
-
-
-def listed_session(**settings: Any) -> RealtimeSession:
-    s, effects = mcp_session(**settings)
-    (listing,) = of(effects, ListMcpTools)
-    events(s.handle(McpToolsListed(listing.item_id, TOOLS), 0.0))
-    return s
-
-
-def model_calls(s: RealtimeSession, start: StartResponse, *calls: tuple[str, str]) -> list[Any]:
-    out: list[Any] = []
-    for index, (name, args) in enumerate(calls):
-        out += s.handle(
-            ResponseToolCall(start.response_id, start.epoch, ToolCallDelta(index, "", f"call_{index}", name)),
-            0,
-        )
-        for i in range(0, len(args), 4):
-            out += s.handle(
-                ResponseToolCall(start.response_id, start.epoch, ToolCallDelta(index, args[i : i + 4])), 0
-            )
-    return out + s.handle(ResponseFinished(start.response_id, start.epoch), 0.0)
 
 
 def test_a_url_not_on_the_allow_list_is_refused_and_never_listed() -> None:
@@ -128,13 +89,17 @@ def test_a_failed_listing_offers_nothing() -> None:
     assert len(of(retry, ListMcpTools)) == 1  # a failed listing is tried again
 
 
-def test_a_call_runs_on_the_gateway_and_the_model_answers_its_result() -> None:
+def test_a_call_runs_on_the_gateway_and_the_model_answers_within_the_response() -> None:
     s = listed_session(tool_choice="required")
     say(s, "Add 2 and 3")
     start, _ = respond(s, instructions="Be brief.", metadata={"turn": "7"})
     s.handle(ResponseTextDelta(start.response_id, start.epoch, "Adding."), 0.0)
     effects = model_calls(s, start, ("add", json.dumps({"a": 2, "b": 3})))
     assert types(effects) == [
+        "response.output_text.done",  # the round's message is done before its calls
+        "response.content_part.done",
+        "response.output_item.done",
+        "conversation.item.done",
         "response.output_item.added",
         "conversation.item.added",
         *["response.mcp_call_arguments.delta"] * 4,
@@ -143,26 +108,51 @@ def test_a_call_runs_on_the_gateway_and_the_model_answers_its_result() -> None:
     ]
     (run,) = of(effects, CallMcpTool)
     assert (run.name, json.loads(run.arguments), run.headers) == ("add", {"a": 2, "b": 3}, MCP["headers"])
-    assert events(effects)[0].output_index == 1  # type: ignore[attr-defined]
+    assert events(effects)[4].output_index == 1  # type: ignore[attr-defined]
     assert s.response is not None  # live while the gateway runs the call
     done = s.handle(McpCallDone(start.response_id, start.epoch, run.item_id, "5"), 0.0)
-    names = types(done)
-    assert names[:3] == ["response.mcp_call.completed", "response.output_item.done", "conversation.item.done"]
-    final = next(e for e in events(done) if isinstance(e, rt.ResponseDoneEvent))
-    assert [o.type for o in final.response.output] == ["message", "mcp_call"]
-    assert final.response.output[1].output == "5" and final.response.output[1].server_label == "calc"
-    assert names.count("response.created") == 1  # the follow-up that answers the result
+    assert types(done) == ["response.mcp_call.completed", "response.output_item.done", "conversation.item.done"]
+    # the model goes on within the same response: no response.done, no second response
     (follow,) = of(done, StartResponse)
+    assert follow.response_id == start.response_id and follow.epoch > start.epoch
     assert follow.messages[-2].tool_calls[0].name == "add" and follow.messages[-2].content == "Adding."
-    assert (
-        follow.messages[0].content == "Be brief." and follow.tool_choice == "auto"
-    )  # asked as the first, never forced
-    created = next(e for e in events(done) if isinstance(e, rt.ResponseCreatedEvent))
-    assert created.response.metadata == {"turn": "7"}
+    assert follow.messages[0].content == "Be brief." and follow.tool_choice == "auto"  # never forced again
     assert follow.messages[-1].role == "tool" and follow.messages[-1].content == "5"
-    s.handle(ResponseTextDelta(follow.response_id, follow.epoch, "It is 5."), 0.0)
+    assert [t["name"] for t in follow.tools] == ["add"]  # it may call again
+    assert s.handle(ResponseTextDelta(start.response_id, start.epoch, "stale"), 0.0) == []
+    said = events(s.handle(ResponseTextDelta(follow.response_id, follow.epoch, "It is 5."), 0.0))
+    assert [(type(e).__name__, getattr(e, "output_index", None)) for e in said] == [
+        ("ResponseOutputItemAddedEvent", 2),
+        ("ConversationItemAdded", None),
+        ("ResponseContentPartAddedEvent", 2),
+        ("ResponseTextDeltaEvent", 2),
+    ]
     answered = s.handle(ResponseFinished(follow.response_id, follow.epoch), 0.0)
-    assert "response.done" in types(answered) and of(answered, StartResponse) == []  # no further round
+    assert types(answered).count("response.done") == 1 and of(answered, StartResponse) == []
+    final = next(e for e in events(answered) if isinstance(e, rt.ResponseDoneEvent))
+    assert final.response.id == start.response_id and final.response.metadata == {"turn": "7"}
+    assert [o.type for o in final.response.output] == ["message", "mcp_call", "message"]
+    assert final.response.output[1].output == "5" and final.response.output[1].server_label == "calc"
+    assert final.response.output[2].content[0].text == "It is 5."
+    assert [e.item.type for e in s.conversation.entries()][-3:] == ["message", "mcp_call", "message"]
+
+
+def test_a_model_that_keeps_calling_answers_in_its_last_round() -> None:
+    s = listed_session()
+    say(s, "Add forever")
+    start, _ = respond(s)
+    rounds = [start]
+    while rounds[-1].tools:
+        current = rounds[-1]
+        (run,) = of(model_calls(s, current, ("add", "{}")), CallMcpTool)
+        rounds += of(s.handle(McpCallDone(start.response_id, current.epoch, run.item_id, "1"), 0.0), StartResponse)
+    assert len(rounds) == MAX_MODEL_ROUNDS and rounds[-1].tool_choice == "none"
+    answered = s.handle(ResponseFinished(start.response_id, rounds[-1].epoch), 0.0)
+    final = next(e for e in events(answered) if isinstance(e, rt.ResponseDoneEvent))
+    assert [o.type for o in final.response.output] == ["mcp_call"] * (MAX_MODEL_ROUNDS - 1) + ["message"]
+    assert [o.output_index for o in events(answered) if isinstance(o, rt.ResponseOutputItemAddedEvent)] == [
+        MAX_MODEL_ROUNDS - 1
+    ]
 
 
 def test_a_failing_call_fails_its_item_and_the_model_hears_the_error() -> None:
@@ -248,23 +238,23 @@ def test_an_approved_call_runs_and_names_its_request() -> None:
     assert events(approved)[2].output_index == 1  # type: ignore[attr-defined]
     (run,) = of(approved, CallMcpTool)
     done = s.handle(McpCallDone(start.response_id, start.epoch, run.item_id, "2"), 0.0)
-    final = next(e for e in events(done) if isinstance(e, rt.ResponseDoneEvent))
-    assert [o.type for o in final.response.output] == ["mcp_approval_request", "mcp_call"]
     (follow,) = of(done, StartResponse)
     assert follow.messages[-1].content == "2"
+    final = next(e for e in events(s.handle(ResponseFinished(start.response_id, follow.epoch), 0.0)) if isinstance(e, rt.ResponseDoneEvent))
+    assert [o.type for o in final.response.output] == ["mcp_approval_request", "mcp_call", "message"]
 
 
 def test_a_denied_call_is_never_made_and_the_model_hears_so() -> None:
     s, start, effects = asked_approval({"always": {"tool_names": ["add"]}})
     request = events(effects)[0].item  # type: ignore[attr-defined]
     denied = approval(s, request.id, False, "not now")
-    assert of(denied, CallMcpTool) == []
-    final = next(e for e in events(denied) if isinstance(e, rt.ResponseDoneEvent))
-    assert final.response.status == "completed"
-    assert [o.type for o in final.response.output] == ["mcp_approval_request"]
+    assert of(denied, CallMcpTool) == [] and "response.done" not in types(denied)
     (follow,) = of(denied, StartResponse)
     assert follow.messages[-2].tool_calls[0].name == "add"
     assert follow.messages[-1].content == "error: the user denied this call (not now)"
+    final = next(e for e in events(s.handle(ResponseFinished(start.response_id, follow.epoch), 0.0)) if isinstance(e, rt.ResponseDoneEvent))
+    assert final.response.status == "completed"
+    assert [o.type for o in final.response.output] == ["mcp_approval_request", "message"]
 
 
 def test_a_never_filter_runs_at_once_and_a_bad_approval_is_refused() -> None:
@@ -274,18 +264,29 @@ def test_a_never_filter_runs_at_once_and_a_bad_approval_is_refused() -> None:
     assert err.error.param == "item.approval_request_id"
 
 
-def test_a_spoken_response_delivers_its_audio_after_the_call_then_answers() -> None:
+def test_a_spoken_response_speaks_again_after_the_call_in_a_new_message() -> None:
     s = session(Limits(mcp_allowed_urls=(URL,)), output_modalities=["audio"])
     (listing,) = of(client(s, {"type": "session.update", "session": {"tools": [MCP]}}), ListMcpTools)
     s.handle(McpToolsListed(listing.item_id, TOOLS), 0.0)
     say(s, "Add")
     start, _ = respond(s)
     s.handle(ResponseAudio(start.response_id, start.epoch, TtsFrame(FRAME, text="Let me add.")), 0.0)
-    (run,) = of(model_calls(s, start, ("add", "{}")), CallMcpTool)
-    done = s.handle(McpCallDone(start.response_id, start.epoch, run.item_id, "0"), 0.0)
-    assert of(done, AwaitDelivery) and "response.done" not in types(done)
-    delivered = s.handle(AudioDelivered(start.response_id, start.epoch), 0.0)
-    final = next(e for e in events(delivered) if isinstance(e, rt.ResponseDoneEvent))
-    assert [o.type for o in final.response.output] == ["message", "mcp_call"]
-    (follow,) = of(delivered, StartResponse)
+    calling = model_calls(s, start, ("add", "{}"))
+    assert types(calling)[:2] == ["response.output_audio.done", "response.output_audio_transcript.done"]
+    (run,) = of(calling, CallMcpTool)
+    (follow,) = of(s.handle(McpCallDone(start.response_id, start.epoch, run.item_id, "0"), 0.0), StartResponse)
     assert follow.audio and follow.messages[-2].content == "Let me add."
+    playback = s.playbacks.get(start.response_id)
+    assert playback is not None
+    playback.started_at = 0.0  # its first frame left at once: all of it was heard long before
+    spoken = events(s.handle(ResponseAudio(start.response_id, follow.epoch, TtsFrame(FRAME, text="Zero.")), 10.0))
+    second = next(e for e in spoken if isinstance(e, rt.ResponseAudioDeltaEvent))
+    assert second.output_index == 2 and second.item_id != events(calling)[0].item_id  # type: ignore[attr-defined]
+    assert playback.played_ms(10.0) < playback.audio_ms  # the new message is heard from now on
+    finished = s.handle(ResponseFinished(start.response_id, follow.epoch), 10.0)
+    assert of(finished, AwaitDelivery) and "response.done" not in types(finished)
+    delivered = s.handle(AudioDelivered(start.response_id, follow.epoch), 10.0)
+    final = next(e for e in events(delivered) if isinstance(e, rt.ResponseDoneEvent))
+    assert [o.type for o in final.response.output] == ["message", "mcp_call", "message"]
+    assert final.response.output[2].content[0].transcript == "Zero."
+    assert final.response.usage.output_token_details.audio_tokens > 0  # type: ignore[union-attr]

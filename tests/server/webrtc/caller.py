@@ -139,11 +139,13 @@ class Caller:
 
 
 async def call(server: LiveServer, caller: Caller, key: str = "test-key", multipart: bool = False,
-               session: dict[str, Any] | None = None, max_message_size: int | None = None) -> httpx.Response:  # fmt: skip
-    """POST the caller's offer; on 201, connect with the answer."""
+               session: dict[str, Any] | None = None, max_message_size: int | None = None,
+               intent: str | None = None) -> httpx.Response:  # fmt: skip
+    """POST the caller's offer (``intent``: ``?intent=``); on 201, connect with the answer."""
     sdp = await caller.offer(max_message_size)
     headers = {"Authorization": f"Bearer {key}"}
-    async with httpx.AsyncClient(base_url=server.http, timeout=30) as http:
+    params = {"intent": intent} if intent else None
+    async with httpx.AsyncClient(base_url=server.http, timeout=30, params=params) as http:
         if multipart:
             files: dict[str, Any] = {"sdp": (None, sdp)}
             if session is not None:
