@@ -29,7 +29,7 @@ from realtime_gw.server.outbox import Notice, Outbox
 from realtime_gw.server.realtime_ws import RealtimeConnection
 from realtime_gw.server.webrtc.channel import EventChannel
 from realtime_gw.server.webrtc.media import InputConverter, OutputConverter, ReplyTrack
-from realtime_gw.server.webrtc.metrics import CALLS, record_call_stats
+from realtime_gw.server.webrtc.metrics import CALLS, MediaLedger, record_call_stats
 from realtime_gw.sessions.events import Close, Effect, PlaybackStarted, PurgeAudio, Send
 from realtime_gw.sessions.realtime import RealtimeSession
 
@@ -51,9 +51,12 @@ class CallConnection(RealtimeConnection):
         super().__init__(channel, gateway, session)
         self.outbox = Outbox(self.config.outbound_queue_frames, CALL_AUDIO_LEAD_MS)
         self.channel = channel
-        self.track = ReplyTrack(self._playback_started, self._playback_sent, self._playback_stopped)
+        self.media = MediaLedger()
+        self.track = ReplyTrack(
+            self._playback_started, self._playback_sent, self._playback_stopped, self.media
+        )
         self.reply_audio = OutputConverter()
-        self.caller_audio = InputConverter()
+        self.caller_audio = InputConverter(self.media)
         self._reports = 0
         self.sidebands: set[Any] = set()
         """WebSockets watching the call (``sideband.py``): they get a copy of every event sent."""
@@ -212,6 +215,7 @@ class Call:
             calls.pop(self.id, None)
             await close_sidebands(self.connection.sidebands)
             self.connection.track.stop()
+            self.connection.media.close()
             with contextlib.suppress(Exception):
                 record_call_stats(await self.pc.getStats(), self.connection.caller_audio.clock_rate)
             with contextlib.suppress(Exception):

@@ -197,3 +197,8 @@ async def test_refusals_and_cors(voice_server: LiveServer) -> None:
         raise AssertionError("a refused or ended call kept its session")
     assert voice_server.metric("realtime_gw_call_input_packets_total") > 100
     assert voice_server.metric("realtime_gw_call_frame_lateness_seconds_count") > 100
+    # each ended call's media figures: how much of its audio the gateway had to make up, both ways
+    assert voice_server.metric("realtime_gw_call_concealed_ratio_count", 'direction="input"') >= 2
+    assert voice_server.metric("realtime_gw_call_concealed_ratio_count", 'direction="output"') >= 2
+    assert voice_server.metric("realtime_gw_call_reply_frames_total") > 50
+    assert voice_server.metric("realtime_gw_call_late_frames_ratio_count") >= 2
