@@ -117,6 +117,10 @@ class WebrtcSettings(RealtimeSettings, kw_only=True):
     """Largest SDP offer (or multipart body) ``POST /v1/realtime/calls`` reads; above it: HTTP 413."""
     webrtc_max_client_secrets: int = 10000
     """Unexpired client secrets held at once; minting one more gets HTTP 429."""
+    webrtc_media_workers: int = 0
+    """Processes that run calls' peer connections (DTLS/SRTP, Opus, the paced reply track), each call in
+    the one with the fewest; 0 = on the gateway's own event loop, beside the sessions. Calls are admitted
+    as WebSocket sessions are, whatever this is."""
 
 
 

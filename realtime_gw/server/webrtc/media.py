@@ -6,12 +6,13 @@ silence when there is none, and knows exactly what it has put on the wire: it re
 first frame (``started``), what of it has been sent (``sent``: the session truncates to that on
 barge-in) and, once the response is complete and its last frame sent, ``stopped``.
 
-``InputConverter`` turns decoded frames of the caller's track (Opus 48 kHz stereo, G.711 8 kHz...)
-into the session's input format (soxr resampling), as ``input_audio_buffer.append`` would carry it.
+``CallerAudio`` turns decoded frames of the caller's track (Opus 48 kHz stereo, G.711 8 kHz...) into
+mono PCM, and ``InputConverter`` that into the session's input format (soxr resampling), as
+``input_audio_buffer.append`` would carry it.
 
-Both count what they had to make up (``MediaLedger``): the track, reply frames it filled with silence
-because the reply's audio had not arrived in time (an underrun mid-reply); the converter, the caller's
-audio that never arrived (a gap in the decoded frames' timestamps: lost packets), which it fills with
+``ReplyTrack`` and ``CallerAudio`` count what they had to make up (``MediaLedger``): the track, reply
+frames it filled with silence because the reply's audio had not arrived in time (an underrun
+mid-reply); ``CallerAudio``, the caller's audio that never arrived (a gap in the decoded frames' timestamps: lost packets), which it fills with
 silence so that the session's clock (VAD, ``audio_start_ms``) stays the caller's.
 """
 
@@ -30,7 +31,7 @@ from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
 from realtime_gw.protocols import audio
-from realtime_gw.server.webrtc.metrics import CALL_FRAME_LATENESS, MediaLedger
+from realtime_gw.server.webrtc.metrics import MediaLedger
 
 RATE = 48000
 FRAME_MS = 20
@@ -110,9 +111,7 @@ class ReplyTrack(MediaStreamTrack):
         else:
             self._pts += FRAME_SAMPLES
             due = self._start + self._pts / RATE
-            lateness = max(0.0, now - due)
-            CALL_FRAME_LATENESS.observe(lateness)
-            self.ledger.frame_late(lateness)
+            self.ledger.frame_late(max(0.0, now - due))
             await asyncio.sleep(max(0.0, due - now))
         frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
         frame.planes[0].update(self._next_frame_bytes())
@@ -154,18 +153,18 @@ class ReplyTrack(MediaStreamTrack):
         return any(r.sent_ms > 0 and not (r.complete and r.queued <= 0) for r in self._replies.values())
 
 
-class InputConverter:
-    """Decoded caller frames -> bytes in the session's input format (``audio/pcm`` at its rate, or
-    G.711 at 8 kHz). The resampler keeps its filter state across frames (no clicks)."""
+class CallerAudio:
+    """Decoded frames of the caller's track -> mono PCM16 at the codec's rate, the missing audio (gaps in
+    the frames' timestamps: lost packets) filled with silence and counted. Runs beside the peer
+    connection (the gateway's process or a media worker)."""
 
     def __init__(self, ledger: MediaLedger) -> None:
-        self._resampler: audio.StreamingResampler | None = None
         self.ledger = ledger
         self.clock_rate = RATE
         """The caller's codec's sample rate (RTP timestamps count in it)."""
         self._next_pts: int | None = None
 
-    def convert(self, frame: AudioFrame, input_format: str, input_rate: int) -> bytes:
+    def mono(self, frame: AudioFrame) -> bytes:
         self.clock_rate = frame.sample_rate
         samples = frame.to_ndarray()
         channels = len(frame.layout.channels)
@@ -178,16 +177,7 @@ class InputConverter:
         if (missing := self._missing_samples(frame)) > 0:
             self.ledger.input_concealed(missing / frame.sample_rate)
             mono = np.concatenate([np.zeros(missing, dtype="<i2"), mono])
-        rate = 8000 if input_format != "audio/pcm" else input_rate
-        r = self._resampler
-        if r is None or r.in_rate != frame.sample_rate or r.out_rate != rate:
-            r = self._resampler = audio.StreamingResampler(frame.sample_rate, rate)
-        pcm = r.push(np.ascontiguousarray(mono, dtype="<i2").tobytes())
-        if input_format == "audio/pcmu":
-            return audio.ulaw_encode(pcm)
-        if input_format == "audio/pcma":
-            return audio.alaw_encode(pcm)
-        return pcm
+        return np.ascontiguousarray(mono, dtype="<i2").tobytes()
 
     def _missing_samples(self, frame: AudioFrame) -> int:
         """Samples between the previous frame's end and this one's start (RTP timestamps, which aiortc
@@ -200,6 +190,26 @@ class InputConverter:
             return 0
         missing = round((frame.pts - expected) * pts_per_sample)
         return missing if missing <= MAX_CONCEALED_GAP_S * frame.sample_rate else 0
+
+
+class InputConverter:
+    """The caller's mono PCM16 -> bytes in the session's input format (``audio/pcm`` at its rate, or
+    G.711 at 8 kHz). The resampler keeps its filter state across frames (no clicks)."""
+
+    def __init__(self) -> None:
+        self._resampler: audio.StreamingResampler | None = None
+
+    def convert(self, mono: bytes, rate: int, input_format: str, input_rate: int) -> bytes:
+        out_rate = 8000 if input_format != "audio/pcm" else input_rate
+        r = self._resampler
+        if r is None or r.in_rate != rate or r.out_rate != out_rate:
+            r = self._resampler = audio.StreamingResampler(rate, out_rate)
+        pcm = r.push(mono)
+        if input_format == "audio/pcmu":
+            return audio.ulaw_encode(pcm)
+        if input_format == "audio/pcma":
+            return audio.alaw_encode(pcm)
+        return pcm
 
 
 class OutputConverter:

@@ -8,9 +8,9 @@ per call.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from prometheus_client import Counter, Gauge, Histogram
 
 log = logging.getLogger(__name__)
@@ -71,10 +71,8 @@ CALL_LATE_FRAMES_RATIO = Histogram(
 LATE_FRAME_S = 0.02
 
 
-@dataclass(slots=True)
-class MediaLedger:
-    """What one call's media path sent, received and had to make up; feeds the counters as it goes
-    and the per-call histograms at the end (``close``)."""
+class MediaFigures(msgspec.Struct, array_like=True):
+    """What a call's media path counted (all of it, or what is new since the last report)."""
 
     frames: int = 0
     late_frames: int = 0
@@ -82,45 +80,114 @@ class MediaLedger:
     reply_underruns: int = 0
     input_s: float = 0.0
     input_concealed_s: float = 0.0
+    lateness: list[float] = msgspec.field(default_factory=list)
+    """Each frame's lateness, while it waits to be reported (a media worker's ledger)."""
+
+
+class MediaLedger:
+    """What one call's media path sent, received and had to make up. ``publish``: into this process's
+    counters as it goes (the gateway's process); else kept for ``report`` (a media worker, whose
+    reports the gateway's ledger of the call ``absorb``s). ``close`` observes the per-call histograms."""
+
+    def __init__(self, publish: bool = True) -> None:
+        self.publish = publish
+        self.total = MediaFigures()
+        self._reported = MediaFigures()
 
     def frame_late(self, lateness_s: float) -> None:
-        self.frames += 1
-        self.late_frames += lateness_s > LATE_FRAME_S
+        self.total.frames += 1
+        self.total.late_frames += lateness_s > LATE_FRAME_S
+        if self.publish:
+            CALL_FRAME_LATENESS.observe(lateness_s)
+        else:
+            self.total.lateness.append(lateness_s)
 
     def reply_frame(self, underrun: bool) -> None:
-        self.reply_frames += 1
-        CALL_REPLY_FRAMES.inc()
-        if underrun:
-            self.reply_underruns += 1
-            CALL_REPLY_UNDERRUNS.inc()
+        self.total.reply_frames += 1
+        self.total.reply_underruns += underrun
+        if self.publish:
+            CALL_REPLY_FRAMES.inc()
+            if underrun:
+                CALL_REPLY_UNDERRUNS.inc()
 
     def input_received(self, seconds: float) -> None:
-        self.input_s += seconds
+        self.total.input_s += seconds
 
     def input_concealed(self, seconds: float) -> None:
-        self.input_s += seconds
-        self.input_concealed_s += seconds
-        CALL_INPUT_CONCEALED.inc(seconds)
+        self.total.input_s += seconds
+        self.total.input_concealed_s += seconds
+        if self.publish:
+            CALL_INPUT_CONCEALED.inc(seconds)
+
+    def report(self) -> MediaFigures:
+        """What is new since the last report (a worker sends it to the gateway)."""
+        t, r = self.total, self._reported
+        delta = MediaFigures(
+            t.frames - r.frames, t.late_frames - r.late_frames, t.reply_frames - r.reply_frames,
+            t.reply_underruns - r.reply_underruns, t.input_s - r.input_s,
+            t.input_concealed_s - r.input_concealed_s, t.lateness,
+        )  # fmt: skip
+        t.lateness = []
+        self._reported = msgspec.structs.replace(t, lateness=[])
+        return delta
+
+    def absorb(self, d: MediaFigures) -> None:
+        """A worker's report of this call, as if it had been counted here."""
+        t = self.total
+        t.frames += d.frames
+        t.late_frames += d.late_frames
+        t.reply_frames += d.reply_frames
+        t.reply_underruns += d.reply_underruns
+        t.input_s += d.input_s
+        t.input_concealed_s += d.input_concealed_s
+        for lateness in d.lateness:
+            CALL_FRAME_LATENESS.observe(lateness)
+        CALL_REPLY_FRAMES.inc(d.reply_frames)
+        CALL_REPLY_UNDERRUNS.inc(d.reply_underruns)
+        CALL_INPUT_CONCEALED.inc(d.input_concealed_s)
 
     def close(self) -> None:
-        if self.input_s:
-            CALL_CONCEALED_RATIO.labels("input").observe(self.input_concealed_s / self.input_s)
-        if self.reply_frames:
-            CALL_CONCEALED_RATIO.labels("output").observe(self.reply_underruns / self.reply_frames)
-        if self.frames:
-            CALL_LATE_FRAMES_RATIO.observe(self.late_frames / self.frames)
+        t = self.total
+        if t.input_s:
+            CALL_CONCEALED_RATIO.labels("input").observe(t.input_concealed_s / t.input_s)
+        if t.reply_frames:
+            CALL_CONCEALED_RATIO.labels("output").observe(t.reply_underruns / t.reply_frames)
+        if t.frames:
+            CALL_LATE_FRAMES_RATIO.observe(t.late_frames / t.frames)
 
 
-def record_call_stats(stats: dict[str, Any], clock_rate: int) -> None:
-    """A finished call's RTP statistics (``RTCPeerConnection.getStats()``) into the counters."""
+class RtpFigures(msgspec.Struct, array_like=True):
+    """A call's RTP statistics at its end (from aiortc's ``getStats()``), in seconds."""
+
+    input_packets: int = 0
+    input_lost: int = 0
+    input_jitter_s: float | None = None
+    output_lost: int = 0
+    output_jitter_s: float | None = None
+    round_trip_s: float | None = None
+
+
+def rtp_figures(stats: dict[str, Any], clock_rate: int) -> RtpFigures:
+    """``RTCPeerConnection.getStats()`` of a call; jitter comes in RTP clock units (one codec is
+    negotiated for both directions)."""
+    f = RtpFigures()
     for s in stats.values():
         if s.type == "inbound-rtp" and s.kind == "audio":
-            CALL_INPUT_PACKETS.inc(s.packetsReceived)
-            CALL_INPUT_PACKETS_LOST.inc(max(0, s.packetsLost))
-            CALL_INPUT_JITTER.observe(s.jitter / clock_rate)
+            f.input_packets, f.input_lost = s.packetsReceived, max(0, s.packetsLost)
+            f.input_jitter_s = s.jitter / clock_rate
         elif s.type == "remote-inbound-rtp" and s.kind == "audio":
-            CALL_OUTPUT_PACKETS_LOST.inc(max(0, s.packetsLost))
-            # in RTP clock units as RTCP carries it; one codec is negotiated for both directions
-            CALL_OUTPUT_JITTER.observe(s.jitter / clock_rate)
-            if s.roundTripTime is not None:
-                CALL_ROUND_TRIP.observe(s.roundTripTime)
+            f.output_lost, f.output_jitter_s = max(0, s.packetsLost), s.jitter / clock_rate
+            f.round_trip_s = s.roundTripTime
+    return f
+
+
+def record_rtp(f: RtpFigures) -> None:
+    CALL_INPUT_PACKETS.inc(f.input_packets)
+    CALL_INPUT_PACKETS_LOST.inc(f.input_lost)
+    CALL_OUTPUT_PACKETS_LOST.inc(f.output_lost)
+    if f.input_jitter_s is not None:
+        CALL_INPUT_JITTER.observe(f.input_jitter_s)
+    if f.output_jitter_s is not None:
+        CALL_OUTPUT_JITTER.observe(f.output_jitter_s)
+    if f.round_trip_s is not None:
+        CALL_ROUND_TRIP.observe(f.round_trip_s)

@@ -10,7 +10,7 @@ import numpy as np
 from av import AudioFrame
 from prometheus_client import REGISTRY
 
-from realtime_gw.server.webrtc.media import FRAME_SAMPLES, InputConverter, ReplyTrack
+from realtime_gw.server.webrtc.media import FRAME_SAMPLES, CallerAudio, InputConverter, ReplyTrack
 from realtime_gw.server.webrtc.metrics import MediaLedger
 
 
@@ -29,23 +29,30 @@ def sample(name: str, labels: dict[str, str] | None = None) -> float:
 
 def test_a_gap_in_the_callers_audio_is_filled_with_silence_and_counted() -> None:
     ledger = MediaLedger()
-    converter = InputConverter(ledger)
+    caller, converter = CallerAudio(ledger), InputConverter()
+
+    def session_input(pts: int) -> bytes:
+        mono = caller.mono(opus_frame(pts))
+        converted.append(converter.convert(mono, 48000, "audio/pcm", 24000))
+        return mono
+
+    converted: list[bytes] = []
     concealed_before = sample("realtime_gw_call_input_concealed_seconds_total")
-    out = b"".join(converter.convert(opus_frame(pts), "audio/pcm", 48000) for pts in (0, 960, 1920))
-    assert ledger.input_concealed_s == 0.0
+    out = b"".join(session_input(pts) for pts in (0, 960, 1920))
+    assert ledger.total.input_concealed_s == 0.0
     # Two packets (40 ms) lost: the next frame starts 40 ms late; the session still gets every sample.
-    out += converter.convert(opus_frame(2880 + 1920), "audio/pcm", 48000)
-    out += converter.convert(opus_frame(2880 + 2880), "audio/pcm", 48000)
-    assert abs(ledger.input_concealed_s - 0.04) < 1e-9
-    assert abs(ledger.input_s - 0.14) < 1e-9
+    out += session_input(2880 + 1920) + session_input(2880 + 2880)
+    assert abs(ledger.total.input_concealed_s - 0.04) < 1e-9
+    assert abs(ledger.total.input_s - 0.14) < 1e-9
     pcm = np.frombuffer(out, dtype="<i2")
-    assert abs(len(pcm) - 0.14 * 48000) <= 64  # the resampler's delay
-    assert (np.abs(pcm[4 * 960 : 4 * 960 + 1500]) < 50).any(), "the gap is silence"
+    assert len(pcm) == 14 * 480
+    assert not pcm[3 * 960 : 5 * 960].any() and (pcm[5 * 960 :] == 1000).all(), "the gap is silence"
+    assert 0 < len(b"".join(converted)) <= 0.14 * 24000 * 2  # at the session's rate (less the filter's delay)
     assert sample("realtime_gw_call_input_concealed_seconds_total") - concealed_before > 0.039
 
     # A stream restarted far ahead (over a second) is passed over, not made up.
-    converter.convert(opus_frame(10 * 48000), "audio/pcm", 48000)
-    assert abs(ledger.input_concealed_s - 0.04) < 1e-9
+    session_input(10 * 48000)
+    assert abs(ledger.total.input_concealed_s - 0.04) < 1e-9
 
 
 def test_reply_frames_that_run_dry_mid_reply_are_underruns() -> None:
@@ -67,10 +74,28 @@ def test_reply_frames_that_run_dry_mid_reply_are_underruns() -> None:
         return ledger
 
     ledger = asyncio.run(run())
-    assert ledger.reply_frames == 6
-    assert ledger.reply_underruns == 3
-    assert ledger.frames == 6  # the first frame has no slot before it
+    assert ledger.total.reply_frames == 6
+    assert ledger.total.reply_underruns == 3
+    assert ledger.total.frames == 6  # the first frame has no slot before it
 
     before = sample("realtime_gw_call_concealed_ratio_count", {"direction": "output"})
     ledger.close()
     assert sample("realtime_gw_call_concealed_ratio_count", {"direction": "output"}) == before + 1
+
+
+def test_a_media_workers_report_counts_here_as_if_counted_here() -> None:
+    """A worker's ledger keeps what it counts and reports what is new; the gateway's absorbs it."""
+    worker, gateway = MediaLedger(publish=False), MediaLedger()
+    lateness_before = sample("realtime_gw_call_frame_lateness_seconds_count")
+    underruns_before = sample("realtime_gw_call_reply_underrun_frames_total")
+    for lateness in (0.001, 0.03):
+        worker.frame_late(lateness)
+    worker.reply_frame(underrun=True)
+    gateway.absorb(worker.report())
+    worker.reply_frame(underrun=False)
+    gateway.absorb(worker.report())
+    gateway.absorb(worker.report())  # nothing new
+    assert gateway.total.frames == 2 and gateway.total.late_frames == 1
+    assert gateway.total.reply_frames == 2 and gateway.total.reply_underruns == 1
+    assert sample("realtime_gw_call_frame_lateness_seconds_count") == lateness_before + 2
+    assert sample("realtime_gw_call_reply_underrun_frames_total") == underruns_before + 1
