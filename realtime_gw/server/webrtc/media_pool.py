@@ -144,8 +144,26 @@ class RemotePeer:
         self.worker.send(message)
 
     async def caller_audio(self) -> AsyncIterator[tuple[bytes, int]]:
-        while (item := await self.input.get()) is not None:
-            yield item
+        """The worker's frames; those that queued up while the session was busy go on as one append."""
+        held: tuple[bytes, int] | None = None
+        ended = False
+        while not ended:
+            item = held or await self.input.get()
+            held = None
+            if item is None:
+                return
+            mono, rate = item
+            chunks = [mono]
+            while not self.input.empty():
+                following = self.input.get_nowait()
+                if following is None:
+                    ended = True
+                    break
+                if following[1] != rate:  # the caller's codec changed: the next append
+                    held = following
+                    break
+                chunks.append(following[0])
+            yield b"".join(chunks), rate
 
     async def close(self) -> RtpFigures | None:
         if not self._close_sent:

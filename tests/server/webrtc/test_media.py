@@ -99,3 +99,15 @@ def test_a_media_workers_report_counts_here_as_if_counted_here() -> None:
     assert gateway.total.reply_frames == 2 and gateway.total.reply_underruns == 1
     assert sample("realtime_gw_call_frame_lateness_seconds_count") == lateness_before + 2
     assert sample("realtime_gw_call_reply_underrun_frames_total") == underruns_before + 1
+
+
+def test_caller_frames_that_queued_up_go_to_the_session_as_one_append() -> None:
+    from realtime_gw.server.webrtc.media_pool import RemotePeer
+
+    async def run() -> list[tuple[bytes, int]]:
+        peer = RemotePeer(None, "rtc_x", True)  # type: ignore[arg-type]  # no worker: nothing is sent
+        for item in [(b"a", 48000), (b"b", 48000), (b"c", 8000), (b"d", 8000), None]:
+            peer.input.put_nowait(item)
+        return [chunk async for chunk in peer.caller_audio()]
+
+    assert asyncio.run(run()) == [(b"ab", 48000), (b"cd", 8000)]
