@@ -12,6 +12,12 @@ and last of each reply; that is what a browser conceals); the gateway track's fr
 
     .venv/bin/python -m loadtest.bench.webrtc_calls                 # 5, 10, 20 calls, 20 s each
     .venv/bin/python -m loadtest.bench.webrtc_calls --calls 10 --seconds 10 --media-workers 2
+    .venv/bin/python -m loadtest.bench.webrtc_calls --calls 5 --stall   # the sessions' process stalled
+
+``--stall``: both gateways run their CPU backends in their own process (``--cpu-backends-in-process``)
+and, while each measurement runs, a WebSocket session commits 12 s of noise to pocketsphinx over and
+over (``loadtest/bench/isolation.py``'s attacker): the GIL-bound decodes stall the gateway's process,
+which is where sessions (and, without media workers, calls' media) run.
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ import datetime as dt
 import json
 import multiprocessing
 import platform
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from loadtest.bench.isolation import Phase, noisy_commits
 from loadtest.bench.log import append_run
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from realtime_gw.testing.load_client import open_session
@@ -153,7 +161,21 @@ def late_fraction(server: LiveServer, before: tuple[float, float]) -> float:
     return (count - on_time) / count if count else 0.0
 
 
-def measure(server: LiveServer, kind: str, count: int, seconds: float, turn_s: float) -> dict[str, Any]:
+def stall(server: LiveServer, stop: threading.Event) -> threading.Thread:
+    """Noisy commits to the gateway's in-process pocketsphinx, one after another until ``stop``."""
+
+    async def attack() -> None:
+        while not stop.is_set():
+            await noisy_commits(server, 1, Phase())
+
+    thread = threading.Thread(target=asyncio.run, args=(attack(),), daemon=True)
+    thread.start()
+    return thread
+
+
+def measure(
+    server: LiveServer, kind: str, count: int, seconds: float, turn_s: float, stalled: bool = False
+) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     lateness_before = (
@@ -163,10 +185,15 @@ def measure(server: LiveServer, kind: str, count: int, seconds: float, turn_s: f
     proc = ctx.Process(target=run_clients, args=(kind, server.port, count, seconds, turn_s, out))
     proc.start()
     assert out.get(timeout=120) == "go"
+    stop = threading.Event()
+    attacker = stall(server, stop) if stalled else None
     cpu0, main0, t0 = cpu_seconds(server.proc.pid), cpu_seconds(server.proc.pid, tree=False), time.monotonic()
     results = out.get(timeout=seconds + 120)
     cpu1, main1, t1 = cpu_seconds(server.proc.pid), cpu_seconds(server.proc.pid, tree=False), time.monotonic()
     proc.join()
+    if attacker is not None:
+        stop.set()
+        attacker.join(timeout=60)
     ok = [r for r in results if not r.get("failed")]
     expected = sum(r["expected"] for r in ok)
     received = sum(r["received"] for r in ok)
@@ -189,8 +216,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--turn-s", type=float, default=5.0)
     parser.add_argument("--media-workers", type=int, default=2, help="0: no media-worker gateway")
+    parser.add_argument("--stall", action="store_true", help="stall the gateways' process while measuring")
     args = parser.parse_args()
-    flags = ("--policy", "none", "--tts", "tone", "--max-connections-per-client", "0", "--max-sessions", "1024")
+    flags: tuple[str, ...] = (
+        "--policy", "none", "--tts", "tone", "--max-connections-per-client", "0", "--max-sessions", "1024",
+    )  # fmt: skip
+    if args.stall:
+        flags += ("--cpu-backends-in-process",)
     servers = {"loop": start_server(*flags, name="webrtc-bench")}
     if args.media_workers:
         servers["workers"] = start_server(
@@ -203,7 +235,8 @@ def main() -> None:
                 ("websocket", servers["loop"], "websocket"),
                 *[(f"webrtc/{where}", s, "webrtc") for where, s in servers.items()],
             ]:
-                rows.append({**measure(server, kind, n, args.seconds, args.turn_s), "label": label})
+                result = measure(server, kind, n, args.seconds, args.turn_s, args.stall)
+                rows.append({**result, "label": label})
                 r = rows[-1]
                 late = "-" if r["late"] is None else f"{r['late']:.2%}"
                 print(f"{label:15} n={n:3}  gateway {r['cores']:.2f} cores (main process {r['main_cores']:.2f})  "
@@ -227,9 +260,10 @@ def main() -> None:
     append_run(
         f"\n## {dt.date.today()} WebRTC calls per core, media on the loop vs in workers "
         f"(`python -m loadtest.bench.webrtc_calls --calls {' '.join(map(str, args.calls))} "
-        f"--seconds {args.seconds:g} --media-workers {args.media_workers}`)\n\n"
+        f"--seconds {args.seconds:g} --media-workers {args.media_workers}{' --stall' if args.stall else ''}`)\n\n"
         f"{platform.processor() or platform.machine()}, {psutil.cpu_count()} cores (shared; load average "
-        f"{load} at the end), tone TTS, a turn every {args.turn_s:g} s, callers in another process.\n\n"
+        f"{load} at the end), tone TTS, a turn every {args.turn_s:g} s, callers in another process"
+        f"{'; the gateways stalled by noisy pocketsphinx decodes in their process' if args.stall else ''}.\n\n"
         + "\n".join(table) + "\n"
     )
 

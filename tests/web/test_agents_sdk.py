@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from realtime_gw.testing.audio import wer
-from realtime_gw.testing.gateway import CODE_ROOT
+from realtime_gw.testing.gateway import ARTIFACTS, CODE_ROOT
 from tests.web.agents_sdk_call import SPOKEN
 from tests.web.chromium import MISSING
 
@@ -65,6 +65,8 @@ def test_agents_realtime_sdk_calls_talks_and_interrupts(tmp_path: Path) -> None:
     )  # fmt: skip
     assert run.returncode == 0 and out.exists(), f"the namespaced run failed:\n{run.stderr[-5000:]}"
     seen = json.loads(out.read_text())
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "agents-sdk-call.json").write_text(out.read_text())  # Chromium's stats of the reply track
     assert seen["interfaces"] == ["lo"], "the browser and the gateway had more than loopback"
     assert seen["secret_prefix"] == "ek_"
     assert "failed" not in seen, seen.get("failed")
