@@ -1,5 +1,6 @@
 """A call from @openai/agents-realtime (npm) in headless Chromium to a gateway, all inside this process's
-network namespace: run as ``unshare -rn python -m tests.web.agents_sdk_call BUNDLE_DIR OUT.json``.
+network namespace: run as ``unshare -rn python -m tests.web.agents_sdk_call BUNDLE_DIR OUT.json [FLAG...]``
+(FLAGs: more gateway flags, e.g. ``--webrtc-media-workers 1``).
 
 Inside: loopback is brought up (it is all there is), a gateway boots on it, a small HTTP server serves
 ``agents_sdk_page.html`` and the SDK's browser bundle (``BUNDLE_DIR``: the package's ``dist/bundle``) from
@@ -126,14 +127,14 @@ def drive(driver: Any, gateway: LiveServer, page_url: str, seen: dict[str, Any])
     seen["call_ended"] = wait_calls(gateway, seen["calls_while_connected"] - 1, 10)
 
 
-def main(bundle: Path, out: Path) -> None:
+def main(bundle: Path, out: Path, flags: list[str]) -> None:
     bring_up_loopback()
     seen: dict[str, Any] = {"interfaces": [name for _, name in socket.if_nameindex()]}
     page_server, page_port = serve_page(bundle)
     origin = f"http://127.0.0.1:{page_port}"
     gateway = start_server(
         "--policy", "none", "--api-key", "test-key", "--tts-deterministic", "--host", "127.0.0.1",
-        "--allowed-origins", origin, name="agents-sdk",
+        "--allowed-origins", origin, *flags, name="agents-sdk",
     )  # fmt: skip
     driver = None
     try:
@@ -164,4 +165,4 @@ def main(bundle: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:])

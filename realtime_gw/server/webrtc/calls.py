@@ -26,7 +26,7 @@ from realtime_gw.server.realtime_ws import open_session
 from realtime_gw.server.speech import bounded_body
 from realtime_gw.server.webrtc.call import Call, CallConnection, CallMedia
 from realtime_gw.server.webrtc.ice import HostCandidates, parse_port_range
-from realtime_gw.server.webrtc.media_pool import MediaPool
+from realtime_gw.server.webrtc.media_pool import MediaPool, MediaWorkerLost
 from realtime_gw.server.webrtc.metrics import MediaLedger
 from realtime_gw.server.webrtc.peer import Peer
 from realtime_gw.sessions.settings import SessionError, TextLimits
@@ -135,6 +135,9 @@ async def create_call(request: Request) -> Response:
         return error_response(refusal.status, refusal.message, refusal.code)
     try:
         call = await _answer(request, gateway, sdp, session_params, admission)
+    except MediaWorkerLost as e:
+        admission.leave()
+        return error_response(503, f"the call's media worker failed ({e}); try again", "server_error")
     except Exception as e:
         admission.leave()
         return error_response(400, f"the offer could not be answered: {e}", "invalid_offer")

@@ -36,6 +36,10 @@ MAX_UNSENT_BYTES = 64 * 1024 * 1024
 """Bytes for a worker waiting in the gateway's socket buffer: past it the worker is stuck; it is ended."""
 
 
+class MediaWorkerLost(RuntimeError):
+    """The call's media worker ended before it answered."""
+
+
 class RemoteChannel(EventChannel):
     """The worker's ``oai-events`` channel: messages arrive as ``Received``; what is sent waits while
     more than ``BUFFERED_HIGH`` characters are on their way (the worker acknowledges each send)."""
@@ -214,7 +218,7 @@ class RemotePeer:
         """The worker is done with the call (or gone): everything that waits on it stops waiting."""
         self.channel.disconnected()
         if not self.answered.done():
-            self.answered.set_exception(RuntimeError("the media worker ended"))
+            self.answered.set_exception(MediaWorkerLost("the media worker ended"))
         if not self.closed.done():
             self.closed.set_result(rtp)
         with contextlib.suppress(asyncio.QueueFull):
