@@ -17,7 +17,6 @@ import logging
 import socket
 import sys
 from collections.abc import AsyncIterator
-from typing import Any
 
 from realtime_gw.server.webrtc import media_wire as wire
 from realtime_gw.server.webrtc.channel import BUFFERED_HIGH, BUFFERED_LOW, EventChannel
@@ -297,19 +296,37 @@ class MediaWorker:
 class MediaPool:
     def __init__(self, count: int) -> None:
         self.workers = [MediaWorker(i) for i in range(count)]
+        self._restarts: dict[int, asyncio.Task[None]] = {}
 
     async def start(self) -> None:
         await asyncio.gather(*(w.start() for w in self.workers))
 
     async def stop(self) -> None:
+        for task in self._restarts.values():
+            task.cancel()
         await asyncio.gather(*(w.stop() for w in self.workers))
 
+    async def _restart(self, worker: MediaWorker) -> None:
+        await worker.stop()
+        await worker.start()
+        log.warning("media worker %d started again", worker.index)
+
+    def _restarting(self, worker: MediaWorker) -> asyncio.Task[None]:
+        task = self._restarts.get(worker.index)
+        if task is None or task.done():
+            task = self._restarts[worker.index] = asyncio.create_task(self._restart(worker))
+        return task
+
     async def open(self, call_id: str, sdp: str, expect_channel: bool, hosts: HostCandidates) -> RemotePeer:
-        """The call's peer connection in the least-loaded worker, answered (or the worker's error)."""
-        worker = min(self.workers, key=lambda w: (not w.alive, len(w.calls)))
-        if not worker.alive:
-            await worker.stop()
-            await worker.start()
+        """The call's peer connection in the least-loaded live worker, answered (or the worker's error).
+        Dead workers are started again in the background; the call waits only when none is alive."""
+        for dead in [w for w in self.workers if not w.alive]:
+            self._restarting(dead)
+        alive = [w for w in self.workers if w.alive]
+        if not alive:
+            await asyncio.shield(self._restarting(self.workers[0]))
+            alive = [self.workers[0]]
+        worker = min(alive, key=lambda w: len(w.calls))
         peer = worker.calls[call_id] = RemotePeer(worker, call_id, expect_channel)
         ports = (hosts.ports.start, hosts.ports.stop) if hosts.ports is not None else None
         peer.send(wire.Open(call_id, sdp, expect_channel, hosts.address or "", ports))
@@ -319,6 +336,3 @@ class MediaPool:
             await peer.close()
             raise
         return peer
-
-    def describe(self) -> dict[str, Any]:
-        return {"workers": len(self.workers), "calls": [len(w.calls) for w in self.workers]}
