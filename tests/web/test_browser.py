@@ -123,6 +123,8 @@ def test_page_calls_over_webrtc_with_a_client_secret(voice_server: LiveServer, b
     )
     assert wer(SPOKEN, state["userTranscripts"][0]) <= 0.4, state["userTranscripts"]
     assert state["rtc"]["started"] == state["rtc"]["stopped"] and state["heardLatencyMs"]
+    # heard: the page's meter caught the reply's sound on the track; Chromium's jitter buffer reported
+    assert state["heardAtMs"] and state["jitterBufferMs"] is not None
     assert state["framesReceived"] == 0, "no audio events on the channel: the audio is on the track"
     assert not state["errors"], state["errors"]
 
