@@ -163,10 +163,10 @@ async def _answer(
     media: CallMedia
     if pool is None:
         peer = Peer(expect_channel, MediaLedger())
-        answer = await peer.answer(sdp, hosts)
+        answer = await peer.answer(sdp, hosts, config.webrtc_input_prefetch_frames)
         media = peer
     else:
-        remote = await pool.open(call_id, sdp, expect_channel, hosts)
+        remote = await pool.open(call_id, sdp, expect_channel, hosts, config.webrtc_input_prefetch_frames)
         answer, media = remote.answer, remote
     try:
         session = open_session(

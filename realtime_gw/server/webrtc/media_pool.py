@@ -317,7 +317,9 @@ class MediaPool:
             task = self._restarts[worker.index] = asyncio.create_task(self._restart(worker))
         return task
 
-    async def open(self, call_id: str, sdp: str, expect_channel: bool, hosts: HostCandidates) -> RemotePeer:
+    async def open(
+        self, call_id: str, sdp: str, expect_channel: bool, hosts: HostCandidates, input_prefetch_frames: int
+    ) -> RemotePeer:
         """The call's peer connection in the least-loaded live worker, answered (or the worker's error).
         Dead workers are started again in the background; the call waits only when none is alive."""
         for dead in [w for w in self.workers if not w.alive]:
@@ -329,7 +331,7 @@ class MediaPool:
         worker = min(alive, key=lambda w: len(w.calls))
         peer = worker.calls[call_id] = RemotePeer(worker, call_id, expect_channel)
         ports = (hosts.ports.start, hosts.ports.stop) if hosts.ports is not None else None
-        peer.send(wire.Open(call_id, sdp, expect_channel, hosts.address or "", ports))
+        peer.send(wire.Open(call_id, sdp, expect_channel, hosts.address or "", ports, input_prefetch_frames))
         try:
             peer.answer = await asyncio.wait_for(asyncio.shield(peer.answered), ANSWER_TIMEOUT_S)
         except BaseException:

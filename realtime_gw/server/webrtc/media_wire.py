@@ -32,6 +32,7 @@ class Open(_Msg, tag="open"):
     address: str
     ports: tuple[int, int] | None
     """``range(start, stop)`` of UDP ports, or None for any free port."""
+    input_prefetch_frames: int
 
 
 class Push(_Msg, tag="push"):

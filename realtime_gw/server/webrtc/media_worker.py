@@ -46,7 +46,7 @@ class WorkerCall:
     async def open(self, m: wire.Open) -> None:
         ports = range(*m.ports) if m.ports is not None else None
         try:
-            answer = await self.peer.answer(m.sdp, HostCandidates(m.address, ports))
+            answer = await self.peer.answer(m.sdp, HostCandidates(m.address, ports), m.input_prefetch_frames)
         except Exception as e:
             self.worker.calls.pop(self.id, None)
             self.worker.send(wire.Answered(self.id, "", f"{type(e).__name__}: {e}"))

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 
 from realtime_gw.server.webrtc.channel import LABEL, EventChannel
@@ -45,8 +46,9 @@ class Peer:
         self._caller_track: asyncio.Future[MediaStreamTrack] = asyncio.get_running_loop().create_future()
         self._closing: asyncio.Future[RtpFigures | None] | None = None
 
-    async def answer(self, sdp: str, hosts: HostCandidates) -> str:
-        """The SDP answer to ``sdp``, every local candidate gathered (closes the connection on failure)."""
+    async def answer(self, sdp: str, hosts: HostCandidates, input_prefetch_frames: int = 4) -> str:
+        """The SDP answer to ``sdp``, every local candidate gathered (closes the connection on failure).
+        ``input_prefetch_frames``: the caller's audio's receive jitter buffer (``webrtc_input_prefetch_frames``)."""
         pc = self.pc
         try:
 
@@ -71,6 +73,9 @@ class Peer:
                         self._caller_track.cancel()
 
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+            for transceiver in pc.getTransceivers():
+                if transceiver.kind == "audio":
+                    set_prefetch(transceiver.receiver, input_prefetch_frames)
             pc.addTrack(self.track)
             hosts.apply(pc)
             await pc.setLocalDescription(await pc.createAnswer())
@@ -125,3 +130,15 @@ class Peer:
     def _stopped(self, response_id: str) -> None:
         if self.listener is not None:
             self.listener.playback_stopped(response_id)
+
+
+_JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"
+"""aiortc (1.14-1.16) keeps the receiver's jitter buffer private and fixes its prefetch at 4 for audio."""
+
+
+def set_prefetch(receiver: Any, frames: int) -> None:
+    """Replaces the (still empty) audio jitter buffer of ``receiver`` with one that holds ``frames``."""
+    if frames == 4 or not hasattr(receiver, _JITTER_BUFFER):
+        return
+    current: JitterBuffer = getattr(receiver, _JITTER_BUFFER)
+    setattr(receiver, _JITTER_BUFFER, JitterBuffer(capacity=current.capacity, prefetch=max(1, frames)))

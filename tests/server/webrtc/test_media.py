@@ -111,3 +111,20 @@ def test_caller_frames_that_queued_up_go_to_the_session_as_one_append() -> None:
         return [chunk async for chunk in peer.caller_audio()]
 
     assert asyncio.run(run()) == [(b"ab", 48000), (b"cd", 8000)]
+
+
+def test_the_callers_jitter_buffer_holds_what_the_setting_says() -> None:
+    from aiortc import RTCPeerConnection
+
+    from realtime_gw.server.webrtc.peer import _JITTER_BUFFER, set_prefetch
+
+    async def run() -> tuple[int, int]:
+        pc = RTCPeerConnection()
+        receiver = pc.addTransceiver("audio").receiver
+        before = getattr(receiver, _JITTER_BUFFER)._prefetch  # aiortc's own
+        set_prefetch(receiver, 1)
+        after = getattr(receiver, _JITTER_BUFFER)._prefetch
+        await pc.close()
+        return before, after
+
+    assert asyncio.run(run()) == (4, 1)
