@@ -36,6 +36,7 @@ from realtime_gw.server.responder import build_responder
 from realtime_gw.server.voice_library import VoiceLibrary
 from realtime_gw.server.webrtc import calls, sideband
 from realtime_gw.server.webrtc.ice import parse_port_range
+from realtime_gw.server.webrtc.media_pool import MediaPool
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         await gateway.workers.start(warmup=config.warmup)
         await voices.restore_voices(gateway)
         loop_lag = asyncio.create_task(metrics.watch_event_loop(), name="event-loop-lag")
+        if app.state.media_pool is not None:
+            await app.state.media_pool.start()
         log.info("gateway ready on %s:%s", config.host, config.port)
         try:
             yield
@@ -76,6 +79,8 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
             loop_lag.cancel()
             for call in list(app.state.calls.values()):
                 await call.hangup()
+            if app.state.media_pool is not None:
+                await app.state.media_pool.stop()
             await gateway.workers.stop()
 
     routes: list[BaseRoute] = [
@@ -107,6 +112,7 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(HostAllowlist, policy=hosts)])
     app.state.gateway = gateway
     app.state.calls = {}  # live WebRTC calls by id (server/webrtc)
+    app.state.media_pool = MediaPool(config.webrtc_media_workers) if config.webrtc_media_workers > 0 else None
     return app
 
 

@@ -1,14 +1,23 @@
 """WebRTC calls per core: N aiortc callers (in another process) against one gateway, the gateway's CPU
-and the calls' audio; the same N as WebSocket sessions, same traffic, as the baseline of the same run.
+and the calls' audio; the same N as WebSocket sessions, same traffic, as the baseline of the same run;
+and the same N calls against a second gateway whose calls' media runs in ``--media-workers`` worker
+processes (``webrtc_media_workers``).
 
 Each caller streams its microphone (silence, 20 ms Opus frames; the WebSocket baseline: 80 ms PCM16
 appends) for the whole run and asks a typed turn every ``--turn-s`` seconds, answered by the ``tone``
-TTS (the gateway's own cost, not a model's). Measured: the gateway's CPU (its process tree), so calls
-per core; reply frames the callers did not receive in time (WebRTC: frames missing between the first
+TTS (the gateway's own cost, not a model's). Measured: the gateway's CPU (its process tree, media
+workers included), so calls per core, and its main process's alone (the loop that runs the sessions);
+reply frames the callers did not receive in time (WebRTC: frames missing between the first
 and last of each reply; that is what a browser conceals); the gateway track's frame lateness.
 
     .venv/bin/python -m loadtest.bench.webrtc_calls                 # 5, 10, 20 calls, 20 s each
-    .venv/bin/python -m loadtest.bench.webrtc_calls --calls 10 --seconds 10
+    .venv/bin/python -m loadtest.bench.webrtc_calls --calls 10 --seconds 10 --media-workers 2
+    .venv/bin/python -m loadtest.bench.webrtc_calls --calls 5 --stall   # the sessions' process stalled
+
+``--stall``: both gateways run their CPU backends in their own process (``--cpu-backends-in-process``)
+and, while each measurement runs, a WebSocket session commits 12 s of noise to pocketsphinx over and
+over (``loadtest/bench/isolation.py``'s attacker): the GIL-bound decodes stall the gateway's process,
+which is where sessions (and, without media workers, calls' media) run.
 """
 
 from __future__ import annotations
@@ -20,13 +29,15 @@ import datetime as dt
 import json
 import multiprocessing
 import platform
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from loadtest.bench.log import BENCHMARKS_LOG
+from loadtest.bench.isolation import Phase, noisy_commits
+from loadtest.bench.log import append_run
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from realtime_gw.testing.load_client import open_session
 from tests.server.webrtc.caller import Caller, call
@@ -35,10 +46,10 @@ ROOT = Path(__file__).resolve().parents[2]
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank."
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int, tree: bool = True) -> float:
     proc = psutil.Process(pid)
     total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
+    for p in [proc, *(proc.children(recursive=True) if tree else [])]:
         try:
             t = p.cpu_times()
             total += t.user + t.system
@@ -150,7 +161,21 @@ def late_fraction(server: LiveServer, before: tuple[float, float]) -> float:
     return (count - on_time) / count if count else 0.0
 
 
-def measure(server: LiveServer, kind: str, count: int, seconds: float, turn_s: float) -> dict[str, Any]:
+def stall(server: LiveServer, stop: threading.Event) -> threading.Thread:
+    """Noisy commits to the gateway's in-process pocketsphinx, one after another until ``stop``."""
+
+    async def attack() -> None:
+        while not stop.is_set():
+            await noisy_commits(server, 1, Phase())
+
+    thread = threading.Thread(target=asyncio.run, args=(attack(),), daemon=True)
+    thread.start()
+    return thread
+
+
+def measure(
+    server: LiveServer, kind: str, count: int, seconds: float, turn_s: float, stalled: bool = False
+) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     lateness_before = (
@@ -160,10 +185,15 @@ def measure(server: LiveServer, kind: str, count: int, seconds: float, turn_s: f
     proc = ctx.Process(target=run_clients, args=(kind, server.port, count, seconds, turn_s, out))
     proc.start()
     assert out.get(timeout=120) == "go"
-    cpu0, t0 = cpu_seconds(server.proc.pid), time.monotonic()
+    stop = threading.Event()
+    attacker = stall(server, stop) if stalled else None
+    cpu0, main0, t0 = cpu_seconds(server.proc.pid), cpu_seconds(server.proc.pid, tree=False), time.monotonic()
     results = out.get(timeout=seconds + 120)
-    cpu1, t1 = cpu_seconds(server.proc.pid), time.monotonic()
+    cpu1, main1, t1 = cpu_seconds(server.proc.pid), cpu_seconds(server.proc.pid, tree=False), time.monotonic()
     proc.join()
+    if attacker is not None:
+        stop.set()
+        attacker.join(timeout=60)
     ok = [r for r in results if not r.get("failed")]
     expected = sum(r["expected"] for r in ok)
     received = sum(r["received"] for r in ok)
@@ -173,6 +203,7 @@ def measure(server: LiveServer, kind: str, count: int, seconds: float, turn_s: f
         "n": count,
         "failed": len(results) - len(ok),
         "cores": cores,
+        "main_cores": (main1 - main0) / (t1 - t0),
         "per_core": count / cores if cores else float("inf"),
         "missing": 1 - received / expected if expected else 0.0,
         "late": late_fraction(server, lateness_before) if kind == "webrtc" else None,
@@ -184,35 +215,57 @@ def main() -> None:
     parser.add_argument("--calls", type=int, nargs="+", default=[5, 10, 20])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--turn-s", type=float, default=5.0)
+    parser.add_argument("--media-workers", type=int, default=2, help="0: no media-worker gateway")
+    parser.add_argument("--stall", action="store_true", help="stall the gateways' process while measuring")
     args = parser.parse_args()
-    server = start_server(
+    flags: tuple[str, ...] = (
         "--policy", "none", "--tts", "tone", "--max-connections-per-client", "0", "--max-sessions", "1024",
-        name="webrtc-bench",
     )  # fmt: skip
-    rows = []
+    if args.stall:
+        flags += ("--cpu-backends-in-process",)
+    servers = {"loop": start_server(*flags, name="webrtc-bench")}
+    if args.media_workers:
+        servers["workers"] = start_server(
+            *flags, "--webrtc-media-workers", str(args.media_workers), name="webrtc-bench-workers"
+        )
+    rows: list[dict[str, Any]] = []
     try:
         for n in args.calls:
-            for kind in ("websocket", "webrtc"):
-                rows.append(measure(server, kind, n, args.seconds, args.turn_s))
+            for label, server, kind in [
+                ("websocket", servers["loop"], "websocket"),
+                *[(f"webrtc/{where}", s, "webrtc") for where, s in servers.items()],
+            ]:
+                result = measure(server, kind, n, args.seconds, args.turn_s, args.stall)
+                rows.append({**result, "label": label})
                 r = rows[-1]
                 late = "-" if r["late"] is None else f"{r['late']:.2%}"
-                print(f"{kind:9} n={n:3}  gateway {r['cores']:.2f} cores  {r['per_core']:.1f}/core  "
-                      f"failed {r['failed']}  missing {r['missing']:.2%}  late {late}", flush=True)  # fmt: skip
+                print(f"{label:15} n={n:3}  gateway {r['cores']:.2f} cores (main process {r['main_cores']:.2f})  "
+                      f"{r['per_core']:.1f}/core  failed {r['failed']}  missing {r['missing']:.2%}  late {late}",
+                      flush=True)  # fmt: skip
     finally:
-        stop_server(server)
-    table = ["| calls | WebSocket cores | WebRTC cores | WebRTC / WebSocket CPU | WebRTC calls per core | missing reply frames | track frames > 20 ms late |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for ws_row, rtc in zip(rows[::2], rows[1::2], strict=True):
-        ratio = rtc["cores"] / ws_row["cores"] if ws_row["cores"] else float("inf")
-        table.append(f"| {rtc['n']} | {ws_row['cores']:.2f} | {rtc['cores']:.2f} | {ratio:.1f}x | {rtc['per_core']:.1f} | "
-                     f"{rtc['missing']:.2%} | {rtc['late']:.2%} |")  # fmt: skip
+        for server in servers.values():
+            stop_server(server)
+    table = ["| calls | media | WebSocket cores | WebRTC cores (main process) | WebRTC / WebSocket CPU | WebRTC calls per core | failed | missing reply frames | track frames > 20 ms late |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    per_n = len(servers) + 1
+    for i in range(0, len(rows), per_n):
+        ws_row = rows[i]
+        for rtc in rows[i + 1 : i + per_n]:
+            ratio = rtc["cores"] / ws_row["cores"] if ws_row["cores"] else float("inf")
+            media = "gateway loop" if rtc["label"] == "webrtc/loop" else f"{args.media_workers} workers"
+            table.append(f"| {rtc['n']} | {media} | {ws_row['cores']:.2f} | {rtc['cores']:.2f} ({rtc['main_cores']:.2f}) | "
+                         f"{ratio:.1f}x | {rtc['per_core']:.1f} | {rtc['failed']} | {rtc['missing']:.2%} | {rtc['late']:.2%} |")  # fmt: skip
     print("\n".join(table))
-    log = BENCHMARKS_LOG
-    with log.open("a") as f:
-        f.write(f"\n## {dt.date.today()} WebRTC calls per core (`python -m loadtest.bench.webrtc_calls "
-                f"--calls {' '.join(map(str, args.calls))} --seconds {args.seconds:g}`)\n\n"
-                f"{platform.processor() or platform.machine()}, {psutil.cpu_count()} cores (shared), "
-                f"tone TTS, a turn every {args.turn_s:g} s, callers in another process.\n\n" + "\n".join(table) + "\n")
+    load = " ".join(f"{x:.1f}" for x in psutil.getloadavg())
+    append_run(
+        f"\n## {dt.date.today()} WebRTC calls per core, media on the loop vs in workers "
+        f"(`python -m loadtest.bench.webrtc_calls --calls {' '.join(map(str, args.calls))} "
+        f"--seconds {args.seconds:g} --media-workers {args.media_workers}{' --stall' if args.stall else ''}`)\n\n"
+        f"{platform.processor() or platform.machine()}, {psutil.cpu_count()} cores (shared; load average "
+        f"{load} at the end), tone TTS, a turn every {args.turn_s:g} s, callers in another process"
+        f"{'; the gateways stalled by noisy pocketsphinx decodes in their process' if args.stall else ''}.\n\n"
+        + "\n".join(table) + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -117,6 +117,15 @@ class WebrtcSettings(RealtimeSettings, kw_only=True):
     """Largest SDP offer (or multipart body) ``POST /v1/realtime/calls`` reads; above it: HTTP 413."""
     webrtc_max_client_secrets: int = 10000
     """Unexpired client secrets held at once; minting one more gets HTTP 429."""
+    webrtc_input_prefetch_frames: int = 1
+    """Frames of a caller's audio aiortc's receive jitter buffer holds before decoding the oldest (aiortc's
+    own default: 4, 80 ms of Opus). The gateway never plays the caller's audio, it only needs it in
+    order, so 1 (the least: a frame is complete when the next one starts) costs nothing but latency saved;
+    a lost packet stalls the buffer the same either way (until it holds 16, then is skipped and filled)."""
+    webrtc_media_workers: int = 0
+    """Processes that run calls' peer connections (DTLS/SRTP, Opus, the paced reply track), each call in
+    the one with the fewest; 0 = on the gateway's own event loop, beside the sessions. Calls are admitted
+    as WebSocket sessions are, whatever this is."""
 
 
 

@@ -15,6 +15,10 @@ const state = (window.rtgw = {
   ttfaMs: [], turnLatencyMs: [], heardLatencyMs: [], maxLatenessMs: 0, bargeIns: 0, acksSent: 0,
   micMsSent: 0, responses: 0, truncated: [], cancelled: 0,
   transport: params.get('transport') || 'webrtc', callId: null, rtc: { started: [], stopped: [], cleared: [] },
+  // when each reply was first heard, the microphone's first sample and its speech onsets (page clock)
+  heardAtMs: [], captureStartMs: null, micOnsetsMs: [],
+  // WebRTC: the browser's jitter buffer on the reply track (getStats): mean delay, share concealed
+  jitterBufferMs: null, concealedPct: null,
 });
 
 let ws = null;
@@ -24,6 +28,9 @@ let ctx = null;
 let mic = null;
 let captureNode = null;
 let playbackNode = null;
+let meterNode = null; // WebRTC: hears when a reply's sound arrives
+let statsTimer = null;
+let micLoudAt = null;
 const replies = new Map(); // response id -> {itemId, created, firstAt, nextSeq, done, line, played}
 let current = null; // response id being generated
 let heardRid = null; // response id whose audio is at the speaker
@@ -80,7 +87,9 @@ async function startCall(key) {
     const speaker = $('speaker');
     speaker.srcObject = e.streams[0] || new MediaStream([e.track]);
     speaker.play().catch((err) => line('error', `playback: ${err}`));
+    ctx.createMediaStreamSource(speaker.srcObject).connect(meterNode);
   };
+  statsTimer = setInterval(readTrackStats, 1000);
   pc.onconnectionstatechange = () => {
     if (pc && pc.connectionState === 'failed') { line('error', 'call failed (no route to the gateway?)'); stop(); }
   };
@@ -221,7 +230,7 @@ function onEvent(ev) {
       if (r) {
         heardRid = ev.response_id;
         state.ttfaMs.push(t - r.created);
-        if (r.turnEnd != null) state.heardLatencyMs.push(t - r.turnEnd);
+        meterNode.port.postMessage({ rid: ev.response_id }); // heard when its sound arrives
       }
       setStatus('speaking');
       break;
@@ -246,12 +255,27 @@ function onEvent(ev) {
   render();
 }
 
-// -- playback status from the worklet -----------------------------------------------------------------
+// -- playback status from the worklets ----------------------------------------------------------------
+function heard(rid) {
+  const r = replies.get(rid);
+  state.heardAtMs.push(now());
+  if (r && r.turnEnd != null) state.heardLatencyMs.push(now() - r.turnEnd);
+  render();
+}
+
+async function readTrackStats() {
+  if (!pc) return;
+  (await pc.getStats()).forEach((s) => {
+    if (s.type !== 'inbound-rtp' || s.kind !== 'audio' || !s.jitterBufferEmittedCount) return;
+    state.jitterBufferMs = (1000 * s.jitterBufferDelay) / s.jitterBufferEmittedCount;
+    state.concealedPct = s.totalSamplesReceived ? (100 * s.concealedSamples) / s.totalSamplesReceived : 0;
+  });
+}
+
 function onPlayback(m) {
   if (m.type === 'started') {
-    const r = replies.get(m.rid);
     heardRid = m.rid;
-    if (r && r.turnEnd != null) state.heardLatencyMs.push(now() - r.turnEnd);
+    heard(m.rid);
     return;
   }
   if (m.type !== 'status') return;
@@ -315,11 +339,19 @@ async function start() {
     source.connect(captureNode).connect(sink).connect(ctx.destination);
     playbackNode.connect(ctx.destination);
     playbackNode.port.onmessage = (e) => onPlayback(e.data);
+    meterNode = new AudioWorkletNode(ctx, 'meter', { numberOfInputs: 1, numberOfOutputs: 1 });
+    meterNode.connect(sink);
+    meterNode.port.onmessage = (e) => heard(e.data.rid);
     captureNode.port.onmessage = (e) => {
       if (e.data.type !== 'pcm') return;
       const pcm = new Int16Array(e.data.pcm);
+      if (state.captureStartMs == null) state.captureStartMs = now() - (pcm.length * 1000) / 24000;
       let peak = 0;
       for (let i = 0; i < pcm.length; i += 8) peak = Math.max(peak, Math.abs(pcm[i]));
+      if (peak > 1600) { // speech at the microphone after a second of quiet: an onset
+        if (micLoudAt == null || now() - micLoudAt > 1000) state.micOnsetsMs.push(now());
+        micLoudAt = now();
+      }
       $('level').value = peak / 32768;
       if (ws && ws.readyState === WebSocket.OPEN && state.sessionId) {
         send({ type: 'input_audio_buffer.append', audio: b64FromInt16(e.data.pcm) });
@@ -355,7 +387,8 @@ async function start() {
 
 function cleanup() {
   if (ackTimer) clearInterval(ackTimer);
-  ackTimer = null;
+  if (statsTimer) clearInterval(statsTimer);
+  ackTimer = statsTimer = null;
   if (mic) mic.getTracks().forEach((t) => t.stop());
   if (pc) pc.close();
   pc = dc = null;

@@ -4,6 +4,7 @@
 // "playback": 24 kHz PCM16 frames of the replies -> the context rate, through a jitter buffer that
 //             prebuffers, reports what was actually played per response (for playback.ack and
 //             conversation.item.truncate) and counts underruns.
+// "meter": the page's ear on a WebRTC call's reply track (see below).
 // Both resample in the worklet, so the page runs at whatever rate the sound card has (Firefox refuses
 // to connect a microphone to an AudioContext of another rate).
 
@@ -177,5 +178,28 @@ class PlaybackProcessor extends AudioWorkletProcessor {
   }
 }
 
+// "meter": once armed (a message naming a response), posts {type: 'loud', rid} at the first block louder
+// than -34 dBFS: when a WebRTC reply's sound reaches the page's audio graph (the speaker's input).
+class MeterProcessor extends AudioWorkletProcessor {
+  constructor() {
+    super();
+    this.armed = null;
+    this.port.onmessage = (e) => { this.armed = e.data.rid; };
+  }
+  process(inputs) {
+    const ch = inputs[0] && inputs[0][0];
+    if (this.armed != null && ch) {
+      let peak = 0;
+      for (let i = 0; i < ch.length; i++) peak = Math.max(peak, Math.abs(ch[i]));
+      if (peak > 0.02) {
+        this.port.postMessage({ type: 'loud', rid: this.armed });
+        this.armed = null;
+      }
+    }
+    return true;
+  }
+}
+
 registerProcessor('capture', CaptureProcessor);
+registerProcessor('meter', MeterProcessor);
 registerProcessor('playback', PlaybackProcessor);

@@ -6,7 +6,6 @@ reason, where they are not installed.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,48 +17,21 @@ import pytest
 from realtime_gw.client.audio import silence, write_wav
 from realtime_gw.testing.audio import synthesize, wer
 from realtime_gw.testing.gateway import ARTIFACTS, LiveServer
+from tests.web.chromium import MISSING, PageTimeout, chromium
+from tests.web.chromium import wait_page as wait_for_page
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM and CHROMEDRIVER), reason="chromium/chromedriver not installed (run `make browser-deps`)"
-)
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=MISSING)
 SPOKEN = "Please open the door for me."
 LONG_TEXT = "I would like a cup of coffee. " * 6
 
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
     mic = tmp_path / "mic.wav"
     # 3 s of silence first: the capture starts when Chromium opens the device, before the page's session is
     # configured (seconds on a loaded box); words spoken before that are never sent, as with a real user.
     write_wav(mic, silence(3000, 24000) + synthesize(SPOKEN, 24000) + silence(1500, 24000), 24000)
-    opts = Options()
-    opts.binary_location = CHROMIUM or ""
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--use-fake-device-for-media-stream",
-        "--use-fake-ui-for-media-stream",
-        # %noloop: speak once, then silence, so the later barge-in is ours and not the looping WAV's
-        f"--use-file-for-fake-audio-capture={mic}%noloop",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--autoplay-policy=no-user-gesture-required",
-        "--disable-dev-shm-usage",
-        "--window-size=1200,820",
-        # the gateway's call answers with its 127.0.0.1 candidate, which Chromium ignores by default
-        "--allow-loopback-in-peer-connection",
-    ):
-        opts.add_argument(flag)
-    # An explicit driver path: selenium never tries to download one.
-    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER or ""))
+    driver = chromium(mic)
     try:
         yield driver
     finally:
@@ -69,14 +41,10 @@ def browser(tmp_path: Path) -> Iterator[Any]:
 def wait_page(
     driver: Any, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        state = driver.execute_script("return window.rtgw")
-        if pred(state):
-            return state
-        if time.monotonic() > deadline:
-            pytest.fail(f"page never reached: {what}; state: {state}")
-        time.sleep(0.2)
+    try:
+        return wait_for_page(driver, "window.rtgw", pred, timeout, what)
+    except PageTimeout as e:
+        pytest.fail(str(e))
 
 
 def test_page_hears_answers_plays_and_barges_in(voice_server: LiveServer, browser: Any) -> None:
@@ -155,6 +123,8 @@ def test_page_calls_over_webrtc_with_a_client_secret(voice_server: LiveServer, b
     )
     assert wer(SPOKEN, state["userTranscripts"][0]) <= 0.4, state["userTranscripts"]
     assert state["rtc"]["started"] == state["rtc"]["stopped"] and state["heardLatencyMs"]
+    # heard: the page's meter caught the reply's sound on the track; Chromium's jitter buffer reported
+    assert state["heardAtMs"] and state["jitterBufferMs"] is not None
     assert state["framesReceived"] == 0, "no audio events on the channel: the audio is on the track"
     assert not state["errors"], state["errors"]
 

@@ -8,7 +8,9 @@ tells the session when a reply's playback started and how far it got (the sessio
 as ``playback.ack``s would: barge-in and ``output_audio_buffer.clear`` truncate to it), and the client
 ``output_audio_buffer.started`` / ``.stopped``.
 
-Media runs in the gateway's process, on its event loop (see docs/protocols.md for what that bounds).
+The call's media side (``CallMedia``) is a ``Peer`` on the gateway's event loop, or, with
+``webrtc_media_workers``, a ``RemotePeer``: the same ``Peer`` in a media worker process, where
+DTLS/SRTP, the codecs and the track's pacing cannot stall sessions (``media_pool.py``).
 """
 
 from __future__ import annotations
@@ -17,10 +19,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
-
-from aiortc import MediaStreamTrack, RTCPeerConnection
-from aiortc.mediastreams import MediaStreamError
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.server.admission import Admission
@@ -28,8 +28,9 @@ from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.outbox import Notice, Outbox
 from realtime_gw.server.realtime_ws import RealtimeConnection
 from realtime_gw.server.webrtc.channel import EventChannel
-from realtime_gw.server.webrtc.media import InputConverter, OutputConverter, ReplyTrack
-from realtime_gw.server.webrtc.metrics import CALLS, record_call_stats
+from realtime_gw.server.webrtc.media import InputConverter, OutputConverter
+from realtime_gw.server.webrtc.metrics import CALLS, MediaLedger, RtpFigures, record_rtp
+from realtime_gw.server.webrtc.peer import PlaybackListener
 from realtime_gw.sessions.events import Close, Effect, PlaybackStarted, PurgeAudio, Send
 from realtime_gw.sessions.realtime import RealtimeSession
 
@@ -46,12 +47,40 @@ ACK_EVENT_PREFIX = "rtc_sent_"
 """Event ids of the playback reports the track makes; the session's answers to them stay internal."""
 
 
+class ReplyOut(Protocol):
+    """The reply track as its owner drives it (``media.ReplyTrack``, or a worker's through a pipe)."""
+
+    def push(self, response_id: str, pcm48: bytes) -> None: ...
+
+    def complete(self, response_id: str) -> None: ...
+
+    def purge(self, response_id: str | None) -> bool: ...
+
+
+class CallMedia(Protocol):
+    """A call's media side: ``peer.Peer`` in this process, or ``media_pool.RemotePeer``."""
+
+    channel: EventChannel
+    track: ReplyOut
+    ledger: MediaLedger
+    listener: PlaybackListener | None
+
+    @property
+    def connected(self) -> bool: ...
+
+    def caller_audio(self) -> AsyncIterator[tuple[bytes, int]]: ...
+
+    async def close(self) -> RtpFigures | None: ...
+
+
 class CallConnection(RealtimeConnection):
-    def __init__(self, channel: EventChannel, gateway: Gateway, session: RealtimeSession) -> None:
-        super().__init__(channel, gateway, session)
+    def __init__(self, media: CallMedia, gateway: Gateway, session: RealtimeSession) -> None:
+        super().__init__(media.channel, gateway, session)
         self.outbox = Outbox(self.config.outbound_queue_frames, CALL_AUDIO_LEAD_MS)
-        self.channel = channel
-        self.track = ReplyTrack(self._playback_started, self._playback_sent, self._playback_stopped)
+        self.media = media
+        self.channel = media.channel
+        self.track = media.track
+        media.listener = self
         self.reply_audio = OutputConverter()
         self.caller_audio = InputConverter()
         self._reports = 0
@@ -59,15 +88,11 @@ class CallConnection(RealtimeConnection):
         """WebSockets watching the call (``sideband.py``): they get a copy of every event sent."""
 
     # -- the caller's audio in -------------------------------------------------------------------------
-    async def pump_input(self, track: MediaStreamTrack) -> None:
-        """Decoded frames of the caller's track into the session, as appends (in its input format)."""
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
+    async def pump_input(self) -> None:
+        """The caller's decoded audio into the session, as appends (in its input format)."""
+        async for mono, rate in self.media.caller_audio():
             settings = self.session.settings
-            pcm = self.caller_audio.convert(frame, settings.input_format, settings.input_rate)
+            pcm = self.caller_audio.convert(mono, rate, settings.input_format, settings.input_rate)
             self.input.lifetime.touch(time.monotonic())
             if pcm:
                 await self.mailbox.put(rt.InputAudioBufferAppendEvent(audio=pcm))
@@ -117,19 +142,19 @@ class CallConnection(RealtimeConnection):
         if self.sidebands:
             await copy_to_sidebands(self.sidebands, rt.encode_server_event(event).decode())
 
-    # The track's reports (from aiortc's sender task; each is a put, never a wait).
-    def _playback_started(self, response_id: str) -> None:
+    # The track's reports (from aiortc's sender task, or a worker's message; each is a put, never a wait).
+    def playback_started(self, response_id: str) -> None:
         self._to_session(PlaybackStarted(response_id, time.monotonic()), must_arrive=True)
         self._to_client(rt.OutputAudioBufferStartedEvent(response_id=response_id))
 
-    def _playback_sent(self, response_id: str, sent_ms: float) -> None:
+    def playback_sent(self, response_id: str, sent_ms: float) -> None:
         self._reports += 1
         ack_id = f"{ACK_EVENT_PREFIX}{self._reports}"
         self._to_session(
             rt.PlaybackAckEvent(response_id=response_id, played_ms=int(sent_ms), event_id=ack_id)
         )
 
-    def _playback_stopped(self, response_id: str) -> None:
+    def playback_stopped(self, response_id: str) -> None:
         self._to_client(rt.OutputAudioBufferStoppedEvent(response_id=response_id))
 
     def _to_session(self, item: Any, must_arrive: bool = False) -> None:
@@ -182,16 +207,16 @@ class Call:
         self,
         call_id: str,
         owner: str,
-        pc: RTCPeerConnection,
-        channel: EventChannel,
         connection: CallConnection,
     ) -> None:
         self.id = call_id
         self.owner = owner
         """The deployment key it was started with (or whose secret started it): only it may hang up or watch."""
-        self.pc = pc
-        self.channel = channel
+        self.media = connection.media
+        self.channel = connection.channel
         self.connection = connection
+        self.answer = ""
+        """The SDP answer sent to the caller."""
         self.task: asyncio.Task[None] | None = None
 
     def start(self, admission: Admission, calls: dict[str, Call]) -> None:
@@ -201,6 +226,7 @@ class Call:
     async def _run(self, admission: Admission, calls: dict[str, Call]) -> None:
         deadline = asyncio.get_running_loop().call_later(CONNECT_TIMEOUT_S, self._unconnected)
         CALLS.inc()
+        self.connection.spawn(self.connection.pump_input(), f"{self.id}-input")
         try:
             await self.connection.run()
         except Exception:
@@ -211,18 +237,18 @@ class Call:
             admission.leave()
             calls.pop(self.id, None)
             await close_sidebands(self.connection.sidebands)
-            self.connection.track.stop()
             with contextlib.suppress(Exception):
-                record_call_stats(await self.pc.getStats(), self.connection.caller_audio.clock_rate)
-            with contextlib.suppress(Exception):
-                await self.pc.close()
+                rtp = await self.media.close()
+                if rtp is not None:
+                    record_rtp(rtp)
+            self.media.ledger.close()
 
     def _unconnected(self) -> None:
-        if self.pc.connectionState != "connected":
+        if not self.media.connected:
             log.info("call %s: no connection within %.0f s; ended", self.id, CONNECT_TIMEOUT_S)
             self.channel.disconnected()
 
     async def hangup(self) -> None:
         self.channel.disconnected()
         with contextlib.suppress(Exception):
-            await self.pc.close()
+            await self.media.close()

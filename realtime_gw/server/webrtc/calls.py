@@ -13,7 +13,6 @@ import secrets
 from collections.abc import Awaitable, Callable
 
 import msgspec
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,9 +24,11 @@ from realtime_gw.server.client_secret_endpoint import error_response, settings_o
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.realtime_ws import open_session
 from realtime_gw.server.speech import bounded_body
-from realtime_gw.server.webrtc.call import Call, CallConnection
-from realtime_gw.server.webrtc.channel import LABEL, EventChannel
+from realtime_gw.server.webrtc.call import Call, CallConnection, CallMedia
 from realtime_gw.server.webrtc.ice import HostCandidates, parse_port_range
+from realtime_gw.server.webrtc.media_pool import MediaPool, MediaWorkerLost
+from realtime_gw.server.webrtc.metrics import MediaLedger
+from realtime_gw.server.webrtc.peer import Peer
 from realtime_gw.sessions.settings import SessionError, TextLimits
 
 CORS_HEADERS = "authorization, content-type, x-openai-agents-sdk, openai-beta"
@@ -134,6 +135,9 @@ async def create_call(request: Request) -> Response:
         return error_response(refusal.status, refusal.message, refusal.code)
     try:
         call = await _answer(request, gateway, sdp, session_params, admission)
+    except MediaWorkerLost as e:
+        admission.leave()
+        return error_response(503, f"the call's media worker failed ({e}); try again", "server_error")
     except Exception as e:
         admission.leave()
         return error_response(400, f"the offer could not be answered: {e}", "invalid_offer")
@@ -141,8 +145,7 @@ async def create_call(request: Request) -> Response:
         admission.leave()
         raise
     call.start(admission, calls_of(request))
-    answer = call.pc.localDescription.sdp
-    return Response(answer, 201, {"location": f"/v1/realtime/calls/{call.id}"}, media_type="application/sdp")
+    return Response(call.answer, 201, {"location": f"/v1/realtime/calls/{call.id}"}, media_type="application/sdp")
 
 
 async def _answer(
@@ -153,10 +156,19 @@ async def _answer(
     admission: Admission,
 ) -> Call:
     config = gateway.config
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    call_id = "rtc_" + secrets.token_hex(12)
+    expect_channel = "\nm=application " in sdp.replace("\r\n", "\n")
+    hosts = HostCandidates(config.webrtc_host or config.host, parse_port_range(config.webrtc_udp_ports))
+    pool: MediaPool | None = request.app.state.media_pool
+    media: CallMedia
+    if pool is None:
+        peer = Peer(expect_channel, MediaLedger())
+        answer = await peer.answer(sdp, hosts, config.webrtc_input_prefetch_frames)
+        media = peer
+    else:
+        remote = await pool.open(call_id, sdp, expect_channel, hosts, config.webrtc_input_prefetch_frames)
+        answer, media = remote.answer, remote
     try:
-        call_id = "rtc_" + secrets.token_hex(12)
-        channel = EventChannel(expect_channel="\nm=application " in sdp.replace("\r\n", "\n"))
         session = open_session(
             gateway,
             request.query_params.get("model"),
@@ -165,35 +177,13 @@ async def _answer(
             session_params,
             transcription=request.query_params.get("intent") == "transcription",
         )
-        connection = CallConnection(channel, gateway, session)
-        assert admission.key is not None
-        call = Call(call_id, admission.key, pc, channel, connection)
-
-        @pc.on("datachannel")
-        def on_datachannel(dc) -> None:  # type: ignore[no-untyped-def]
-            if dc.label == LABEL and channel.channel is None:
-                sctp = pc.sctp
-                channel.attach(dc, getattr(sctp, "_remote_max_message_size", None) if sctp else None)
-
-        @pc.on("track")
-        def on_track(track) -> None:  # type: ignore[no-untyped-def]
-            if track.kind == "audio":
-                connection.spawn(connection.pump_input(track), f"{call_id}-input")
-
-        @pc.on("connectionstatechange")
-        def on_state() -> None:
-            if pc.connectionState in ("failed", "closed"):
-                channel.disconnected()
-
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-        pc.addTrack(connection.track)
-        address = config.webrtc_host or config.host
-        HostCandidates(address, parse_port_range(config.webrtc_udp_ports)).apply(pc)
-        await pc.setLocalDescription(await pc.createAnswer())
-        return call
     except BaseException:
-        await pc.close()
+        await media.close()
         raise
+    assert admission.key is not None
+    call = Call(call_id, admission.key, CallConnection(media, gateway, session))
+    call.answer = answer
+    return call
 
 
 async def hangup_call(request: Request) -> Response:

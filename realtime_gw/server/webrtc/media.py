@@ -6,8 +6,14 @@ silence when there is none, and knows exactly what it has put on the wire: it re
 first frame (``started``), what of it has been sent (``sent``: the session truncates to that on
 barge-in) and, once the response is complete and its last frame sent, ``stopped``.
 
-``InputConverter`` turns decoded frames of the caller's track (Opus 48 kHz stereo, G.711 8 kHz...)
-into the session's input format (soxr resampling), as ``input_audio_buffer.append`` would carry it.
+``CallerAudio`` turns decoded frames of the caller's track (Opus 48 kHz stereo, G.711 8 kHz...) into
+mono PCM, and ``InputConverter`` that into the session's input format (soxr resampling), as
+``input_audio_buffer.append`` would carry it.
+
+``ReplyTrack`` and ``CallerAudio`` count what they had to make up (``MediaLedger``): the track, reply
+frames it filled with silence because the reply's audio had not arrived in time (an underrun
+mid-reply); ``CallerAudio``, the caller's audio that never arrived (a gap in the decoded frames' timestamps: lost packets), which it fills with
+silence so that the session's clock (VAD, ``audio_start_ms``) stays the caller's.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
 from realtime_gw.protocols import audio
-from realtime_gw.server.webrtc.metrics import CALL_FRAME_LATENESS
+from realtime_gw.server.webrtc.metrics import MediaLedger
 
 RATE = 48000
 FRAME_MS = 20
@@ -33,6 +39,9 @@ FRAME_SAMPLES = RATE * FRAME_MS // 1000
 FRAME_BYTES = FRAME_SAMPLES * 2
 SENT_REPORT_MS = 100
 """How often a playing response's sent position is reported (the session's playback ledger)."""
+MAX_CONCEALED_GAP_S = 1.0
+"""The longest gap in the caller's audio filled with silence; a longer one (the caller's stream was
+restarted, or paused) is passed over, not made up."""
 
 
 @dataclass(slots=True)
@@ -53,9 +62,11 @@ class ReplyTrack(MediaStreamTrack):
         started: Callable[[str], None],
         sent: Callable[[str, float], None],
         stopped: Callable[[str], None],
+        ledger: MediaLedger,
     ) -> None:
         super().__init__()
         self.on_started, self.on_sent, self.on_stopped = started, sent, stopped
+        self.ledger = ledger
         self._queue: deque[tuple[str, bytearray]] = deque()
         self._replies: dict[str, _Reply] = {}
         self._start: float | None = None
@@ -100,7 +111,7 @@ class ReplyTrack(MediaStreamTrack):
         else:
             self._pts += FRAME_SAMPLES
             due = self._start + self._pts / RATE
-            CALL_FRAME_LATENESS.observe(max(0.0, now - due))
+            self.ledger.frame_late(max(0.0, now - due))
             await asyncio.sleep(max(0.0, due - now))
         frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
         frame.planes[0].update(self._next_frame_bytes())
@@ -131,19 +142,29 @@ class ReplyTrack(MediaStreamTrack):
             if reply.sent_ms > 0:
                 self.on_sent(rid, reply.sent_ms)
                 self.on_stopped(rid)
+        if out:
+            self.ledger.reply_frame(underrun=len(out) < FRAME_BYTES and self._mid_reply())
+        elif self._mid_reply():
+            self.ledger.reply_frame(underrun=True)
         return bytes(out.ljust(FRAME_BYTES, b"\x00"))
 
+    def _mid_reply(self) -> bool:
+        """A reply has started playing and more of it is still to come."""
+        return any(r.sent_ms > 0 and not (r.complete and r.queued <= 0) for r in self._replies.values())
 
-class InputConverter:
-    """Decoded caller frames -> bytes in the session's input format (``audio/pcm`` at its rate, or
-    G.711 at 8 kHz). The resampler keeps its filter state across frames (no clicks)."""
 
-    def __init__(self) -> None:
-        self._resampler: audio.StreamingResampler | None = None
+class CallerAudio:
+    """Decoded frames of the caller's track -> mono PCM16 at the codec's rate, the missing audio (gaps in
+    the frames' timestamps: lost packets) filled with silence and counted. Runs beside the peer
+    connection (the gateway's process or a media worker)."""
+
+    def __init__(self, ledger: MediaLedger) -> None:
+        self.ledger = ledger
         self.clock_rate = RATE
         """The caller's codec's sample rate (RTP timestamps count in it)."""
+        self._next_pts: int | None = None
 
-    def convert(self, frame: AudioFrame, input_format: str, input_rate: int) -> bytes:
+    def mono(self, frame: AudioFrame) -> bytes:
         self.clock_rate = frame.sample_rate
         samples = frame.to_ndarray()
         channels = len(frame.layout.channels)
@@ -152,11 +173,38 @@ class InputConverter:
         mono = (
             samples.reshape(-1, channels).mean(axis=1).astype("<i2") if channels > 1 else samples.reshape(-1)
         )
-        rate = 8000 if input_format != "audio/pcm" else input_rate
+        self.ledger.input_received(frame.samples / frame.sample_rate)
+        if (missing := self._missing_samples(frame)) > 0:
+            self.ledger.input_concealed(missing / frame.sample_rate)
+            mono = np.concatenate([np.zeros(missing, dtype="<i2"), mono])
+        return np.ascontiguousarray(mono, dtype="<i2").tobytes()
+
+    def _missing_samples(self, frame: AudioFrame) -> int:
+        """Samples between the previous frame's end and this one's start (RTP timestamps, which aiortc
+        makes monotonic): the caller's audio that never came."""
+        if frame.pts is None or frame.time_base is None:
+            return 0
+        pts_per_sample = float(frame.time_base * frame.sample_rate)  # 1 for RTP's clock
+        expected, self._next_pts = self._next_pts, frame.pts + round(frame.samples / pts_per_sample)
+        if expected is None or frame.pts <= expected:
+            return 0
+        missing = round((frame.pts - expected) * pts_per_sample)
+        return missing if missing <= MAX_CONCEALED_GAP_S * frame.sample_rate else 0
+
+
+class InputConverter:
+    """The caller's mono PCM16 -> bytes in the session's input format (``audio/pcm`` at its rate, or
+    G.711 at 8 kHz). The resampler keeps its filter state across frames (no clicks)."""
+
+    def __init__(self) -> None:
+        self._resampler: audio.StreamingResampler | None = None
+
+    def convert(self, mono: bytes, rate: int, input_format: str, input_rate: int) -> bytes:
+        out_rate = 8000 if input_format != "audio/pcm" else input_rate
         r = self._resampler
-        if r is None or r.in_rate != frame.sample_rate or r.out_rate != rate:
-            r = self._resampler = audio.StreamingResampler(frame.sample_rate, rate)
-        pcm = r.push(np.ascontiguousarray(mono, dtype="<i2").tobytes())
+        if r is None or r.in_rate != rate or r.out_rate != out_rate:
+            r = self._resampler = audio.StreamingResampler(rate, out_rate)
+        pcm = r.push(mono)
         if input_format == "audio/pcmu":
             return audio.ulaw_encode(pcm)
         if input_format == "audio/pcma":

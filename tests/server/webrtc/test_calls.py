@@ -8,14 +8,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 
 import httpx
+import psutil
 import pytest
 import websockets
 from openai import AsyncOpenAI, NotFoundError
 
 from realtime_gw.testing.audio import normalize, synthesize, transcribe, wer
-from realtime_gw.testing.gateway import LiveServer
+from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from tests.server.sdk_events import validate
 from tests.server.webrtc.caller import Caller, call
 
@@ -25,6 +27,23 @@ LONG_TEXT = "Please open the door and bring a cup of coffee to the table by the 
 SILENT_WITHIN_S = 0.1 + 4 * 0.02
 """The track is silent within 100 ms; heard here behind aiortc's receive jitter buffer (4 frames)."""
 STOP = synthesize("Hold on, please stop talking now.", 48000)
+
+
+@pytest.fixture(scope="module")
+def worker_server() -> Iterator[LiveServer]:
+    """The voice gateway with calls' media in two worker processes."""
+    server = start_server(
+        "--policy", "none", "--api-key", "test-key", "--max-input-buffer-bytes", "2000000",
+        "--tts-deterministic", "--webrtc-media-workers", "2", name="media-workers",
+    )  # fmt: skip
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(params=["in-process", "media-workers"])
+def gateway(request: pytest.FixtureRequest, voice_server: LiveServer, worker_server: LiveServer) -> LiveServer:
+    """Each call test runs with the media on the gateway's loop and in media worker processes."""
+    return voice_server if request.param == "in-process" else worker_server
 
 
 def ask(caller: Caller, text: str) -> None:
@@ -37,10 +56,10 @@ def said(caller: Caller) -> str:
     return next(e for _, e in caller.events if e.type == "response.output_audio_transcript.done").transcript
 
 
-async def test_a_spoken_turn_is_answered_on_the_track(voice_server: LiveServer) -> None:
+async def test_a_spoken_turn_is_answered_on_the_track(gateway: LiveServer) -> None:
     caller = Caller(parse=validate)
     try:
-        resp = await call(voice_server, caller)
+        resp = await call(gateway, caller)
         assert resp.status_code == 201, resp.text
         assert resp.headers["content-type"].startswith("application/sdp")
         assert resp.headers["location"].startswith("/v1/realtime/calls/rtc_")
@@ -68,13 +87,13 @@ async def test_a_spoken_turn_is_answered_on_the_track(voice_server: LiveServer) 
         await caller.close()
 
 
-async def test_clear_silences_the_track_and_truncates_then_hangup(voice_server: LiveServer) -> None:
-    client = AsyncOpenAI(base_url=voice_server.http + "/v1", api_key="test-key")
+async def test_clear_silences_the_track_and_truncates_then_hangup(gateway: LiveServer) -> None:
+    client = AsyncOpenAI(base_url=gateway.http + "/v1", api_key="test-key")
     secret = await client.realtime.client_secrets.create(session={"type": "realtime", "instructions": "Echo."})
     caller = Caller(parse=validate)
     try:
         # the openai SDK's own multipart request, authorized by the ephemeral secret
-        browser = AsyncOpenAI(base_url=voice_server.http + "/v1", api_key=secret.value)
+        browser = AsyncOpenAI(base_url=gateway.http + "/v1", api_key=secret.value)
         raw = await browser.realtime.calls.with_raw_response.create(
             sdp=await caller.offer(), session={"type": "realtime", "output_modalities": ["audio"]}
         )
@@ -112,7 +131,7 @@ async def test_clear_silences_the_track_and_truncates_then_hangup(voice_server: 
         loud = [t for t in caller.loud_after(cleared_at) if t < cleared_at + 0.5]
         assert not loud or loud[-1] - cleared_at <= SILENT_WITHIN_S, (loud[-1] - cleared_at, caller.types()[mark:])
         # the sideband: the app's server joins the call with its deployment key and steers it
-        sideband_url = f"{voice_server.ws}/v1/realtime?call_id={call_id}"
+        sideband_url = f"{gateway.ws}/v1/realtime?call_id={call_id}"
         async with websockets.connect(sideband_url, additional_headers={"Authorization": "Bearer test-key"}) as side:
             await side.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "Steered."}}))
             seen = validate(await asyncio.wait_for(side.recv(), 10))
@@ -197,3 +216,36 @@ async def test_refusals_and_cors(voice_server: LiveServer) -> None:
         raise AssertionError("a refused or ended call kept its session")
     assert voice_server.metric("realtime_gw_call_input_packets_total") > 100
     assert voice_server.metric("realtime_gw_call_frame_lateness_seconds_count") > 100
+    # each ended call's media figures: how much of its audio the gateway had to make up, both ways
+    assert voice_server.metric("realtime_gw_call_concealed_ratio_count", 'direction="input"') >= 2
+    assert voice_server.metric("realtime_gw_call_concealed_ratio_count", 'direction="output"') >= 2
+    assert voice_server.metric("realtime_gw_call_reply_frames_total") > 50
+    assert voice_server.metric("realtime_gw_call_late_frames_ratio_count") >= 2
+
+
+async def test_a_dead_media_worker_ends_its_calls_and_is_replaced(worker_server: LiveServer) -> None:
+    caller = Caller(parse=validate)
+    try:
+        assert (await call(worker_server, caller)).status_code == 201
+        await caller.wait_for(lambda e: e.type == "session.created")
+        workers = [
+            p for p in psutil.Process(worker_server.proc.pid).children()
+            if "realtime_gw.server.webrtc.media_worker" in " ".join(p.cmdline())
+        ]  # fmt: skip
+        assert len(workers) == 2
+        for p in workers:  # the call's worker, whichever it is
+            p.kill()
+        for _ in range(100):
+            if worker_server.metric("realtime_gw_calls") == 0 == worker_server.metric("realtime_gw_sessions", 'kind="realtime"'):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the dead worker's call kept its session")
+    finally:
+        await caller.close()
+    caller = Caller(parse=validate)
+    try:  # the next call gets a fresh worker, connects and has its session
+        assert (await call(worker_server, caller)).status_code == 201
+        await caller.wait_for(lambda e: e.type == "session.created")
+    finally:
+        await caller.close()

@@ -1,0 +1,165 @@
+"""A media worker process: the aiortc side of the calls the gateway assigns it, off the gateway's loop.
+
+Started by ``media_pool.MediaPool`` as ``python -m realtime_gw.server.webrtc.media_worker FD`` with one
+end of a Unix socket pair as FD. Each call is a ``peer.Peer`` (ICE, DTLS, SRTP, Opus/G.711, the data
+channel, the paced reply track) driven by the gateway's messages (``media_wire.py``): the caller's audio
+leaves decoded to mono PCM, data channel messages both ways, the track's playback reports and the
+call's media figures go back. Sessions never run here; a stall here delays only this worker's calls,
+and a stall of the gateway's loop no longer delays their frames. The worker ends when the gateway's end
+of the socket closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import sys
+from typing import Any
+
+from realtime_gw.server.webrtc import media_wire as wire
+from realtime_gw.server.webrtc.ice import HostCandidates
+from realtime_gw.server.webrtc.metrics import MediaLedger
+from realtime_gw.server.webrtc.peer import Peer
+
+log = logging.getLogger(__name__)
+
+FIGURES_EVERY_S = 0.5
+"""How often each call's new media figures go to the gateway (its /metrics lag by at most this)."""
+
+
+class WorkerCall:
+    def __init__(self, worker: Worker, call_id: str, expect_channel: bool) -> None:
+        self.worker, self.id = worker, call_id
+        self.peer = Peer(expect_channel, MediaLedger(publish=False))
+        self.peer.listener = self
+        self.peer.on_connection_state = lambda state: self.worker.send(wire.State(self.id, state))
+        self.outgoing: asyncio.Queue[str] = asyncio.Queue()
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def open(self, m: wire.Open) -> None:
+        ports = range(*m.ports) if m.ports is not None else None
+        try:
+            answer = await self.peer.answer(m.sdp, HostCandidates(m.address, ports), m.input_prefetch_frames)
+        except Exception as e:
+            self.worker.calls.pop(self.id, None)
+            self.worker.send(wire.Answered(self.id, "", f"{type(e).__name__}: {e}"))
+            return
+        self.worker.send(wire.Answered(self.id, answer))
+        self.spawn(self._caller_audio())
+        self.spawn(self._channel_in())
+        self.spawn(self._channel_out())
+
+    async def _caller_audio(self) -> None:
+        async for mono, rate in self.peer.caller_audio():
+            self.worker.send(wire.Input(self.id, mono, rate))
+
+    async def _channel_in(self) -> None:
+        channel = self.peer.channel
+        await channel.opened.wait()
+        if not channel.gone:
+            self.worker.send(wire.ChannelOpened(self.id, channel.max_message_bytes))
+        while True:
+            message = await channel.receive()
+            if message["type"] == "websocket.disconnect":
+                self.worker.send(wire.ChannelGone(self.id))
+                return
+            self.worker.send(wire.Received(self.id, message.get("text"), message.get("bytes")))
+
+    async def _channel_out(self) -> None:
+        while True:
+            text = await self.outgoing.get()
+            try:
+                await self.peer.channel.send_text(text)
+            except RuntimeError:
+                self.worker.send(wire.ChannelGone(self.id))
+                return
+            self.worker.send(wire.Delivered(self.id, len(text)))
+
+    async def close(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        rtp = await self.peer.close()
+        self.worker.calls.pop(self.id, None)
+        self.worker.send(wire.Closed(self.id, self.peer.ledger.report(), rtp))
+
+    # PlaybackListener: the track's reports, as messages
+    def playback_started(self, response_id: str) -> None:
+        self.worker.send(wire.Playback(self.id, "started", response_id))
+
+    def playback_sent(self, response_id: str, sent_ms: float) -> None:
+        self.worker.send(wire.Playback(self.id, "sent", response_id, sent_ms))
+
+    def playback_stopped(self, response_id: str) -> None:
+        self.worker.send(wire.Playback(self.id, "stopped", response_id))
+
+
+class Worker:
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.calls: dict[str, WorkerCall] = {}
+
+    def send(self, message: wire.ToGateway) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(wire.frame(message))
+
+    def handle(self, m: object) -> None:
+        if isinstance(m, wire.Open):
+            call = self.calls[m.call] = WorkerCall(self, m.call, m.expect_channel)
+            call.spawn(call.open(m))
+            return
+        call = self.calls.get(getattr(m, "call", ""))
+        if call is None:
+            return  # a call that has ended here; the gateway learns so from its Closed
+        track = call.peer.track
+        match m:
+            case wire.Push():
+                track.push(m.response_id, m.pcm48)
+            case wire.Complete():
+                track.complete(m.response_id)
+            case wire.Purge():
+                track.purge(m.response_id)
+            case wire.Send():
+                call.outgoing.put_nowait(m.text)
+            case wire.Close():
+                asyncio.ensure_future(call.close())
+            case _:
+                log.warning("media worker: unexpected %s", type(m).__name__)
+
+    async def report_figures(self) -> None:
+        while True:
+            await asyncio.sleep(FIGURES_EVERY_S)
+            for call in list(self.calls.values()):
+                figures = call.peer.ledger.report()
+                if figures.frames or figures.reply_frames or figures.input_s:
+                    self.send(wire.Figures(call.id, figures))
+
+
+async def serve(sock: socket.socket) -> None:
+    stream, writer = await asyncio.open_unix_connection(sock=sock)
+    worker = Worker(writer)
+    reader = wire.Reader(stream, wire.ToWorker)
+    figures = asyncio.create_task(worker.report_figures())
+    try:
+        while (message := await reader.read()) is not None:
+            worker.handle(message)
+    finally:
+        figures.cancel()
+        for call in list(worker.calls.values()):
+            with contextlib.suppress(Exception):
+                await call.close()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="media-worker %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(socket.socket(fileno=int(sys.argv[1]))))
+
+
+if __name__ == "__main__":
+    main()
