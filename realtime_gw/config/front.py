@@ -128,7 +128,6 @@ class WebrtcSettings(RealtimeSettings, kw_only=True):
     as WebSocket sessions are, whatever this is."""
 
 
-
 class SpeechSettings(WebrtcSettings, kw_only=True):
     """Text to speech over HTTP (POST /v1/audio/speech) and the speech stream socket."""
 
