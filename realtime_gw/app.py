@@ -70,8 +70,6 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         await gateway.workers.start(warmup=config.warmup)
         await voices.restore_voices(gateway)
         loop_lag = asyncio.create_task(metrics.watch_event_loop(), name="event-loop-lag")
-        if app.state.media_pool is not None:
-            await app.state.media_pool.start()
         log.info("gateway ready on %s:%s", config.host, config.port)
         try:
             yield

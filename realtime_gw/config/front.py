@@ -122,10 +122,11 @@ class WebrtcSettings(RealtimeSettings, kw_only=True):
     own default: 4, 80 ms of Opus). The gateway never plays the caller's audio, it only needs it in
     order, so 1 (the least: a frame is complete when the next one starts) costs nothing but latency saved;
     a lost packet stalls the buffer the same either way (until it holds 16, then is skipped and filled)."""
-    webrtc_media_workers: int = 0
+    webrtc_media_workers: int = 2
     """Processes that run calls' peer connections (DTLS/SRTP, Opus, the paced reply track), each call in
-    the one with the fewest; 0 = on the gateway's own event loop, beside the sessions. Calls are admitted
-    as WebSocket sessions are, whatever this is."""
+    the one with the fewest, so media cannot stall sessions or other calls; started with the first call.
+    0 = on the gateway's own event loop, beside the sessions. Calls are admitted as WebSocket sessions
+    are, whatever this is."""
 
 
 class SpeechSettings(WebrtcSettings, kw_only=True):

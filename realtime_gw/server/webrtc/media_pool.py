@@ -1,8 +1,9 @@
 """Media worker processes (``webrtc_media_workers``): where calls' peer connections run, off the loop
 that runs sessions.
 
-``MediaPool`` starts the workers with the gateway and gives each new call to the one with the fewest
-calls (a dead one is started again in its place). A call was admitted before it gets here, by the same
+``MediaPool`` starts the workers with the first call (a gateway that takes none spawns nothing; that
+call waits the second a worker takes to start) and gives each new call to the one with the fewest calls
+(a dead one is started again in its place). A call was admitted before it gets here, by the same
 admission as a WebSocket session: the pool adds no limit of its own. ``RemotePeer`` is the call's
 media side as ``CallConnection`` sees it (``call.CallMedia``): its data channel (``RemoteChannel``, with
 the same inbox bounds and a send window in place of SCTP's buffered amount), its reply track
@@ -307,9 +308,13 @@ class MediaPool:
         await asyncio.gather(*(w.stop() for w in self.workers))
 
     async def _restart(self, worker: MediaWorker) -> None:
+        again = worker.proc is not None
         await worker.stop()
         await worker.start()
-        log.warning("media worker %d started again", worker.index)
+        if again:
+            log.warning("media worker %d started again", worker.index)
+        else:
+            log.info("media worker %d started", worker.index)
 
     def _restarting(self, worker: MediaWorker) -> asyncio.Task[None]:
         task = self._restarts.get(worker.index)

@@ -30,20 +30,20 @@ STOP = synthesize("Hold on, please stop talking now.", 48000)
 
 
 @pytest.fixture(scope="module")
-def worker_server() -> Iterator[LiveServer]:
-    """The voice gateway with calls' media in two worker processes."""
+def in_process_server() -> Iterator[LiveServer]:
+    """The voice gateway with calls' media on its own event loop (the default: in worker processes)."""
     server = start_server(
         "--policy", "none", "--api-key", "test-key", "--max-input-buffer-bytes", "2000000",
-        "--tts-deterministic", "--webrtc-media-workers", "2", name="media-workers",
+        "--tts-deterministic", "--webrtc-media-workers", "0", name="media-in-process",
     )  # fmt: skip
     yield server
     stop_server(server)
 
 
 @pytest.fixture(params=["in-process", "media-workers"])
-def gateway(request: pytest.FixtureRequest, voice_server: LiveServer, worker_server: LiveServer) -> LiveServer:
+def gateway(request: pytest.FixtureRequest, voice_server: LiveServer, in_process_server: LiveServer) -> LiveServer:
     """Each call test runs with the media on the gateway's loop and in media worker processes."""
-    return voice_server if request.param == "in-process" else worker_server
+    return in_process_server if request.param == "in-process" else voice_server
 
 
 def ask(caller: Caller, text: str) -> None:
@@ -223,20 +223,20 @@ async def test_refusals_and_cors(voice_server: LiveServer) -> None:
     assert voice_server.metric("realtime_gw_call_late_frames_ratio_count") >= 2
 
 
-async def test_a_dead_media_worker_ends_its_calls_and_is_replaced(worker_server: LiveServer) -> None:
+async def test_a_dead_media_worker_ends_its_calls_and_is_replaced(voice_server: LiveServer) -> None:
     caller = Caller(parse=validate)
     try:
-        assert (await call(worker_server, caller)).status_code == 201
+        assert (await call(voice_server, caller)).status_code == 201
         await caller.wait_for(lambda e: e.type == "session.created")
         workers = [
-            p for p in psutil.Process(worker_server.proc.pid).children()
+            p for p in psutil.Process(voice_server.proc.pid).children()
             if "realtime_gw.server.webrtc.media_worker" in " ".join(p.cmdline())
         ]  # fmt: skip
         assert len(workers) == 2
         for p in workers:  # the call's worker, whichever it is
             p.kill()
         for _ in range(100):
-            if worker_server.metric("realtime_gw_calls") == 0 == worker_server.metric("realtime_gw_sessions", 'kind="realtime"'):
+            if voice_server.metric("realtime_gw_calls") == 0 == voice_server.metric("realtime_gw_sessions", 'kind="realtime"'):
                 break
             await asyncio.sleep(0.05)
         else:
@@ -245,7 +245,7 @@ async def test_a_dead_media_worker_ends_its_calls_and_is_replaced(worker_server:
         await caller.close()
     caller = Caller(parse=validate)
     try:  # the next call gets a fresh worker, connects and has its session
-        assert (await call(worker_server, caller)).status_code == 201
+        assert (await call(voice_server, caller)).status_code == 201
         await caller.wait_for(lambda e: e.type == "session.created")
     finally:
         await caller.close()
