@@ -10,7 +10,7 @@ from realtime_gw.models.remote.settings import STAGE_SETTINGS, stage_settings
 # The rule these sections replaced (fields chosen by name prefix), kept as the oracle.
 COMMON = (
     "warmup", "worker_max_active", "worker_step_timeout_s", "cpu_backends_in_process", "cpu_backend_spare",
-    "fault_injection",
+    "fault_injection", "device_clock", "gil_switch_interval_ms",
 )  # fmt: skip
 PREFIXES = {
     "tts": ("tts",),
