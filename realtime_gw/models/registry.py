@@ -24,6 +24,8 @@ class Workers:
     policy: StageWorker | None = None
     turn: StageWorker | None = None
     """Semantic VAD's end-of-turn model; None: pauses are judged by silence length."""
+    s2s: StageWorker | None = None
+    """The full-duplex speech-to-speech model (``--s2s``); None: no such stage."""
     all: list[StageWorker] = field(default_factory=list)
 
     @property
@@ -139,7 +141,11 @@ def build_workers(config: GatewayConfig) -> Workers:
     workers = Workers(tts=stage("tts"), asr=stage("asr"), vad=stage("vad"), turn=stage("turn"))
     if config.policy != "none":
         workers.policy = stage("policy")
+    if config.s2s != "none":
+        workers.s2s = stage("s2s")
     workers.all = [
-        w for w in (workers.tts, workers.asr, workers.vad, workers.turn, workers.policy) if w is not None
+        w
+        for w in (workers.tts, workers.asr, workers.vad, workers.turn, workers.policy, workers.s2s)
+        if w is not None
     ]
     return workers
