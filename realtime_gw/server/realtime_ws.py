@@ -106,10 +106,7 @@ class RealtimeConnection:
         self.responses: dict[str, asyncio.Task[None]] = {}
         turn_worker = getattr(gateway.workers, "turn", None)
         self.listening = Listening(gateway.workers.asr, turn_worker, self.mailbox.put, self.spawn)
-        s2s = gateway.workers.s2s
-        self.s2s = S2sLink(s2s, self.mailbox.put, self.mailbox.put_nowait, self.spawn, self.audio_room)
-        self.tick_s = TICK_S if s2s is None or session.s2s is None else s2s.describe().s2s.frame_ms / 2000  # type: ignore[union-attr]
-        """A speech-to-speech session's input keeps time by its ticks: every half step."""
+        self.s2s = S2sLink(gateway.workers.s2s, self.mailbox.put, self.mailbox.put_nowait, self.spawn, self.audio_room)
         self.mcp = McpRequests(self.config, self.mailbox.put, self.spawn)
         self.close_reason: tuple[int, str] | None = None
 
@@ -197,7 +194,7 @@ class RealtimeConnection:
 
     async def _ticker(self) -> None:
         while True:
-            await asyncio.sleep(self.tick_s)
+            await asyncio.sleep(self.s2s.tick_s or TICK_S)
             await self.mailbox.put(Tick())
 
     # -- effects -------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ speech-to-speech family that this gateway does not serve is refused at connect (
 ``S2sLink`` runs the session's ``S2sEffect``s: ``OpenS2s`` submits the stream (it holds a slot until
 the session ends) and reports ``S2sOpened``, or ``S2sRefused`` when the stage is full (the worker never
 queues: the session refuses itself at once); ``S2sAudio`` and ``S2sSilence`` are pushed to the stream
-as they are. A pump posts each of the model's steps (``S2sFrame``) to the session's mailbox, waiting
+as they are; from the opening on, the session ticks every half step. A pump posts each of the model's steps (``S2sFrame``) to the session's mailbox, waiting
 while the client's outbox is over its audio high-water (as the TTS pump does), and a worker fault as
 ``S2sFailed``. The connection cancels the stream when it ends, which frees the slot.
 """
@@ -67,6 +67,8 @@ class S2sLink:
         self.spawn = spawn
         self.audio_room = audio_room
         self.stream: Stream[Any] | None = None
+        self.tick_s: float | None = None
+        """Once open: how often the session wants ``Tick``s (half a step: its input keeps time by them)."""
 
     def run(self, e: S2sEffect) -> None:
         match e:
@@ -87,6 +89,8 @@ class S2sLink:
         except NoFreeSlot as err:  # reported, not decided: the session refuses itself
             self.post_now(S2sRefused(str(err)))
             return
+        spec = self.worker.describe().s2s
+        self.tick_s = spec.frame_ms / 2000 if spec is not None else None
         self.post_now(S2sOpened())
         self.spawn(self._pump(self.stream), "s2s")
 

@@ -17,6 +17,7 @@ from openai import AsyncOpenAI
 from realtime_gw.testing.gateway import LiveServer
 from tests.event_wait import first_event
 from tests.server.realtime_sdk_client import recv
+from tests.server.sdk_events import validate
 
 STEP_BYTES = 1920 * 2
 STEP_S = 0.08
@@ -46,13 +47,15 @@ class Call:
     async def _reader(self) -> None:
         with contextlib.suppress(Exception):  # the connection closed
             while True:
-                self.events.append((time.monotonic(), await recv(self.conn, timeout=3600)))
+                raw = await self.conn.recv_bytes()
+                self.events.append((time.monotonic(), validate(raw)))
                 self.new.set()
 
     async def stop(self) -> None:
-        for t in self.tasks:
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        """Hang up: the microphone stops, the socket closes, and the reader ends with it."""
+        self.tasks[0].cancel()
+        await self.conn.close()
+        await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True), 10)
 
     async def said(self) -> None:
         """Until the queued speech has gone out (the microphone runs at real time)."""

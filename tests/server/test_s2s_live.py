@@ -21,6 +21,7 @@ from openai import AsyncOpenAI
 
 from realtime_gw.testing.audio import synthesize, wer
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
+from tests.server.live_sdk_client import live_session
 from tests.server.realtime_sdk_client import recv
 from tests.server.s2s_call import STEP_BYTES, call
 
@@ -51,6 +52,7 @@ async def test_the_model_is_listed_with_its_capabilities(s2s_server: LiveServer)
     async with call(s2s_server, SEED) as c:
         assert c.session.model == "moshi"
         assert c.session.model_extra["capabilities"]["model_capabilities"] == moshi["capabilities"]
+        await c.wait(is_("response.output_audio.delta"))
 
 
 async def test_audio_in_and_out_at_80_ms_with_replies_opened_and_closed_by_the_text_stream(s2s_server: LiveServer) -> None:
@@ -76,6 +78,7 @@ async def test_audio_in_and_out_at_80_ms_with_replies_opened_and_closed_by_the_t
     gaps = [b - a for a, b in zip(at, at[1:], strict=False)]
     assert 0.06 <= statistics.median(gaps) <= 0.1, gaps
     assert c.appended >= 20  # the microphone's 80 ms frames went in all along
+    assert c.appended > 3 * c.session.model_extra["capabilities"]["context_frames"]  # the ring wrapped; it goes on
 
 
 async def test_truncate_cuts_the_reply_at_the_steps_heard(s2s_server: LiveServer) -> None:
@@ -156,6 +159,15 @@ async def test_sessions_join_and_leave_the_stage_and_a_full_stage_refuses_at_onc
         else:
             pytest.fail("the slot of a session that left never came back")
         await b.wait(is_("response.output_audio.delta"), after=mark)
+
+
+async def test_other_models_and_gpt_live_stay_cascaded_beside_the_stage(s2s_server: LiveServer) -> None:
+    client = AsyncOpenAI(base_url=s2s_server.http + "/v1", api_key="test-key")
+    async with client.realtime.connect(model="gpt-realtime") as conn:
+        created = await recv(conn)
+    assert created.type == "session.created" and created.session.model_extra.get("capabilities") is None
+    async with live_session(s2s_server) as conn:
+        assert conn.started.session.status == "active"
 
 
 async def test_a_bad_seed_is_refused_at_connect(s2s_server: LiveServer) -> None:
