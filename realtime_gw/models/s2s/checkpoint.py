@@ -91,9 +91,19 @@ def mimi_model(shape: MoshiShape, device: str | torch.device) -> Any:
     return MimiModel(MimiConfig(**shape.mimi)).to(device).eval()
 
 
-def mimi_state_from_kyutai(state: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
-    """Kyutai's Mimi names -> transformers ``MimiModel``'s (its conversion script's mapping)."""
+_NESTED = (
+    ("encoder.layers.", "encoder.encoder_seanet.layers."), ("encoder_transformer.", "encoder.encoder_transformer."),
+    ("downsample.", "encoder.downsample."), ("upsample.", "decoder.upsample."),
+    ("decoder_transformer.", "decoder.decoder_transformer."), ("decoder.layers.", "decoder.decoder_seanet.layers."),
+)  # fmt: skip
+"""transformers >= 5.2x nests the codec's halves (``MimiEncoderModel``/``MimiDecoderModel``); 5.17 does not."""
+
+
+def mimi_state_from_kyutai(state: dict[str, torch.Tensor], mimi: Any) -> dict[str, torch.Tensor]:
+    """Kyutai's Mimi names -> transformers ``MimiModel`` ``mimi``'s (its conversion script's mapping)."""
+    config = mimi.config
     heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    nested = hasattr(mimi.encoder, "encoder_seanet")
 
     def permute(w: torch.Tensor, n: int) -> torch.Tensor:
         return w.view(n, w.shape[0] // n // 2, 2, w.shape[1]).transpose(1, 2).reshape(w.shape)
@@ -104,6 +114,10 @@ def mimi_state_from_kyutai(state: dict[str, torch.Tensor], config: Any) -> dict[
         for old, new in _MIMI_RENAMES:
             if old in name:
                 name = name.replace(old, new)
+        for old, new in _NESTED if nested else ():
+            if name.startswith(old):
+                name = new + name[len(old) :]
+                break
         if name.endswith("in_proj_weight"):
             q, k, v = value[: heads * d], value[heads * d : (heads + kv_heads) * d], value[(heads + kv_heads) * d :]
             out[name.replace("in_proj_weight", "q_proj.weight")] = permute(q, heads)
@@ -118,7 +132,7 @@ def load_mimi(path: Path, shape: MoshiShape, device: str | torch.device) -> Any:
     from safetensors.torch import load_file
 
     mimi = mimi_model(shape, "cpu")
-    state = mimi_state_from_kyutai(load_file(str(path), device="cpu"), mimi.config)
+    state = mimi_state_from_kyutai(load_file(str(path), device="cpu"), mimi)
     want = mimi.state_dict()
     missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
     if missing or extra:
