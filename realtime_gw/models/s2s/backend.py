@@ -105,6 +105,8 @@ class MoshiBackend:
             text_padding_ids=shape.padding_ids, capabilities=CAPABILITIES,
         )  # fmt: skip
         self.late_steps = 0
+        self._warming = False
+        """While the warm-up runs: its steps (graph captures, first-touch) are not the stage's lateness."""
         self.warmup_report: dict[str, Any] = {}
         self.info = {
             "model": ck.description,
@@ -163,6 +165,7 @@ class MoshiBackend:
     def warmup(self) -> None:
         """Every CUDA graph bucket, then one real conversation of a few frames of low noise."""
         start = time.perf_counter()
+        self._warming = True
         graphs_s = self.engine.capture_all()
         state = self.open(S2sOpen(seed=0))
         rng = np.random.default_rng(0)
@@ -174,6 +177,7 @@ class MoshiBackend:
                 self.step([(state, [])])
         finally:
             self.release(state)
+            self._warming = False
         self.warmup_report = {
             "seconds": warmup_seconds(start), "slots": self.slots, "graphs": self.engine.graph_count,
             "graph_capture_s": round(graphs_s, 3), "frames": frames, **self.info,
@@ -226,10 +230,11 @@ class MoshiBackend:
         t0 = time.perf_counter()
         frames, valid, out = self.engine.step([s.slot for _, s, _ in run], pcm, [s.silent for _, s, _ in run])
         late_s = max(0.0, time.perf_counter() - t0 - FRAME_MS / 1000)
-        S2S_STEP_LATENESS.observe(late_s)
-        if late_s > 0:
-            self.late_steps += 1
-            S2S_LATE_STEPS.inc()
+        if not self._warming:
+            S2S_STEP_LATENESS.observe(late_s)
+            if late_s > 0:
+                self.late_steps += 1
+                S2S_LATE_STEPS.inc()
         pad = self.spec.text_padding_ids
         for row, (i, state, _) in enumerate(run):
             token = int(frames[row, 0]) if valid[row] else pad[0]

@@ -7,7 +7,9 @@ A checkpoint directory (``--s2s-path``), as kyutai/moshiko-pytorch-bf16 ships it
                                                    any other ``tokenizer-*.safetensors`` is taken when
                                                    it is the only one
     tokenizer_spm_32k_3.model                      the SentencePiece text tokenizer (any one ``*.model``)
-    config.json                                    optional: the LM's kwargs (7b when absent)
+    config.json                                    optional: the LM's kwargs (7b when absent) and the
+                                                   files' names (``moshi_name``, ``mimi_name``,
+                                                   ``tokenizer_name``) as Kyutai's newer repos give them
 
 Mimi runs as transformers' ``MimiModel`` (the streaming encoder and decoder of ``models/speech`` are built
 on it): Kyutai's names map onto it as transformers' own conversion script maps them (its rename list;
@@ -19,6 +21,7 @@ per token), and says so in the stage's description.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,12 +158,13 @@ def load_checkpoint(path: str | Path, default: MoshiShape, device: str, dtype: t
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: not a directory (expected Kyutai's moshi checkpoint files)")
     shape = shape_from_dir(root, default)
-    lm = root / LM_FILE
+    names = json.loads((root / "config.json").read_text()) if (root / "config.json").exists() else {}
+    lm = root / names.get("moshi_name", LM_FILE)
     if not lm.exists():
-        raise FileNotFoundError(f"{root}: no {LM_FILE} (the Moshi LM)")
+        raise FileNotFoundError(f"{root}: no {lm.name} (the Moshi LM)")
     weights = load_weights(lm, shape, device, dtype)
-    mimi = load_mimi(_one(root, MIMI_FILE, "tokenizer-*.safetensors", "Mimi"), shape, device)
-    text = PieceText(_one(root, TEXT_TOKENIZER, "*.model", "SentencePiece text tokenizer"))
+    mimi = load_mimi(_one(root, names.get("mimi_name", MIMI_FILE), "tokenizer-*.safetensors", "Mimi"), shape, device)
+    text = PieceText(_one(root, names.get("tokenizer_name", TEXT_TOKENIZER), "*.model", "SentencePiece text tokenizer"))
     if text.vocab_size < shape.text_card:
         raise ValueError(f"{root}: tokenizer has {text.vocab_size} pieces, the model {shape.text_card}")
     return MoshiCheckpoint(shape, weights, mimi, text, f"moshi from {root}", False)

@@ -107,3 +107,35 @@ def reference(shape: MoshiShape | None = None) -> Reference:
     ours.load_state_dict(mimi_state_from_kyutai(mimi.state_dict(), ours), strict=True)
     ck = MoshiCheckpoint(shape, weights, ours, PieceText(None), "moshi-tiny (the reference's weights)", True)
     return Reference(lm, mimi, ck)
+
+
+def save_published(ref: Reference, root: Any) -> None:
+    """A checkpoint directory in Kyutai's layout from the reference's weights: the LM in the published
+    names, the Mimi as the package saves it, a SentencePiece model, and a config.json of the tiny shape."""
+    import io
+    import json
+    from pathlib import Path
+
+    import sentencepiece
+    from safetensors.torch import save_file
+
+    from realtime_gw.models.s2s.checkpoint import LM_FILE, MIMI_FILE, TEXT_TOKENIZER
+
+    out = Path(root)
+    out.mkdir(parents=True, exist_ok=True)
+    shape = ref.checkpoint.shape
+    save_file({k: v.contiguous() for k, v in to_published(ref.lm.state_dict()).items()}, str(out / LM_FILE))
+    save_file({k: v.contiguous() for k, v in ref.mimi.state_dict().items()}, str(out / MIMI_FILE))
+    words = [f"w{i}x" for i in range(200)]
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(" ".join(words[i : i + 10]) for i in range(0, 200, 3)), model_writer=model,
+        vocab_size=shape.text_card + 4, model_type="word", minloglevel=2,
+    )  # fmt: skip
+    (out / TEXT_TOKENIZER).write_bytes(model.getvalue())
+    lm = {k: getattr(shape, k) for k in ("dim", "num_heads", "num_layers", "hidden_scale", "context", "text_card",
+                                         "card", "n_q", "dep_q", "depformer_dim", "depformer_num_heads",
+                                         "depformer_num_layers", "depformer_dim_feedforward")}  # fmt: skip
+    config = {**lm, "delays": list(shape.delays), "existing_text_padding_id": shape.text_padding_id,
+              "mimi_config": shape.mimi}  # fmt: skip
+    (out / "config.json").write_text(json.dumps(config))
