@@ -11,6 +11,7 @@ Prints JSON (also to ``--json``):
 - ``check``: on the device, CUDA graphs vs eager (three conversations joining at steps 0, 2, 5, greedy
   and sampled), and the tiny shape on the device vs on the CPU (greedy, float32): fractions of equal
   tokens (text + the model's codes) and the largest PCM difference;
+- ``graph_capture_all_s``: every (batch, length) bucket's CUDA graph captured (the stage's warm-up);
 - ``steps``: per batch (``--batches``) x KV fill (``--fills``: the fraction of the 3000-frame context the
   conversations have seen; 1.0 = past the whole context, the ring full) the host-measured step time
   (upload, replay, download, sync) p50 / p99 / max;
@@ -218,6 +219,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["check"] = checks(ck, args.device)
     slots = max([*args.batches, 1])
     eng = engine(ck, slots, cuda, sampled=True)
+    result["graph_capture_all_s"] = round(eng.capture_all(), 2)  # what the stage's warm-up does at start
+    result["graphs"] = eng.graph_count
+    log(f"graphs: {eng.graph_count} in {result['graph_capture_all_s']} s")
     t = time.perf_counter()
     result["steps"] = bench_steps(eng, args, deadline)
     result["steps_wall_s"] = round(time.perf_counter() - t, 1)
