@@ -12,6 +12,7 @@ import pytest
 from realtime_gw.models.contract import NoFreeSlot
 from realtime_gw.models.s2s.backend import MoshiBackend, MoshiState
 from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen, S2sSilence
+from tests.models.waiting import wait_for
 
 FRAME = 1920
 
@@ -120,3 +121,32 @@ def test_refusals(backend: MoshiBackend) -> None:
         for st in held:
             backend.release(st)
     assert backend.describe().s2s is not None and backend.describe().s2s.text_padding_ids == (3, 0)
+
+
+async def test_a_full_stage_refuses_a_conversation_at_once() -> None:
+    """Through the stage worker the app starts (``--s2s moshi``): each conversation holds a slot; one more
+    is refused at submit, never queued; a released one makes room."""
+    import asyncio
+
+    from realtime_gw.config import GatewayConfig
+    from realtime_gw.models.registry import build_stage
+
+    worker = build_stage("s2s", GatewayConfig(s2s="moshi", s2s_slots=2, warmup=False))
+    await worker.start(warmup=False)
+    try:
+        first, second = worker.submit(S2sOpen(seed=1)), worker.submit(S2sOpen(seed=2))
+        with pytest.raises(NoFreeSlot):
+            worker.submit(S2sOpen(seed=3))
+        for stream in (first, second):
+            for a in _audio(1, 2):
+                stream.push(a)
+        frames = aiter(first)
+        got = [await asyncio.wait_for(anext(frames), 30) for _ in range(2)]
+        assert [f.index for f in got] == [0, 1] and all(isinstance(f, S2sFrame) for f in got)
+        first.cancel()
+        await wait_for(lambda: worker.active_count < 2, 30)
+        third = worker.submit(S2sOpen(seed=3))
+        third.cancel()
+        second.cancel()
+    finally:
+        await worker.stop()
