@@ -28,10 +28,13 @@ Prints JSON (also to ``--json``):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -141,8 +144,17 @@ def time_steps(eng: MoshiEngine, slots: list[int], pcm: np.ndarray, steps: int, 
     return out
 
 
-def bench_steps(eng: MoshiEngine, args: argparse.Namespace, deadline: float) -> list[dict[str, Any]]:
-    rows = []
+def save(result: dict[str, Any], path: str | None) -> None:
+    """What is measured so far, written as it comes (a run cut short keeps its rows)."""
+    if path:
+        with open(path, "w") as f:
+            f.write(json.dumps(result, indent=1))
+
+
+def bench_steps(
+    eng: MoshiEngine, args: argparse.Namespace, deadline: float, progress: Callable[[list[dict[str, Any]]], None]
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
     context = eng.shape.context
     for b in args.batches:
         slots = [eng.alloc_seeded(s) for s in range(b)]  # lowest first: [0, b), one batch bucket
@@ -157,6 +169,7 @@ def bench_steps(eng: MoshiEngine, args: argparse.Namespace, deadline: float) -> 
             row = {"batch": b, "fill": fill, **stats(time_steps(eng, slots, pcm, args.steps))}
             log(f"steps: {json.dumps(row)}")
             rows.append(row)
+            progress(rows)
         for s in slots:
             eng.free(s)
     return rows
@@ -216,14 +229,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ck = random_checkpoint(args.config, args.device, dtype)
     log(f"weights ready in {time.perf_counter() - t0:.1f} s")
     if not args.no_check:
-        result["check"] = checks(ck, args.device)
+        try:
+            result["check"] = checks(ck, args.device)
+        except Exception as e:  # the timing rows still come
+            result["check"] = {"error": repr(e)}
+            log(traceback.format_exc())
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    save(result, args.json)
     slots = max([*args.batches, 1])
     eng = engine(ck, slots, cuda, sampled=True)
     result["graph_capture_all_s"] = round(eng.capture_all(), 2)  # what the stage's warm-up does at start
     result["graphs"] = eng.graph_count
     log(f"graphs: {eng.graph_count} in {result['graph_capture_all_s']} s")
     t = time.perf_counter()
-    result["steps"] = bench_steps(eng, args, deadline)
+    result["steps"] = bench_steps(eng, args, deadline, lambda rows: save({**result, "steps": rows}, args.json))
     result["steps_wall_s"] = round(time.perf_counter() - t, 1)
     full = max(args.fills) if args.fills else 1.0
     result["largest_batch"] = {"fill": full, "p99_le_80ms": largest(result["steps"], full, 80.0),
@@ -233,11 +254,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if cuda:
         result["max_memory_gib"] = round(torch.cuda.max_memory_allocated(args.device) / 2**30, 1)
     result["wall_s"] = round(time.perf_counter() - t0, 1)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text)
+    print(json.dumps(result, indent=1))
+    save(result, args.json)
     return result
 
 

@@ -9,6 +9,10 @@ model's 80 ms of voice, its text token of that step and the piece it spells. A c
 frames waiting advances one per step (``has_work``). ``release`` frees the slot at once; ``END_OF_INPUT``
 (the stream's input closed) ends the conversation once the frames before it are answered.
 
+Slots stay packed: batch buckets cover slots ``[0, B)``, so when conversations leave from the low slots
+the ones above are moved down (``SlotEngine.exchange``: whole slot rows, nothing of a conversation changes
+but its row) before the next step, which then runs at the bucket of the live count.
+
 Lateness: a step that takes longer than the frame (80 ms) makes every conversation in it late by the
 excess; each frame carries it (``late_ms``) and the stage counts and times it
 (``realtime_gw_s2s_late_steps_total``, ``realtime_gw_s2s_step_lateness_seconds``).
@@ -30,6 +34,7 @@ from prometheus_client import Counter, Histogram
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.contract import END_OF_INPUT, BackendInfo, NoFreeSlot, StepResult, warmup_seconds
 from realtime_gw.models.families import StagePlan
+from realtime_gw.models.kernels import bucket_for
 from realtime_gw.models.s2s.checkpoint import MoshiCheckpoint, load
 from realtime_gw.models.s2s.config import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, describe_shape
 from realtime_gw.models.s2s.engine import MoshiEngine
@@ -105,6 +110,8 @@ class MoshiBackend:
             text_padding_ids=shape.padding_ids, capabilities=CAPABILITIES,
         )  # fmt: skip
         self.late_steps = 0
+        self._holders: dict[int, MoshiState] = {}
+        """The open conversation in each slot (packing moves them between slots)."""
         self._warming = False
         """While the warm-up runs: its steps (graph captures, first-touch) are not the stage's lateness."""
         self.warmup_report: dict[str, Any] = {}
@@ -132,6 +139,7 @@ class MoshiBackend:
         if seed is None:
             seed = random.getrandbits(32) if self._seed is None else self._seed + self._opened
         state = MoshiState(slot=self.engine.alloc_seeded(int(seed)), seed=int(seed))  # NoFreeSlot when full
+        self._holders[state.slot] = state
         self._opened += 1
         return state
 
@@ -154,12 +162,14 @@ class MoshiBackend:
             else:
                 run.append((i, state, pcm))
         if run:
+            self._pack()
             self._run(run, results)
         return [results[i] for i in range(len(work))]
 
     def release(self, state: MoshiState) -> None:
         if not state.released:
             state.released = True
+            self._holders.pop(state.slot, None)
             self.engine.free(state.slot)
 
     def warmup(self) -> None:
@@ -224,6 +234,20 @@ class MoshiBackend:
                 continue
             state.audio_pending -= 1
             return item.pcm
+
+    def _pack(self) -> None:
+        """Move the conversations above ``n`` (the open count) into the free slots below it when that
+        shrinks the batch bucket."""
+        held = sorted(self._holders)
+        n, buckets = len(held), self.engine.batch_buckets
+        if not n or bucket_for(buckets, held[-1] + 1) <= bucket_for(buckets, n):
+            return
+        pairs = list(zip([s for s in held if s >= n], [s for s in range(n) if s not in self._holders], strict=True))
+        self.engine.exchange(pairs)
+        for a, b in pairs:
+            state = self._holders.pop(a)
+            state.slot = b
+            self._holders[b] = state
 
     def _run(self, run: list[tuple[int, MoshiState, bytes]], results: dict[int, StepResult]) -> None:
         pcm = np.frombuffer(b"".join(p for _, _, p in run), dtype="<i2").reshape(len(run), FRAME_SAMPLES)

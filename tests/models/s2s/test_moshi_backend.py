@@ -30,7 +30,7 @@ def _audio(seed: int, frames: int) -> list[S2sAudio]:
 
 def _run(backend: MoshiBackend, plan: dict[str, tuple[int, int, int]], steps: int) -> dict[str, list[S2sFrame]]:
     """``plan``: name -> (seed, first step, last step): each conversation opens at its first step and is
-    released after its last; one frame of its audio per step."""
+    released after its last; one frame of its own audio per step (its first frame at its first step)."""
     states: dict[str, MoshiState] = {}
     audio = {name: _audio(seed, steps) for name, (seed, _, _) in plan.items()}
     frames: dict[str, list[S2sFrame]] = {name: [] for name in plan}
@@ -39,7 +39,7 @@ def _run(backend: MoshiBackend, plan: dict[str, tuple[int, int, int]], steps: in
             for name, (seed, first, _) in plan.items():
                 if t == first:
                     states[name] = backend.open(S2sOpen(seed=seed))
-            work: list[tuple[Any, list[Any]]] = [(st, [audio[n][t]]) for n, st in states.items()]
+            work: list[tuple[Any, list[Any]]] = [(st, [audio[n][t - plan[n][1]]]) for n, st in states.items()]
             for (n, _), result in zip(states.items(), backend.step(work), strict=True):
                 assert result.error is None
                 frames[n] += result.outputs
@@ -53,8 +53,11 @@ def _run(backend: MoshiBackend, plan: dict[str, tuple[int, int, int]], steps: in
 
 
 def test_a_conversation_that_others_join_and_leave_says_what_it_says_alone(backend: MoshiBackend) -> None:
+    """b leaves slot 0 at step 4: c (slot 2) is moved down into it (the batch bucket shrinks) and goes on."""
     alone = _run(backend, {"a": (11, 0, 15)}, 16)["a"]
+    c_alone = _run(backend, {"c": (13, 0, 6)}, 7)["c"]
     crowded = _run(backend, {"b": (12, 0, 4), "a": (11, 0, 15), "c": (13, 3, 9), "d": (14, 6, 15)}, 16)
+    assert [f.text_token for f in crowded["c"]] == [f.text_token for f in c_alone]
     assert [f.index for f in crowded["a"]] == list(range(16))
     assert [f.text_token for f in crowded["a"]] == [f.text_token for f in alone]
     # the voice: the same codes decoded; a batched conv may round a float differently (1 LSB)
