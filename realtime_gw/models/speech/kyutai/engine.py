@@ -7,7 +7,7 @@ buckets cover slots ``[0, B)``; length buckets bound the LM's ring columns read 
 window)``). On CUDA each (batch, length) bucket is one CUDA graph for the whole frame (encoder + LM +
 argmax); the only host sync per step is the copy of tokens and codes back.
 
-``exchange`` (``SlotEngine``'s) swaps whole slots (every tensor of ``slot_tensors``: the encoder's and the
+``exchange`` (``MovableSlotEngine``'s) swaps whole slots (every tensor of ``slot_tensors``: the encoder's and the
 LM's per-slot rows, and the host frame count): the backend's catch-up moves an ending stream into the low
 slots, whose steps run at a small batch bucket. A stream's arithmetic does not depend on its row, so a
 moved stream continues unchanged.
@@ -24,12 +24,12 @@ import torch
 from realtime_gw.models.kernels import bucket_for
 from realtime_gw.models.speech.kyutai.decoder import KyutaiLmRuntime
 from realtime_gw.models.speech.kyutai.encoder import StreamingMimiEncoder
-from realtime_gw.models.speech.streaming.slot_engine import SlotEngine
+from realtime_gw.models.speech.streaming.slot_engine import MovableSlotEngine
 
 PCM_SCALE = 1.0 / 32768.0
 
 
-class KyutaiAsrEngine(SlotEngine):
+class KyutaiAsrEngine(MovableSlotEngine):
     """Fixed slots; ``step(slots, pcm)`` encodes one frame per slot and returns its next text token."""
 
     name = "asr-kyutai"
