@@ -11,7 +11,8 @@ Prints JSON (also to ``--json``):
 - ``check``: on the device, CUDA graphs vs eager (three conversations joining at steps 0, 2, 5, greedy
   and sampled), and the tiny shape on the device vs on the CPU (greedy, float32): fractions of equal
   tokens (text + the model's codes) and the largest PCM difference;
-- ``graph_capture_all_s``: every (batch, length) bucket's CUDA graph captured (the stage's warm-up);
+- ``warmup``: the stage's warm-up as the gateway runs it (``MoshiBackend.warmup``: every (batch, length)
+  bucket's CUDA graph captured, then a short conversation);
 - ``steps``: per batch (``--batches``) x KV fill (``--fills``: the fraction of the 3000-frame context the
   conversations have seen; 1.0 = past the whole context, the ring full) the host-measured step time
   (upload, replay, download, sync) p50 / p99 / max;
@@ -40,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from realtime_gw.models.s2s.backend import MoshiBackend
 from realtime_gw.models.s2s.checkpoint import random_checkpoint
 from realtime_gw.models.s2s.engine import MoshiEngine
 from realtime_gw.models.s2s.sampling import Sampler
@@ -239,10 +241,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             torch.cuda.empty_cache()
     save(result, args.json)
     slots = max([*args.batches, 1])
-    eng = engine(ck, slots, cuda, sampled=True)
-    result["graph_capture_all_s"] = round(eng.capture_all(), 2)  # what the stage's warm-up does at start
-    result["graphs"] = eng.graph_count
-    log(f"graphs: {eng.graph_count} in {result['graph_capture_all_s']} s")
+    # the stage as the gateway builds it (published sampling), warmed up as at start: every graph captured
+    backend = MoshiBackend(config=args.config, device=args.device, slots=slots, checkpoint=ck, cuda_graphs=cuda)
+    backend.warmup()
+    eng = backend.engine
+    report = backend.warmup_report
+    result["warmup"] = {k: report[k] for k in ("seconds", "graphs", "graph_capture_s", "frames")}
+    log(f"warm-up: {json.dumps(result['warmup'])}")
     t = time.perf_counter()
     result["steps"] = bench_steps(eng, args, deadline, lambda rows: save({**result, "steps": rows}, args.json))
     result["steps_wall_s"] = round(time.perf_counter() - t, 1)
