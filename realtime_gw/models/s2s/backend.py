@@ -9,6 +9,10 @@ model's 80 ms of voice, its text token of that step and the piece it spells. A c
 frames waiting advances one per step (``has_work``). ``release`` frees the slot at once; ``END_OF_INPUT``
 (the stream's input closed) ends the conversation once the frames before it are answered.
 
+Slots stay packed: batch buckets cover slots ``[0, B)``, so when conversations leave from the low slots
+the ones above are moved down (``SlotEngine.exchange``: whole slot rows, nothing of a conversation changes
+but its row) before the next step, which then runs at the bucket of the live count.
+
 Lateness: a step that takes longer than the frame (80 ms) makes every conversation in it late by the
 excess; each frame carries it (``late_ms``) and the stage counts and times it
 (``realtime_gw_s2s_late_steps_total``, ``realtime_gw_s2s_step_lateness_seconds``).
@@ -30,6 +34,7 @@ from prometheus_client import Counter, Histogram
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.contract import END_OF_INPUT, BackendInfo, NoFreeSlot, StepResult, warmup_seconds
 from realtime_gw.models.families import StagePlan
+from realtime_gw.models.kernels import bucket_for
 from realtime_gw.models.s2s.checkpoint import MoshiCheckpoint, load
 from realtime_gw.models.s2s.config import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, describe_shape
 from realtime_gw.models.s2s.engine import MoshiEngine
@@ -105,6 +110,10 @@ class MoshiBackend:
             text_padding_ids=shape.padding_ids, capabilities=CAPABILITIES,
         )  # fmt: skip
         self.late_steps = 0
+        self._holders: dict[int, MoshiState] = {}
+        """The open conversation in each slot (packing moves them between slots)."""
+        self._warming = False
+        """While the warm-up runs: its steps (graph captures, first-touch) are not the stage's lateness."""
         self.warmup_report: dict[str, Any] = {}
         self.info = {
             "model": ck.description,
@@ -130,6 +139,7 @@ class MoshiBackend:
         if seed is None:
             seed = random.getrandbits(32) if self._seed is None else self._seed + self._opened
         state = MoshiState(slot=self.engine.alloc_seeded(int(seed)), seed=int(seed))  # NoFreeSlot when full
+        self._holders[state.slot] = state
         self._opened += 1
         return state
 
@@ -152,17 +162,20 @@ class MoshiBackend:
             else:
                 run.append((i, state, pcm))
         if run:
+            self._pack()
             self._run(run, results)
         return [results[i] for i in range(len(work))]
 
     def release(self, state: MoshiState) -> None:
         if not state.released:
             state.released = True
+            self._holders.pop(state.slot, None)
             self.engine.free(state.slot)
 
     def warmup(self) -> None:
         """Every CUDA graph bucket, then one real conversation of a few frames of low noise."""
         start = time.perf_counter()
+        self._warming = True
         graphs_s = self.engine.capture_all()
         state = self.open(S2sOpen(seed=0))
         rng = np.random.default_rng(0)
@@ -174,6 +187,7 @@ class MoshiBackend:
                 self.step([(state, [])])
         finally:
             self.release(state)
+            self._warming = False
         self.warmup_report = {
             "seconds": warmup_seconds(start), "slots": self.slots, "graphs": self.engine.graph_count,
             "graph_capture_s": round(graphs_s, 3), "frames": frames, **self.info,
@@ -221,15 +235,30 @@ class MoshiBackend:
             state.audio_pending -= 1
             return item.pcm
 
+    def _pack(self) -> None:
+        """Move the conversations above ``n`` (the open count) into the free slots below it when that
+        shrinks the batch bucket."""
+        held = sorted(self._holders)
+        n, buckets = len(held), self.engine.batch_buckets
+        if not n or bucket_for(buckets, held[-1] + 1) <= bucket_for(buckets, n):
+            return
+        pairs = list(zip([s for s in held if s >= n], [s for s in range(n) if s not in self._holders], strict=True))
+        self.engine.exchange(pairs)
+        for a, b in pairs:
+            state = self._holders.pop(a)
+            state.slot = b
+            self._holders[b] = state
+
     def _run(self, run: list[tuple[int, MoshiState, bytes]], results: dict[int, StepResult]) -> None:
         pcm = np.frombuffer(b"".join(p for _, _, p in run), dtype="<i2").reshape(len(run), FRAME_SAMPLES)
         t0 = time.perf_counter()
         frames, valid, out = self.engine.step([s.slot for _, s, _ in run], pcm, [s.silent for _, s, _ in run])
         late_s = max(0.0, time.perf_counter() - t0 - FRAME_MS / 1000)
-        S2S_STEP_LATENESS.observe(late_s)
-        if late_s > 0:
-            self.late_steps += 1
-            S2S_LATE_STEPS.inc()
+        if not self._warming:
+            S2S_STEP_LATENESS.observe(late_s)
+            if late_s > 0:
+                self.late_steps += 1
+                S2S_LATE_STEPS.inc()
         pad = self.spec.text_padding_ids
         for row, (i, state, _) in enumerate(run):
             token = int(frames[row, 0]) if valid[row] else pad[0]

@@ -7,7 +7,9 @@ A checkpoint directory (``--s2s-path``), as kyutai/moshiko-pytorch-bf16 ships it
                                                    any other ``tokenizer-*.safetensors`` is taken when
                                                    it is the only one
     tokenizer_spm_32k_3.model                      the SentencePiece text tokenizer (any one ``*.model``)
-    config.json                                    optional: the LM's kwargs (7b when absent)
+    config.json                                    optional: the LM's kwargs (7b when absent) and the
+                                                   files' names (``moshi_name``, ``mimi_name``,
+                                                   ``tokenizer_name``) as Kyutai's newer repos give them
 
 Mimi runs as transformers' ``MimiModel`` (the streaming encoder and decoder of ``models/speech`` are built
 on it): Kyutai's names map onto it as transformers' own conversion script maps them (its rename list;
@@ -19,6 +21,7 @@ per token), and says so in the stage's description.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,9 +94,19 @@ def mimi_model(shape: MoshiShape, device: str | torch.device) -> Any:
     return MimiModel(MimiConfig(**shape.mimi)).to(device).eval()
 
 
-def mimi_state_from_kyutai(state: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
-    """Kyutai's Mimi names -> transformers ``MimiModel``'s (its conversion script's mapping)."""
+_NESTED = (
+    ("encoder.layers.", "encoder.encoder_seanet.layers."), ("encoder_transformer.", "encoder.encoder_transformer."),
+    ("downsample.", "encoder.downsample."), ("upsample.", "decoder.upsample."),
+    ("decoder_transformer.", "decoder.decoder_transformer."), ("decoder.layers.", "decoder.decoder_seanet.layers."),
+)  # fmt: skip
+"""transformers >= 5.2x nests the codec's halves (``MimiEncoderModel``/``MimiDecoderModel``); 5.17 does not."""
+
+
+def mimi_state_from_kyutai(state: dict[str, torch.Tensor], mimi: Any) -> dict[str, torch.Tensor]:
+    """Kyutai's Mimi names -> transformers ``MimiModel`` ``mimi``'s (its conversion script's mapping)."""
+    config = mimi.config
     heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    nested = hasattr(mimi.encoder, "encoder_seanet")
 
     def permute(w: torch.Tensor, n: int) -> torch.Tensor:
         return w.view(n, w.shape[0] // n // 2, 2, w.shape[1]).transpose(1, 2).reshape(w.shape)
@@ -104,6 +117,10 @@ def mimi_state_from_kyutai(state: dict[str, torch.Tensor], config: Any) -> dict[
         for old, new in _MIMI_RENAMES:
             if old in name:
                 name = name.replace(old, new)
+        for old, new in _NESTED if nested else ():
+            if name.startswith(old):
+                name = new + name[len(old) :]
+                break
         if name.endswith("in_proj_weight"):
             q, k, v = value[: heads * d], value[heads * d : (heads + kv_heads) * d], value[(heads + kv_heads) * d :]
             out[name.replace("in_proj_weight", "q_proj.weight")] = permute(q, heads)
@@ -118,7 +135,7 @@ def load_mimi(path: Path, shape: MoshiShape, device: str | torch.device) -> Any:
     from safetensors.torch import load_file
 
     mimi = mimi_model(shape, "cpu")
-    state = mimi_state_from_kyutai(load_file(str(path), device="cpu"), mimi.config)
+    state = mimi_state_from_kyutai(load_file(str(path), device="cpu"), mimi)
     want = mimi.state_dict()
     missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
     if missing or extra:
@@ -141,12 +158,13 @@ def load_checkpoint(path: str | Path, default: MoshiShape, device: str, dtype: t
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: not a directory (expected Kyutai's moshi checkpoint files)")
     shape = shape_from_dir(root, default)
-    lm = root / LM_FILE
+    names = json.loads((root / "config.json").read_text()) if (root / "config.json").exists() else {}
+    lm = root / names.get("moshi_name", LM_FILE)
     if not lm.exists():
-        raise FileNotFoundError(f"{root}: no {LM_FILE} (the Moshi LM)")
+        raise FileNotFoundError(f"{root}: no {lm.name} (the Moshi LM)")
     weights = load_weights(lm, shape, device, dtype)
-    mimi = load_mimi(_one(root, MIMI_FILE, "tokenizer-*.safetensors", "Mimi"), shape, device)
-    text = PieceText(_one(root, TEXT_TOKENIZER, "*.model", "SentencePiece text tokenizer"))
+    mimi = load_mimi(_one(root, names.get("mimi_name", MIMI_FILE), "tokenizer-*.safetensors", "Mimi"), shape, device)
+    text = PieceText(_one(root, names.get("tokenizer_name", TEXT_TOKENIZER), "*.model", "SentencePiece text tokenizer"))
     if text.vocab_size < shape.text_card:
         raise ValueError(f"{root}: tokenizer has {text.vocab_size} pieces, the model {shape.text_card}")
     return MoshiCheckpoint(shape, weights, mimi, text, f"moshi from {root}", False)

@@ -125,8 +125,9 @@ _LM_KEYS = (
 
 
 def shape_from_dir(root: Path, default: MoshiShape) -> MoshiShape:
-    """A checkpoint directory's ``config.json`` (Kyutai's layout: the LM kwargs at top level) over
-    ``default``; without one, ``default`` (moshiko/moshika ship none: they are the 7b shape)."""
+    """A checkpoint directory's ``config.json`` (Kyutai's layout: the LM kwargs at top level, or under
+    ``lm_config``) over ``default``; without one, ``default`` (moshiko/moshika ship none: they are the 7b
+    shape). A ``mimi_config`` key (not in Kyutai's files: the published Mimi) gives the codec's shape."""
     f = root / "config.json"
     if not f.exists():
         return default
@@ -140,6 +141,8 @@ def shape_from_dir(root: Path, default: MoshiShape) -> MoshiShape:
     if unsupported:
         raise ValueError(f"{f}: features this stage does not build: {sorted(unsupported)}")
     over: dict[str, Any] = {k: lm[k] for k in _LM_KEYS if k in lm}
+    if "mimi_config" in data:  # this gateway's addition (tests, other shapes): MimiConfig kwargs
+        over["mimi"] = dict(data["mimi_config"])
     if "delays" in lm:
         over["delays"] = tuple(int(d) for d in lm["delays"])
     if "existing_text_padding_id" in lm:

@@ -26,14 +26,14 @@ from realtime_gw.models.s2s.lm import MoshiLmRuntime
 from realtime_gw.models.s2s.sampling import Sampler
 from realtime_gw.models.speech.codec.mimi_stream import StreamingMimiDecoder
 from realtime_gw.models.speech.kyutai.encoder import StreamingMimiEncoder
-from realtime_gw.models.speech.streaming.slot_engine import SlotEngine
+from realtime_gw.models.speech.streaming.slot_engine import MovableSlotEngine
 
 PCM_SCALE = 1.0 / 32768.0
 SILENCE_WARMUP_FRAMES = 4
 """Frames of zeros encoded to find the codec's steady silence codes."""
 
 
-class MoshiEngine(SlotEngine):
+class MoshiEngine(MovableSlotEngine):
     """Fixed slots; ``step(slots, pcm, silent)`` runs one frame for each and returns what it said."""
 
     name = "s2s-moshi"

@@ -116,7 +116,8 @@ class Depformer:
         dd, q = shape.depformer_dim, shape.dep_q
         self.heads = shape.depformer_num_heads
         self.head_dim = shape.depformer_head_dim
-        self.w_in = [weights[f"depformer_in.{s}.weight"] for s in range(q)]
+        with torch.no_grad():  # every sub-step's input projection of the frame in one GEMM
+            self.w_in = torch.cat([weights[f"depformer_in.{s}.weight"] for s in range(q)]).contiguous()
         self.text_emb = weights["depformer_text_emb.weight"]
         self.emb = [weights[f"depformer_emb.{s}.weight"] for s in range(q - 1)]
         self.heads_out = [weights[f"linears.{s}.weight"] for s in range(q)]
@@ -146,9 +147,11 @@ class Depformer:
         the sampled code stands, else the code that replaces it (and feeds the next sub-step)."""
         prev = text
         codes = []
+        dd = self.shape.depformer_dim
+        inputs = F.linear(h, self.w_in)  # (b, 1, dep_q * depformer_dim)
         for s in range(self.shape.dep_q):
             emb = self.text_emb if s == 0 else self.emb[s - 1]
-            x = F.linear(h, self.w_in[s]) + emb[prev][:, None]
+            x = inputs[..., s * dd : (s + 1) * dd] + emb[prev][:, None]
             for i, layer in enumerate(self.layers):
                 qkv = F.linear(layer["norm1"](x), layer["qkv"][s]).view(b, 1, 3, self.heads, self.head_dim)
                 self.k[i][:b, :, s] = qkv[:, 0, 1]
