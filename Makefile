@@ -27,8 +27,12 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
+# Kyutai's `moshi` (the speech-to-speech parity tests' reference) pins torch<2.10: installed without its
+# dependencies; of those its models import, einops is in the dev extra, sentencepiece a runtime dependency
+# and safetensors comes with transformers.
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps 'moshi==0.2.13'
 	touch $@
 
 serve: $(VENV)/.installed

@@ -102,6 +102,17 @@ class RealtimeSettings(LimitsSettings, kw_only=True):
     max_tools: int = 128
     """Function tools in `session.tools` or a response's `tools`; their JSON is capped at
     ``max_instructions_chars`` too."""
+    s2s_reply_end_ms: int = 640
+    """Sessions on a speech-to-speech model (``--s2s``): a reply (one Realtime response) ends after the
+    model's text stream has been padding and its voice quiet (``s2s_silence_dbfs``) for this long."""
+    s2s_silence_dbfs: float = -45.0
+    """Sessions on a speech-to-speech model: the model's voice at or below this RMS level (dB full
+    scale) counts as quiet for the end of a reply; 0 = any audio does (replies end on the text stream
+    alone)."""
+    s2s_input_slack_ms: int = 160
+    """Sessions on a speech-to-speech model: the model takes one 80 ms step per frame of input, so
+    when the client's audio lags the session clock by more than this, silence is fed in its place and
+    the model (and its voice) goes on in real time."""
 
 
 class WebrtcSettings(RealtimeSettings, kw_only=True):

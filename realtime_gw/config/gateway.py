@@ -352,7 +352,39 @@ class RaySettings(OpenpiSettings, kw_only=True):
     """A front-end silent this long (it polls every ~0.2 s) is dead: the actors end its streams."""
 
 
-class GatewayConfig(RaySettings, kw_only=True, forbid_unknown_fields=True):
+class S2sSettings(RaySettings, kw_only=True):
+    """The full-duplex speech-to-speech stage: one model that listens and speaks at once, every live
+    conversation advanced in one batched step per 80 ms (models/s2s)."""
+
+    SECTION: ClassVar[str] = "s2s"
+    KEYS: ClassVar[dict[str, str]] = {"s2s": "family"}
+    s2s: Literal["none", "moshi"] = "none"
+    """`none` (no speech-to-speech stage) or `moshi` (Kyutai's Moshi; for a GPU, `tiny` runs on a CPU)."""
+    s2s_path: str | None = None
+    """A directory of Kyutai's published Moshi files (model.safetensors, the Mimi
+    tokenizer-*.safetensors, the SentencePiece tokenizer_spm_32k_3.model; e.g. kyutai/moshiko-pytorch-bf16),
+    loaded strictly; unset = random init at `s2s_config`."""
+    s2s_config: Literal["tiny", "7b"] = "tiny"
+    """Random-init shape: `tiny` (CPU tests) or `7b` (moshiko/moshika as published)."""
+    s2s_device: str = "cpu"
+    """Torch device (e.g. `cuda`, `cuda:1`)."""
+    s2s_slots: int = 4
+    """Conversations held at once (each holds a slot, its ring KV, for its whole life); one more is
+    refused at once. loadtest/bench/s2s_gpu.py measures how many keep the 80 ms step on a GPU."""
+    s2s_seed: int | None = None
+    """Sampling seed of a conversation opened without one: this plus the count of conversations opened
+    before it; unset = random."""
+    s2s_temperature: float = 0.8
+    """Audio sampling temperature (Moshi's published 0.8); <= 0 is greedy."""
+    s2s_top_k: int = 250
+    """Audio top-k (Moshi's published 250)."""
+    s2s_text_temperature: float = 0.7
+    """Text sampling temperature (Moshi's published 0.7); <= 0 is greedy."""
+    s2s_text_top_k: int = 25
+    """Text top-k (Moshi's published 25)."""
+
+
+class GatewayConfig(S2sSettings, kw_only=True, forbid_unknown_fields=True):
     """Every setting of the gateway, flat: ``config.<field>``. Its sections are the classes above."""
 
     def __post_init__(self) -> None:

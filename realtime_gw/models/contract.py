@@ -32,6 +32,7 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from realtime_gw.records.policy import PolicySpec
+from realtime_gw.records.s2s import S2sSpec
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,9 @@ class BackendInfo(msgspec.Struct, frozen=True, kw_only=True):
     """ASR: it can time each word of a transcript (``AsrStreamRequest.word_times``)."""
     policy_spec: PolicySpec | None = None
     """Policy: what it consumes and produces (the robot socket's session is built from it)."""
+    s2s: S2sSpec | None = None
+    """Speech-to-speech: its step, rate, context, text padding ids and capabilities (the duplex session
+    is built from it)."""
     warmup_report: dict[str, Any] = {}
     """What its last warm-up ran and built (``/readyz`` ``detail``); empty before a warm-up."""
 

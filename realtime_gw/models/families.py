@@ -1,5 +1,5 @@
 """The model families the gateway serves: one row per (role, name), each naming the ``from_config``
-builder of its folder. The config's choices (``--tts``, ``--asr``, ``--vad``, ``--policy``) are the names
+builder of its folder. The config's choices (``--tts``, ``--asr``, ``--vad``, ``--policy``, ``--s2s``) are the names
 here; ``registry`` builds every stage through this table.
 
 A builder takes the ``GatewayConfig`` and returns a ``StagePlan``: the backend (or, for one that holds
@@ -7,7 +7,7 @@ the GIL, a picklable factory the registry runs in a child process) and how its w
 config the family cannot serve is a ``ConfigError`` naming the flag. Builders are imported only when
 their family is built, so this table loads no model library (no torch).
 
-Adding a family: its folder under ``models/speech`` or ``models/policy`` with a ``from_config``, one row
+Adding a family: its folder under ``models/speech``, ``models/policy`` or ``models/s2s`` with a ``from_config``, one row
 below, and the contract kit (``tests/models/contract_kit.py``) green for it.
 """
 
@@ -21,7 +21,7 @@ from typing import Any, Literal
 from realtime_gw.config import ConfigError, GatewayConfig
 from realtime_gw.models.contract import Backend
 
-Role = Literal["tts", "asr", "vad", "turn", "policy"]
+Role = Literal["tts", "asr", "vad", "turn", "policy", "s2s"]
 
 TURN_FAMILY = "smart"
 """The end-of-turn model (semantic VAD); the config has no choice for it."""
@@ -85,6 +85,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("policy", "pi0", "realtime_gw.models.policy.factory:pi0_from_config"),
     Family("policy", "pi05", "realtime_gw.models.policy.factory:pi05_from_config"),
     Family("policy", "noop", "realtime_gw.models.policy.factory:noop_from_config"),
+    Family("s2s", "moshi", "realtime_gw.models.s2s.backend:from_config"),
 )
 
 

@@ -26,6 +26,8 @@ class Workers:
     policy: StageWorker | None = None
     turn: StageWorker | None = None
     """Semantic VAD's end-of-turn model; None: pauses are judged by silence length."""
+    s2s: StageWorker | None = None
+    """The full-duplex speech-to-speech model (``--s2s``); None: no such stage."""
     all: list[StageWorker] = field(default_factory=list)
     clocks: dict[str, DeviceClock] = field(default_factory=dict)
     """The device clocks their stages share, by device (``device_clock`` setting)."""
@@ -144,8 +146,12 @@ def build_workers(config: GatewayConfig) -> Workers:
     workers = Workers(tts=stage("tts"), asr=stage("asr"), vad=stage("vad"), turn=stage("turn"))
     if config.policy != "none":
         workers.policy = stage("policy")
+    if config.s2s != "none":
+        workers.s2s = stage("s2s")
     workers.all = [
-        w for w in (workers.tts, workers.asr, workers.vad, workers.turn, workers.policy) if w is not None
+        w
+        for w in (workers.tts, workers.asr, workers.vad, workers.turn, workers.policy, workers.s2s)
+        if w is not None
     ]
     workers.clocks = share_clocks(workers.all, config.device_clock)
     return workers

@@ -75,6 +75,15 @@ def float32_to_pcm16(samples: np.ndarray) -> bytes:
     return np.clip(x, -32768, 32767).astype(_LE_INT16).tobytes()
 
 
+def level_dbfs(pcm16: bytes) -> float:
+    """RMS level of PCM16 audio in dB below full scale (-inf for digital silence or no audio)."""
+    x = pcm16_to_float32(pcm16)
+    if x.size == 0:
+        return float("-inf")
+    power = float(np.mean(np.square(x, dtype=np.float64)))
+    return 10.0 * float(np.log10(power)) if power > 0 else float("-inf")
+
+
 # -- G.711 (bit-exact to ITU-T G.711 as implemented by Sun's g711.c / CPython audioop) ------------------
 # Encoders are 64 Ki-entry lookup tables indexed by the raw uint16 bit pattern of each sample, decoders
 # 256-entry tables: one vectorised gather per call, and the tables are built with the reference

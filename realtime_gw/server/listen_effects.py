@@ -1,6 +1,6 @@
 """The transport side of a session's listening: streamed transcriptions and turn-model questions.
 
-It runs the session's ``StartAsr`` / ``FeedAsr`` / ``CancelAsr`` / ``AskTurn`` effects against the
+It runs the session's ``StartAsr`` / ``FeedAsr`` / ``CancelAsr`` / ``AskTurn`` (and ``Transcribe``) effects against the
 ASR and turn workers and posts what comes back to the session's mailbox (``TranscriptionDelta``,
 ``TurnVerdict``, and ``AsrUnavailable`` when no stream could be opened: the session decides). At a
 commit (``Transcribe(streamed=True)``), ``end`` closes the turn's stream and returns its outcome (the
@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFault
-from realtime_gw.records.voice import AsrStreamRequest, TurnRequest
+from realtime_gw.records.voice import AsrRequest, AsrStreamRequest, TurnRequest
 from realtime_gw.sessions.events import (
     AskTurn,
     AsrUnavailable,
@@ -26,6 +27,7 @@ from realtime_gw.sessions.events import (
     FeedAsr,
     ListenEffect,
     StartAsr,
+    Transcribe,
     TranscriptionDelta,
     TranscriptionDone,
     TurnVerdict,
@@ -33,6 +35,8 @@ from realtime_gw.sessions.events import (
 )
 
 log = logging.getLogger(__name__)
+
+ASR_PATIENCE_S = 5.0  # how long a commit may wait for a free ASR decoder
 
 
 @dataclass(eq=False)
@@ -110,6 +114,22 @@ class Listening:
         finally:
             turn.stream.cancel()
 
+    async def transcribe(self, e: Transcribe) -> None:
+        """A committed turn's transcript: its stream's, or (no stream heard it) its audio in one shot."""
+        if e.streamed and (done := await self.end(e.item_id)) is not None:
+            await self.post(done)
+            return
+        stream: Stream[Any] | None = None
+        try:
+            stream = await submit_with_retry(self.asr, AsrRequest(e.pcm, e.sample_rate))
+            results = await stream.collect()
+            await self.post(TranscriptionDone(e.item_id, " ".join(r.text for r in results if r.text)))
+        except (NoFreeSlot, WorkerFault) as err:
+            await self.post(TranscriptionDone(e.item_id, None, str(err)))
+        finally:
+            if stream is not None:
+                stream.cancel()
+
     def close(self) -> None:
         for turn in self.streams.values():
             turn.stream.cancel()
@@ -125,3 +145,20 @@ class Listening:
         except (NoFreeSlot, WorkerFault, ValueError) as err:
             verdict = TurnVerdict(e.pause_id, None, str(err))
         await self.post(verdict)
+
+
+async def submit_with_retry(
+    worker: StageWorker, request: Any, patience_s: float = ASR_PATIENCE_S
+) -> Stream[Any]:
+    """Utterances are short: when every decoder is busy, wait a moment for one instead of failing
+    the transcription (bounded: the worker itself never queues). Woken when a request leaves the
+    worker, not by polling."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return worker.submit(request)
+        except NoFreeSlot:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            await worker.slot_freed(left)

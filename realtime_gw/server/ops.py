@@ -47,4 +47,10 @@ async def models(request: Request) -> Response:
     ]
     if w.policy is not None:
         data.append({"id": "openpi-policy", "object": "model", "owned_by": "realtime-gw", "policy": w.policy.name})
+    spec = w.s2s.describe().s2s if w.s2s is not None else None
+    if spec is not None:  # a realtime session of this model name is bound to the speech-to-speech stage
+        data.append({
+            "id": spec.model, "object": "model", "owned_by": "realtime-gw", "s2s": w.s2s.name,
+            "capabilities": list(spec.capabilities), "frame_ms": spec.frame_ms, "context_frames": spec.context_frames,
+        })  # fmt: skip
     return JSONResponse({"object": "list", "data": data})

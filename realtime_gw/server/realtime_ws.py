@@ -21,10 +21,10 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFault
+from realtime_gw.models.runtime import NoFreeSlot, Stream, WorkerFault
 from realtime_gw.protocols import realtime as rt
+from realtime_gw.records.s2s import S2sAudio, S2sSilence
 from realtime_gw.records.voice import (
-    AsrRequest,
     ChatRequest,
     ChatUsage,
     ReplyPiece,
@@ -42,6 +42,7 @@ from realtime_gw.server.mcp_client import McpRequests
 from realtime_gw.server.metrics import FRAME_LATENESS, TTFA
 from realtime_gw.server.outbox import Notice, Outbox, OutboxFull, Outgoing
 from realtime_gw.server.realtime_input import Channel, ClientInput, FromClient
+from realtime_gw.server.s2s_link import S2sLink, binding, unserved_model
 from realtime_gw.sessions.events import (
     AskTurn,
     AwaitDelivery,
@@ -54,6 +55,7 @@ from realtime_gw.sessions.events import (
     FeedVad,
     Limits,
     ListMcpTools,
+    OpenS2s,
     PurgeAudio,
     ResponseAudio,
     ResponseFinished,
@@ -68,7 +70,6 @@ from realtime_gw.sessions.events import (
     StopVad,
     Tick,
     Transcribe,
-    TranscriptionDone,
     VadResult,
     VadUnavailable,
     unhandled,
@@ -81,7 +82,6 @@ TICK_S = 0.25
 YIELD_EVERY = 16
 """Events a connection's session task handles, or its writer writes, in a row before it lets other
 tasks run (a queue that has items never yields; a burst would hold the loop from other sessions)."""
-ASR_PATIENCE_S = 5.0  # how long a commit may wait for a free ASR decoder
 
 
 class _Closed(Exception):
@@ -106,6 +106,7 @@ class RealtimeConnection:
         self.responses: dict[str, asyncio.Task[None]] = {}
         turn_worker = getattr(gateway.workers, "turn", None)
         self.listening = Listening(gateway.workers.asr, turn_worker, self.mailbox.put, self.spawn)
+        self.s2s = S2sLink(gateway.workers.s2s, self.mailbox.put, self.mailbox.put_nowait, self.spawn, self.audio_room)
         self.mcp = McpRequests(self.config, self.mailbox.put, self.spawn)
         self.close_reason: tuple[int, str] | None = None
 
@@ -148,12 +149,13 @@ class RealtimeConnection:
             self._run_effects(self.session.close(), closing=True)
             for t in (reader, ticker, *self.responses.values()):
                 t.cancel()
+            self.s2s.close()
             for s in self.vad_streams.values():
                 s.cancel()
             if self.close_reason is not None:
                 code, reason = self.close_reason
-                if code == 1000:
-                    # A requested close: let the writer deliver what is queued (session.closed) first.
+                if code != 1008:
+                    # The session's close: let the writer deliver what is queued (why it ends) first.
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(self.idle.wait(), 2.0)
                 writer.cancel()
@@ -192,7 +194,7 @@ class RealtimeConnection:
 
     async def _ticker(self) -> None:
         while True:
-            await asyncio.sleep(TICK_S)
+            await asyncio.sleep(self.s2s.tick_s or TICK_S)
             await self.mailbox.put(Tick())
 
     # -- effects -------------------------------------------------------------------------------------
@@ -213,8 +215,10 @@ class RealtimeConnection:
                         stream.cancel()
                 case StartAsr() | FeedAsr() | CancelAsr() | AskTurn():
                     self.listening.run(e)
+                case OpenS2s() | S2sAudio() | S2sSilence():
+                    self.s2s.run(e)
                 case Transcribe():
-                    self.spawn(self._transcribe(e), f"asr-{e.item_id}")
+                    self.spawn(self.listening.transcribe(e), f"asr-{e.item_id}")
                 case StartResponse():
                     self.responses[e.response_id] = self.spawn(self._respond(e), f"resp-{e.response_id}")
                 case CancelResponse():
@@ -329,22 +333,6 @@ class RealtimeConnection:
                 return
             self.vad_streams[stream_id] = stream
 
-    async def _transcribe(self, e: Transcribe) -> None:
-        if e.streamed and (done := await self.listening.end(e.item_id)) is not None:
-            await self.mailbox.put(done)
-            return
-        stream: Stream[Any] | None = None  # no stream heard the turn: its audio in one shot
-        try:
-            stream = await submit_with_retry(self.gateway.workers.asr, AsrRequest(e.pcm, e.sample_rate))
-            results = await stream.collect()
-            text = " ".join(r.text for r in results if r.text)
-            await self.mailbox.put(TranscriptionDone(e.item_id, text))
-        except (NoFreeSlot, WorkerFault) as err:
-            await self.mailbox.put(TranscriptionDone(e.item_id, None, str(err)))
-        finally:
-            if stream is not None:
-                stream.cancel()
-
     async def _respond(self, e: StartResponse) -> None:
         outcome: ResponseFinished | ResponseRefused = ResponseFinished(e.response_id, e.epoch)
         tts: Stream[Any] | None = None
@@ -402,23 +390,6 @@ def reply_event(e: StartResponse, piece: ReplyPiece) -> ResponseTextDelta | Resp
     return ResponseTextDelta(e.response_id, e.epoch, piece)
 
 
-async def submit_with_retry(
-    worker: StageWorker, request: Any, patience_s: float = ASR_PATIENCE_S
-) -> Stream[Any]:
-    """Utterances are short: when every decoder is busy, wait a moment for one instead of failing
-    the transcription (bounded: the worker itself never queues). Woken when a request leaves the
-    worker, not by polling."""
-    deadline = time.monotonic() + patience_s
-    while True:
-        try:
-            return worker.submit(request)
-        except NoFreeSlot:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise
-            await worker.slot_freed(left)
-
-
 def session_limits(gateway: Gateway, model: str, key: str | None) -> Limits:
     return Limits(
         max_input_buffer_bytes=gateway.config.max_input_buffer_bytes,
@@ -444,15 +415,15 @@ def open_session(
     extra: rt.SessionParams | None = None,
     duplex: bool = False,
     transcription: bool = False,
+    seed: int | None = None,
 ) -> RealtimeSession:
     """A new session of ``key`` (its custom voices are the session's too), configured by the client
     secret that opened it (and ``extra``, a call's own session part), as if by ``session.update``s before
     it starts: ``session.created`` shows them. ``transcription``: a transcription session."""
     configs = [c for c in (secret and secret.session, extra) if c is not None]
     model = model or next((c.model for c in reversed(configs) if isinstance(c.model, str)), None) or "realtime-gw"
-    session = RealtimeSession(
-        "sess_" + secrets.token_hex(8), session_limits(gateway, model, key), time.monotonic(), duplex, transcription
-    )
+    limits, s2s = session_limits(gateway, model, key), binding(gateway.workers.s2s, gateway.config, model, seed)
+    session = RealtimeSession("sess_" + secrets.token_hex(8), limits, time.monotonic(), duplex, transcription, s2s)
     for config in configs:  # validated when minted / received; what fails here is dropped
         session.handle(rt.SessionUpdateEvent(session=config), time.monotonic())
     return session
@@ -471,13 +442,16 @@ async def realtime_endpoint(ws: WebSocket) -> None:
     asked = ws.query_params.get("duplex") in ("1", "true")
     duplex = asked or ws.scope["path"].rstrip("/").endswith("/duplex")
     transcription = ws.query_params.get("intent") == "transcription"  # OpenAI's transcription sessions
+    model, seed = ws.query_params.get("model"), ws.query_params.get("seed", "")
+    why = unserved_model(gateway.workers.s2s, gateway.config, model)
+    if why is not None or not (seed.isdigit() or seed == ""):  # refused at connect, as an unknown model is
+        error = rt.error_event(why or "seed must be a non-negative integer", code="invalid_value", param="model" if why else "seed")
+        admission.leave()
+        await ws.send_text(rt.encode_server_event(error).decode())
+        await ws.close(code=1008, reason="model not served" if why else "bad seed")
+        return
     session = open_session(
-        gateway,
-        ws.query_params.get("model"),
-        admission.key,
-        admission.secret,
-        duplex=duplex,
-        transcription=transcription,
+        gateway, model, admission.key, admission.secret, duplex=duplex, transcription=transcription, seed=int(seed) if seed else None
     )
     await serve_admitted(ws, admission, RealtimeConnection(ws, gateway, session))
 

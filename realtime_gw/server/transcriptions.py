@@ -29,7 +29,7 @@ from realtime_gw.protocols import transcriptions as tp
 from realtime_gw.records.voice import AsrResult, AsrStreamRequest
 from realtime_gw.server import auth
 from realtime_gw.server.gateway import Gateway
-from realtime_gw.server.realtime_ws import submit_with_retry
+from realtime_gw.server.listen_effects import submit_with_retry
 from realtime_gw.server.speech import bounded_body, openai_error
 from realtime_gw.server.upload_audio import UploadError, decode
 from realtime_gw.sessions.transcription import settled_words

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from realtime_gw.protocols.realtime import ServerEvent, error_event
+from realtime_gw.records.s2s import S2sAudio, S2sOpen, S2sSilence
 from realtime_gw.records.voice import ChatMessage, ChatUsage, ToolCallDelta, TtsFrame, VadProbs
 
 # -- inputs ------------------------------------------------------------------------------------------
@@ -160,7 +161,28 @@ class AudioDelivered:
 
 @dataclass(slots=True)
 class Tick:
-    """Time passes (idle timeouts)."""
+    """Time passes (idle timeouts; a speech-to-speech session's input clock)."""
+
+
+@dataclass(slots=True)
+class S2sOpened:
+    """The transport opened the session's stream on the speech-to-speech stage (``OpenS2s``): it
+    holds a slot from now on, until the session ends. The model's steps come back as ``S2sFrame``s."""
+
+
+@dataclass(slots=True)
+class S2sRefused:
+    """The speech-to-speech stage had no free slot for the session (``NoFreeSlot``): a duplex session
+    is refused at once, never queued."""
+
+    reason: str
+
+
+@dataclass(slots=True)
+class S2sFailed:
+    """The session's stream on the speech-to-speech stage ended with a worker fault."""
+
+    reason: str
 
 
 @dataclass(slots=True)
@@ -300,6 +322,14 @@ class CallMcpTool:
 
 
 @dataclass(slots=True)
+class OpenS2s:
+    """Open the session's stream on the speech-to-speech stage; answer ``S2sOpened`` or ``S2sRefused``.
+    Its inputs are the records themselves: ``S2sAudio`` (one step) and ``S2sSilence`` (force / release)."""
+
+    request: S2sOpen
+
+
+@dataclass(slots=True)
 class Close:
     """Send what is queued (audio excepted), then close the socket."""
 
@@ -344,6 +374,8 @@ class Ids:
 
 ListenEffect = StartAsr | FeedAsr | CancelAsr | AskTurn
 """What the transport's listening part runs (streamed ASR, turn questions)."""
+S2sEffect = OpenS2s | S2sAudio | S2sSilence
+"""What the transport's speech-to-speech link runs (the session's stream on that stage)."""
 Effect = (
     AwaitDelivery
     | Close
@@ -356,6 +388,7 @@ Effect = (
     | CancelResponse
     | PurgeAudio
     | ListenEffect
+    | S2sEffect
     | ListMcpTools
     | CallMcpTool
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from realtime_gw.protocols import live
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.protocols.audio import FRAME_SAMPLES, OUTPUT_RATE, resample
+from realtime_gw.sessions.stream_clock import StreamClock
 
 FRAME_MS = FRAME_SAMPLES * 1000 / OUTPUT_RATE
 SILENCE_LEAD_MS = FRAME_MS
@@ -25,10 +26,9 @@ MAX_SILENCE_FRAMES = 25
 class LiveWire:
     def __init__(self) -> None:
         self.format: live.AudioFormat = live.AudioPCM(rate=24000)
-        self.t0: float | None = None
-        """When ``session.started`` was written: 0 on the session clock."""
-        self.out_ms = 0.0
-        """Audio written (or queued as silence) so far: the output stream's position."""
+        self.clock = StreamClock(FRAME_MS, MAX_SILENCE_FRAMES)
+        """Started when ``session.started`` is written (0 on the session clock); its position is the
+        audio written (or queued as silence) so far."""
         self.spoke = False
 
     def translate(self, event: object, now: float) -> live.ServerEvent | None:
@@ -41,7 +41,7 @@ class LiveWire:
     def _translate(self, event: object, now: float) -> live.ServerEvent | None:
         match event:
             case live.SessionStartedEvent():
-                self.t0 = now
+                self.clock.start(now)
                 assert event.session.audio is not None and event.session.audio.format is not None
                 self.format = event.session.audio.format
                 return event
@@ -55,7 +55,7 @@ class LiveWire:
                 if self.spoke and not delta.startswith(" "):
                     delta = " " + delta  # a new answer: the fragments still concatenate verbatim
                 self.spoke = True
-                at = round(self.out_ms)
+                at = round(self.clock.position_ms)
                 return live.OutputTranscriptDeltaEvent(event_id=event.event_id, delta=delta, start_ms=at, end_ms=at)
             case live.ServerEvent():
                 return event
@@ -64,15 +64,14 @@ class LiveWire:
     def silence(self, now: float, speech_queued: bool) -> list[live.OutputAudioDeltaEvent]:
         """Silence frames that bring the stream up to one frame ahead of the session clock (none while
         speech is queued: it is paced to its own slots)."""
-        if self.t0 is None or speech_queued:
+        if speech_queued:
             return []
-        behind = (now - self.t0) * 1000 + SILENCE_LEAD_MS - self.out_ms
-        frames = min(int(behind // FRAME_MS), MAX_SILENCE_FRAMES)
+        frames = self.clock.frames_behind(now, slack_ms=-SILENCE_LEAD_MS)
         return [self._place(live.OutputAudioDeltaEvent(delta=self._silent_frame()), FRAME_MS) for _ in range(frames)]
 
     def _place(self, event: live.OutputAudioDeltaEvent, ms: float) -> live.OutputAudioDeltaEvent:
-        event.start_ms, event.end_ms = round(self.out_ms), round(self.out_ms + ms)
-        self.out_ms += ms
+        at = self.clock.advance(ms)
+        event.start_ms, event.end_ms = round(at), round(at + ms)
         return event
 
     def _ms(self, data: bytes) -> float:

@@ -8,7 +8,9 @@ decide, in order. The parts:
   playback ledger and the idle timeout;
 - ``Conversation`` (``conversation.py``): the items and their pending transcripts;
 - ``Responses`` (``response_lifecycle.py``): the response lifecycle in named phases, exactly one
-  ``response.done`` per response, no output of a stale epoch.
+  ``response.done`` per response, no output of a stale epoch;
+- ``SpeechToSpeech`` (``s2s.py``), in a session bound to a speech-to-speech model: the model's stream,
+  whose continuous output opens and closes the responses (a mode, as transcription is).
 
 It never awaits or calls a model; the transport runs its effects and feeds results (and its own
 decisions: ``VadUnavailable``, ``AsrUnavailable``, ``ResponseRefused``) back in.
@@ -19,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from realtime_gw.protocols import realtime as rt
+from realtime_gw.records.s2s import S2sFrame
 from realtime_gw.sessions import mcp
 from realtime_gw.sessions.conversation import (
     Conversation,
@@ -45,6 +48,9 @@ from realtime_gw.sessions.events import (
     ResponseTextDelta,
     ResponseToolCall,
     ResponseUsage,
+    S2sFailed,
+    S2sOpened,
+    S2sRefused,
     Send,
     StopVad,
     Tick,
@@ -60,6 +66,7 @@ from realtime_gw.sessions.mcp import McpServers, check_allowed, check_approval
 from realtime_gw.sessions.out_of_band import SideResponses
 from realtime_gw.sessions.response_lifecycle import Phase, Responses
 from realtime_gw.sessions.response_state import LiveResponse
+from realtime_gw.sessions.s2s import S2sBinding, SpeechToSpeech, SpokenResponses
 from realtime_gw.sessions.settings import (
     SessionError,
     SessionSettings,
@@ -76,7 +83,7 @@ _RULE_BREAKS = (SessionError, ConversationError)
 
 class RealtimeSession:
     def __init__(
-        self, session_id: str, limits: Limits, now: float = 0.0, duplex: bool = False, transcription: bool = False
+        self, session_id: str, limits: Limits, now: float = 0.0, duplex: bool = False, transcription: bool = False, s2s: S2sBinding | None = None
     ) -> None:
         self.id = session_id
         self.duplex = duplex
@@ -91,7 +98,8 @@ class RealtimeSession:
         # MCP servers of the session's tools and their listed tools (``mcp.py``), which responses call
         self.mcp = McpServers(self.ids, self.conversation)
         slot_of = (self.ids, self.conversation, self.turns.playbacks, limits.voices, f"conv_{session_id}", limits)
-        self.responses = Responses(*slot_of, self.mcp)
+        self.responses = (Responses if s2s is None else SpokenResponses)(*slot_of, self.mcp)
+        self.s2s = None if s2s is None else SpeechToSpeech(s2s, self.responses)  # type: ignore[arg-type]
         self.side = SideResponses(lambda: Responses(*slot_of, self.mcp))
         """Out-of-band responses running beside the live one (``out_of_band.py``)."""
         self.text_limits = TextLimits(limits.max_instructions_chars, limits.max_tools)
@@ -121,8 +129,8 @@ class RealtimeSession:
         return self.ids.error(message, code, param, event_id)
 
     def start(self, now: float) -> list[Effect]:
-        """Effects for a new connection: ``session.created`` and the default VAD stream."""
-        return [self.ids.send(rt.SessionCreatedEvent(session=self._wire())), *self._restart_vad()]
+        """``session.created`` and the default VAD stream (with a speech-to-speech model: once it is open)."""
+        return self.s2s.start() if self.s2s is not None else [self.ids.send(rt.SessionCreatedEvent(session=self._wire())), *self._restart_vad()]
 
     def handle(self, event: object, now: float) -> list[Effect]:
         if self.closed:
@@ -131,6 +139,8 @@ class RealtimeSession:
         if handler is None:
             raise TypeError(f"no handler for {type(event).__name__}")
         try:
+            if self.s2s is not None:
+                self.s2s.check(event)  # what its model cannot take is refused before anything changes
             return handler(self, event, now)  # type: ignore[no-any-return]
         except _RULE_BREAKS as e:
             return [self.error(str(e), e.code, e.param, getattr(event, "event_id", None))]
@@ -142,7 +152,7 @@ class RealtimeSession:
         return [*self.responses.close(), *self.side.close(), StopVad(self.turns.vad_stream), *self.transcriber.close()]
 
     def _wire(self) -> rt.SessionOut:
-        return self.settings.to_wire(self.id, self.limits.model, self.duplex)
+        return self.settings.to_wire(self.id, self.limits.model, self.duplex, self.s2s.capabilities() if self.s2s else None)
 
     def _restart_vad(self) -> list[Effect]:
         return self.turns.restart_vad(self.settings.turn_detection, self.settings.input_rate, self.buffer.end_ms)
@@ -176,17 +186,18 @@ class RealtimeSession:
     # -- input audio and turns -----------------------------------------------------------------------
     def _on_append(self, ev: rt.InputAudioBufferAppendEvent, now: float) -> list[Effect]:
         pcm = self.buffer.append(ev.audio)
+        heard = self.s2s.hear(pcm, self.buffer.rate) if self.s2s is not None else []
         if not self.turns.vad_stream and self.transcriber.live is None:
             # The client commits turns: its transcription hears each from its first append.
-            return self.transcriber.start(self.ids.new("item"), self.buffer.rate, bytes(self.buffer.pcm))
-        return self.turns.listen(pcm) + self.transcriber.feed(pcm)
+            return heard + self.transcriber.start(self.ids.new("item"), self.buffer.rate, bytes(self.buffer.pcm))
+        return heard + self.turns.listen(pcm) + self.transcriber.feed(pcm)
 
     def _on_commit(self, ev: rt.InputAudioBufferCommitEvent, now: float) -> list[Effect]:
         self.buffer.check_commit()
         item_id = self.turns.speech_item_id or self.transcriber.live_item_id or self.ids.new("item")
         out = self._commit(item_id, self.buffer.start_ms, self.buffer.end_ms)
         self.turns.reset()
-        return out
+        return out + _turn_ended(self)
 
     def _on_clear(self, ev: rt.InputAudioBufferClearEvent, now: float) -> list[Effect]:
         self.buffer.clear()
@@ -232,7 +243,7 @@ class RealtimeSession:
             return out + self.turns.cut_playback(now, self.conversation, response_cancelled=cancelled)
         if isinstance(step, Backchannel):
             self.buffer.take(step.start_ms, step.end_ms)
-            return self.transcriber.cancel()
+            return self.transcriber.cancel() + _turn_ended(self)
         if isinstance(step, Send) and isinstance(step.event, rt.InputAudioBufferSpeechStartedEvent):
             # The turn's transcription hears it from now on, and its audio from before the start.
             assert self.settings.turn_detection is not None
@@ -243,16 +254,14 @@ class RealtimeSession:
         if not isinstance(step, UserTurn):
             return [step]
         try:
-            out = self._commit(step.item_id, step.start_ms, step.end_ms)
+            out = self._commit(step.item_id, step.start_ms, step.end_ms) + _turn_ended(self)
         except _RULE_BREAKS as e:
-            return [self.error(str(e), e.code, e.param)]
+            return [self.error(str(e), e.code, e.param), *_turn_ended(self)]
         return out + self.responses.answer(self.settings) if step.respond and self.settings.answers else out
-
-    def _on_vad_unavailable(self, ev: VadUnavailable, now: float) -> list[Effect]:
-        return self.turns.vad_unavailable(ev)
 
     def _on_tick(self, ev: Tick, now: float) -> list[Effect]:
         out = mcp.expire_approvals(self._slots(), now, self.settings) + self.side.settle()
+        out += self.s2s.keep_time(now) if self.s2s is not None else []
         busy = self.responses.live is not None or self.conversation.transcripts_pending
         if not self.turns.idle_timeout_due(self.settings.turn_detection, now, busy):
             return out
@@ -373,6 +382,29 @@ class RealtimeSession:
         return out + self.turns.cut_playback(now, self.conversation, response_cancelled=live is not None)
 
 
+# -- a session bound to a speech-to-speech model (``s2s.py``) ---------------------------------------------
+def _turn_ended(s: RealtimeSession) -> list[Effect]:
+    """The user's turn ended: a speech-to-speech model held silent may answer it."""
+    return s.responses.release() if isinstance(s.responses, SpokenResponses) else []
+
+
+def _s2s_opened(s: RealtimeSession, ev: S2sOpened, now: float) -> list[Effect]:
+    assert s.s2s is not None
+    s.s2s.opened(now)
+    return [s.ids.send(rt.SessionCreatedEvent(session=s._wire())), *s._restart_vad()]
+
+
+def _s2s_refused(s: RealtimeSession, ev: S2sRefused, now: float) -> list[Effect]:
+    model = s.s2s.spec.model if s.s2s is not None else s.limits.model
+    busy = s.error(f"Model '{model}' has no free slot for a new session; retry later ({ev.reason})", "server_busy")
+    return [busy, *s.close(), Close(1013, "speech-to-speech stage full")]
+
+
+def _s2s_failed(s: RealtimeSession, ev: S2sFailed, now: float) -> list[Effect]:
+    failed = s.error(f"The speech-to-speech model failed: {ev.reason}", "server_error")
+    return [failed, *s.close(), Close(1011, "speech-to-speech model failed")]
+
+
 def _routed(handle: Any) -> Any:
     """A worker result, handled by the slot of the response it is of."""
 
@@ -380,6 +412,14 @@ def _routed(handle: Any) -> Any:
         return handle(s, s._slot(ev.response_id), ev, now) + s.side.settle()  # type: ignore[no-any-return]
 
     return run
+
+
+_deliver = _routed(lambda s, slot, ev, now: slot.on_delivered(ev, s.settings))
+
+
+def _delivered(s: RealtimeSession, ev: AudioDelivered, now: float) -> list[Effect]:
+    out = _deliver(s, ev, now)
+    return out + s.s2s.resume(s.settings, now) if s.s2s is not None else out
 
 
 _HANDLERS: dict[type, Any] = {
@@ -398,7 +438,7 @@ _HANDLERS: dict[type, Any] = {
     rt.ResponseCancelEvent: RealtimeSession._on_response_cancel,
     rt.PlaybackAckEvent: lambda s, ev, now: s.turns.ack(ev, now),
     VadResult: RealtimeSession._on_vad,
-    VadUnavailable: RealtimeSession._on_vad_unavailable,
+    VadUnavailable: lambda s, ev, now: s.turns.vad_unavailable(ev),
     Tick: RealtimeSession._on_tick,
     TranscriptionDone: lambda s, ev, now: s.transcriber.finished(ev, s._on_transcription(ev, now)),
     TranscriptionDelta: lambda s, ev, now: s.transcriber.partial(ev, s.settings.transcription is not None),
@@ -406,6 +446,10 @@ _HANDLERS: dict[type, Any] = {
     TurnVerdict: lambda s, ev, now: [e for step in s.turns.verdict(s.settings, ev, now) for e in s._carry_out(step, now)],
     PlaybackStarted: lambda s, ev, now: s.turns.playback_started(ev),
     McpToolsListed: lambda s, ev, now: s.mcp.listed(ev) + s.responses.start_if_ready() + s.side.start_if_ready(),
+    S2sOpened: _s2s_opened,
+    S2sRefused: _s2s_refused,
+    S2sFailed: _s2s_failed,
+    S2sFrame: lambda s, ev, now: [] if s.s2s is None else s.s2s.on_frame(ev, s.settings, now),
     # worker results go to the slot of the response they are of (the main one, or out-of-band)
     ResponseTextDelta: _routed(lambda s, slot, ev, now: slot.on_text(ev)),
     ResponseAudio: _routed(lambda s, slot, ev, now: slot.on_audio(ev, now)),
@@ -413,6 +457,6 @@ _HANDLERS: dict[type, Any] = {
     ResponseUsage: _routed(lambda s, slot, ev, now: slot.on_usage(ev)),
     ResponseFinished: _routed(lambda s, slot, ev, now: slot.on_finished(ev, s.settings, now)),
     ResponseRefused: _routed(lambda s, slot, ev, now: slot.on_refused(ev)),
-    AudioDelivered: _routed(lambda s, slot, ev, now: slot.on_delivered(ev, s.settings)),
+    AudioDelivered: _delivered,
     McpCallDone: _routed(lambda s, slot, ev, now: slot.on_mcp(ev, s.settings)),
 }

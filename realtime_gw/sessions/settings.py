@@ -88,8 +88,10 @@ class SessionSettings:
         }
 
     def to_wire(
-        self, session_id: str, model: str, duplex: bool = False
+        self, session_id: str, model: str, duplex: bool = False, capabilities: dict[str, Any] | None = None
     ) -> rt.SessionOut | rt.TranscriptionSessionOut:
+        """The session as the client sees it; ``capabilities``: an additive block (a speech-to-speech
+        model's, ``s2s.py``), else the duplex one of ``?duplex=1``."""
         if not self.answers:
             return rt.TranscriptionSessionOut(id=session_id, audio={"input": self._input_wire()}, include=self.include)
         out_fmt: dict[str, Any] = {"type": self.output_format}
@@ -108,9 +110,8 @@ class SessionSettings:
             tools=[wire_tool(t) for t in self.tools],
             tool_choice=self.tool_choice,
             truncation=self.truncation,
-            capabilities={"supports_barge_in": True, "supports_playback_ack": True, "chunk_period_ms": 80}
-            if duplex
-            else None,
+            capabilities=capabilities
+            or ({"supports_barge_in": True, "supports_playback_ack": True, "chunk_period_ms": 80} if duplex else None),
             duplex=dataclasses.asdict(self.duplex) if duplex else None,
         )
 

@@ -17,6 +17,7 @@ from realtime_gw.config import GatewayConfig
 from realtime_gw.models.contract import BackendInfo, StepResult
 from realtime_gw.models.families import Role
 from realtime_gw.models.runtime import END_OF_INPUT
+from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen
 from realtime_gw.records.voice import (
     AsrRequest,
     AsrResult,
@@ -62,12 +63,20 @@ def _policy(info: BackendInfo) -> tuple[Any, list[Any]]:
     return dummy_request(info.policy_spec), []
 
 
+def _s2s(info: BackendInfo) -> tuple[Any, list[Any]]:
+    assert info.s2s is not None
+    frame = 2 * info.s2s.native_rate * info.s2s.frame_ms // 1000
+    pcm = _noise(info.s2s.native_rate, 0.24)
+    return S2sOpen(seed=1), [S2sAudio(pcm[i : i + frame]) for i in range(0, len(pcm), frame)] + [END_OF_INPUT]
+
+
 OUTPUTS: dict[Role, type] = {
     "tts": TtsFrame,
     "asr": AsrResult,
     "vad": VadProbs,
     "turn": TurnScore,
     "policy": np.ndarray,
+    "s2s": S2sFrame,
 }
 """What each role's results are."""
 
@@ -147,6 +156,7 @@ CASES: tuple[KitCase, ...] = (
         "not a request",
         "PolicyRequest",
     ),
+    KitCase("s2s", "moshi", {"s2s": "moshi", "s2s_slots": 2}, _s2s, S2sOpen(voice="alba"), "no voice prompt"),
 )
 
 

@@ -88,6 +88,7 @@ def test_the_warmup_infers_and_fills_the_report(kit: Kit) -> None:
         "vad": "windows",
         "turn": "probability",
         "policy": "seconds",
+        "s2s": "frames",
     }
     assert evidence[kit.case.role] in report
     if kit.case.role == "tts":
@@ -106,6 +107,10 @@ def test_a_request_runs_to_its_end_in_outputs_of_its_kind(kit: Kit) -> None:
             all(len(f.pcm) == size and not f.final for f in frames) and last.final and len(last.pcm) <= size
         )
         assert sum(len(f.pcm) for f in outputs) > 0
+    if kit.case.role == "s2s":  # one frame per 80 ms of input, in order, each 80 ms of voice
+        assert kit.info.s2s is not None and kit.info.frame_samples
+        assert [f.index for f in outputs] == list(range(3))
+        assert all(len(f.pcm) == 2 * kit.info.frame_samples for f in outputs)
 
 
 def _push(stream: Stream[Any], inputs: list[Any]) -> None:

@@ -14,15 +14,15 @@ from realtime_gw.models.families import FAMILIES, TURN_FAMILY, Role, family, nam
 from realtime_gw.models.registry import build_stage
 
 
-@pytest.mark.parametrize("role", ["tts", "asr", "vad", "policy"])
+@pytest.mark.parametrize("role", ["tts", "asr", "vad", "policy", "s2s"])
 def test_the_configs_choices_are_the_tables_names(role: Role) -> None:
     choices = set(get_args(get_type_hints(GatewayConfig)[role]))
-    extra = {"none"} if role == "policy" else set()  # no policy stage at all
+    extra = {"none"} if role in ("policy", "s2s") else set()  # no policy / speech-to-speech stage at all
     assert choices == set(names(role)) | extra
 
 
 def test_every_role_has_a_family_and_names_are_unique() -> None:
-    assert {f.role for f in FAMILIES} == {"tts", "asr", "vad", "turn", "policy"}
+    assert {f.role for f in FAMILIES} == {"tts", "asr", "vad", "turn", "policy", "s2s"}
     assert len({(f.role, f.name) for f in FAMILIES}) == len(FAMILIES)
     assert names("turn") == (TURN_FAMILY,)
 
@@ -56,6 +56,8 @@ UNSERVABLE: list[tuple[Role, dict[str, Any], str]] = [
         {"policy": "noop", "robot": "droid", "robot_delta_actions": True},
         r"robot 'droid' has no delta",
     ),
+    ("s2s", {"s2s": "moshi", "s2s_path": "/nonexistent"}, r"--s2s moshi: /nonexistent: not a directory"),
+    ("s2s", {"s2s": "moshi", "s2s_slots": 0}, r"--s2s moshi: s2s_slots must be >= 1"),
 ]
 """Settings each family cannot serve (tone and the end-of-turn model take none that could be wrong)."""
 

@@ -7,9 +7,10 @@ buckets cover slots ``[0, B)``; length buckets bound the LM's ring columns read 
 window)``). On CUDA each (batch, length) bucket is one CUDA graph for the whole frame (encoder + LM +
 argmax); the only host sync per step is the copy of tokens and codes back.
 
-``exchange`` swaps whole slots (every per-slot row of the encoder's and the LM's state, and the host
-frame count): the backend's catch-up moves an ending stream into the low slots, whose steps run at a small
-batch bucket. A stream's arithmetic does not depend on its row, so a moved stream continues unchanged.
+``exchange`` (``MovableSlotEngine``'s) swaps whole slots (every tensor of ``slot_tensors``: the encoder's and the
+LM's per-slot rows, and the host frame count): the backend's catch-up moves an ending stream into the low
+slots, whose steps run at a small batch bucket. A stream's arithmetic does not depend on its row, so a
+moved stream continues unchanged.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ import torch
 from realtime_gw.models.kernels import bucket_for
 from realtime_gw.models.speech.kyutai.decoder import KyutaiLmRuntime
 from realtime_gw.models.speech.kyutai.encoder import StreamingMimiEncoder
-from realtime_gw.models.speech.streaming.slot_engine import SlotEngine
+from realtime_gw.models.speech.streaming.slot_engine import MovableSlotEngine
 
 PCM_SCALE = 1.0 / 32768.0
 
 
-class KyutaiAsrEngine(SlotEngine):
+class KyutaiAsrEngine(MovableSlotEngine):
     """Fixed slots; ``step(slots, pcm)`` encodes one frame per slot and returns its next text token."""
 
     name = "asr-kyutai"
@@ -67,30 +68,6 @@ class KyutaiAsrEngine(SlotEngine):
             *lm.k_ring, *lm.v_ring, lm.kpos, lm.pos, lm.last_tok,
             *enc.states.tensors, *enc.ring.slot_tensors(),
         ]  # fmt: skip
-
-    @torch.no_grad()
-    def exchange(self, pairs: Sequence[tuple[int, int]]) -> None:
-        """Swap the state of each slot pair ``(a, b)`` (pairs disjoint): rows, host frame counts, and which
-        of the two is free when one is. Two kernels per state tensor for all pairs together."""
-        if not pairs:
-            return
-        flat = [s for pair in pairs for s in pair]
-        if len(set(flat)) != len(flat):
-            raise ValueError(f"slot pairs overlap: {list(pairs)}")
-        self._reset_fresh()  # a pending reset names slots: apply it before they move
-        src = [a for a, _ in pairs] + [b for _, b in pairs]
-        dst = [b for _, b in pairs] + [a for a, _ in pairs]
-        src_t = torch.tensor(src, dtype=torch.long, device=self.device)
-        dst_t = torch.tensor(dst, dtype=torch.long, device=self.device)
-        for t in self.slot_tensors():
-            t.index_copy_(0, dst_t, t.index_select(0, src_t))  # index_select copies first: a true swap
-        pool = self.slot_pool
-        for a, b in pairs:
-            self.frames[a], self.frames[b] = self.frames[b], self.frames[a]
-            if pool.is_free(a) != pool.is_free(b):  # being free moves with the state: swap which is free
-                held, free = (a, b) if pool.is_free(b) else (b, a)
-                pool.take_slot(free)
-                pool.give(held)
 
     @torch.no_grad()
     def step(  # type: ignore[override]  # the ASR frame: PCM in, tokens out

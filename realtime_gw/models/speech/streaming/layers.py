@@ -306,7 +306,12 @@ class FusedScaledLayer:
 class RingTransformer:
     """A causal sliding-window transformer decoded a few positions per step for many slots: a ring K/V of
     ``window + positions_per_frame`` columns per layer, with each column's absolute position stored so the
-    window mask stays exact after wrap-around. ``pos`` counts each slot's positions so far."""
+    window mask stays exact after wrap-around. ``pos`` counts each slot's positions so far.
+
+    ``layers`` are duck-typed (``layer(x, cos, sin, write, keys, values, mask_add)``): the codecs' scaled
+    layers here, the speech-to-speech temporal transformer's own (``models/s2s``). The K/V rings are kept
+    in ``dtype``; a step may read only ring columns ``[0, length)`` (before the ring wraps, the positions
+    seen so far), so a young stream does not pay for the whole window."""
 
     def __init__(
         self,
@@ -317,6 +322,7 @@ class RingTransformer:
         inv_freq: torch.Tensor,
         rope_scale: float,
         device: torch.device,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         self.layers = list(layers)
         self.window = window
@@ -325,8 +331,8 @@ class RingTransformer:
         self.v_ring: list[torch.Tensor] = []
         for layer in self.layers:
             shape = (slots, layer.kv_heads, self.ring + 1, layer.head_dim)  # +1 scratch column
-            self.k_ring.append(torch.zeros(shape, device=device))
-            self.v_ring.append(torch.zeros(shape, device=device))
+            self.k_ring.append(torch.zeros(shape, device=device, dtype=dtype))
+            self.v_ring.append(torch.zeros(shape, device=device, dtype=dtype))
         self.kpos = torch.full((slots, self.ring + 1), -1, dtype=torch.long, device=device)
         self.pos = torch.zeros(slots, dtype=torch.long, device=device)
         self.inv_freq = inv_freq.detach().float().clone().to(device)
@@ -342,14 +348,18 @@ class RingTransformer:
         """Every tensor holding per-slot state (slot first): the ring K/V, their positions, the counts."""
         return [*self.k_ring, *self.v_ring, self.kpos, self.pos]
 
-    def __call__(self, x: torch.Tensor, b: int, active: torch.Tensor) -> torch.Tensor:
-        """This frame's positions ``x (b, S, hidden)`` through every layer; advances active slots by S."""
+    def __call__(
+        self, x: torch.Tensor, b: int, active: torch.Tensor, length: int | None = None
+    ) -> torch.Tensor:
+        """This frame's positions ``x (b, S, hidden)`` through every layer; advances active slots by S.
+        ``length``: ring columns read (default all); it must cover every active row's positions so far."""
+        length = self.ring if length is None else length
         s = x.shape[1]
         qpos = self.pos[:b, None] + self.frame_offsets[None, :s]  # (b, S)
         cols = torch.where(active[:, None], qpos % self.ring, self.ring)
         kpos = self.kpos[:b]
         kpos.scatter_(1, cols, qpos)
-        kp = kpos[:, None, : self.ring]  # (b, 1, R)
+        kp = kpos[:, None, :length]  # (b, 1, L)
         q = qpos[:, :, None]
         mask = (kp >= 0) & (kp <= q) & (kp > q - self.window)
         mask = mask | ~active[:, None, None]  # inactive rows attend to anything: finite, ignored
@@ -357,6 +367,6 @@ class RingTransformer:
         mask_add = additive_mask(mask, l0.kv_heads, l0.heads // l0.kv_heads, x.dtype)
         cos, sin = rope_cos_sin(qpos, self.inv_freq, self.rope_scale, x.dtype)
         cos, sin = cos[:, :, None], sin[:, :, None]  # (b, S, 1, D): broadcast over heads
-        x = layers_at_positions(self.layers, x, cos, sin, self.k_ring, self.v_ring, cols, self.ring, mask_add)
+        x = layers_at_positions(self.layers, x, cos, sin, self.k_ring, self.v_ring, cols, length, mask_add)
         self.pos[:b].add_(active.long() * s)
         return x

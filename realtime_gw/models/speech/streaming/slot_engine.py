@@ -317,3 +317,37 @@ class SlotEngine:
         for s in slots:
             self.frames[s] += 1
         return torch.as_tensor(list(slots), dtype=torch.long)
+
+
+class MovableSlotEngine(SlotEngine):
+    """A slot engine whose streams can move between slots (``exchange``): subclasses name every tensor of
+    per-slot state (``slot_tensors``). A stream's arithmetic does not depend on its row, so a moved stream
+    continues unchanged; the backends use it to pack streams into the low slots (small batch buckets)."""
+
+    def slot_tensors(self) -> list[torch.Tensor]:
+        """Every tensor holding per-slot state (first dim = slot): what a slot *is* between steps."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def exchange(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Swap the state of each slot pair ``(a, b)`` (pairs disjoint): rows, host frame counts, and which
+        of the two is free when one is. Two kernels per state tensor for all pairs together."""
+        if not pairs:
+            return
+        flat = [s for pair in pairs for s in pair]
+        if len(set(flat)) != len(flat):
+            raise ValueError(f"slot pairs overlap: {list(pairs)}")
+        self._reset_fresh()  # a pending reset names slots: apply it before they move
+        src = [a for a, _ in pairs] + [b for _, b in pairs]
+        dst = [b for _, b in pairs] + [a for a, _ in pairs]
+        src_t = torch.tensor(src, dtype=torch.long, device=self.device)
+        dst_t = torch.tensor(dst, dtype=torch.long, device=self.device)
+        for t in self.slot_tensors():
+            t.index_copy_(0, dst_t, t.index_select(0, src_t))  # index_select copies first: a true swap
+        pool = self.slot_pool
+        for a, b in pairs:
+            self.frames[a], self.frames[b] = self.frames[b], self.frames[a]
+            if pool.is_free(a) != pool.is_free(b):  # being free moves with the state: swap which is free
+                held, free = (a, b) if pool.is_free(b) else (b, a)
+                pool.take_slot(free)
+                pool.give(held)

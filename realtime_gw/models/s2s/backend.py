@@ -1,0 +1,298 @@
+"""The Moshi speech-to-speech backend (``--s2s moshi``): every live conversation one batched step per 80 ms.
+
+A conversation (``S2sOpen``) holds a slot of the engine for its whole life: ``open`` takes one or raises
+``NoFreeSlot`` at once (a full stage refuses, it never queues into lateness). Its inputs arrive in
+order: ``S2sAudio`` (one 80 ms frame of 24 kHz PCM16 each) and ``S2sSilence`` (the model's own channels
+forced silent from the next frame on, or released). Each worker step advances every conversation that has
+a frame waiting by one frame, all in one batched engine step, and answers it with one ``S2sFrame``: the
+model's 80 ms of voice, its text token of that step and the piece it spells. A conversation with several
+frames waiting advances one per step (``has_work``). ``release`` frees the slot at once; ``END_OF_INPUT``
+(the stream's input closed) ends the conversation once the frames before it are answered.
+
+Slots stay packed: batch buckets cover slots ``[0, B)``, so when conversations leave from the low slots
+the ones above are moved down (``SlotEngine.exchange``: whole slot rows, nothing of a conversation changes
+but its row) before the next step, which then runs at the bucket of the live count.
+
+Lateness: a step that takes longer than the frame (80 ms) makes every conversation in it late by the
+excess; each frame carries it (``late_ms``) and the stage counts and times it
+(``realtime_gw_s2s_late_steps_total``, ``realtime_gw_s2s_step_lateness_seconds``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from prometheus_client import Counter, Histogram
+
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.contract import END_OF_INPUT, BackendInfo, NoFreeSlot, StepResult, warmup_seconds
+from realtime_gw.models.families import StagePlan
+from realtime_gw.models.kernels import bucket_for
+from realtime_gw.models.s2s.checkpoint import MoshiCheckpoint, load
+from realtime_gw.models.s2s.config import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, describe_shape
+from realtime_gw.models.s2s.engine import MoshiEngine
+from realtime_gw.models.s2s.sampling import Sampler
+from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen, S2sSilence, S2sSpec
+
+log = logging.getLogger(__name__)
+
+S2S_LATE_STEPS = Counter(
+    "realtime_gw_s2s_late_steps_total", "Speech-to-speech steps that took longer than their 80 ms frame"
+)
+S2S_STEP_LATENESS = Histogram(
+    "realtime_gw_s2s_step_lateness_seconds",
+    "How far a speech-to-speech step ran past its 80 ms frame (0 when on time)",
+    buckets=(0.0, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64),
+)
+FRAME_BYTES = 2 * FRAME_SAMPLES
+CAPABILITIES = ("audio_in", "audio_out", "text_out")
+__all__ = ["CAPABILITIES", "MoshiBackend", "MoshiState", "NoFreeSlot"]
+
+
+@dataclass(eq=False)
+class MoshiState:
+    slot: int
+    seed: int
+    pending: deque[S2sAudio | S2sSilence] = field(default_factory=deque)
+    audio_pending: int = 0
+    silent: bool = False
+    index: int = 0
+    ended: bool = False
+    """``END_OF_INPUT`` came: done once the frames before it are answered."""
+    done: bool = False
+    released: bool = False
+
+
+class MoshiBackend:
+    name = "s2s-moshi"
+
+    def __init__(
+        self,
+        config: str = "tiny",
+        path: str | None = None,
+        device: str = "cpu",
+        slots: int = 4,
+        *,
+        seed: int | None = None,
+        temperature: float = 0.8,
+        top_k: int = 250,
+        text_temperature: float = 0.7,
+        text_top_k: int = 25,
+        dtype: torch.dtype | None = None,
+        cuda_graphs: bool | None = None,
+        checkpoint: MoshiCheckpoint | None = None,
+    ) -> None:
+        """``seed``: the stage's seed (a conversation opened without one gets ``seed + n`` for the n-th
+        opened; None = random). Temperatures <= 0 are greedy. ``checkpoint``: weights already loaded."""
+        if slots < 1:
+            raise ValueError("s2s_slots must be >= 1")
+        dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+        ck = checkpoint or load(config, path, device, dtype)
+        self.checkpoint = ck
+        self.slots = slots
+        self._seed = seed
+        self._opened = 0
+        self.engine = MoshiEngine(
+            ck.weights, ck.mimi, ck.shape, slots,
+            text=Sampler(text_temperature, text_top_k), audio=Sampler(temperature, top_k),
+            cuda_graphs=cuda_graphs,
+        )  # fmt: skip
+        shape = ck.shape
+        self.spec = S2sSpec(
+            model="moshi", frame_ms=FRAME_MS, native_rate=SAMPLE_RATE, context_frames=shape.context,
+            text_padding_ids=shape.padding_ids, capabilities=CAPABILITIES,
+        )  # fmt: skip
+        self.late_steps = 0
+        self._holders: dict[int, MoshiState] = {}
+        """The open conversation in each slot (packing moves them between slots)."""
+        self._warming = False
+        """While the warm-up runs: its steps (graph captures, first-touch) are not the stage's lateness."""
+        self.warmup_report: dict[str, Any] = {}
+        self.info = {
+            "model": ck.description,
+            "random_init": ck.random_init,
+            "device": str(self.engine.device),
+            "lm_dtype": str(self.engine.lm.dtype).removeprefix("torch."),
+            "slots": slots,
+            "text": ck.text.name,
+            "sampling": {"temperature": temperature, "top_k": top_k, "text_temperature": text_temperature,
+                         "text_top_k": text_top_k},  # fmt: skip
+            "cuda_graphs": self.engine.use_graphs,
+            "shape": describe_shape(shape),
+        }
+        log.info("%s: %s", self.name, self.info)
+
+    # -- Backend protocol ------------------------------------------------------------------------------
+    def open(self, request: S2sOpen) -> MoshiState:
+        if not isinstance(request, S2sOpen):
+            raise TypeError(f"expected S2sOpen, got {type(request).__name__}")
+        if request.voice is not None or request.persona is not None:
+            raise ValueError(f"moshi takes no voice prompt or persona; it can: {', '.join(CAPABILITIES)}")
+        seed = request.seed
+        if seed is None:
+            seed = random.getrandbits(32) if self._seed is None else self._seed + self._opened
+        state = MoshiState(slot=self.engine.alloc_seeded(int(seed)), seed=int(seed))  # NoFreeSlot when full
+        self._holders[state.slot] = state
+        self._opened += 1
+        return state
+
+    def has_work(self, state: MoshiState) -> bool:
+        return not (state.released or state.done) and (state.audio_pending > 0 or state.ended)
+
+    def step(self, work: list[tuple[MoshiState, list[Any]]]) -> list[StepResult]:
+        results: dict[int, StepResult] = {}
+        run: list[tuple[int, MoshiState, bytes]] = []
+        for i, (state, inputs) in enumerate(work):
+            try:
+                self._ingest(state, inputs)
+            except (TypeError, ValueError) as e:  # bad input fails this conversation only
+                results[i] = StepResult(done=True, error=f"{self.name}: {e}")
+                continue
+            pcm = self._next_frame(state)
+            if pcm is None:
+                state.done = state.ended
+                results[i] = StepResult(done=state.done)
+            else:
+                run.append((i, state, pcm))
+        if run:
+            self._pack()
+            self._run(run, results)
+        return [results[i] for i in range(len(work))]
+
+    def release(self, state: MoshiState) -> None:
+        if not state.released:
+            state.released = True
+            self._holders.pop(state.slot, None)
+            self.engine.free(state.slot)
+
+    def warmup(self) -> None:
+        """Every CUDA graph bucket, then one real conversation of a few frames of low noise."""
+        start = time.perf_counter()
+        self._warming = True
+        graphs_s = self.engine.capture_all()
+        state = self.open(S2sOpen(seed=0))
+        rng = np.random.default_rng(0)
+        try:
+            frames = 4
+            pcm = [(rng.standard_normal(FRAME_SAMPLES) * 300).astype("<i2").tobytes() for _ in range(frames)]
+            self._ingest(state, [S2sAudio(p) for p in pcm])
+            for _ in range(frames):
+                self.step([(state, [])])
+        finally:
+            self.release(state)
+            self._warming = False
+        self.warmup_report = {
+            "seconds": warmup_seconds(start), "slots": self.slots, "graphs": self.engine.graph_count,
+            "graph_capture_s": round(graphs_s, 3), "frames": frames, **self.info,
+        }  # fmt: skip
+
+    def describe(self) -> BackendInfo:
+        return BackendInfo(
+            name=self.name,
+            slots=self.slots,
+            native_rate=SAMPLE_RATE,
+            output_rate=SAMPLE_RATE,
+            frame_samples=FRAME_SAMPLES,
+            s2s=self.spec,
+            warmup_report=self.warmup_report,
+        )
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _ingest(self, state: MoshiState, inputs: list[Any]) -> None:
+        for item in inputs:
+            if state.ended:
+                break  # nothing follows END_OF_INPUT
+            if item is END_OF_INPUT:
+                state.ended = True
+                continue
+            if isinstance(item, S2sAudio):
+                if len(item.pcm) != FRAME_BYTES:
+                    raise ValueError(
+                        f"S2sAudio must be one 80 ms frame: {FRAME_BYTES} bytes of 24 kHz PCM16, "
+                        f"got {len(item.pcm)}"
+                    )
+                state.audio_pending += 1
+            elif not isinstance(item, S2sSilence):
+                raise TypeError(f"expected S2sAudio or S2sSilence, got {type(item).__name__}")
+            state.pending.append(item)
+
+    def _next_frame(self, state: MoshiState) -> bytes | None:
+        """The next frame to run, once the silence switches queued before it are applied."""
+        if state.audio_pending == 0:
+            return None
+        while True:
+            item = state.pending.popleft()
+            if isinstance(item, S2sSilence):
+                state.silent = item.silent
+                continue
+            state.audio_pending -= 1
+            return item.pcm
+
+    def _pack(self) -> None:
+        """Move the conversations above ``n`` (the open count) into the free slots below it when that
+        shrinks the batch bucket."""
+        held = sorted(self._holders)
+        n, buckets = len(held), self.engine.batch_buckets
+        if not n or bucket_for(buckets, held[-1] + 1) <= bucket_for(buckets, n):
+            return
+        pairs = list(zip([s for s in held if s >= n], [s for s in range(n) if s not in self._holders], strict=True))
+        self.engine.exchange(pairs)
+        for a, b in pairs:
+            state = self._holders.pop(a)
+            state.slot = b
+            self._holders[b] = state
+
+    def _run(self, run: list[tuple[int, MoshiState, bytes]], results: dict[int, StepResult]) -> None:
+        pcm = np.frombuffer(b"".join(p for _, _, p in run), dtype="<i2").reshape(len(run), FRAME_SAMPLES)
+        t0 = time.perf_counter()
+        frames, valid, out = self.engine.step([s.slot for _, s, _ in run], pcm, [s.silent for _, s, _ in run])
+        late_s = max(0.0, time.perf_counter() - t0 - FRAME_MS / 1000)
+        if not self._warming:
+            S2S_STEP_LATENESS.observe(late_s)
+            if late_s > 0:
+                self.late_steps += 1
+                S2S_LATE_STEPS.inc()
+        pad = self.spec.text_padding_ids
+        for row, (i, state, _) in enumerate(run):
+            token = int(frames[row, 0]) if valid[row] else pad[0]
+            padding = token in pad
+            results[i] = StepResult(outputs=[S2sFrame(
+                index=state.index, pcm=out[row].astype("<i2").tobytes(),
+                text="" if padding else self.checkpoint.text.piece(token), text_token=token,
+                padding=padding, late_ms=round(late_s * 1000, 3),
+            )], done=state.ended and state.audio_pending == 0)  # fmt: skip
+            state.done = results[i].done
+            state.index += 1
+
+
+def build_moshi(config: GatewayConfig) -> MoshiBackend:
+    """The backend the gateway config asks for (the ``[s2s]`` section)."""
+    return MoshiBackend(
+        config=config.s2s_config,
+        path=config.s2s_path,
+        device=config.s2s_device,
+        slots=config.s2s_slots,
+        seed=config.s2s_seed,
+        temperature=config.s2s_temperature,
+        top_k=config.s2s_top_k,
+        text_temperature=config.s2s_text_temperature,
+        text_top_k=config.s2s_text_top_k,
+    )
+
+
+def from_config(config: GatewayConfig) -> StagePlan:
+    """A GPU stage (in-thread, CUDA graphs): every conversation holds a slot and all advance each step,
+    so slots = batch = admission limit: the worker refuses a conversation past it at submit (NoFreeSlot)."""
+    return StagePlan(
+        backend=build_moshi(config),
+        device=config.s2s_device,
+        max_batch=config.s2s_slots,
+        max_active=config.s2s_slots,
+    )

@@ -1,0 +1,157 @@
+"""Moshi on the shared slot engine (``streaming/slot_engine.py``): one step = one 80 ms frame, every slot.
+
+The frame: the user's PCM through the streaming Mimi encoder (``kyutai/encoder.py``, 8 codebooks), the
+LM step (``lm.py``: temporal transformer + depformer + sampling), the model's frame through the streaming
+Mimi decoder (``codec/mimi_stream.py``), float -> PCM16. ``SlotEngine`` keeps its roles: its ``talker``
+is the LM, its ``decoder`` the Mimi decoder; it owns the slots, the batch buckets (slots ``[0, B)``), the
+length buckets (ring columns read: ``min(steps + 1, context + 1)``) and one CUDA graph per (batch,
+length) bucket for the whole frame; the only host sync per step is the copy of tokens and PCM back.
+
+A slot's first step has no complete frame yet (the model's acoustic delay): its PCM is silence and its
+text the padding id. While a slot is silent (``S2sSilence``) its PCM is zeros (the decoder still runs
+on the silence codes, so it goes on smoothly when released).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from realtime_gw.models.kernels import bucket_for
+from realtime_gw.models.s2s.config import MoshiShape
+from realtime_gw.models.s2s.lm import MoshiLmRuntime
+from realtime_gw.models.s2s.sampling import Sampler
+from realtime_gw.models.speech.codec.mimi_stream import StreamingMimiDecoder
+from realtime_gw.models.speech.kyutai.encoder import StreamingMimiEncoder
+from realtime_gw.models.speech.streaming.slot_engine import MovableSlotEngine
+
+PCM_SCALE = 1.0 / 32768.0
+SILENCE_WARMUP_FRAMES = 4
+"""Frames of zeros encoded to find the codec's steady silence codes."""
+
+
+class MoshiEngine(MovableSlotEngine):
+    """Fixed slots; ``step(slots, pcm, silent)`` runs one frame for each and returns what it said."""
+
+    name = "s2s-moshi"
+
+    def __init__(
+        self,
+        weights: dict[str, torch.Tensor],
+        mimi: Any,
+        shape: MoshiShape,
+        slots: int,
+        *,
+        text: Sampler,
+        audio: Sampler,
+        cuda_graphs: bool | None = None,
+    ) -> None:
+        self.shape = shape
+        self.lm = MoshiLmRuntime(weights, shape, slots, text, audio)
+        self.encoder = StreamingMimiEncoder(mimi, slots, shape.dep_q)
+        decoder = StreamingMimiDecoder(mimi, slots, shape.dep_q)
+        super().__init__(
+            self.lm, decoder, slots, max_positions=self.lm.columns, num_codebooks=shape.dep_q + 1,
+            device=self.lm.device, cuda_graphs=cuda_graphs,
+        )  # fmt: skip
+        pin = self.device.type == "cuda"
+        self.h_in = torch.zeros(slots, self.hop, dtype=torch.int16, pin_memory=pin)
+        self.d_in = torch.zeros(slots, self.hop, dtype=torch.int16, device=self.device)
+        self.h_silent = torch.zeros(slots, dtype=torch.bool, pin_memory=pin)
+        self.d_silent = torch.zeros(slots, dtype=torch.bool, device=self.device)
+        self.h_valid = torch.zeros(slots, dtype=torch.bool, pin_memory=pin)
+        self.d_valid = torch.zeros(slots, dtype=torch.bool, device=self.device)
+        self._seeds: dict[int, int] = {}
+        self.lm.silence_codes.copy_(self._silence_codes())
+
+    @torch.no_grad()
+    def _silence_codes(self) -> torch.Tensor:
+        """The encoder's codes for steady silence, through slot 0 (reset again before any stream)."""
+        idx = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.encoder.reset(idx)
+        active = torch.ones(1, dtype=torch.bool, device=self.device)
+        zeros = torch.zeros(1, self.hop, device=self.device)
+        codes = None
+        for _ in range(SILENCE_WARMUP_FRAMES):
+            codes = self.encoder.step(1, zeros, active)
+        self.encoder.reset(idx)
+        assert codes is not None
+        return codes[0]
+
+    def alloc_seeded(self, seed: int) -> int:
+        slot = self.alloc()  # NoFreeSlot when full
+        self._seeds[slot] = seed & 0xFFFFFFFF
+        return slot
+
+    def _reset_fresh(self) -> None:
+        if self._fresh:
+            fresh = self._fresh
+            idx = torch.as_tensor(fresh, dtype=torch.long).to(self.device, non_blocking=True)
+            seeds = torch.as_tensor([self._seeds.pop(s, 0) for s in fresh], dtype=torch.long)
+            self._fresh = []
+            self.lm.reset(idx)
+            self.lm.seeds.index_copy_(0, idx, seeds.to(self.device))
+            self.encoder.reset(idx)
+            self.decoder.reset(idx)
+
+    def _frame(self, b: int, length: int) -> None:
+        active = self.d_active[:b]
+        silent = self.d_silent[:b]
+        self.lm.silent[:b] = silent
+        user = self.encoder.step(b, self.d_in[:b].float() * PCM_SCALE, active)
+        frame, valid = self.lm.step(b, length, user, active)
+        frame[:, 0] = torch.where(silent, self.shape.text_padding_id, frame[:, 0])
+        audio = self.decoder.step(b, frame[:, 1:], active & valid)
+        pcm = (audio * 32768.0).round().clamp(-32768, 32767).to(torch.int16)
+        self.d_pcm[:b] = torch.where((silent | ~valid)[:, None], 0, pcm)
+        self.d_codes[:b] = frame
+        self.d_valid[:b] = valid
+
+    def slot_tensors(self) -> list[torch.Tensor]:
+        """Every tensor holding per-slot state (slot first)."""
+        return [*self.lm.slot_tensors(), *self.encoder.states.tensors, *self.encoder.ring.slot_tensors(),
+                *self.decoder.states.tensors, *self.decoder.ring.slot_tensors()]  # fmt: skip
+
+    @torch.no_grad()
+    def step(  # type: ignore[override]  # the duplex frame: PCM in, frame tokens and PCM out
+        self, slots: Sequence[int], pcm: np.ndarray, silent: Sequence[bool]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One frame per slot: PCM16 ``(n, 1920)`` -> (frame tokens ``(n, 1 + dep_q)``: text then the
+        model's codes, valid ``(n,)``, PCM16 ``(n, 1920)``)."""
+        n = len(slots)
+        if not n:
+            k = self.num_codebooks
+            return np.zeros((0, k), np.int64), np.zeros(0, bool), np.zeros((0, self.hop), np.int16)
+        if pcm.shape != (n, self.hop):
+            raise ValueError(f"expected PCM of shape {(n, self.hop)}, got {pcm.shape}")
+        b = bucket_for(self.batch_buckets, max(slots) + 1)
+        length = bucket_for(self.len_buckets, min(max(self.frames[s] for s in slots) + 1, self.max_positions))
+        graph = None
+        if self.use_graphs:  # capture (if new) before this step's inputs land: capture clears d_active
+            graph = self._graphs.get((b, length)) or self._capture(b, length)
+        self._reset_fresh()
+        idx = torch.as_tensor(list(slots), dtype=torch.long)
+        self.h_active[:b] = False
+        self.h_active[idx] = True
+        self.h_silent[:b] = False
+        self.h_silent[idx] = torch.as_tensor(list(silent), dtype=torch.bool)
+        self.h_in[idx] = torch.from_numpy(np.require(pcm, np.int16, ["C", "W"]))
+        # non_blocking from pinned memory; safe to rewrite next step because this step ends in a sync
+        self.d_active[:b].copy_(self.h_active[:b], non_blocking=True)
+        self.d_silent[:b].copy_(self.h_silent[:b], non_blocking=True)
+        self.d_in[:b].copy_(self.h_in[:b], non_blocking=True)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._frame(b, length)
+        self.h_codes[:b].copy_(self.d_codes[:b], non_blocking=True)
+        self.h_valid[:b].copy_(self.d_valid[:b], non_blocking=True)
+        self.h_pcm[:b].copy_(self.d_pcm[:b], non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        for s in slots:
+            self.frames[s] += 1
+        return self.h_codes[idx].numpy(), self.h_valid[idx].numpy(), self.h_pcm[idx].numpy()

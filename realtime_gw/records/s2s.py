@@ -1,0 +1,66 @@
+"""Plain records of the speech-to-speech (full-duplex) stage: what a duplex session sends a model that
+listens and speaks at once, one 80 ms step at a time, and what each step says (no torch, no I/O)."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class S2sOpen(msgspec.Struct, frozen=True, kw_only=True):
+    """Open one duplex conversation on the speech-to-speech stage (it holds a slot for its whole life)."""
+
+    seed: int | None = None
+    """Sampling seed (None: from the stage's seed setting / random)."""
+    voice: str | None = None
+    """PersonaPlex voice prompt name (Moshi: must be None)."""
+    persona: str | None = None
+    """PersonaPlex text persona (Moshi: must be None)."""
+
+
+class S2sAudio(msgspec.Struct, frozen=True):
+    """One 80 ms step of the user's audio: PCM16 mono at the stage's native rate (Moshi: 24 kHz, 1920
+    samples = 3840 bytes)."""
+
+    pcm: bytes
+
+
+class S2sSilence(msgspec.Struct, frozen=True):
+    """Force (True) or release (False) the model's own output channels to silence (its text stream to
+    padding, its audio to the silence codes) from the next step on, without dropping its context:
+    response.cancel and barge-in."""
+
+    silent: bool
+
+
+class S2sFrame(msgspec.Struct, frozen=True, kw_only=True):
+    """What one step said: one per S2sAudio input, in order."""
+
+    index: int
+    """The stream's step number (0-based); index*80 ms is its time on the stream clock."""
+    pcm: bytes
+    """The model's voice for this step, 80 ms PCM16 mono at the native rate."""
+    text: str
+    """The text piece the model emitted at this step, "" when its text token is padding."""
+    text_token: int
+    """Raw text token id (padding/epad ids are in ``BackendInfo.s2s``)."""
+    padding: bool
+    """The text token was padding (or end-of-padding) rather than a word piece."""
+    late_ms: float = 0.0
+    """How far behind its 80 ms budget the batched step that made it ran (0 if on time)."""
+
+
+class S2sSpec(msgspec.Struct, frozen=True):
+    """What a speech-to-speech backend is (``BackendInfo.s2s``): the session is built from it."""
+
+    model: str
+    """The family, e.g. ``moshi``."""
+    frame_ms: int = 80
+    """One step's length of audio, in and out."""
+    native_rate: int = 24000
+    """The rate of the PCM it takes and gives (Hz)."""
+    context_frames: int = 3000
+    """Steps its attention sees (a ring: older steps are forgotten, the stream goes on)."""
+    text_padding_ids: tuple[int, ...] = ()
+    """Text token ids that mean padding / end of padding (not a word piece)."""
+    capabilities: tuple[str, ...] = ("audio_in", "audio_out", "text_out")
+    """What the model can take and give (PersonaPlex adds ``voice_prompt`` and ``persona``)."""

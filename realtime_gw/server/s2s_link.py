@@ -1,0 +1,109 @@
+"""The transport side of a session bound to a speech-to-speech model: its stream on that stage.
+
+Which sessions are bound (``binding``): those whose model name is the stage's model
+(``S2sSpec.model``) or the family the gateway serves it as (``--s2s``, e.g. ``moshi``); a name of a
+speech-to-speech family that this gateway does not serve is refused at connect (``unserved_model``).
+
+``S2sLink`` runs the session's ``S2sEffect``s: ``OpenS2s`` submits the stream (it holds a slot until
+the session ends) and reports ``S2sOpened``, or ``S2sRefused`` when the stage is full (the worker never
+queues: the session refuses itself at once); ``S2sAudio`` and ``S2sSilence`` are pushed to the stream
+as they are; from the opening on, the session ticks every half step. A pump posts each of the model's steps (``S2sFrame``) to the session's mailbox, waiting
+while the client's outbox is over its audio high-water (as the TTS pump does), and a worker fault as
+``S2sFailed``. The connection cancels the stream when it ends, which frees the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.families import FAMILIES
+from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFault
+from realtime_gw.records.s2s import S2sAudio, S2sSilence
+from realtime_gw.sessions.events import OpenS2s, S2sEffect, S2sFailed, S2sOpened, S2sRefused, unhandled
+from realtime_gw.sessions.s2s import ReplyRule, S2sBinding
+
+log = logging.getLogger(__name__)
+
+S2S_FAMILIES = frozenset(f.name for f in FAMILIES if f.role == "s2s")
+
+
+def binding(
+    worker: StageWorker | None, config: GatewayConfig, model: str | None, seed: int | None = None
+) -> S2sBinding | None:
+    """The stage a session of ``model`` is bound to (with the model's sampling ``seed``), or None (a
+    cascaded session)."""
+    spec = worker.describe().s2s if worker is not None else None
+    if spec is None or model not in (spec.model, config.s2s):
+        return None
+    rule = ReplyRule(config.s2s_reply_end_ms, config.s2s_silence_dbfs, config.s2s_input_slack_ms)
+    return S2sBinding(spec, rule, seed)
+
+
+def unserved_model(worker: StageWorker | None, config: GatewayConfig, model: str | None) -> str | None:
+    """Why a session of ``model`` cannot be served: a speech-to-speech family this gateway was not
+    started with (None: it can)."""
+    if model not in S2S_FAMILIES or binding(worker, config, model) is not None:
+        return None
+    return f"Model '{model}' is a speech-to-speech model this gateway does not serve (start it with --s2s {model})"
+
+
+class S2sLink:
+    def __init__(
+        self,
+        worker: StageWorker | None,
+        post: Callable[[Any], Awaitable[None]],
+        post_now: Callable[[Any], None],
+        spawn: Callable[[Any, str], asyncio.Task[Any]],
+        audio_room: asyncio.Event,
+    ) -> None:
+        self.worker = worker
+        self.post = post
+        self.post_now = post_now
+        """Posts at once (the opening's answer goes before anything the client sends)."""
+        self.spawn = spawn
+        self.audio_room = audio_room
+        self.stream: Stream[Any] | None = None
+        self.tick_s: float | None = None
+        """Once open: how often the session wants ``Tick``s (half a step: its input keeps time by them)."""
+
+    def run(self, e: S2sEffect) -> None:
+        match e:
+            case OpenS2s():
+                self._open(e)
+            case S2sAudio() | S2sSilence():
+                if self.stream is not None:
+                    self.stream.push(e)
+            case _:
+                unhandled(e)
+
+    def _open(self, e: OpenS2s) -> None:
+        if self.worker is None:  # the stage went away: never bound in the first place
+            self.post_now(S2sRefused("no speech-to-speech stage"))
+            return
+        try:
+            self.stream = self.worker.submit(e.request)
+        except NoFreeSlot as err:  # reported, not decided: the session refuses itself
+            self.post_now(S2sRefused(str(err)))
+            return
+        spec = self.worker.describe().s2s
+        self.tick_s = spec.frame_ms / 2000 if spec is not None else None
+        self.post_now(S2sOpened())
+        self.spawn(self._pump(self.stream), "s2s")
+
+    async def _pump(self, stream: Stream[Any]) -> None:
+        try:
+            async for frame in stream:
+                await self.post(frame)
+                if not self.audio_room.is_set():
+                    await self.audio_room.wait()
+        except WorkerFault as err:
+            log.warning("speech-to-speech stream failed: %s", err)
+            await self.post(S2sFailed(str(err)))
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.cancel()

@@ -1,0 +1,300 @@
+"""A realtime session bound to a speech-to-speech model (Moshi): the model listens and speaks at once,
+one step per 80 ms, and its continuous output becomes Realtime responses. Pure.
+
+Not a second session: a mode of ``RealtimeSession``, as transcription is. The input buffer, server
+VAD, the user's turns and their transcripts (the ASR stage beside the model), items, truncation and
+the response lifecycle are the same code; what differs is where a response comes from. This module
+holds what does:
+
+- **Binding.** A session whose model name is the stage's (``S2sSpec.model``, or the family the
+  gateway serves it as) is bound to the stage when it connects (``S2sBinding``); its stream is opened
+  first (``OpenS2s``) and holds a slot for the session's whole life; a full stage refuses the session
+  at once (``S2sRefused``: ``server_busy``, then close 1013), never queued.
+- **Input.** Every appended chunk is resampled to the model's rate and cut into steps (``S2sAudio``,
+  80 ms each); the model advances one step per frame. When the client's audio falls behind the session
+  clock by more than ``input_slack_ms``, silence is fed in its place (``StreamClock``, the mechanism
+  GPT-Live's output stream keeps time with), so the model, and its voice, never stops.
+- **Output.** A response opens at the first step whose text token is not padding and closes
+  (generation done; ``response.done`` once its audio has left) after ``end_ms`` of steps that are
+  padding *and* quiet (below ``silence_dbfs``). Every step of an open response is an
+  ``response.output_audio.delta`` (80 ms, resampled to 24 kHz if the model's rate differs) and its text
+  piece a transcript delta placed at that step's audio, so a truncation keeps exactly the words whose
+  step was heard. Steps outside a response (the model quiet, or forced silent) are not sent.
+- **Hold.** ``response.cancel``, a truncation of the live reply and barge-in cancel the response and
+  force the model's own channels silent (``S2sSilence(True)``) without dropping its context; the end
+  of the user's next turn (a VAD stop or a commit) releases it, so the model may answer.
+- **Refusals.** What the model cannot take (instructions, tools, text input, ``response.create``,
+  text-only output, another voice or speed) is refused with an error naming its capabilities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from msgspec import UNSET
+
+from realtime_gw.protocols import audio
+from realtime_gw.protocols import realtime as rt
+from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen, S2sSilence, S2sSpec
+from realtime_gw.records.voice import OUTPUT_RATE, TtsFrame
+from realtime_gw.sessions.conversation import ConversationError, SpokenSpan
+from realtime_gw.sessions.events import Effect, OpenS2s, ResponseAudio, ResponseFinished
+from realtime_gw.sessions.response_lifecycle import Phase, Responses
+from realtime_gw.sessions.response_state import LiveResponse
+from realtime_gw.sessions.settings import SessionError, SessionSettings
+from realtime_gw.sessions.stream_clock import StreamClock
+
+MAX_FILL_FRAMES = 25
+"""Silence fed at once when the input clock fell behind (2 s): a stalled session catches up in bounds."""
+MAX_WAITING_FRAMES = 64
+"""Steps kept while the previous response's audio is still leaving (~5 s; it leaves within the
+transport's audio lead): the next response begins with them."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyRule:
+    """When a model's continuous output is a reply, and how its input keeps time (the gateway's
+    ``s2s_*`` settings of the realtime section)."""
+
+    end_ms: float = 640.0
+    silence_dbfs: float = -45.0
+    input_slack_ms: float = 160.0
+
+
+@dataclass(frozen=True, slots=True)
+class S2sBinding:
+    """What binds a session to the speech-to-speech stage: the stage's description and the rule."""
+
+    spec: S2sSpec
+    rule: ReplyRule = field(default_factory=ReplyRule)
+    seed: int | None = None
+    """The model's sampling seed for this session (None: the stage's)."""
+
+    @property
+    def capabilities(self) -> str:
+        return ", ".join(self.spec.capabilities)
+
+
+def refusal(b: S2sBinding, what: str, param: str | None, code: str = "unsupported_value") -> SessionError:
+    """The error for something the model cannot take, naming what it can."""
+    return SessionError(
+        f"Model '{b.spec.model}' cannot take {what}: it is a speech-to-speech model that listens and speaks "
+        f"on its own (capabilities: {b.capabilities})",
+        code,
+        param,
+    )
+
+
+def check_update(b: S2sBinding, p: rt.SessionParams) -> None:
+    """Refuse the parts of a ``session.update`` the model cannot take; raises before anything changes."""
+    if p.type == "transcription":
+        raise refusal(b, "a change to a transcription session", "session.type")
+    if p.instructions not in (UNSET, None, ""):
+        raise refusal(b, "instructions", "session.instructions")
+    if p.prompt not in (UNSET, None):
+        raise refusal(b, "a prompt", "session.prompt")
+    if p.tools not in (UNSET, None) and p.tools:
+        raise refusal(b, "tools", "session.tools")
+    if p.tool_choice not in (UNSET, None, "auto", "none"):
+        raise refusal(b, "a tool choice", "session.tool_choice")
+    if p.output_modalities not in (UNSET, None) and "audio" not in p.output_modalities:  # type: ignore[operator]
+        raise refusal(b, "text-only output (it always speaks)", "session.output_modalities")
+    if p.max_output_tokens not in (UNSET, None, "inf"):
+        raise refusal(b, "max_output_tokens (it speaks until it is done)", "session.max_output_tokens")
+    out = p.audio.output if p.audio not in (UNSET, None) else None  # type: ignore[union-attr]
+    if out in (UNSET, None):
+        return
+    voice = out.voice.id if isinstance(out.voice, rt.VoiceId) else out.voice  # type: ignore[union-attr]
+    if voice not in (UNSET, None, "default"):
+        raise refusal(b, f"voice '{voice}' (it speaks in its own voice)", "session.audio.output.voice")
+    if out.speed not in (UNSET, None, 1.0):  # type: ignore[union-attr]
+        raise refusal(b, "another speed", "session.audio.output.speed")
+
+
+class SpokenResponses(Responses):
+    """The response slot of a session whose model speaks on its own: a response opens already
+    generating (no worker is asked: the model's stream runs), its transcript is the model's own text
+    pieces, each placed at the audio of the step that said it, and ending one early forces the model
+    silent (``held``) until the user's next turn ends."""
+
+    held = False
+    """The model's channels are forced silent (``S2sSilence(True)`` is in effect)."""
+
+    def open_spoken(self, settings: SessionSettings) -> list[Effect]:
+        """The model began to say something: a response in the conversation, generating."""
+        r = LiveResponse(
+            id=self.ids.new("resp"),
+            epoch=self.epoch + 1,
+            item_id=self.ids.new("item"),
+            audio=True,
+            in_conversation=True,
+            conversation_id=self.conversation_id,
+            voice=settings.voice,
+        )
+        self.conversation.check_add(r.item_id)  # raises ConversationError, nothing changed
+        self._enter(Phase.WAITING, "open a spoken response")
+        self._enter(Phase.GENERATING, "start a spoken response")
+        self.epoch, self.live = r.epoch, r
+        r.encoder = audio.OutputEncoder(settings.output_format)
+        self.playbacks.open(r.id, r.item_id)
+        return [self._send(r, rt.ResponseCreatedEvent(response=r.wire("in_progress"))), *self._open_message(r)]
+
+    def say(self, pcm: bytes, piece: str, now: float) -> list[Effect]:
+        """One step of the live response: its text piece (placed at the step's audio), then its audio."""
+        r = self.live
+        assert r is not None and self.phase is Phase.GENERATING
+        out: list[Effect] = []
+        delta = piece if r.text else piece.lstrip()
+        if delta:
+            new_word = not r.spans or piece[:1].isspace()
+            if not new_word and not r.spans[-1].text:
+                r.spans.pop()  # the word goes on after padding
+            if new_word:
+                r.spans.append(SpokenSpan(r.audio_ms, delta.strip()))  # a word starts at this step
+            else:
+                r.spans[-1].text += delta
+            r.text += delta
+            out.append(self._send(r, rt.ResponseAudioTranscriptDeltaEvent(**r.ref(), delta=delta)))
+        elif r.spans and r.spans[-1].text:
+            r.spans.append(SpokenSpan(r.audio_ms, ""))  # the word ends where padding begins
+        return out + self.on_audio(ResponseAudio(r.id, r.epoch, TtsFrame(pcm)), now)
+
+    def end_spoken(self, settings: SessionSettings, now: float) -> list[Effect]:
+        """The model stopped saying something: generation is done (``response.done`` when delivered)."""
+        r = self.live
+        assert r is not None
+        return self.on_finished(ResponseFinished(r.id, r.epoch), settings, now)
+
+    def cancel(self, reason: str) -> list[Effect]:
+        """Ending a reply early also silences the model, without dropping its context."""
+        return [*super().cancel(reason), *self.hold()]
+
+    def hold(self) -> list[Effect]:
+        if self.held or self.phase is Phase.CLOSED:
+            return []
+        self.held = True
+        return [S2sSilence(True)]
+
+    def release(self) -> list[Effect]:
+        if not self.held or self.phase is Phase.CLOSED:
+            return []
+        self.held = False
+        return [S2sSilence(False)]
+
+
+class SpeechToSpeech:
+    """The session's side of its stream on the speech-to-speech stage: the input clock and framing,
+    and the model's steps turned into responses."""
+
+    def __init__(self, binding: S2sBinding, responses: SpokenResponses) -> None:
+        self.binding = binding
+        self.spec = binding.spec
+        self.rule = binding.rule
+        self.responses = responses
+        self.clock = StreamClock(self.spec.frame_ms, MAX_FILL_FRAMES)
+        """The input stream's position: steps fed, client audio or silence."""
+        self.frame_bytes = 2 * self.spec.native_rate * self.spec.frame_ms // 1000
+        self.framer = audio.Reframer(self.frame_bytes // 2)
+        self.to_model: audio.StreamingResampler | None = None
+        self.from_model = audio.StreamingResampler(self.spec.native_rate, OUTPUT_RATE)
+        self.quiet_ms = 0.0
+        """How long the live response's steps have been padding and quiet."""
+        self.waiting: list[tuple[S2sFrame, bytes]] = []
+        """Steps that began a reply while the previous response's audio was still leaving."""
+        self.steps_in = 0
+        self.steps_out = 0
+
+    @property
+    def open(self) -> bool:
+        return self.clock.started
+
+    def capabilities(self) -> dict[str, Any]:
+        """The session's additive ``capabilities``: what the model takes, its step and its context."""
+        spec = self.spec
+        return {
+            "speech_to_speech": True,
+            "model_capabilities": list(spec.capabilities),
+            "chunk_period_ms": spec.frame_ms,
+            "context_frames": spec.context_frames,
+        }
+
+    def check(self, event: object) -> None:
+        """Refuse a client event the model cannot take (``SessionError``), before anything changes."""
+        b = self.binding
+        if isinstance(event, rt.SessionUpdateEvent):
+            check_update(b, event.session)
+        elif isinstance(event, rt.ConversationItemCreateEvent):
+            raise refusal(b, "conversation items (text, audio or tool output)", "item", "unsupported_event")
+        elif isinstance(event, rt.ResponseCreateEvent):
+            raise refusal(b, "response.create (a response opens when it starts to speak)", None, "unsupported_event")
+
+    def start(self) -> list[Effect]:
+        """The session connected: open its stream (nothing else happens before it is open)."""
+        return [OpenS2s(S2sOpen(seed=self.binding.seed))]
+
+    def opened(self, now: float) -> None:
+        self.clock.start(now)
+
+    # -- input -----------------------------------------------------------------------------------------
+    def hear(self, pcm: bytes, rate: int) -> list[Effect]:
+        """Appended audio (PCM16 at the session's input rate) as the model's steps."""
+        if not self.open:
+            return []
+        if self.to_model is None or self.to_model.in_rate != rate:
+            self.to_model = audio.StreamingResampler(rate, self.spec.native_rate)
+        return self._feed(self.framer.push(self.to_model.push(pcm)))
+
+    def keep_time(self, now: float) -> list[Effect]:
+        """Silence in place of the client's audio when it fell behind the session clock."""
+        missing = self.clock.frames_behind(now, self.rule.input_slack_ms)
+        return self._feed([bytes(self.frame_bytes)] * missing)
+
+    def _feed(self, frames: list[bytes]) -> list[Effect]:
+        for _ in frames:
+            self.clock.advance(self.spec.frame_ms)
+        self.steps_in += len(frames)
+        return [S2sAudio(f) for f in frames]
+
+    # -- output ----------------------------------------------------------------------------------------
+    def on_frame(self, frame: S2sFrame, settings: SessionSettings, now: float) -> list[Effect]:
+        """One step of the model: opens, continues or ends a response, or is not a reply at all."""
+        self.steps_out += 1
+        return self._step(frame, self.from_model.push(frame.pcm), settings, now)
+
+    def _step(self, frame: S2sFrame, pcm: bytes, settings: SessionSettings, now: float) -> list[Effect]:
+        r = self.responses
+        if r.held or r.phase is Phase.CLOSED:
+            self.waiting.clear()
+            return []  # forced silent: what it still says (steps made before the hold) is not sent
+        if r.phase is Phase.DELIVERING:
+            if self.waiting or not frame.padding:  # the next reply began before the last one left
+                self.waiting = [*self.waiting, (frame, pcm)][-MAX_WAITING_FRAMES:]
+            return []
+        if self.waiting:
+            return self.resume(settings, now) + self._step(frame, pcm, settings, now)
+        out: list[Effect] = []
+        if r.phase is Phase.IDLE:
+            if frame.padding:
+                return []
+            try:
+                out += r.open_spoken(settings)
+            except ConversationError as e:  # a full conversation (truncation disabled): said once a turn
+                return [r.ids.error(str(e), e.code, e.param), *r.hold()]
+            self.quiet_ms = 0.0
+        out += r.say(pcm, "" if frame.padding else frame.text, now)
+        quiet = frame.padding and audio.level_dbfs(pcm) <= self.rule.silence_dbfs
+        self.quiet_ms = self.quiet_ms + self.spec.frame_ms if quiet else 0.0
+        if self.quiet_ms >= self.rule.end_ms:
+            out += r.end_spoken(settings, now)
+        return out
+
+    def resume(self, settings: SessionSettings, now: float) -> list[Effect]:
+        """The last response is done: the steps that waited for it begin the next one."""
+        if self.responses.phase is not Phase.IDLE or not self.waiting:
+            return []
+        steps, self.waiting = self.waiting, []
+        out: list[Effect] = []
+        for frame, pcm in steps:
+            out += self._step(frame, pcm, settings, now)
+        return out

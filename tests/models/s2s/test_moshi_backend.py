@@ -1,0 +1,155 @@
+"""The Moshi stage's backend on the tiny shape (random init, sampling as published): conversations that
+join and leave a batch change nothing for the others, a seed replays a conversation, the silence switch,
+the first frame, refusals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from realtime_gw.models.contract import NoFreeSlot
+from realtime_gw.models.s2s.backend import MoshiBackend, MoshiState
+from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen, S2sSilence
+from tests.models.waiting import wait_for
+
+FRAME = 1920
+
+
+@pytest.fixture(scope="module")
+def backend() -> MoshiBackend:
+    return MoshiBackend("tiny", slots=3, seed=7)
+
+
+def _audio(seed: int, frames: int) -> list[S2sAudio]:
+    rng = np.random.default_rng(seed)
+    pcm = (rng.standard_normal(frames * FRAME) * 4000).astype("<i2")
+    return [S2sAudio(pcm[i * FRAME : (i + 1) * FRAME].tobytes()) for i in range(frames)]
+
+
+def _run(backend: MoshiBackend, plan: dict[str, tuple[int, int, int]], steps: int) -> dict[str, list[S2sFrame]]:
+    """``plan``: name -> (seed, first step, last step): each conversation opens at its first step and is
+    released after its last; one frame of its own audio per step (its first frame at its first step)."""
+    states: dict[str, MoshiState] = {}
+    audio = {name: _audio(seed, steps) for name, (seed, _, _) in plan.items()}
+    frames: dict[str, list[S2sFrame]] = {name: [] for name in plan}
+    try:
+        for t in range(steps):
+            for name, (seed, first, _) in plan.items():
+                if t == first:
+                    states[name] = backend.open(S2sOpen(seed=seed))
+            work: list[tuple[Any, list[Any]]] = [(st, [audio[n][t - plan[n][1]]]) for n, st in states.items()]
+            for (n, _), result in zip(states.items(), backend.step(work), strict=True):
+                assert result.error is None
+                frames[n] += result.outputs
+            for name, (_, _, last) in plan.items():
+                if t == last:
+                    backend.release(states.pop(name))
+    finally:
+        for st in states.values():
+            backend.release(st)
+    return frames
+
+
+def test_a_conversation_that_others_join_and_leave_says_what_it_says_alone(backend: MoshiBackend) -> None:
+    """b leaves slot 0 at step 4: c (slot 2) is moved down into it (the batch bucket shrinks) and goes on."""
+    alone = _run(backend, {"a": (11, 0, 15)}, 16)["a"]
+    c_alone = _run(backend, {"c": (13, 0, 6)}, 7)["c"]
+    crowded = _run(backend, {"b": (12, 0, 4), "a": (11, 0, 15), "c": (13, 3, 9), "d": (14, 6, 15)}, 16)
+    assert [f.text_token for f in crowded["c"]] == [f.text_token for f in c_alone]
+    assert [f.index for f in crowded["a"]] == list(range(16))
+    assert [f.text_token for f in crowded["a"]] == [f.text_token for f in alone]
+    # the voice: the same codes decoded; a batched conv may round a float differently (1 LSB)
+    got, want = (np.frombuffer(b"".join(f.pcm for f in fs), "<i2").astype(int) for fs in (crowded["a"], alone))
+    assert np.abs(got - want).max() <= 2 and np.abs(want).max() > 1000
+    assert len(crowded["c"]) == 7 and crowded["c"][0].index == 0
+    assert {f.text_token for f in alone[1:]} - {3, 0}, "sampling at the published temperatures says something"
+
+
+def test_another_seed_says_something_else(backend: MoshiBackend) -> None:
+    a = _run(backend, {"a": (11, 0, 7)}, 8)["a"]
+    b = _run(backend, {"a": (99, 0, 7)}, 8)["a"]
+    assert [f.text_token for f in a] != [f.text_token for f in b]
+
+
+def test_the_first_frame_is_silence_and_padding(backend: MoshiBackend) -> None:
+    first = _run(backend, {"a": (1, 0, 0)}, 1)["a"][0]
+    assert first.index == 0 and first.padding and first.text == "" and first.text_token == 3
+    assert first.pcm == bytes(2 * FRAME)
+
+
+def test_silence_forces_padding_and_quiet_then_lets_go(backend: MoshiBackend) -> None:
+    st = backend.open(S2sOpen(seed=5))
+    try:
+        audio = _audio(5, 12)
+        out: list[S2sFrame] = []
+        for t in range(12):
+            inputs: list[Any] = [audio[t]]
+            if t == 4:
+                inputs = [S2sSilence(True), *inputs]
+            if t == 8:
+                inputs = [S2sSilence(False), *inputs]
+            out += backend.step([(st, inputs)])[0].outputs
+        silent = out[4:8]
+        assert all(f.padding and f.text == "" and f.pcm == bytes(2 * FRAME) for f in silent)
+        assert any(f.pcm != bytes(2 * FRAME) for f in out[9:]), "released: it speaks again, context kept"
+        assert [f.index for f in out] == list(range(12))
+    finally:
+        backend.release(st)
+
+
+def test_several_frames_waiting_advance_one_per_step(backend: MoshiBackend) -> None:
+    st = backend.open(S2sOpen(seed=2))
+    try:
+        (r,) = backend.step([(st, _audio(2, 3))])
+        assert [f.index for f in r.outputs] == [0] and backend.has_work(st)
+        (r,) = backend.step([(st, [])])
+        (r2,) = backend.step([(st, [])])
+        assert [f.index for f in r.outputs + r2.outputs] == [1, 2] and not backend.has_work(st)
+    finally:
+        backend.release(st)
+
+
+def test_refusals(backend: MoshiBackend) -> None:
+    with pytest.raises(ValueError, match="moshi takes no voice prompt or persona"):
+        backend.open(S2sOpen(persona="a pirate"))
+    held = [backend.open(S2sOpen()) for _ in range(3)]
+    try:
+        with pytest.raises(NoFreeSlot, match="no free slot"):
+            backend.open(S2sOpen())
+        (r,) = backend.step([(held[0], [S2sAudio(b"\0" * 10)])])
+        assert r.done and r.error and "3840 bytes" in r.error
+    finally:
+        for st in held:
+            backend.release(st)
+    assert backend.describe().s2s is not None and backend.describe().s2s.text_padding_ids == (3, 0)
+
+
+async def test_a_full_stage_refuses_a_conversation_at_once() -> None:
+    """Through the stage worker the app starts (``--s2s moshi``): each conversation holds a slot; one more
+    is refused at submit, never queued; a released one makes room."""
+    import asyncio
+
+    from realtime_gw.config import GatewayConfig
+    from realtime_gw.models.registry import build_stage
+
+    worker = build_stage("s2s", GatewayConfig(s2s="moshi", s2s_slots=2, warmup=False))
+    await worker.start(warmup=False)
+    try:
+        first, second = worker.submit(S2sOpen(seed=1)), worker.submit(S2sOpen(seed=2))
+        with pytest.raises(NoFreeSlot):
+            worker.submit(S2sOpen(seed=3))
+        for stream in (first, second):
+            for a in _audio(1, 2):
+                stream.push(a)
+        frames = aiter(first)
+        got = [await asyncio.wait_for(anext(frames), 30) for _ in range(2)]
+        assert [f.index for f in got] == [0, 1] and all(isinstance(f, S2sFrame) for f in got)
+        first.cancel()
+        await wait_for(lambda: worker.active_count < 2, 30)
+        third = worker.submit(S2sOpen(seed=3))
+        third.cancel()
+        second.cancel()
+    finally:
+        await worker.stop()
