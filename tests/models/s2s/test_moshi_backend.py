@@ -73,6 +73,15 @@ def test_another_seed_says_something_else(backend: MoshiBackend) -> None:
     assert [f.text_token for f in a] != [f.text_token for f in b]
 
 
+def test_a_conversation_released_before_its_first_step_leaves_its_slot_clean(backend: MoshiBackend) -> None:
+    """A client that connects and leaves at once: the next conversation in that slot samples with its own
+    seed (the slot is reset once, with the newest seed)."""
+    fresh = _run(backend, {"a": (3, 0, 5)}, 6)["a"]
+    backend.release(backend.open(S2sOpen(seed=99)))
+    again = _run(backend, {"a": (3, 0, 5)}, 6)["a"]
+    assert [f.text_token for f in again] == [f.text_token for f in fresh]
+
+
 def test_the_first_frame_is_silence_and_padding(backend: MoshiBackend) -> None:
     first = _run(backend, {"a": (1, 0, 0)}, 1)["a"][0]
     assert first.index == 0 and first.padding and first.text == "" and first.text_token == 3

@@ -116,7 +116,8 @@ class SlotEngine:
         slot = self.slot_pool.take()
         if slot is None:
             raise NoFreeSlot(f"{self.name}: no free slot ({self.slots} streams active)")
-        self._fresh.append(slot)  # state reset happens batched, at the next step
+        if slot not in self._fresh:  # freed before its first step and taken again: reset it once
+            self._fresh.append(slot)  # state reset happens batched, at the next step
         self.frames[slot] = 0
         self._generation[slot] += 1
         return slot
