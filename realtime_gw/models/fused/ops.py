@@ -164,7 +164,7 @@ def linear(
     dot = m >= 16
     if dot:
         block_m, block_k = _pow2(m, 16, 64), _pow2(k, 16, 64)
-        block_n = 64 if n >= 4096 else 32 if n >= 1024 else 16
+        block_n = 32 if n >= 2048 else 16  # enough column tiles to spread one GEMM over the SMs
     else:
         block_m, block_k = _pow2(m, 2, 8), _pow2(k, 16, 256 if m <= 2 else 128)
         block_n = 8 if n <= 2048 or m > 2 else 16
