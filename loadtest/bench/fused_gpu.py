@@ -3,7 +3,8 @@ then speed, each fused figure next to the unfused one measured in the same proce
 
 **Random-init weights** at the published shapes (Qwen3-TTS 0.6B, full PI0): real architecture and cost.
 
-1. checks (CUDA): the Qwen3-TTS code predictor's codes, fused vs eager, from the same hidden states and
+1. checks (CUDA): the Qwen3-TTS code predictor's codes, fused vs eager (``tts_fused`` also runs the
+   talker's layers fused; the served frame's figures below include both), from the same hidden states and
    seeds: the tiny fixture and the 0.6B shape in float32 (must be equal: ``codes_equal``), and the 0.6B
    in bf16 (rounding differs, so only the share of equal codes); PI0's velocity and its
    vector-Jacobian product (RTC's guidance), fused vs eager, tiny in float32 and full in bf16.
@@ -42,6 +43,7 @@ except ImportError:  # a bare GPU machine: the codec stages never resample, the 
 
     sys.modules["soxr"] = types.ModuleType("soxr")
 
+from loadtest.bench.kernel_profile import kernels
 from loadtest.bench.tts_gpu import TEXT, hardware, log, run_streams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,6 +188,10 @@ async def qwen_speed(args: argparse.Namespace, fused: bool) -> dict[str, Any]:
     }
     times = stage_times(ck, backend.engine, [1, max(args.streams)])
     r["stage_ms"] = {k: v for k, v in times.items() if k.startswith(("cp_", "frame_", "talker_cp_"))}
+    talker = backend.engine.talker
+    h = torch.zeros(1, talker.hidden, device="cuda", dtype=talker.bos_emb.dtype)
+    code0 = torch.zeros(1, dtype=torch.long, device="cuda")
+    r["cp_kernels_b1"] = kernels(lambda: talker.predict_codes(h, code0))["kernels"]
     worker = StageWorker(backend, device="cuda", max_batch=slots, max_active=slots, max_backlog=4096)
     await worker.start(warmup=False)
     try:
@@ -225,6 +231,7 @@ def pi0_speed(args: argparse.Namespace, deadline: Deadline) -> dict[str, Any]:
         runner.warmup()
         r: dict[str, Any] = {"warmup_s": time.perf_counter() - t, "report": runner.warmup_report}
         r["plain"] = device_time(runner, 1)
+        r["step_kernels"] = kernels(runner.slots._step_body("plain", 1, name == "compiled"))["kernels"]
         r["rtc"] = device_time(runner, 1, rtc=True)
         prepared = [runner.prepare(request(7)), runner.prepare(request(8, rtc=guide))]
         actions[name] = [runner.run([p], None)[0] for p in prepared]

@@ -87,9 +87,10 @@ class Qwen3Settings(PiperSettings, kw_only=True):
     a little faster per frame at small batches, no faster at large ones, and its bf16 rounding differs
     from the uncompiled kernels' (docs/benchmarks.md)."""
     tts_fused: bool = True
-    """On CUDA with Triton installed: the code predictor's 15 passes a frame (layers and sampling) run on
-    fused Triton kernels (six a layer, norms, rotary and residuals inside them) in the frame's CUDA graph; the same codes as the
-    eager passes in float32. Off, or on the CPU, or without Triton: the eager passes."""
+    """On CUDA with Triton installed: a frame's decoder layers (the talker's stack and the code predictor's
+    15 passes, sampling included) run on fused Triton kernels (six a layer: norms, rotary, residuals
+    inside them) in the frame's CUDA graph; the same codes as the eager layers in float32. Off, or on
+    the CPU, or without Triton: the eager layers."""
     tts_pipelined: bool = True
     """On CUDA: each frame's codec decoder runs behind the next frame's talker step (its own CUDA
     stream), overlapping it and the host's work between steps; a frame's audio leaves one step after its

@@ -1,7 +1,7 @@
 """Fused Triton kernels for the small decoders (the Qwen3-TTS code predictor, the PI0 / π0.5 action
 expert), imported lazily: the gateway runs without Triton, and the eager paths stay the reference.
 
-``ops`` holds the kernels; ``qwen3_predictor`` and ``pi0_expert`` build a model's layers from them.
+``ops`` holds the kernels; ``qwen3_frame`` and ``pi0_expert`` build a model's layers from them.
 """
 
 from __future__ import annotations

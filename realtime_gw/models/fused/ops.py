@@ -196,13 +196,17 @@ def linear(
 
 @triton.jit
 def _rope_write_kernel(
-    qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, qkn_ptr,
+    qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, qkn_ptr, cols_ptr,
     S, H, KVH, D, HALF, col0,
     s_qkv, s_q, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_cb, s_cs, eps,
-    QK_NORM: tl.constexpr, BLOCK_HEADS: tl.constexpr, BLOCK_H: tl.constexpr,
+    QK_NORM: tl.constexpr, ROW_COLS: tl.constexpr, BLOCK_HEADS: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
     m = tl.program_id(0)
     b, s = m // S, m % S
+    if ROW_COLS:  # each batch row writes its own cache column (the talker: streams at their own positions)
+        col = tl.load(cols_ptr + b).to(tl.int32) + s
+    else:
+        col = col0 + s
     hh = tl.arange(0, BLOCK_HEADS)[:, None]  # q heads, then k heads, then v heads
     d = tl.arange(0, BLOCK_H)[None, :]
     ok = (hh < H + 2 * KVH) & (d < HALF)
@@ -230,8 +234,8 @@ def _rope_write_kernel(
     is_q = hh < H
     is_k = rot & (hh >= H)
     q_dst = q_ptr + m.to(tl.int64) * s_q + hh * D + d
-    k_dst = kc_ptr + b.to(tl.int64) * s_kb + (hh - H) * s_kh + (col0 + s) * s_kl + d
-    v_dst = vc_ptr + b.to(tl.int64) * s_vb + (hh - H - KVH) * s_vh + (col0 + s) * s_vl + d
+    k_dst = kc_ptr + b.to(tl.int64) * s_kb + (hh - H) * s_kh + col * s_kl + d
+    v_dst = vc_ptr + b.to(tl.int64) * s_vb + (hh - H - KVH) * s_vh + col * s_vl + d
     tl.store(q_dst, lo.to(dt), mask=ok & is_q)
     tl.store(q_dst + HALF, hi.to(dt), mask=ok & is_q)
     tl.store(k_dst, lo.to(dt), mask=ok & is_k)
@@ -253,9 +257,11 @@ def rope_write(
     col0: int,
     qk_norm: torch.Tensor | None = None,
     qk_eps: float = 1e-6,
+    cols: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``qkv (B * seq, (heads + 2 kv_heads) * D)`` -> the query heads ``(B * seq, heads * D)``; the key
-    and value heads go to cache columns ``col0 + s`` of ``k_cache``/``v_cache (B, KV, L, D)``.
+    and value heads go to cache columns ``col0 + s`` (``cols[b] + s`` with ``cols (B,)``) of
+    ``k_cache``/``v_cache (B, KV, L, D)``.
     ``cos``/``sin`` (signed, ``kernels.rope_cos_sin``): ``(seq, D)``, or ``(B, seq, ..., D)``."""
     m = qkv.shape[0]
     q = torch.empty(m, heads * head_dim, device=qkv.device, dtype=qkv.dtype)
@@ -264,9 +270,9 @@ def rope_write(
     half = head_dim // 2
     _rope_write_kernel[(m,)](
         qkv, q, k_cache, v_cache, cos, sin, qk_norm if qk_norm is not None else qkv,
-        seq, heads, kv_heads, head_dim, half, col0,
+        cols if cols is not None else qkv, seq, heads, kv_heads, head_dim, half, col0,
         qkv.stride(0), q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], s_cb, s_cs, qk_eps,
-        QK_NORM=qk_norm is not None, BLOCK_HEADS=triton.next_power_of_2(heads + 2 * kv_heads),
+        QK_NORM=qk_norm is not None, ROW_COLS=cols is not None, BLOCK_HEADS=triton.next_power_of_2(heads + 2 * kv_heads),
         BLOCK_H=triton.next_power_of_2(half), num_warps=4,
     )  # fmt: skip
     return q
@@ -274,10 +280,10 @@ def rope_write(
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, kc_ptr, vc_ptr, mask_ptr, o_ptr,
+    q_ptr, kc_ptr, vc_ptr, mask_ptr, o_ptr, pos_ptr,
     S, G, KVH, L, D, col0, scale,
     s_q, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mr, s_o,
-    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
+    CAUSAL: tl.constexpr, ROW_POS: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     pid_q, bh = tl.program_id(0), tl.program_id(1)
@@ -287,6 +293,10 @@ def _attention_kernel(
     s, g = r // G, r % G
     tok = (b * S + s).to(tl.int64)
     head = kh * G + g
+    if ROW_POS:  # causal from each batch row's own position
+        base = tl.load(pos_ptr + b).to(tl.int32)
+    else:
+        base = col0
     dd = tl.arange(0, BLOCK_D)
     d_ok = dd < D
     q_mask = r_ok[:, None] & d_ok[None, :]
@@ -314,7 +324,7 @@ def _attention_kernel(
             )
             sc += am.to(tl.float32)
         if CAUSAL:
-            sc = tl.where(lj[None, :] <= col0 + s[:, None], sc, float("-inf"))
+            sc = tl.where(lj[None, :] <= base + s[:, None], sc, float("-inf"))
         sc = tl.where(l_ok[None, :], sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, axis=1))  # finite from the first block on: column 0 is visible
         p = tl.exp(sc - m_new[:, None])
@@ -343,12 +353,12 @@ def attention(
     length: int,
     scale: float,
     *,
-    causal_from: int | None = None,
+    causal_from: int | torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Queries ``q (B * seq, heads * D)`` over cache columns ``[0, length)`` of ``k_cache``/``v_cache
     (B, KV, L, D)`` -> ``(B * seq, heads * D)``. ``causal_from``: query s sees columns ``<= causal_from +
-    s``; ``mask``: additive ``(B or 1, 1, seq * groups, >= length)`` in ``kernels.additive_mask``'s rows."""
+    s`` (a ``(B,)`` tensor: each batch row's own); ``mask``: additive ``(B or 1, 1, seq * groups, >= length)`` in ``kernels.additive_mask``'s rows."""
     m = q.shape[0]
     bsz, kvh, _, d = k_cache.shape
     groups = heads // kvh
@@ -361,10 +371,11 @@ def attention(
     assert m == bsz * seq or m <= bsz * seq
     _attention_kernel[(triton.cdiv(rows, block_q), (m // seq) * kvh)](
         q, k_cache, v_cache, mask if mask is not None else q, o,
-        seq, groups, kvh, length, d, causal_from or 0, scale,
+        causal_from if isinstance(causal_from, torch.Tensor) else q,
+        seq, groups, kvh, length, d, causal_from if isinstance(causal_from, int) else 0, scale,
         q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], s_mb,
         mask.stride(2) if mask is not None else 0, o.stride(0),
-        CAUSAL=causal_from is not None, HAS_MASK=mask is not None, IEEE=q.dtype == torch.float32,
+        CAUSAL=causal_from is not None, ROW_POS=isinstance(causal_from, torch.Tensor), HAS_MASK=mask is not None, IEEE=q.dtype == torch.float32,
         BLOCK_Q=block_q, BLOCK_L=block_l, BLOCK_D=block_d, num_warps=8 if block_d >= 128 else 4,
     )  # fmt: skip
     return o

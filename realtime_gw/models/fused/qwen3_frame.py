@@ -1,6 +1,8 @@
-"""The Qwen3-TTS code predictor's frame on the fused kernels (``ops``): codebooks 1..15, sampling included.
+"""A Qwen3-TTS frame's decoder layers on the fused kernels (``ops``): the talker's stack (every stream at
+its own position) and the code predictor's 15 passes, sampling included.
 
-Per pass (one codebook) and layer: norm+QKV, q/k norms+rotary+K/V write, attention, o-proj+residual,
+Talker, per layer: norm+QKV, q/k norms+rotary+K/V into each row's own column, attention causal from each
+row's position, o-proj+residual, norm+gate|up+SwiGLU, down+residual. Code predictor, per pass (one codebook) and layer: norm+QKV, q/k norms+rotary+K/V write, attention, o-proj+residual,
 norm+gate|up+SwiGLU, down+residual; then final norm+head, the draws (torch's generator, as the eager
 sampler's, so the codes match draw for draw), sampling, and the next input's embedding gathered into
 ``small_to_mtp_projection``: ~34 kernels a pass instead of ~130, all capturable in the frame's CUDA
@@ -18,8 +20,9 @@ import torch.nn.functional as F
 from realtime_gw.models.fused import ops
 
 
-class FusedCodePredictor:
-    """``Qwen3TalkerRuntime.predict_codes`` on the fused kernels, over the runtime's own caches and weights."""
+class FusedQwen3Frame:
+    """``Qwen3TalkerRuntime.talker_hidden``'s layers and ``predict_codes`` on the fused kernels, over the
+    runtime's own caches and weights."""
 
     def __init__(self, rt: Any) -> None:
         self.rt = rt
@@ -51,6 +54,27 @@ class FusedCodePredictor:
         if rows is not None:
             return ops.linear(rows, w, b)
         return ops.linear(table, w, b, gather=index)
+
+    @torch.no_grad()
+    def talker_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cols: torch.Tensor,
+                      pos: torch.Tensor, length: int) -> torch.Tensor:  # fmt: skip
+        """The talker's layers over ``x (b, hidden)``: row r at position ``pos[r]`` (rotary ``cos``/``sin``
+        ``(b, D)``), its K/V written at cache column ``cols[r]``, attending to columns ``<= pos[r]`` of
+        ``[0, length)``."""
+        rt = self.rt
+        b = x.shape[0]
+        for j, lay in enumerate(rt.layers):
+            kc, vc = rt.k_cache[j][:b], rt.v_cache[j][:b]
+            qkv = ops.linear(x, lay.w_qkv, lay.b_qkv, norm=lay.ln1, eps=lay.eps)
+            q = ops.rope_write(
+                qkv, 1, lay.heads, lay.kv_heads, lay.head_dim, cos[:, None], sin[:, None], kc, vc, 0,
+                lay.qk_norm, lay.qk_eps, cols=cols,
+            )  # fmt: skip
+            o = ops.attention(q, 1, lay.heads, kc, vc, length, lay.scale, causal_from=pos)
+            x = ops.linear(o, lay.w_o, lay.b_o, residual=x)
+            gu = ops.linear(x, lay.w_gate_up, lay.b_gate_up, norm=lay.ln2, eps=lay.eps, glu=ops.ACT_SILU)
+            x = ops.linear(gu, lay.w_down, lay.b_down, residual=x)
+        return x
 
     def _layers(self, x: torch.Tensor, b: int, seq: int, start: int) -> torch.Tensor:
         rt = self.rt

@@ -41,3 +41,39 @@ def test_frame_codes_equal_eager(ck: Qwen3TtsCheckpoint, do_sample: bool) -> Non
     for j in range(len(eager.p_layers)):  # the K/V each pass wrote
         torch.testing.assert_close(fused.pk_cache[j][:2], eager.pk_cache[j][:2], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(fused.pv_cache[j][:2], eager.pv_cache[j][:2], atol=1e-5, rtol=1e-5)
+
+
+def test_talker_layers_equal_eager(ck: Qwen3TtsCheckpoint) -> None:
+    """Streams at different positions (one inactive: its K/V go to the scratch column): the same hidden
+    states and the same K/V written as the eager talker step."""
+    sampling = Sampling.from_generation(ck.generation, do_sample=False, sub_do_sample=False)
+    runtimes = [Qwen3TalkerRuntime(ck, 3, 32, sampling, fused_predictor=f) for f in (False, True)]
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, 200, (3, 9), generator=g)
+    lengths = torch.tensor([9, 4, 6])
+    x = torch.randn(3, runtimes[0].hidden, generator=g)
+    active = torch.tensor([True, True, False])
+    hidden = []
+    for rt in runtimes:
+        rt.prefill(torch.arange(3), prompt, prompt % 7, lengths)
+        hidden.append(rt.talker_hidden(3, 12, x, active))
+    eager, fused = runtimes
+    torch.testing.assert_close(hidden[1], hidden[0], atol=1e-5, rtol=1e-5)
+    for j in range(len(eager.layers)):
+        torch.testing.assert_close(fused.k_cache[j], eager.k_cache[j], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fused.v_cache[j], eager.v_cache[j], atol=1e-5, rtol=1e-5)
+
+
+def test_frame_steps_equal_eager(ck: Qwen3TtsCheckpoint) -> None:
+    """Two whole frame steps (talker, codebook 0 with its penalty, code predictor, the next input), top-k."""
+    sampling = Sampling.from_generation(ck.generation)
+    runtimes = [Qwen3TalkerRuntime(ck, 2, 32, sampling, fused_predictor=f) for f in (False, True)]
+    prompt = torch.randint(0, 200, (2, 7), generator=torch.Generator().manual_seed(8))
+    codes = []
+    for rt in runtimes:
+        rt.prefill(torch.arange(2), prompt, prompt % 5, torch.tensor([7, 5]))
+        torch.manual_seed(4)
+        active, eos_ok = torch.tensor([True, True]), torch.tensor([False, True])
+        codes.append([rt.frame_step(2, 9 + k, prompt[:, k], active, eos_ok).clone() for k in range(2)])
+    for want, got in zip(*codes, strict=True):
+        assert torch.equal(got, want)
