@@ -104,6 +104,28 @@ def predictor_codes(ck: Any, do_sample: bool, frames: int, b: int = 4) -> dict[s
             "first_frame_differing": first_diff, "emb_sum_max_abs": emb_err}  # fmt: skip
 
 
+def frame_codes(ck: Any, do_sample: bool, frames: int, b: int = 4) -> dict[str, Any]:
+    """Whole frame steps (talker, codebook 0, code predictor) of eager and fused runtimes from one prompt."""
+    from realtime_gw.models.speech.qwen3.talker import Qwen3TalkerRuntime, Sampling
+
+    sampling = Sampling.from_generation(ck.generation, do_sample=do_sample, sub_do_sample=do_sample)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    prompt = torch.randint(0, 200, (b, 12), generator=g, device="cuda")
+    lengths = torch.arange(12 - b, 12, device="cuda")
+    active = torch.ones(b, dtype=torch.bool, device="cuda")
+    out = []
+    for fused in (False, True):
+        rt = Qwen3TalkerRuntime(ck, b, 64, sampling, fused_predictor=fused)
+        rt.prefill(torch.arange(b, device="cuda"), prompt, prompt % 7, lengths)
+        torch.manual_seed(5)
+        with torch.no_grad():
+            out.append(torch.stack([rt.frame_step(b, 12 + k + 1, prompt[:, k], active, active).clone()
+                                    for k in range(frames)]))  # fmt: skip
+    eq = out[0] == out[1]
+    per_frame = [bool(e.all()) for e in eq]
+    return {"codes_equal": bool(eq.all()), "equal_share": float(eq.float().mean()), "frames_equal": per_frame}
+
+
 def check_qwen(args: argparse.Namespace) -> dict[str, Any]:
     from realtime_gw.models.speech.qwen3.checkpoint import load_checkpoint, random_checkpoint
 
@@ -115,6 +137,7 @@ def check_qwen(args: argparse.Namespace) -> dict[str, Any]:
         ck = random_checkpoint("0.6b", "cuda", dtype)
         for mode, sample in (("greedy", False), ("top_k", True)):
             out[f"0.6b_{str(dtype)[6:]}_{mode}"] = predictor_codes(ck, sample, 4)
+            out[f"0.6b_{str(dtype)[6:]}_{mode}_frames"] = frame_codes(ck, sample, 4)
         del ck
         torch.cuda.empty_cache()
     return out
