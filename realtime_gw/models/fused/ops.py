@@ -280,13 +280,13 @@ def rope_write(
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, kc_ptr, vc_ptr, mask_ptr, o_ptr, pos_ptr,
-    S, G, KVH, L, D, col0, scale,
+    q_ptr, kc_ptr, vc_ptr, mask_ptr, o_ptr, pos_ptr, part_o_ptr, part_ml_ptr,
+    S, G, KVH, L, D, col0, scale, split_len, M, H,
     s_q, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mr, s_o,
     CAUSAL: tl.constexpr, ROW_POS: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    pid_q, bh = tl.program_id(0), tl.program_id(1)
+    pid_q, bh, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, kh = bh // KVH, bh % KVH
     r = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)  # folded query rows s * G + g
     r_ok = r < S * G
@@ -306,9 +306,11 @@ def _attention_kernel(
     m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
-    for l0 in range(0, L, BLOCK_L):
+    l_start = pid_s * split_len  # this program's share of the keys (all of them without SPLIT)
+    l_end = tl.minimum(L, l_start + split_len)
+    for l0 in range(l_start, l_end, BLOCK_L):
         lj = l0 + tl.arange(0, BLOCK_L)
-        l_ok = lj < L
+        l_ok = lj < l_end
         kv_mask = l_ok[:, None] & d_ok[None, :]
         k = tl.load(k_base + lj[:, None] * s_kl + dd[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + lj[:, None] * s_vl + dd[None, :], mask=kv_mask, other=0.0)
@@ -326,9 +328,10 @@ def _attention_kernel(
         if CAUSAL:
             sc = tl.where(lj[None, :] <= base + s[:, None], sc, float("-inf"))
         sc = tl.where(l_ok[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))  # finite from the first block on: column 0 is visible
-        p = tl.exp(sc - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet stays 0
+        p = tl.exp(sc - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if IEEE:
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
@@ -336,12 +339,45 @@ def _attention_kernel(
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
-    out = acc / l_i[:, None]
-    tl.store(
-        o_ptr + tok[:, None] * s_o + head[:, None] * D + dd[None, :],
-        out.to(o_ptr.dtype.element_ty),
-        mask=q_mask,
+    if SPLIT:  # partial results, merged by _combine_kernel: (split, token, head) rows
+        part = (pid_s * M + tok) * H + head
+        tl.store(part_o_ptr + part[:, None] * D + dd[None, :], acc, mask=q_mask)
+        tl.store(part_ml_ptr + part * 2, m_i, mask=r_ok)
+        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=r_ok)
+    else:
+        out = acc / l_i[:, None]
+        tl.store(
+            o_ptr + tok[:, None] * s_o + head[:, None] * D + dd[None, :],
+            out.to(o_ptr.dtype.element_ty),
+            mask=q_mask,
+        )
+
+
+@triton.jit
+def _combine_kernel(
+    part_o_ptr, part_ml_ptr, o_ptr, M, H, D, SPLITS, s_o,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    tok, head = tl.program_id(0), tl.program_id(1)
+    sp = tl.arange(0, BLOCK_S)
+    sp_ok = sp < SPLITS
+    dd = tl.arange(0, BLOCK_D)
+    d_ok = dd < D
+    part = (sp * M + tok).to(tl.int64) * H + head
+    m_s = tl.load(part_ml_ptr + part * 2, mask=sp_ok, other=float("-inf"))
+    l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=sp_ok, other=0.0)
+    m_all = tl.max(m_s, axis=0)
+    w = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - m_all))
+    acc = tl.load(
+        part_o_ptr + part[:, None] * D + dd[None, :], mask=sp_ok[:, None] & d_ok[None, :], other=0.0
     )
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
+    tl.store(o_ptr + tok.to(tl.int64) * s_o + head * D + dd, out.to(o_ptr.dtype.element_ty), mask=d_ok)
+
+
+TARGET_PROGRAMS = 128
+"""Attention over a long cache splits its keys until about this many programs run (flash-decoding):
+with few queries, one program per query block would leave most SMs idle."""
 
 
 def attention(
@@ -355,10 +391,13 @@ def attention(
     *,
     causal_from: int | torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
+    max_splits: int | None = None,
 ) -> torch.Tensor:
     """Queries ``q (B * seq, heads * D)`` over cache columns ``[0, length)`` of ``k_cache``/``v_cache
     (B, KV, L, D)`` -> ``(B * seq, heads * D)``. ``causal_from``: query s sees columns ``<= causal_from +
-    s`` (a ``(B,)`` tensor: each batch row's own); ``mask``: additive ``(B or 1, 1, seq * groups, >= length)`` in ``kernels.additive_mask``'s rows."""
+    s`` (a ``(B,)`` tensor: each batch row's own); ``mask``: additive ``(B or 1, 1, seq * groups, >=
+    length)`` in ``kernels.additive_mask``'s rows. A long cache is split over several programs, then
+    merged (``max_splits`` caps the split count; 1: one pass)."""
     m = q.shape[0]
     bsz, kvh, _, d = k_cache.shape
     groups = heads // kvh
@@ -368,16 +407,31 @@ def attention(
     block_d = _pow2(d, 16, 256)
     block_l = 16 if length <= 16 else 32 if block_d >= 128 else 64
     s_mb = 0 if mask is None or mask.shape[0] == 1 else mask.stride(0)
-    assert m == bsz * seq or m <= bsz * seq
-    _attention_kernel[(triton.cdiv(rows, block_q), (m // seq) * kvh)](
+    assert m % seq == 0 and m // seq <= bsz
+    programs = triton.cdiv(rows, block_q) * (m // seq) * kvh
+    cap = max_splits or (4 if INTERPRETED else 64)  # the interpreter runs programs one by one
+    splits = min(triton.cdiv(length, block_l), max(1, TARGET_PROGRAMS // programs), cap)
+    split_len = triton.cdiv(triton.cdiv(length, splits), block_l) * block_l
+    splits = triton.cdiv(length, split_len)
+    part_o = part_ml = q
+    if splits > 1:
+        part_o = torch.empty(splits, m, heads, d, device=q.device, dtype=torch.float32)
+        part_ml = torch.empty(splits, m, heads, 2, device=q.device, dtype=torch.float32)
+    _attention_kernel[(triton.cdiv(rows, block_q), (m // seq) * kvh, splits)](
         q, k_cache, v_cache, mask if mask is not None else q, o,
-        causal_from if isinstance(causal_from, torch.Tensor) else q,
-        seq, groups, kvh, length, d, causal_from if isinstance(causal_from, int) else 0, scale,
+        causal_from if isinstance(causal_from, torch.Tensor) else q, part_o, part_ml,
+        seq, groups, kvh, length, d, causal_from if isinstance(causal_from, int) else 0, scale, split_len, m, heads,
         q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], s_mb,
         mask.stride(2) if mask is not None else 0, o.stride(0),
-        CAUSAL=causal_from is not None, ROW_POS=isinstance(causal_from, torch.Tensor), HAS_MASK=mask is not None, IEEE=q.dtype == torch.float32,
+        CAUSAL=causal_from is not None, ROW_POS=isinstance(causal_from, torch.Tensor), HAS_MASK=mask is not None,
+        IEEE=q.dtype == torch.float32, SPLIT=splits > 1,
         BLOCK_Q=block_q, BLOCK_L=block_l, BLOCK_D=block_d, num_warps=8 if block_d >= 128 else 4,
     )  # fmt: skip
+    if splits > 1:
+        _combine_kernel[(m, heads)](
+            part_o, part_ml, o, m, heads, d, splits, o.stride(0),
+            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
+        )  # fmt: skip
     return o
 
 

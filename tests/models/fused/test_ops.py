@@ -68,25 +68,33 @@ def test_rope_write_equals_the_eager_layer() -> None:
     assert not kc[:, :, :col0].any() and not vc[:, :, col0 + s :].any()
 
 
-def test_attention_causal_and_masked() -> None:
-    b, s, heads, kvh, d, length = 2, 3, 4, 2, 8, 21
-    q, kc, vc = _rand(b * s, heads * d), _rand(b, kvh, 32, d, seed=1), _rand(b, kvh, 32, d, seed=2)
+@pytest.mark.parametrize("max_splits", [1, 3, None])  # one pass; keys split over programs, then merged
+def test_attention_causal_and_masked(max_splits: int | None) -> None:
+    b, s, heads, kvh, d, length = 2, 3, 4, 2, 8, 45
+    q, kc, vc = _rand(b * s, heads * d), _rand(b, kvh, 64, d, seed=1), _rand(b, kvh, 64, d, seed=2)
     col0 = length - s
     seen = torch.arange(length)[None, :] <= (col0 + torch.arange(s))[:, None]
+    mask = additive_mask(seen[None], 1, heads // kvh, q.dtype)
+    want = attend(q.view(b, s, heads, d), kc[:, :, :length], vc[:, :, :length], mask, 0.3)
+    got = ops.attention(q, s, heads, kc, vc, length, 0.3, causal_from=col0, max_splits=max_splits)
+    torch.testing.assert_close(got.view(b, s, -1), want, atol=ATOL, rtol=1e-5)
+    pos = torch.tensor([7, 40])  # each batch row's own position (the talker); rows past it unseen
+    seen = torch.arange(length)[None, None, :] <= (pos[:, None, None] + torch.arange(s)[None, :, None])
     want = attend(
         q.view(b, s, heads, d),
         kc[:, :, :length],
         vc[:, :, :length],
-        additive_mask(seen[None], 1, heads // kvh, q.dtype),
+        additive_mask(seen, 1, heads // kvh, q.dtype),
         0.3,
     )
-    got = ops.attention(q, s, heads, kc, vc, length, 0.3, causal_from=col0)
+    got = ops.attention(q, s, heads, kc, vc, length, 0.3, causal_from=pos, max_splits=max_splits)
     torch.testing.assert_close(got.view(b, s, -1), want, atol=ATOL, rtol=1e-5)
-    keep = _rand(b, s, 32, seed=3) > -0.5
+    keep = _rand(b, s, 64, seed=3) > -0.5
     keep[:, :, 0] = True
+    keep[:, :, 40:] = False  # a split that sees only masked keys (as PI0's padded prompt)
     mask = additive_mask(keep, 1, heads // kvh, q.dtype)
     want = attend(q.view(b, s, heads, d), kc, vc, mask, 0.3)
-    got = ops.attention(q, s, heads, kc, vc, 32, 0.3, mask=mask)
+    got = ops.attention(q, s, heads, kc, vc, 64, 0.3, mask=mask, max_splits=max_splits)
     torch.testing.assert_close(got.view(b, s, -1), want, atol=ATOL, rtol=1e-5)
 
 
