@@ -232,7 +232,6 @@ async def qwen_speed(args: argparse.Namespace, fused: bool) -> dict[str, Any]:
 # -- 3. PI0 ---------------------------------------------------------------------------------------------------
 def pi0_speed(args: argparse.Namespace, deadline: Deadline) -> dict[str, Any]:
     from loadtest.bench.policy_gpu import device_time, load_pi0, request
-    from realtime_gw.models.policy.pi0 import action_error
     from realtime_gw.models.policy.pi0_fast import FastPi0Runner
     from realtime_gw.records.policy import RtcGuide
 
@@ -259,25 +258,33 @@ def pi0_speed(args: argparse.Namespace, deadline: Deadline) -> dict[str, Any]:
         prepared = [runner.prepare(request(7)), runner.prepare(request(8, rtc=guide))]
         actions[name] = [runner.run([p], None)[0] for p in prepared]
         out[name] = r
+        compare_actions(out, actions, name)
         log(f"[pi0 {name}] {json.dumps(r, default=str)}")
         save(args)
+        if name == "fused":  # the full model's velocity and VJP, fused vs eager (bf16), before the compile
+            try:
+                from realtime_gw.models.policy.pi0_functional import Pi0Functional
+
+                prep = [_prepare(model, tok, spec, request(9))]
+                out["full_bf16_velocity"] = velocity_errors(Pi0Functional(model), prep)
+            except Exception as e:  # informational only
+                out["full_bf16_velocity"] = {"error": f"{type(e).__name__}: {e}"}
+            save(args)
         del runner
         torch.cuda.empty_cache()
-    base = actions.get("uncompiled")
-    for name in ("fused", "compiled"):
-        if base is not None and name in actions:
-            for kind, a, b in zip(("plain", "rtc"), actions[name], base, strict=True):
-                err, max_abs = action_error(torch.from_numpy(a), torch.from_numpy(b))
-                out[name][f"{kind}_vs_uncompiled"] = {"rel_l2": err, "max_abs": max_abs}
-    try:
-        from realtime_gw.models.policy.pi0_functional import Pi0Functional
-
-        out["full_bf16_velocity"] = velocity_errors(
-            Pi0Functional(model), [_prepare(model, tok, spec, request(9))]
-        )
-    except Exception as e:  # informational only
-        out["full_bf16_velocity"] = {"error": f"{type(e).__name__}: {e}"}
     return out
+
+
+def compare_actions(out: dict[str, Any], actions: dict[str, list[np.ndarray]], name: str) -> None:
+    """The ``name`` form's actions (plain, RTC) against the uncompiled form's: relative L2 and max |diff|."""
+    from realtime_gw.models.policy.pi0 import action_error
+
+    base = actions.get("uncompiled")
+    if base is None or name not in actions:
+        return
+    for kind, a, b in zip(("plain", "rtc"), actions[name], base, strict=True):
+        err, max_abs = action_error(torch.from_numpy(a), torch.from_numpy(b))
+        out[name][f"{kind}_vs_uncompiled"] = {"rel_l2": err, "max_abs": max_abs}
 
 
 def _prepare(model: Any, tok: Any, spec: Any, req: Any) -> Any:
