@@ -2,7 +2,7 @@
 ``realtime_gw.models.fused.available`` says whether they can run).
 
 Decode at small batch is a chain of GEMVs over bf16 weights, each cheap; what costs is the number of
-kernels. These fold a decoder layer into six:
+kernels. These fold a decoder layer into six (seven when attention splits a long cache):
 
 - ``linear``: ``y = epilogue(prologue(x) @ W.T)`` with the RMSNorm (static weight, or per-batch-row
   scale and shift: π0.5's adaptive norm) in the prologue, the input rows optionally gathered from an
@@ -11,8 +11,9 @@ kernels. These fold a decoder layer into six:
   keep HBM busy); 16 rows or more: ``tl.dot`` tiles.
 - ``rope_write``: q/k head norms (Qwen3), rotary (sign-folded sin, as ``kernels.apply_rope``), the new
   K/V into their cache columns, the query heads out.
-- ``attention``: grouped-query attention of few queries over a short cache, online softmax, rows in
-  ``kernels.attend``'s folded order (``s * groups + g``), an additive mask or a causal bound.
+- ``attention``: grouped-query attention of few queries over a cache, online softmax, rows in
+  ``kernels.attend``'s folded order (``s * groups + g``), an additive mask or a causal bound (per batch
+  row or shared); a long cache's keys split over programs and merged by a second kernel.
 - ``sample``: greedy or top-k sampling of one row per program, on draws the caller made with torch's
   generator (so the codes equal the eager sampler's, draw for draw).
 

@@ -1,13 +1,14 @@
 """A Qwen3-TTS frame's decoder layers on the fused kernels (``ops``): the talker's stack (every stream at
 its own position) and the code predictor's 15 passes, sampling included.
 
-Talker, per layer: norm+QKV, q/k norms+rotary+K/V into each row's own column, attention causal from each
-row's position, o-proj+residual, norm+gate|up+SwiGLU, down+residual. Code predictor, per pass (one codebook) and layer: norm+QKV, q/k norms+rotary+K/V write, attention, o-proj+residual,
-norm+gate|up+SwiGLU, down+residual; then final norm+head, the draws (torch's generator, as the eager
-sampler's, so the codes match draw for draw), sampling, and the next input's embedding gathered into
-``small_to_mtp_projection``: ~34 kernels a pass instead of ~130, all capturable in the frame's CUDA
-graph. The frame's codec-embedding sum is the eager path's own (same tensors, same reduction), so the
-talker's next input is the same too.
+Talker, per layer: norm+QKV, q/k norms+rotary+K/V into each row's own column, attention causal from
+each row's position (keys split over programs, then merged, on a long context), o-proj+residual,
+norm+gate|up+SwiGLU, down+residual. Code predictor, per pass (one codebook) and layer: the same six
+over the pass's positions; then final norm+head, the draws (torch's generator, as the eager sampler's,
+so the codes match draw for draw), sampling, and the next input's embedding gathered into
+``small_to_mtp_projection``: ~34 kernels a pass (the eager passes: ~2,000 kernels a frame), all
+captured in the frame's CUDA graph. The frame's codec-embedding sum is the eager path's own (same
+tensors, same reduction), so the talker's next input is the same too.
 """
 
 from __future__ import annotations
