@@ -215,6 +215,18 @@ async def qwen_speed(args: argparse.Namespace, fused: bool) -> dict[str, Any]:
     h = torch.zeros(1, talker.hidden, device="cuda", dtype=talker.bos_emb.dtype)
     code0 = torch.zeros(1, dtype=torch.long, device="cuda")
     r["cp_kernels_b1"] = kernels(lambda: talker.predict_codes(h, code0))["kernels"]
+    if fused:  # other GEMV tiles for the code predictor at batch 1 (for tuning; the default is the first)
+        from loadtest.bench.kernel_profile import graph_ms
+        from realtime_gw.models.fused import ops
+
+        default = (ops.GEMV_BLOCK_N, ops.GEMV_BLOCK_K)
+        r["cp_b1_gemv_tiles_ms"] = {}
+        for tiles in (default, (4, 512), (8, 512), (16, 256), (16, 128)):
+            ops.GEMV_BLOCK_N, ops.GEMV_BLOCK_K = tiles
+            r["cp_b1_gemv_tiles_ms"][f"{tiles[0]}x{tiles[1]}"] = graph_ms(
+                lambda: talker.predict_codes(h, code0)
+            )
+        ops.GEMV_BLOCK_N, ops.GEMV_BLOCK_K = default
     worker = StageWorker(backend, device="cuda", max_batch=slots, max_active=slots, max_backlog=4096)
     await worker.start(warmup=False)
     try:

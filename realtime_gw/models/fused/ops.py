@@ -32,6 +32,8 @@ import triton.language as tl
 from realtime_gw.models.fused import interpreted
 
 ACT_SILU, ACT_GELU_TANH = 1, 2
+GEMV_BLOCK_N, GEMV_BLOCK_K = 8, 256
+"""The GEMV tiles (weight rows, and columns a step, at 1-2 input rows): thin, for many programs."""
 INTERPRETED = interpreted()
 EPI_STORE, EPI_RESIDUAL, EPI_GLU = 0, 1, 2
 
@@ -167,8 +169,8 @@ def linear(
         block_m, block_k = _pow2(m, 16, 64), _pow2(k, 16, 64)
         block_n = 32 if n >= 2048 else 16  # enough column tiles to spread one GEMM over the SMs
     else:
-        block_m, block_k = _pow2(m, 2, 8), _pow2(k, 16, 256 if m <= 2 else 128)
-        block_n = 8 if n <= 2048 or m > 2 else 16
+        block_m, block_k = _pow2(m, 2, 8), _pow2(k, 16, GEMV_BLOCK_K if m <= 2 else 128)
+        block_n = GEMV_BLOCK_N if n <= 2048 or m > 2 else 2 * GEMV_BLOCK_N
     if INTERPRETED:  # one program per row block: the interpreter runs programs one after another
         block_m, block_n, block_k = _pow2(m, 2, 64), _pow2(n, 16, 256), _pow2(k, 16, 256)
     dummy = w
