@@ -86,6 +86,12 @@ class Qwen3Settings(PiperSettings, kw_only=True):
     """On CUDA: torch.compile the code predictor's 15 passes a frame (four compiles at start-up, ~20 s):
     a little faster per frame at small batches, no faster at large ones, and its bf16 rounding differs
     from the uncompiled kernels' (docs/benchmarks.md)."""
+    tts_fused: bool = False
+    """On CUDA with Triton installed: a frame's decoder layers (the talker's stack and the code predictor's
+    15 passes, sampling included) run on fused Triton kernels (six a layer: norms, rotary, residuals
+    inside them) in the frame's CUDA graph; the same codes as the eager layers in float32. Off by
+    default until `loadtest/bench/fused_gpu.py` has checked its parity and speed on a GPU (the CPU
+    tests check it through Triton's interpreter). Ignored on the CPU and without Triton."""
     tts_pipelined: bool = True
     """On CUDA: each frame's codec decoder runs behind the next frame's talker step (its own CUDA
     stream), overlapping it and the host's work between steps; a frame's audio leaves one step after its
@@ -234,6 +240,12 @@ class PolicySettings(WorkerSettings, kw_only=True):
     """`fast` with `policy_compile`: directory of the on-disk compile cache that lets a warm start-up skip
     inductor's work, one file per key (model config, dtype, shapes, torch and transformers versions, GPU,
     sampler code); `auto` = $XDG_CACHE_HOME/realtime-gw/policy-compile (~/.cache/...), `off` = none."""
+    policy_fused: bool = False
+    """`fast` on CUDA with Triton installed: the action expert's denoising step runs on fused Triton
+    kernels (six a layer, norms and residuals inside the GEMMs) instead of compiled or eager code, the
+    RTC-guided step too (its backward written out, torch GEMMs). Off by default until
+    `loadtest/bench/fused_gpu.py` has checked its parity and speed on a GPU (the CPU tests check it
+    through Triton's interpreter). Ignored on the CPU and without Triton."""
     policy_fp8: bool = False
     """`fast`: the VLM prefix's projections (SigLIP and Gemma) in FP8 e4m3 with row-wise scales (the action
     expert stays in the model dtype). Served only if a start-up probe's actions stay within

@@ -87,8 +87,10 @@ class ChunkSlots:
         beta: float,
         compiled_velocity: Velocity | None = None,
         compiled_prefix: PrefixFill | None = None,
+        fused_velocity: Velocity | None = None,
     ) -> None:
         self.fn, self.buckets, self.device, self.beta = fn, tuple(buckets), device, beta
+        self.fused_velocity = fused_velocity  # ``models.fused``'s, both step kinds; None: compiled/eager
         self.capacity = cap = self.buckets[-1]
         self.cuda_graphs = cuda_graphs
         self.compiled_velocity = compiled_velocity
@@ -315,6 +317,8 @@ class ChunkSlots:
     def _step_body(self, kind: str, size: int, compiled: bool = False) -> Callable[[], None]:
         fn, cache, x, params = self.fn, self.cache.rows(size), self.x[:size], self.params[:, :size]
         velocity = self.compiled_velocity if compiled and self.compiled_velocity is not None else fn.velocity
+        if self.fused_velocity is not None:
+            velocity = self.fused_velocity
         chunk = (self.chunk if kind == "rtc" else self.chunk.plain()).rows(size)
 
         def step() -> None:
@@ -340,6 +344,8 @@ class ChunkSlots:
         if key in self.failed:
             return None
         compiled_code = self.compiled_prefix if kind == "prefix" else self.compiled_velocity
+        if kind in KINDS and self.fused_velocity is not None:
+            compiled_code = None  # the fused kernels, never compiled
         tries = [True, False] if compiled and kind != "commit" and compiled_code is not None else [False]
         for with_compiled in tries:
             try:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from realtime_gw.config import ConfigError, GatewayConfig
+from realtime_gw.models import fused
 from realtime_gw.models.families import StagePlan
 from realtime_gw.models.policy.backend import PolicyBackend
 from realtime_gw.models.policy.compile_cache import CompileCache, cache_key, default_cache_dir
@@ -312,6 +313,7 @@ def build_pi0_runner(config: GatewayConfig) -> Pi0Runner:
             compile_cache=compile_cache(config, model, spec),
             prefix_fp8=config.policy_fp8,
             fp8_max_error=config.policy_fp8_max_error,
+            fused_expert=fused.resolve(config.policy_fused, config.policy_device),
         )
     return Pi0Runner(model, tok, spec, config.policy_device, norm, rtc_beta=config.policy_rtc_beta)
 

@@ -70,8 +70,10 @@ class FastPi0Runner(Pi0Runner):
         compile_cache: CompileCache | None = None,
         prefix_fp8: bool = False,
         fp8_max_error: float = DEFAULT_FP8_MAX_ERROR,
+        fused_expert: bool = False,
     ) -> None:
         super().__init__(model, tokenizer, spec, device, norm, rtc_beta)
+        self.fused_expert = fused_expert
         self.buckets = tuple(sorted(set(buckets)))
         if not self.buckets or self.buckets[0] < 1:
             raise ValueError(f"policy_graph_buckets must be positive batch sizes, got {list(buckets)}")
@@ -104,6 +106,11 @@ class FastPi0Runner(Pi0Runner):
             # The prefix has a graph per exact robot count: compiled once static for one robot, then
             # once with the robot count dynamic (dynamo's automatic dynamic shapes) for all the others.
             self._compiled_prefix = torch.compile(self.fn.fill_prefix)
+        fused: Velocity | None = None
+        if self.fused_expert:
+            from realtime_gw.models.fused.pi0_expert import FusedExpert
+
+            fused = FusedExpert(self.fn).velocity
         spec = self.spec
         tokens = spec.image_slots * self.tokens_per_image + spec.max_prompt_tokens
         self.slots = ChunkSlots(
@@ -117,6 +124,7 @@ class FastPi0Runner(Pi0Runner):
             self.rtc_beta,
             self._compiled_velocity,
             self._compiled_prefix,
+            fused,
         )
 
     def _guard_fp8(self, max_error: float) -> None:

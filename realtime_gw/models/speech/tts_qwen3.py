@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from realtime_gw.config import GatewayConfig
+from realtime_gw.models import fused
 from realtime_gw.models.families import StagePlan
 from realtime_gw.models.runtime import StepResult
 from realtime_gw.models.speech.custom_voices import VoiceRecords
@@ -140,6 +141,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         fuse_snake: bool | None = None,
         compile_predictor: bool = False,
         pipelined: bool | None = None,
+        fused_predictor: bool = False,
         instructions: str | None = None,
         designs: dict[str, str] | None = None,
         clones: dict[str, str] | None = None,
@@ -189,6 +191,7 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
             fuse_snake=fuse_snake,
             compile_predictor="inductor" if compile_predictor and cuda else None,
             pipelined=cuda if pipelined is None else pipelined,
+            fused_predictor=fused_predictor,
         )
         for name, clone in self.clones.items():
             if clone.icl:  # the recording's frames sit in every prompt; its codes are decoded ahead
@@ -204,7 +207,8 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
             "talker_dtype": str(dtype).removeprefix("torch."),
             "decoder_precision": decoder_precision,
             "fused_snake": fuse_snake,
-            "compiled_code_predictor": compile_predictor and cuda,
+            "compiled_code_predictor": compile_predictor and cuda and not fused_predictor,
+            "fused_code_predictor": fused_predictor,
             "pipelined": self.engine.pipelined,
             "slots": slots,
             "tokenizer": self.tokenizer.name,
@@ -464,6 +468,7 @@ def from_config(config: GatewayConfig) -> StagePlan:
         clones=parse_voice_specs(config.tts_voice_clone, "--tts-voice-clone"),
         compile_predictor=config.tts_compile,
         pipelined=None if config.tts_pipelined else False,
+        fused_predictor=fused.resolve(config.tts_fused, config.tts_device),
     )
     return StagePlan(
         backend=qwen, device=config.tts_device, max_batch=slots, max_active=slots, admit=request_check(qwen)

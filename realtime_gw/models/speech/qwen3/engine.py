@@ -109,9 +109,10 @@ class Qwen3Engine(SlotEngine):
         prompt_cache: int = 64,
         compile_predictor: str | None = None,
         pipelined: bool = False,
+        fused_predictor: bool = False,
     ) -> None:
         sampling = sampling or Sampling.from_generation(ck.generation)
-        talker = Qwen3TalkerRuntime(ck, slots, max_positions, sampling, compile_predictor)
+        talker = Qwen3TalkerRuntime(ck, slots, max_positions, sampling, compile_predictor, fused_predictor)
         decoder = StreamingQwen3Decoder(ck.decoder, slots, decoder_precision, fuse_snake)
         super().__init__(
             talker,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -93,6 +94,7 @@ class Qwen3TalkerRuntime:
         max_positions: int,
         sampling: Sampling,
         compile_predictor: str | None = None,
+        fused_predictor: bool = False,
     ) -> None:
         t = ck.talker
         c, pc = ck.talker_config, ck.talker_config["code_predictor_config"]
@@ -145,8 +147,15 @@ class Qwen3TalkerRuntime:
         self.codes_out = torch.zeros(slots, k, dtype=torch.long, device=dev)
         with torch.no_grad():
             self.bos_emb = t.model.codec_embedding.weight[self.bos_id].detach().clone()
-        self.compiled_predictor = compile_predictor is not None
-        if compile_predictor is not None:
+        self.fused_predictor: Any = None
+        """The frame's layers (talker and code predictor) on the fused Triton kernels (``models.fused``), or
+        None: the eager layers."""
+        if fused_predictor:
+            from realtime_gw.models.fused.qwen3_frame import FusedQwen3Frame
+
+            self.fused_predictor = FusedQwen3Frame(self)
+        self.compiled_predictor = compile_predictor is not None and not fused_predictor
+        if self.compiled_predictor and compile_predictor is not None:
             self._compile_predictor(compile_predictor, k, pl, dev, dt)
 
     def _compile_predictor(
@@ -255,19 +264,24 @@ class Qwen3TalkerRuntime:
     def talker_hidden(self, b: int, length: int, x: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         pos = self.pos[:b]
         cos, sin = rope_cos_sin(pos, self.inv_freq, 1.0, x.dtype)
-        cos, sin = cos[:, None, None, :], sin[:, None, None, :]
         col = torch.where(active, pos, self.max_positions)
-        l0 = self.layers[0]
-        mask = (self.positions[None, :length] <= pos[:, None])[:, None, :]
-        mask_add = additive_mask(mask, l0.kv_heads, l0.heads // l0.kv_heads, x.dtype)
-        h = layers_at_positions(
-            self.layers, x[:, None, :], cos, sin, self.k_cache, self.v_cache, col, length, mask_add
-        )
+        if self.fused_predictor is not None:
+            h = self.fused_predictor.talker_layers(x, cos, sin, col, pos, length)
+        else:
+            l0 = self.layers[0]
+            mask = (self.positions[None, :length] <= pos[:, None])[:, None, :]
+            mask_add = additive_mask(mask, l0.kv_heads, l0.heads // l0.kv_heads, x.dtype)
+            cos, sin = cos[:, None, None, :], sin[:, None, None, :]
+            h = layers_at_positions(
+                self.layers, x[:, None, :], cos, sin, self.k_cache, self.v_cache, col, length, mask_add
+            )[:, 0]
         norm = self.t.model.norm
-        return F.rms_norm(h[:, 0], (self.hidden,), norm.weight, norm.variance_epsilon)
+        return F.rms_norm(h, (self.hidden,), norm.weight, norm.variance_epsilon)
 
     def predict_codes(self, h: torch.Tensor, code0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Codebooks 1..K-1 for a frame; returns codes ``(b, K)`` and the sum of the frame's 16 embeddings."""
+        if self.fused_predictor is not None:
+            return self.fused_predictor(h, code0)
         cp, sp = self.t.code_predictor, self.sampling
         e0 = self.t.model.codec_embedding(code0)
         embs, codes = [e0], [code0]
