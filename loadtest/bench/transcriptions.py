@@ -89,9 +89,9 @@ async def realtime_session(ws_url: str, pcm24k: bytes) -> int:
         await ws.send(json.dumps({"type": "session.update", "session": update}))
 
         async def send() -> None:
-            for lo, hi in cuts:
-                for at in range(lo * 2, hi * 2, chunk):
-                    audio = base64.b64encode(pcm24k[at : min(at + chunk, hi * 2)]).decode()
+            for lo, hi in cuts:  # byte offsets
+                for at in range(lo, hi, chunk):
+                    audio = base64.b64encode(pcm24k[at : min(at + chunk, hi)]).decode()
                     await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
                 await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
 
@@ -150,6 +150,7 @@ def main() -> None:
             if args.baseline == "realtime":
                 wall = asyncio.run(realtime_clients(server.ws, pcm, n))
                 rows.append((f"/v1/realtime transcription sessions, {n} at once (baseline)", n, wall))
+                print(rows[-1], flush=True)  # a run cut short keeps what it measured
             rows.append(
                 (
                     f"POST /v1/audio/transcriptions, {n} client(s) at once",
@@ -157,6 +158,7 @@ def main() -> None:
                     asyncio.run(clients(url, data, n)),
                 )
             )
+            print(rows[-1], flush=True)
     finally:
         stop_server(server)
     source = (

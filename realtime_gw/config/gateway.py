@@ -187,11 +187,12 @@ class WorkerSettings(VadSettings, kw_only=True):
     """Keep a second child per CPU worker built and warmed, so a killed step's worker is back at once
     instead of after a fresh start and warm-up. Costs that backend's memory twice (hundreds of MB for
     pocketsphinx, less for Piper)."""
-    device_clock: list[str] = msgspec.field(default_factory=lambda: ["cuda"])
+    device_clock: list[str] = msgspec.field(default_factory=list)
     """Devices whose stages share one clock: their steps run one at a time, earliest deadline first
     (each stream's 80 ms frame, docs/architecture.md), instead of time-slicing the device from each
     stage's thread. `cuda` = every CUDA device (one clock each), `cuda:1` = that one, `cpu` = the stages
-    on the CPU (off by default: CPU stages run side by side on several cores); `[]` = off everywhere."""
+    on the CPU; `[]` (the default) = off everywhere: on a GPU the voice pipeline did worse with it
+    (docs/benchmarks.md), since stages whose steps overlap keep the device busier."""
     gil_switch_interval_ms: float | None = None
     """Python's GIL switch interval in the gateway process (`sys.setswitchinterval`); unset = Python's 5 ms.
     Smaller: a stage's thread that the device clock granted the device (or whose step's results are
