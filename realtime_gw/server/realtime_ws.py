@@ -422,7 +422,9 @@ def open_session(
     it starts: ``session.created`` shows them. ``transcription``: a transcription session."""
     configs = [c for c in (secret and secret.session, extra) if c is not None]
     model = model or next((c.model for c in reversed(configs) if isinstance(c.model, str)), None) or "realtime-gw"
-    limits, s2s = session_limits(gateway, model, key), binding(gateway.workers.s2s, gateway.config, model, seed)
+    # a transcription session only listens: it never takes a speech-to-speech model's slot
+    s2s = None if transcription else binding(gateway.workers.s2s, gateway.config, model, seed)
+    limits = session_limits(gateway, model, key)
     session = RealtimeSession("sess_" + secrets.token_hex(8), limits, time.monotonic(), duplex, transcription, s2s)
     for config in configs:  # validated when minted / received; what fails here is dropped
         session.handle(rt.SessionUpdateEvent(session=config), time.monotonic())
@@ -444,14 +446,14 @@ async def realtime_endpoint(ws: WebSocket) -> None:
     transcription = ws.query_params.get("intent") == "transcription"  # OpenAI's transcription sessions
     model, seed = ws.query_params.get("model"), ws.query_params.get("seed", "")
     why = unserved_model(gateway.workers.s2s, gateway.config, model)
-    if why is not None or not (seed.isdigit() or seed == ""):  # refused at connect, as an unknown model is
+    if why is not None or not (seed == "" or (seed.isascii() and seed.isdigit() and len(seed) <= 10)):  # refused at connect, as an unknown model is
         error = rt.error_event(why or "seed must be a non-negative integer", code="invalid_value", param="model" if why else "seed")
         admission.leave()
         await ws.send_text(rt.encode_server_event(error).decode())
         await ws.close(code=1008, reason="model not served" if why else "bad seed")
         return
     session = open_session(
-        gateway, model, admission.key, admission.secret, duplex=duplex, transcription=transcription, seed=int(seed) if seed else None
+        gateway, model, admission.key, admission.secret, duplex=duplex, transcription=transcription, seed=int(seed) & 0xFFFFFFFF if seed else None
     )
     await serve_admitted(ws, admission, RealtimeConnection(ws, gateway, session))
 

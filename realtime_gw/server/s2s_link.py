@@ -8,13 +8,16 @@ speech-to-speech family that this gateway does not serve is refused at connect (
 the session ends) and reports ``S2sOpened``, or ``S2sRefused`` when the stage is full (the worker never
 queues: the session refuses itself at once); ``S2sAudio`` and ``S2sSilence`` are pushed to the stream
 as they are; from the opening on, the session ticks every half step. A pump posts each of the model's steps (``S2sFrame``) to the session's mailbox, waiting
-while the client's outbox is over its audio high-water (as the TTS pump does), and a worker fault as
-``S2sFailed``. The connection cancels the stream when it ends, which frees the slot.
+while the client's outbox is over its audio high-water (as the TTS pump does) but at most
+``AUDIO_ROOM_WAIT_S``: the model runs on real time whatever the client reads, so a client that stops
+reading meets the outbox's own bound instead of a backlog growing here; a worker fault, or the stream
+ending under a session that did not end it, is ``S2sFailed``. The connection cancels the stream when it ends, which frees the slot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -29,6 +32,8 @@ from realtime_gw.sessions.s2s import ReplyRule, S2sBinding
 log = logging.getLogger(__name__)
 
 S2S_FAMILIES = frozenset(f.name for f in FAMILIES if f.role == "s2s")
+AUDIO_ROOM_WAIT_S = 2.0
+"""How long the pump holds the model's steps for a client whose outbox is over its audio high-water."""
 
 
 def binding(
@@ -67,6 +72,7 @@ class S2sLink:
         self.spawn = spawn
         self.audio_room = audio_room
         self.stream: Stream[Any] | None = None
+        self.closed = False
         self.tick_s: float | None = None
         """Once open: how often the session wants ``Tick``s (half a step: its input keeps time by them)."""
 
@@ -99,11 +105,16 @@ class S2sLink:
             async for frame in stream:
                 await self.post(frame)
                 if not self.audio_room.is_set():
-                    await self.audio_room.wait()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self.audio_room.wait(), AUDIO_ROOM_WAIT_S)
         except WorkerFault as err:
             log.warning("speech-to-speech stream failed: %s", err)
             await self.post(S2sFailed(str(err)))
+            return
+        if not self.closed:  # the worker stopped the stream (a shutdown): the model is gone
+            await self.post(S2sFailed("the speech-to-speech stream ended"))
 
     def close(self) -> None:
+        self.closed = True
         if self.stream is not None:
             self.stream.cancel()

@@ -140,6 +140,10 @@ class SpokenResponses(Responses):
         self.playbacks.open(r.id, r.item_id)
         return [self._send(r, rt.ResponseCreatedEvent(response=r.wire("in_progress"))), *self._open_message(r)]
 
+    def answer(self, settings: SessionSettings, p: rt.ResponseParams | None = None) -> list[Effect]:
+        """A user turn asks for no response here: the model answers on its own, when it speaks."""
+        return []
+
     def say(self, pcm: bytes, piece: str, now: float) -> list[Effect]:
         """One step of the live response: its text piece (placed at the step's audio), then its audio."""
         r = self.live
@@ -269,7 +273,8 @@ class SpeechToSpeech:
             return []  # forced silent: what it still says (steps made before the hold) is not sent
         if r.phase is Phase.DELIVERING:
             if self.waiting or not frame.padding:  # the next reply began before the last one left
-                self.waiting = [*self.waiting, (frame, pcm)][-MAX_WAITING_FRAMES:]
+                # past the bound the newest steps go: the next reply keeps its beginning
+                self.waiting = [*self.waiting, (frame, pcm)][:MAX_WAITING_FRAMES]
             return []
         if self.waiting:
             return self.resume(settings, now) + self._step(frame, pcm, settings, now)

@@ -26,6 +26,7 @@ from realtime_gw.sessions.events import (
     StartVad,
     Tick,
     Transcribe,
+    TranscriptionDone,
 )
 from realtime_gw.sessions.realtime import RealtimeSession
 from realtime_gw.sessions.s2s import ReplyRule, S2sBinding
@@ -225,6 +226,28 @@ def test_barge_in_cancels_the_reply_and_the_model_may_answer_when_the_user_stops
     assert "input_audio_buffer.committed" in types(stopped)
     assert of(stopped, S2sSilence) == [S2sSilence(False)]
     assert of(stopped, Transcribe) and not of(stopped, StartResponse)  # the model answers, not the cascade
+
+
+def test_a_users_turn_asks_no_cascaded_response_the_model_answers_on_its_own() -> None:
+    """Server VAD ends the user's turn (create_response on): no response is created for it, before or after
+    its transcript arrives; the model's next words open the one response, and a turn that ends while the
+    model speaks leaves none behind either."""
+    s, _ = bound()
+    m = Model()
+    vad(s, 0.0, speech(320), now=1.0)
+    stopped = vad(s, 320.0, SILENCE, now=2.0)
+    [ask] = of(stopped, Transcribe)
+    assert not [t for t in types(stopped) if t.startswith("response.")]
+    heard = s.handle(TranscriptionDone(ask.item_id, "hello there"), 2.1)
+    assert not of(heard, StartResponse) and not [t for t in types(heard) if t.startswith("response.")]
+    said = talk(s, m, " Hi", " you", quiet_tail=3)
+    assert types(said).count("response.created") == 1 and not errors(said)
+    [await_] = of(said, AwaitDelivery)
+    out = vad(s, 3000.0, speech(320), now=3.0) + vad(s, 3320.0, SILENCE, now=4.0)
+    out += s.handle(AudioDelivered(await_.response_id, await_.epoch), 4.1)
+    out += s.handle(TranscriptionDone(of(out, Transcribe)[0].item_id, "and you"), 4.2)
+    assert "response.created" not in types(out) and not of(out, StartResponse) and not errors(out)
+    assert types(talk(s, m, " Fine"))[0] == "response.created"  # again only when the model speaks
 
 
 def test_the_next_reply_waits_for_the_last_ones_audio_to_leave() -> None:
