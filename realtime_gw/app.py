@@ -75,8 +75,8 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
             yield
         finally:
             loop_lag.cancel()
-            for call in list(app.state.calls.values()):
-                await call.hangup()
+            # at once: each waits (bounded) for its media worker to close the call
+            await asyncio.gather(*(call.hangup() for call in list(app.state.calls.values())))
             if app.state.media_pool is not None:
                 await app.state.media_pool.stop()
             await gateway.workers.stop()

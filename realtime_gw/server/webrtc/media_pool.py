@@ -181,8 +181,9 @@ class RemotePeer:
         match m:
             case wire.Answered():
                 if not self.answered.done():
-                    if m.error:
+                    if m.error:  # the worker dropped the call already: nothing more will come of it
                         self.answered.set_exception(RuntimeError(m.error))
+                        self.ended()
                     else:
                         self.answered.set_result(m.sdp)
             case wire.Input():
@@ -332,6 +333,8 @@ class MediaPool:
         alive = [w for w in self.workers if w.alive]
         if not alive:
             await asyncio.shield(self._restarting(self.workers[0]))
+            if not self.workers[0].alive:  # it died as it started: the call is not given to it
+                raise MediaWorkerLost("no media worker could be started")
             alive = [self.workers[0]]
         worker = min(alive, key=lambda w: len(w.calls))
         peer = worker.calls[call_id] = RemotePeer(worker, call_id, expect_channel)

@@ -128,3 +128,4 @@ def test_the_callers_jitter_buffer_holds_what_the_setting_says() -> None:
         return before, after
 
     assert asyncio.run(run()) == (4, 1)
+
