@@ -247,6 +247,9 @@ class MediaWorker:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "realtime_gw.server.webrtc.media_worker", str(theirs.fileno()),
                 pass_fds=(theirs.fileno(),),
+                # not in the gateway's process group: a terminal's Ctrl-C (or a unit's SIGTERM to the
+                # group) reaches the gateway, which hangs up its calls; a worker ends when its socket does
+                start_new_session=True,
             )  # fmt: skip
         finally:
             theirs.close()
