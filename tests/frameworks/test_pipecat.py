@@ -9,11 +9,9 @@ import asyncio
 import contextlib
 import json
 
-from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
 from pipecat.frames.frames import (
     ErrorFrame,
-    Frame,
     FunctionCallResultFrame,
     InputAudioRawFrame,
     InterruptionWorkerFrame,
@@ -25,13 +23,12 @@ from pipecat.pipeline.runner import PipelineRunner
 from pipecat.pipeline.task import PipelineParams, PipelineTask
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
-from pipecat.services.llm_service import FunctionCallParams
 from pipecat.services.openai.realtime import events
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 
 from realtime_gw.testing.gateway import LiveServer
 from tests.chat_server import ChatServer
+from tests.frameworks.pipecat_parts import WEATHER, Recorder, get_weather
 from tests.frameworks.scenario import (
     GREETING,
     RATE,
@@ -42,30 +39,6 @@ from tests.frameworks.scenario import (
     transcript_of,
 )
 from tests.frameworks.tap import RealtimeTap
-
-WEATHER = FunctionSchema(
-    name="get_weather",
-    description="The weather forecast for a city.",
-    properties={"city": {"type": "string"}},
-    required=["city"],
-)
-
-
-async def get_weather(params: FunctionCallParams) -> None:
-    await params.result_callback({"forecast": forecast(params.arguments["city"])})
-
-
-class Recorder(FrameProcessor):
-    """Keeps the frames the realtime service pushes downstream."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.frames: list[Frame] = []
-
-    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        await super().process_frame(frame, direction)
-        self.frames.append(frame)
-        await self.push_frame(frame, direction)
 
 
 class PipecatDriver:

@@ -13,11 +13,9 @@ import json
 import time
 from collections.abc import AsyncIterator
 
-from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
 from pipecat.frames.frames import (
     ErrorFrame,
-    Frame,
     FunctionCallResultFrame,
     InputAudioRawFrame,
     LLMRunFrame,
@@ -30,42 +28,14 @@ from pipecat.pipeline.runner import PipelineRunner
 from pipecat.pipeline.task import PipelineParams, PipelineTask
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
-from pipecat.services.llm_service import FunctionCallParams
 from pipecat.services.openai.live.llm import OpenAILiveLLMService
 from pipecat.services.openai.responses.llm import OpenAIResponsesLLMService
 
 from realtime_gw.testing.audio import wer
 from realtime_gw.testing.gateway import LiveServer
 from tests.chat_server import ChatServer
+from tests.frameworks.pipecat_parts import WEATHER, Recorder, get_weather
 from tests.frameworks.scenario import RATE, forecast, speech
-
-WEATHER = FunctionSchema(
-    name="get_weather",
-    description="The weather forecast for a city.",
-    properties={"city": {"type": "string"}},
-    required=["city"],
-)
-
-
-async def get_weather(params: FunctionCallParams) -> None:
-    await params.result_callback({"forecast": forecast(params.arguments["city"])})
-
-
-class Recorder(FrameProcessor):
-    """Keeps the frames the live service pushes downstream."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.frames: list[Frame] = []
-
-    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        await super().process_frame(frame, direction)
-        self.frames.append(frame)
-        await self.push_frame(frame, direction)
-
-    def of(self, kind: type) -> list[Frame]:
-        return [f for f in self.frames if isinstance(f, kind)]
 
 
 async def wait_for(check: object, timeout: float = 40.0) -> None:
