@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from livekit import rtc
@@ -35,6 +36,34 @@ async def wait_for(check: Any, timeout: float = 40.0) -> None:
         await asyncio.sleep(0.05)
 
 
+CHUNK = RATE * 2 // 10
+"""100 ms of the microphone, pushed every 80 ms (a little ahead of real time)."""
+
+
+async def speak(session: Any, pcm: bytes) -> None:
+    for pos in range(0, len(pcm), CHUNK):
+        piece = pcm[pos : pos + CHUNK]
+        session.push_audio(rtc.AudioFrame(piece, RATE, 1, len(piece) // 2))
+        await asyncio.sleep(0.08)
+
+
+async def keep_listening(
+    session: Any,
+    done: Callable[[], object],
+    why: Callable[[], object],
+    each: Callable[[], Awaitable[None]] | None = None,
+    timeout: float = 40.0,
+) -> None:
+    """A live microphone goes on (silence) until ``done()``; ``each`` runs at every push."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        session.push_audio(rtc.AudioFrame(b"\0" * CHUNK, RATE, 1, CHUNK // 2))
+        await asyncio.sleep(0.1)
+        if each is not None:
+            await each()
+        assert time.monotonic() < deadline, why()
+
+
 async def test_livekit_gpt_live_hears_and_answers(gateway: LiveServer) -> None:
     model = GPTLiveModel(delegation="client", api_key="unused", base_url=gateway.http + "/v1")
     session = model.session()
@@ -55,18 +84,8 @@ async def test_livekit_gpt_live_hears_and_answers(gateway: LiveServer) -> None:
     try:
         # what AgentSession does right after creating the session: the whole configuration at once
         await session._update_session(instructions="Answer briefly.")
-        chunk = RATE * 2 // 10
-        pcm = b"\0" * (RATE * 2 * 4 // 10) + speech(text) + b"\0" * (RATE * 2 * 2)
-        for pos in range(0, len(pcm), chunk):
-            piece = pcm[pos : pos + chunk]
-            session.push_audio(rtc.AudioFrame(piece, RATE, 1, len(piece) // 2))
-            await asyncio.sleep(0.08)
-        silence = b"\0" * chunk
-        deadline = time.monotonic() + 40
-        while not "".join(said).startswith("You said") or not finals:  # a live microphone goes on
-            session.push_audio(rtc.AudioFrame(silence, RATE, 1, chunk // 2))
-            await asyncio.sleep(0.1)
-            assert time.monotonic() < deadline, (errors, finals, said)
+        await speak(session, b"\0" * (RATE * 2 * 4 // 10) + speech(text) + b"\0" * (RATE * 2 * 2))
+        await keep_listening(session, lambda: "".join(said).startswith("You said") and finals, lambda: (errors, finals, said))
         await wait_for(lambda: any(any(bytes(f.data)) for f in frames))
     finally:
         await asyncio.wait_for(session.aclose(), 15)
@@ -96,24 +115,17 @@ async def test_livekit_gpt_live_defaults_run_a_backend_function_and_speak_the_re
     asked_before = len(chat.requests)
     try:
         await session._update_session(instructions="Answer briefly.", tools=[get_weather])
-        chunk = RATE * 2 // 10
-        pcm = b"\0" * (RATE * 2 * 4 // 10) + speech("What is the weather like in Paris?")
-        for pos in range(0, len(pcm), chunk):
-            piece = pcm[pos : pos + chunk]
-            session.push_audio(rtc.AudioFrame(piece, RATE, 1, len(piece) // 2))
-            await asyncio.sleep(0.08)
-        silence = b"\0" * chunk
-        deadline = time.monotonic() + 40
-        answered = False
-        while answer not in "".join(said):  # a live microphone goes on
-            session.push_audio(rtc.AudioFrame(silence, RATE, 1, chunk // 2))
-            await asyncio.sleep(0.1)
-            if calls and not answered:  # what the agent adapter does with the backend's call
+        await speak(session, b"\0" * (RATE * 2 * 4 // 10) + speech("What is the weather like in Paris?"))
+        answered: list[bool] = []
+
+        async def answer_the_call() -> None:  # what the agent adapter does with the backend's call
+            if calls and not answered:
                 result = await get_weather(**json.loads(calls[0].arguments))
                 output = llm.FunctionCallOutput(name=calls[0].name, call_id=calls[0].call_id, output=json.dumps(result), is_error=False)
                 await session._append_items([output])
-                answered = True
-            assert time.monotonic() < deadline, (errors, calls, said)
+                answered.append(True)
+
+        await keep_listening(session, lambda: answer in "".join(said), lambda: (errors, calls, said), answer_the_call)
         await wait_for(lambda: any(any(bytes(f.data)) for f in frames))
     finally:
         await asyncio.wait_for(session.aclose(), 15)
