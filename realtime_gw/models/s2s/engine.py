@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from realtime_gw.models.kernels import bucket_for
 from realtime_gw.models.s2s.config import MoshiShape
 from realtime_gw.models.s2s.lm import MoshiLmRuntime
 from realtime_gw.models.s2s.sampling import Sampler
@@ -127,31 +126,15 @@ class MoshiEngine(MovableSlotEngine):
             return np.zeros((0, k), np.int64), np.zeros(0, bool), np.zeros((0, self.hop), np.int16)
         if pcm.shape != (n, self.hop):
             raise ValueError(f"expected PCM of shape {(n, self.hop)}, got {pcm.shape}")
-        b = bucket_for(self.batch_buckets, max(slots) + 1)
-        length = bucket_for(self.len_buckets, min(max(self.frames[s] for s in slots) + 1, self.max_positions))
-        graph = None
-        if self.use_graphs:  # capture (if new) before this step's inputs land: capture clears d_active
-            graph = self._graphs.get((b, length)) or self._capture(b, length)
-        self._reset_fresh()
-        idx = torch.as_tensor(list(slots), dtype=torch.long)
-        self.h_active[:b] = False
-        self.h_active[idx] = True
-        self.h_silent[:b] = False
-        self.h_silent[idx] = torch.as_tensor(list(silent), dtype=torch.bool)
-        self.h_in[idx] = torch.from_numpy(np.require(pcm, np.int16, ["C", "W"]))
-        # non_blocking from pinned memory; safe to rewrite next step because this step ends in a sync
-        self.d_active[:b].copy_(self.h_active[:b], non_blocking=True)
-        self.d_silent[:b].copy_(self.h_silent[:b], non_blocking=True)
-        self.d_in[:b].copy_(self.h_in[:b], non_blocking=True)
-        if graph is not None:
-            graph.replay()
-        else:
-            self._frame(b, length)
-        self.h_codes[:b].copy_(self.d_codes[:b], non_blocking=True)
-        self.h_valid[:b].copy_(self.d_valid[:b], non_blocking=True)
-        self.h_pcm[:b].copy_(self.d_pcm[:b], non_blocking=True)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-        for s in slots:
-            self.frames[s] += 1
+
+        def stage(idx: torch.Tensor) -> None:
+            self.h_silent.fill_(False)  # rows outside this step stay quiet
+            self.h_silent[idx] = torch.as_tensor(list(silent), dtype=torch.bool)
+            self.h_in[idx] = torch.from_numpy(np.require(pcm, np.int16, ["C", "W"]))
+
+        idx = self._lockstep(
+            slots, 1, stage,
+            uploads=[(self.d_silent, self.h_silent), (self.d_in, self.h_in)],
+            downloads=[(self.h_codes, self.d_codes), (self.h_valid, self.d_valid), (self.h_pcm, self.d_pcm)],
+        )  # fmt: skip
         return self.h_codes[idx].numpy(), self.h_valid[idx].numpy(), self.h_pcm[idx].numpy()

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from realtime_gw.models.kernels import bucket_for
 from realtime_gw.models.speech.kyutai.decoder import KyutaiLmRuntime
 from realtime_gw.models.speech.kyutai.encoder import StreamingMimiEncoder
 from realtime_gw.models.speech.streaming.slot_engine import MovableSlotEngine
@@ -79,30 +78,12 @@ class KyutaiAsrEngine(MovableSlotEngine):
             return np.zeros(0, np.int64), np.zeros((0, self.num_codebooks), np.int64)
         if pcm.shape != (n, self.hop):
             raise ValueError(f"expected PCM of shape {(n, self.hop)}, got {pcm.shape}")
-        b = bucket_for(self.batch_buckets, max(slots) + 1)
+
+        def stage(idx: torch.Tensor) -> None:  # copies only a read-only array
+            self.h_pcm[idx] = torch.from_numpy(np.require(pcm, np.int16, ["C", "W"]))
+
         # LM position p is written at column p % window; before the ring wraps, [0, p] is all there is
-        length = bucket_for(self.len_buckets, min(max(self.frames[s] for s in slots) + 2, self.max_positions))
-        graph = None
-        if self.use_graphs:  # capture (if new) before this step's inputs land: capture clears d_active
-            graph = self._graphs.get((b, length)) or self._capture(b, length)
-        self._reset_fresh()
-        idx = torch.as_tensor(list(slots), dtype=torch.long)
-        self.h_active[:b] = False
-        self.h_active[idx] = True
-        self.h_pcm[idx] = torch.from_numpy(
-            np.require(pcm, np.int16, ["C", "W"])
-        )  # copies only a read-only array
-        # non_blocking from pinned memory; safe to rewrite next step because this step ends in a sync
-        self.d_active[:b].copy_(self.h_active[:b], non_blocking=True)
-        self.d_pcm[:b].copy_(self.h_pcm[:b], non_blocking=True)
-        if graph is not None:
-            graph.replay()
-        else:
-            self._frame(b, length)
-        self.h_tok[:b].copy_(self.d_tok[:b], non_blocking=True)
-        self.h_codes[:b].copy_(self.d_codes[:b], non_blocking=True)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-        for s in slots:
-            self.frames[s] += 1
+        idx = self._lockstep(
+            slots, 2, stage, uploads=[(self.d_pcm, self.h_pcm)], downloads=[(self.h_tok, self.d_tok), (self.h_codes, self.d_codes)]
+        )
         return self.h_tok[idx].numpy(), self.h_codes[idx].numpy()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -328,6 +328,44 @@ class MovableSlotEngine(SlotEngine):
     def slot_tensors(self) -> list[torch.Tensor]:
         """Every tensor holding per-slot state (first dim = slot): what a slot *is* between steps."""
         raise NotImplementedError
+
+    def _lockstep(
+        self,
+        slots: Sequence[int],
+        lookahead: int,
+        stage: Callable[[torch.Tensor], None],
+        uploads: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        downloads: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """One frame for each of ``slots`` in the (batch, length) bucket's graph, or eagerly: the length
+        bucket covers the furthest slot's position + ``lookahead``; ``stage(idx)`` fills the pinned host
+        inputs of those rows, ``uploads`` (device, host) go over, ``downloads`` (host, device) come back.
+        Returns the slots as an index of the host outputs."""
+        b = bucket_for(self.batch_buckets, max(slots) + 1)
+        length = bucket_for(self.len_buckets, min(max(self.frames[s] for s in slots) + lookahead, self.max_positions))
+        graph = None
+        if self.use_graphs:  # capture (if new) before this step's inputs land: capture clears d_active
+            graph = self._graphs.get((b, length)) or self._capture(b, length)
+        self._reset_fresh()
+        idx = torch.as_tensor(list(slots), dtype=torch.long)
+        self.h_active[:b] = False
+        self.h_active[idx] = True
+        stage(idx)
+        # non_blocking from pinned memory; safe to rewrite next step because this step ends in a sync
+        self.d_active[:b].copy_(self.h_active[:b], non_blocking=True)
+        for device_side, host in uploads:
+            device_side[:b].copy_(host[:b], non_blocking=True)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._frame(b, length)
+        for host, device_side in downloads:
+            host[:b].copy_(device_side[:b], non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        for s in slots:
+            self.frames[s] += 1
+        return idx
 
     @torch.no_grad()
     def exchange(self, pairs: Sequence[tuple[int, int]]) -> None:
