@@ -167,6 +167,18 @@ class McpServers:
         self.by_label = wanted
         return out
 
+    def check_choice(self, choice: Any, tools: list[dict[str, Any]], param: str) -> None:
+        """An MCP ``tool_choice`` naming a tool its server's cached listing lacks is refused at once
+        (while the server is being listed, at the response's start: ``unmet_choice``)."""
+        if not (isinstance(choice, dict) and choice["type"] == "mcp" and choice["name"] is not None):
+            return
+        tool = next(t for t in tools if t["type"] == "mcp" and t["server_label"] == choice["server_label"])
+        wanted = McpServer(tool["server_label"], tool["server_url"], tool["headers"], tool["allowed_tools"], "")
+        known = (self.by_label.get(wanted.label), self.by_response.get(wanted.label))
+        server = next((s for s in known if s is not None and s.key() == wanted.key() and s.tools is not None), None)
+        if server is not None and choice["name"] not in [t["name"] for t in server.tools or []]:
+            raise SessionError(_not_listed(choice, server), "invalid_value", f"{param}.name")
+
     def _item(self, server: McpServer) -> rt.Item:
         return rt.Item(
             type="mcp_list_tools",
@@ -215,9 +227,53 @@ def listing(used: UsedServers) -> bool:
 
 
 def offer(r: LiveResponse) -> None:
-    """The tools the model is offered this round: the function tools, then the listed MCP tools."""
+    """The tools the model is offered this round: the function tools, then the listed MCP tools (a
+    ``tool_choice`` forcing an MCP server without naming its tool: that server's tools only)."""
     offered, r.mcp_names = functions(r.mcp_servers, {t["name"] for t in r.function_tools})
-    r.tools = r.function_tools + offered
+    label = forced_server(r.tool_choice)
+    if label is not None and r.tool_choice["name"] is None:  # type: ignore[index]
+        r.tools = [t for t in offered if r.mcp_names[t["name"]] == label]
+    else:
+        r.tools = r.function_tools + offered
+
+
+def forced_server(choice: str | dict[str, Any]) -> str | None:
+    """The MCP server a ``tool_choice`` forces the model to call (``{"type": "mcp", ...}``)."""
+    return choice["server_label"] if isinstance(choice, dict) and choice["type"] == "mcp" else None
+
+
+def model_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    """The tool choice as the model takes it: an MCP tool is one of its functions (``offer``), so a
+    choice of one is a choice of that function; of a server's tools, any (only those are offered)."""
+    if forced_server(choice) is None:
+        return choice
+    name = choice["name"]  # type: ignore[index]
+    return "required" if name is None else {"type": "function", "name": name}
+
+
+def _not_listed(choice: dict[str, Any], server: McpServer) -> str:
+    listed = ", ".join(t["name"] for t in server.tools or []) or "no tools"
+    return f"tool_choice names tool '{choice['name']}', which MCP server '{server.label}' does not list (it lists: {listed})"
+
+
+def unmet_choice(r: LiveResponse) -> str | None:
+    """Why the response cannot call the MCP tool its ``tool_choice`` forces, its servers listed
+    (None: it can, or the choice forces none)."""
+    label = forced_server(r.tool_choice)
+    if label is None or label not in r.mcp_servers:
+        return None
+    server, name = r.mcp_servers[label][0], r.tool_choice["name"]  # type: ignore[index]
+    if server.failed:
+        return f"tool_choice names MCP server '{label}', whose tools could not be listed"
+    listed = [t["name"] for t in server.tools or []]
+    if not listed:
+        return f"tool_choice names MCP server '{label}', which lists no tools"
+    if name is not None and name not in listed:
+        return _not_listed(r.tool_choice, server)  # type: ignore[arg-type]
+    taken = {t["name"] for t in r.function_tools}
+    if name in taken or not set(listed) - taken:
+        return f"tool_choice names MCP server '{label}', but function tools of the same names take the place of its tools"
+    return None
 
 
 def earlier_entries(r: LiveResponse) -> list[Entry]:

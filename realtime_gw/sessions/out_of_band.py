@@ -73,7 +73,7 @@ class SideResponses:
         out: list[Effect] = []
         for slot in list(self.slots.values()):
             out += slot.start_if_ready()
-        return out
+        return out + self.settle()  # a response may fail as it would start (``Responses.start_if_ready``)
 
     def close(self) -> list[Effect]:
         out: list[Effect] = []

@@ -161,6 +161,7 @@ class RealtimeSession:
     def _on_session_update(self, ev: rt.SessionUpdateEvent, now: float) -> list[Effect]:
         new = apply_session_update(self.settings, ev.session, self.limits.voices, self.text_limits)
         check_allowed(new.tools, self.limits.mcp_allowed_urls)  # before anything changes or connects
+        self.mcp.check_choice(new.tool_choice, new.tools, "session.tool_choice")
         check_type_change(new, busy=self.responses.live is not None or bool(self.side.slots))
         old, self.settings = self.settings, new
         self.conversation.bounded = new.truncation == "disabled"

@@ -140,6 +140,8 @@ class Responses:
             )
         asked = validated(p, settings, self.voices, self.limits, self.conversation)
         mcp_tools = asked.pop("mcp_tools")
+        if self.mcp is not None:
+            self.mcp.check_choice(asked["tool_choice"], mcp_tools, "response.tool_choice")
         r = LiveResponse(
             id=self.ids.new("resp"),
             epoch=self.epoch + 1,
@@ -187,6 +189,11 @@ class Responses:
             return []
         if mcp.listing(r.mcp_servers):
             return []  # an MCP server it names is still being listed
+        unmet = mcp.unmet_choice(r)
+        if unmet is not None:  # the tool it must call is not there: it fails before its model starts
+            refused = self.ids.error(unmet, "invalid_value", "tool_choice")
+            details = rt.ResponseStatusDetails(type="failed", error={"type": "invalid_request_error", "message": unmet})
+            return [refused, *self._finish(r, "failed", details)]
         self._enter(Phase.GENERATING, "start the response")
         return [round_start(r, self.conversation, self.model_context, self.limits)]
 

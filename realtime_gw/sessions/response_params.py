@@ -56,10 +56,10 @@ def validated(
     if p.tools is not None:  # the response's tools replace the session's, MCP servers included
         tools = check_tools(p.tools, limits.max_tools, limits.max_instructions_chars, "response.tools")
         check_allowed(tools, limits.mcp_allowed_urls, "response.tools")
-    mcp_tools = [t for t in tools if t["type"] == "mcp"]
-    tools = [t for t in tools if t["type"] == "function"]
     tool_choice = s.tool_choice if p.tool_choice is None else p.tool_choice
     tool_choice = check_tool_choice(tool_choice, tools, "response.tool_choice")
+    mcp_tools = [t for t in tools if t["type"] == "mcp"]
+    tools = [t for t in tools if t["type"] == "function"]
     context = None if p.input is None else _input_context(p.input, conversation, limits.max_item_text_chars)
     _check_metadata(p.metadata)
     max_tokens = p.max_output_tokens if p.max_output_tokens not in (None, "inf") else s.max_output_tokens

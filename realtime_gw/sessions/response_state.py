@@ -20,6 +20,7 @@ from realtime_gw.protocols import realtime as rt
 from realtime_gw.records.voice import ChatMessage, ChatUsage
 from realtime_gw.sessions.conversation import Entry, SpokenSpan
 from realtime_gw.sessions.events import StartResponse
+from realtime_gw.sessions.mcp import model_choice
 from realtime_gw.sessions.tools import FunctionCall, FunctionCalls
 
 AUDIO_TOKENS_PER_S = 20
@@ -131,7 +132,7 @@ class LiveResponse:
             speed=self.speed,
             max_output_tokens=self.max_output_tokens,
             tools=self.tools if self.offers_tools and self.tools else [],
-            tool_choice=self.tool_choice,
+            tool_choice=model_choice(self.tool_choice),
             temperature=self.temperature,
         )
 

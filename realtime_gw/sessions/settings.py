@@ -345,7 +345,10 @@ def check_tools(tools: list[Any], max_tools: int, max_chars: int, param: str) ->
 
 
 def check_tool_choice(choice: Any, tools: list[dict[str, Any]], param: str) -> str | dict[str, Any]:
-    """``auto`` | ``none`` | ``required`` | ``{"type": "function", "name": <a defined tool>}``."""
+    """``auto`` | ``none`` | ``required`` | ``{"type": "function", "name": <a defined tool>}`` |
+    ``{"type": "mcp", "server_label": <a defined MCP tool's>, "name": <its tool, or None: any>}``."""
+    if isinstance(choice, dict) and choice.get("type") == "mcp":
+        return _mcp_choice(choice, tools, param)
     if choice is None:
         return "auto"
     if isinstance(choice, str):
@@ -361,14 +364,41 @@ def check_tool_choice(choice: Any, tools: list[dict[str, Any]], param: str) -> s
             raise SessionError(f"tool_choice names '{choice['name']}', which is not a defined tool", "invalid_value", param)
         return {"type": "function", "name": choice["name"]}
     raise SessionError(
-        "tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...}",
+        "tool_choice must be 'auto', 'none', 'required', {\"type\": \"function\", \"name\": ...} "
+        "or {\"type\": \"mcp\", \"server_label\": ..., \"name\": ...}",
         "invalid_value",
         param,
     )
 
 
+def _mcp_choice(choice: dict[str, Any], tools: list[dict[str, Any]], param: str) -> dict[str, Any]:
+    """An MCP tool choice names one of the MCP servers in ``tools`` and, optionally, one of its tools
+    that ``allowed_tools`` admits (whether the server lists it is known once it is listed: ``mcp.py``)."""
+    servers = {t["server_label"]: t for t in tools if t["type"] == "mcp"}
+    label, name = choice.get("server_label"), choice.get("name")
+    if label not in servers:
+        defined = ", ".join(f"'{s}'" for s in servers) or "none"
+        raise SessionError(
+            f"tool_choice names MCP server '{label}', which is not among the tools (MCP servers: {defined})",
+            "invalid_value",
+            f"{param}.server_label",
+        )
+    if name is not None and not isinstance(name, str):
+        raise SessionError("tool_choice.name must be a tool's name", "invalid_value", f"{param}.name")
+    allowed = servers[label]["allowed_tools"]
+    if name is not None and allowed is not None and name not in allowed:
+        raise SessionError(
+            f"tool_choice names tool '{name}' of MCP server '{label}', which its allowed_tools leave out "
+            f"(allowed: {', '.join(allowed) or 'none'})",
+            "invalid_value",
+            f"{param}.name",
+        )
+    return {"type": "mcp", "server_label": label, "name": name}
+
+
 _LABEL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 APPROVALS = ("always", "never")
+HOSTED = {"connector_id": "an OpenAI-hosted connector", "tunnel_id": "an OpenAI Secure MCP Tunnel"}
 
 
 def _names_filter(f: Any) -> bool:
@@ -383,16 +413,29 @@ def check_mcp_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
         raise SessionError(
             f"{where} needs a 'server_label' of letters, digits, '_' or '-'", "invalid_value", f"{where}.server_label"
         )
+    for hosted in ("connector_id", "tunnel_id"):  # OpenAI's own infrastructure: nothing to connect to here
+        if tool.get(hosted) is not None:
+            raise SessionError(
+                f"{where}.{hosted} '{tool[hosted]}' names {HOSTED[hosted]}, which this gateway cannot reach; "
+                "give the MCP server's 'server_url' instead",
+                "unsupported_value",
+                f"{where}.{hosted}",
+            )
     url = tool.get("server_url")
-    if tool.get("connector_id") is not None or not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise SessionError(
-            f"{where} needs a 'server_url' (http or https; connectors are not supported)",
-            "invalid_value",
-            f"{where}.server_url",
-        )
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise SessionError(f"{where} needs a 'server_url' (http or https)", "invalid_value", f"{where}.server_url")
     headers = tool.get("headers") or {}
     if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
         raise SessionError(f"{where}.headers must map names to strings", "invalid_value", f"{where}.headers")
+    token = tool.get("authorization")
+    if token is not None:  # an OAuth access token: the server gets it as a bearer token
+        if not isinstance(token, str) or any(k.lower() == "authorization" for k in headers):
+            raise SessionError(
+                f"{where}.authorization must be a string, and not given beside an Authorization header",
+                "invalid_value",
+                f"{where}.authorization",
+            )
+        headers = {**headers, "Authorization": f"Bearer {token}"}
     allowed = tool.get("allowed_tools")
     if isinstance(allowed, dict):
         allowed = allowed.get("tool_names")

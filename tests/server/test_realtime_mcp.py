@@ -12,9 +12,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from openai.types.responses import ToolChoiceMcp
 
 from realtime_gw.testing.gateway import LiveServer, free_port, start_server, stop_server
-from tests.chat_server import ChatServer, call_when_asked, running_chat_server
+from tests.chat_server import ChatServer, Reply, ToolCallReply, call_when_asked, running_chat_server
 from tests.mcp_server import McpTestServer, running_mcp_server
 from tests.server.test_realtime_tools import recv, text_session, until_done, user_text
 
@@ -266,3 +267,25 @@ async def test_a_spoken_response_speaks_the_answer_after_its_call(
         audio = [e for e in events if e.type == "response.output_audio.delta"]
         assert audio and {e.output_index for e in audio} == {1}
         assert done.response.usage.output_token_details.audio_tokens > 0
+
+
+async def test_a_forced_mcp_tool_is_echoed_and_is_what_the_model_must_call(
+    peers: tuple[ChatServer, McpTestServer, LiveServer],
+) -> None:
+    chat, mcp, gateway = peers
+    choice = {"type": "mcp", "server_label": "calc", "name": "add"}
+    async with text_session(gateway, tools=[mcp_tool(mcp.url)]) as conn:
+        await listed(conn)
+        await conn.session.update(session={"type": "realtime", "tool_choice": choice})
+        updated = await recv(conn)
+        assert isinstance(updated.session.tool_choice, ToolChoiceMcp) and updated.session.tool_choice.name == "add"
+        chat.queue(Reply("", [ToolCallReply("add", '{"a": 4, "b": 5}')]))  # a model obeys the choice
+        events = await ask(conn, "What are four and five?")
+        assert chat.requests[-2]["tool_choice"] == {"type": "function", "function": {"name": "add"}}
+        assert chat.requests[-1]["tool_choice"] == "auto"  # the forced call was made: now it answers
+        assert [o.type for o in events[-1].response.output] == ["mcp_call", "message"]
+        assert answer_of(events[-1]) == "The tool said: 9"
+        await conn.session.update(session={"type": "realtime", "tool_choice": {**choice, "name": "secret"}})
+        err = await recv(conn)
+        assert err.type == "error" and err.error.param == "session.tool_choice.name"
+        assert "allowed: add, explode, nap, shout" in err.error.message
