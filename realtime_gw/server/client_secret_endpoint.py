@@ -15,6 +15,7 @@ from realtime_gw.models.registry import accepted_voices
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.server.admission import Admission
 from realtime_gw.server.speech import bounded_body, openai_error
+from realtime_gw.sessions.mcp import check_allowed
 from realtime_gw.sessions.settings import SessionError, SessionSettings, TextLimits, apply_session_update
 
 MIN_SECONDS, MAX_SECONDS, DEFAULT_SECONDS = 10, 7200, 600
@@ -37,20 +38,15 @@ def error_response(status: int, message: str, code: str, param: str | None = Non
 
 
 def settings_of(
-    session: rt.SessionParams | None, voices: frozenset[str], limits: TextLimits
+    session: rt.SessionParams | None, voices: frozenset[str], limits: TextLimits, mcp_allowed_urls: tuple[str, ...]
 ) -> SessionSettings:
-    """The settings a secret's session config gives a new session; raises ``SessionError``. MCP tools are
-    refused here: their servers are listed by a ``session.update`` of the running session."""
+    """The settings a secret's session config gives a new session; raises ``SessionError``. Its MCP
+    servers' URLs must be on the allow-list; the session lists them when it starts."""
     settings = SessionSettings()
     if session is None:
         return settings
     settings = apply_session_update(settings, session, voices, limits)
-    if any(tool.get("type") == "mcp" for tool in settings.tools):
-        raise SessionError(
-            "MCP tools cannot be set before the session starts; add them with session.update",
-            "invalid_value",
-            "tools",
-        )
+    check_allowed(settings.tools, mcp_allowed_urls, "tools")
     return settings
 
 
@@ -88,7 +84,8 @@ async def client_secrets_endpoint(request: Request) -> Response:
     cfg = gateway.config
     voices = accepted_voices(gateway.workers.tts.describe())
     try:
-        settings = settings_of(parsed.session, voices, TextLimits(cfg.max_instructions_chars, cfg.max_tools))
+        limits = TextLimits(cfg.max_instructions_chars, cfg.max_tools)
+        settings = settings_of(parsed.session, voices, limits, tuple(cfg.mcp_allowed_urls))
     except SessionError as e:
         return error_response(400, str(e), e.code, e.param and f"session.{e.param}")
     minted = gateway.access.client_secrets.mint(admission.key, expires.seconds, parsed.session)

@@ -103,6 +103,9 @@ class RealtimeSession:
         self.side = SideResponses(lambda: Responses(*slot_of, self.mcp))
         """Out-of-band responses running beside the live one (``out_of_band.py``)."""
         self.text_limits = TextLimits(limits.max_instructions_chars, limits.max_tools)
+        self.started = False
+        """``start`` ran. A config given before (a client secret's, a call's ``session`` part) is
+        applied silently (``session.created`` shows it); the MCP servers it names are listed at start."""
 
     # -- what the transport and tests read ---------------------------------------------------------
     @property
@@ -129,8 +132,13 @@ class RealtimeSession:
         return self.ids.error(message, code, param, event_id)
 
     def start(self, now: float) -> list[Effect]:
-        """``session.created`` and the default VAD stream (with a speech-to-speech model: once it is open)."""
-        return self.s2s.start() if self.s2s is not None else [self.ids.send(rt.SessionCreatedEvent(session=self._wire())), *self._restart_vad()]
+        """``session.created``, the listing of the MCP servers its config names, and the default VAD
+        stream (with a speech-to-speech model, which takes no tools: once it is open)."""
+        self.started = True
+        if self.s2s is not None:
+            return self.s2s.start()
+        created = self.ids.send(rt.SessionCreatedEvent(session=self._wire()))
+        return [created, *self.mcp.configure(self.settings.tools), *self._restart_vad()]
 
     def handle(self, event: object, now: float) -> list[Effect]:
         if self.closed:
@@ -173,7 +181,7 @@ class RealtimeSession:
         # Setting turn detection again while VAD is unavailable is the client's way to retry it.
         retry = new.turn_detection is not old.turn_detection and not self.turns.vad_stream
         out: list[Effect] = [self.ids.send(rt.SessionUpdatedEvent(session=self._wire()))]
-        out += self.mcp.configure(new.tools)
+        out += self.mcp.configure(new.tools) if self.started else []
         return out + self._restart_vad() if toggled or reformatted or retry else out
 
     def _on_session_close(self, ev: rt.SessionCloseEvent, now: float) -> list[Effect]:

@@ -59,7 +59,7 @@ async def test_refusals(voice_server: LiveServer) -> None:
         await good.realtime.client_secrets.create(
             session={"type": "realtime", "audio": {"output": {"voice": "no-such-voice"}}}
         )
-    with pytest.raises(BadRequestError, match="MCP tools"):  # listed by a running session's update only
+    with pytest.raises(BadRequestError, match="not allowed"):  # an MCP server off the allow-list
         await good.realtime.client_secrets.create(
             session={
                 "type": "realtime",

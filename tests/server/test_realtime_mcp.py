@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from openai import AsyncOpenAI, BadRequestError
 from openai.types.responses import ToolChoiceMcp
 
 from realtime_gw.testing.gateway import LiveServer, free_port, start_server, stop_server
@@ -289,3 +290,25 @@ async def test_a_forced_mcp_tool_is_echoed_and_is_what_the_model_must_call(
         err = await recv(conn)
         assert err.type == "error" and err.error.param == "session.tool_choice.name"
         assert "allowed: add, explode, nap, shout" in err.error.message
+
+
+async def test_a_client_secret_carries_mcp_tools_into_the_session_it_opens(
+    peers: tuple[ChatServer, McpTestServer, LiveServer],
+) -> None:
+    _, mcp, gateway = peers
+    minting = AsyncOpenAI(base_url=gateway.http + "/v1", api_key="unused")
+    config = {"type": "realtime", "output_modalities": ["text"], "tools": [mcp_tool(mcp.url)]}
+    secret = await minting.realtime.client_secrets.create(session=config)  # type: ignore[arg-type]
+    assert secret.session.tools[0].headers == {"Authorization": "<redacted>"}  # type: ignore[union-attr]
+    ephemeral = AsyncOpenAI(base_url=gateway.http + "/v1", api_key=secret.value)
+    async with ephemeral.realtime.connect(model="gpt-realtime") as conn:
+        created = await recv(conn)
+        assert created.type == "session.created" and created.session.tools[0].server_label == "calc"
+        item = await listed(conn)  # listed as the session starts
+        assert [t.name for t in item.tools] == ["add", "explode", "nap", "shout"]
+        events = await ask(conn, 'call add {"a": 2, "b": 3}')
+        assert answer_of(events[-1]) == "The tool said: 5"
+    elsewhere = {**config, "tools": [mcp_tool(mcp.url.replace("/mcp", "/elsewhere"))]}
+    with pytest.raises(BadRequestError, match="not allowed") as refused:
+        await minting.realtime.client_secrets.create(session=elsewhere)  # type: ignore[arg-type]
+    assert refused.value.body["param"] == "session.tools[0].server_url"  # type: ignore[index]

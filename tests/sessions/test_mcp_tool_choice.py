@@ -21,6 +21,7 @@ from realtime_gw.sessions.events import (
     McpToolsListed,
     StartResponse,
 )
+from realtime_gw.sessions.realtime import RealtimeSession
 from tests.sessions.mcp_helpers import MCP, TOOLS, URL, listed_session, mcp_session, model_calls
 from tests.sessions.realtime_helpers import WEATHER, client, errors, events, of, respond, say, session, types
 
@@ -140,3 +141,23 @@ def test_an_oauth_token_reaches_the_server_as_a_bearer_and_is_never_echoed() -> 
     assert "oauth-token" not in str(events(effects))
     (err,) = errors(update(s, tools=[{**MCP, "authorization": "oauth-token"}]))  # and a header of its own
     assert err.error.param == "session.tools[0].authorization"
+
+
+def test_a_config_given_before_the_session_starts_is_listed_when_it_starts() -> None:
+    """A client secret's session config (or a call's ``session`` part) is applied before ``start``:
+    nothing is sent or listed then; ``start`` shows it in ``session.created`` and lists its servers."""
+    s = RealtimeSession("sess_preset", Limits(mcp_allowed_urls=(URL,)))
+    before = s.handle(rt.SessionUpdateEvent(session=rt.SessionParams(tools=[MCP], tool_choice=CHOOSE_ADD)), 0.0)
+    assert of(before, ListMcpTools) == [] and s.conversation.last_id() is None
+    started = s.start(0.0)
+    assert types(started) == ["session.created", "conversation.item.added", "mcp_list_tools.in_progress"]
+    assert events(started)[0].session.tool_choice == CHOOSE_ADD  # type: ignore[union-attr]
+    (listing,) = of(started, ListMcpTools)
+    assert listing.server_url == URL
+    s.handle(McpToolsListed(listing.item_id, TOOLS), 0.0)
+    say(s, "hi")
+    start, _ = respond(s)
+    assert start.tool_choice == {"type": "function", "name": "add"}
+    refused = RealtimeSession("sess_refused", Limits())  # the allow-list still applies
+    (err,) = errors(refused.handle(rt.SessionUpdateEvent(session=rt.SessionParams(tools=[MCP])), 0.0))
+    assert "not allowed" in err.error.message and refused.settings.tools == []

@@ -125,7 +125,7 @@ async def create_call(request: Request) -> Response:
         if session_params is not None:
             voices = accepted_voices(gateway.workers.tts.describe())
             limits = TextLimits(gateway.config.max_instructions_chars, gateway.config.max_tools)
-            settings_of(session_params, voices, limits)  # refused here, not after the answer
+            settings_of(session_params, voices, limits, tuple(gateway.config.mcp_allowed_urls))  # refused here, not after the answer
     except OfferError as e:
         return error_response(e.status, str(e), e.code)
     except SessionError as e:
