@@ -38,6 +38,7 @@ from realtime_gw.protocols import realtime as rt
 from realtime_gw.protocols import realtime_mcp as mcp_rt
 from realtime_gw.sessions.conversation import Conversation, Entry
 from realtime_gw.sessions.events import CallMcpTool, Effect, Ids, ListMcpTools, McpCallDone, McpToolsListed
+from realtime_gw.sessions.response_state import forced_server
 from realtime_gw.sessions.settings import SessionError
 from realtime_gw.sessions.tools import FunctionCall
 
@@ -237,28 +238,22 @@ def offer(r: LiveResponse) -> None:
         r.tools = r.function_tools + offered
 
 
-def forced_server(choice: str | dict[str, Any]) -> str | None:
-    """The MCP server a ``tool_choice`` forces the model to call (``{"type": "mcp", ...}``)."""
-    return choice["server_label"] if isinstance(choice, dict) and choice["type"] == "mcp" else None
-
-
-def model_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
-    """The tool choice as the model takes it: an MCP tool is one of its functions (``offer``), so a
-    choice of one is a choice of that function; of a server's tools, any (only those are offered)."""
-    if forced_server(choice) is None:
-        return choice
-    name = choice["name"]  # type: ignore[index]
-    return "required" if name is None else {"type": "function", "name": name}
-
-
 def _not_listed(choice: dict[str, Any], server: McpServer) -> str:
     listed = ", ".join(t["name"] for t in server.tools or []) or "no tools"
     return f"tool_choice names tool '{choice['name']}', which MCP server '{server.label}' does not list (it lists: {listed})"
 
 
-def unmet_choice(r: LiveResponse) -> str | None:
-    """Why the response cannot call the MCP tool its ``tool_choice`` forces, its servers listed
-    (None: it can, or the choice forces none)."""
+def unmet_choice(r: LiveResponse, ids: Ids) -> tuple[Effect, rt.ResponseStatusDetails] | None:
+    """The response cannot call the MCP tool its ``tool_choice`` forces (its servers listed): the
+    error that says why, and the response's failure (None: it can, or the choice forces none)."""
+    why = _unmet(r)
+    if why is None:
+        return None
+    error = {"type": "invalid_request_error", "message": why}
+    return ids.error(why, "invalid_value", "tool_choice"), rt.ResponseStatusDetails(type="failed", error=error)
+
+
+def _unmet(r: LiveResponse) -> str | None:
     label = forced_server(r.tool_choice)
     if label is None or label not in r.mcp_servers:
         return None

@@ -76,7 +76,7 @@ from realtime_gw.sessions.settings import (
 )
 from realtime_gw.sessions.transcription import Transcriber
 from realtime_gw.sessions.turn_detection import PauseHeard
-from realtime_gw.sessions.turns import Backchannel, Decided, Interrupt, Turns, UserTurn, prefix_ms
+from realtime_gw.sessions.turns import Backchannel, Decided, Interrupt, TurnEnded, Turns, UserTurn, prefix_ms
 
 _RULE_BREAKS = (SessionError, ConversationError)
 
@@ -205,8 +205,7 @@ class RealtimeSession:
         self.buffer.check_commit()
         item_id = self.turns.speech_item_id or self.transcriber.live_item_id or self.ids.new("item")
         out = self._commit(item_id, self.buffer.start_ms, self.buffer.end_ms)
-        self.turns.reset()
-        return out + _turn_ended(self)
+        return out + self._carry_out_all(self.turns.committed(), now)
 
     def _on_clear(self, ev: rt.InputAudioBufferClearEvent, now: float) -> list[Effect]:
         self.buffer.clear()
@@ -236,12 +235,14 @@ class RealtimeSession:
         out: list[Effect] = []
         for start_ms, window_ms, prob in self.turns.windows(ev.probs):
             responding = self.responses.live is not None
-            for step in self.turns.hear(self.settings, start_ms, window_ms, prob, now, responding):
-                out += self._carry_out(step, now)
+            out += self._carry_out_all(self.turns.hear(self.settings, start_ms, window_ms, prob, now, responding), now)
         keep_from = self.turns.keep_from_ms(td)
         if keep_from is not None:
             self.buffer.drop_before(keep_from)
         return out
+
+    def _carry_out_all(self, steps: list[Effect | Decided] | list[Decided], now: float) -> list[Effect]:
+        return [e for step in steps for e in self._carry_out(step, now)]
 
     def _carry_out(self, step: Effect | Decided, now: float) -> list[Effect]:
         """Do what turn-taking decided. A rule it breaks (a full conversation) becomes an error
@@ -250,9 +251,11 @@ class RealtimeSession:
             cancelled = self.responses.live is not None
             out = self.responses.cancel("turn_detected") if cancelled else []
             return out + self.turns.cut_playback(now, self.conversation, response_cancelled=cancelled)
+        if isinstance(step, TurnEnded):  # a speech-to-speech model held silent may answer it
+            return self.responses.release() if isinstance(self.responses, SpokenResponses) else []
         if isinstance(step, Backchannel):
             self.buffer.take(step.start_ms, step.end_ms)
-            return self.transcriber.cancel() + _turn_ended(self)
+            return self.transcriber.cancel()
         if isinstance(step, Send) and isinstance(step.event, rt.InputAudioBufferSpeechStartedEvent):
             # The turn's transcription hears it from now on, and its audio from before the start.
             assert self.settings.turn_detection is not None
@@ -263,9 +266,9 @@ class RealtimeSession:
         if not isinstance(step, UserTurn):
             return [step]
         try:
-            out = self._commit(step.item_id, step.start_ms, step.end_ms) + _turn_ended(self)
+            out = self._commit(step.item_id, step.start_ms, step.end_ms)
         except _RULE_BREAKS as e:
-            return [self.error(str(e), e.code, e.param), *_turn_ended(self)]
+            return [self.error(str(e), e.code, e.param)]
         return out + self.responses.answer(self.settings) if step.respond and self.settings.answers else out
 
     def _on_tick(self, ev: Tick, now: float) -> list[Effect]:
@@ -277,7 +280,7 @@ class RealtimeSession:
         item_id = self.ids.new("item")
         start, end = self.buffer.start_ms, self.buffer.end_ms
         timeout = rt.InputAudioBufferTimeoutTriggered(audio_start_ms=int(start), audio_end_ms=int(end), item_id=item_id)
-        return [*out, self.ids.send(timeout), *self._carry_out(UserTurn(item_id, start, end, respond=True), now)]
+        return [*out, self.ids.send(timeout), *self._carry_out_all(self.turns.timed_out(item_id, start, end), now)]
 
     def _on_transcription(self, ev: TranscriptionDone, now: float) -> list[Effect]:
         part = self.conversation.fill_transcript(ev.item_id, ev.text, ev.error)
@@ -321,30 +324,6 @@ class RealtimeSession:
         self.conversation.delete(ev.item_id)
         return [self.ids.send(rt.ConversationItemDeletedEvent(item_id=ev.item_id)), *self.responses.start_if_ready()]
 
-    def _on_item_truncate(self, ev: rt.ConversationItemTruncateEvent, now: float) -> list[Effect]:
-        """The client stopped playing an assistant item at ``audio_end_ms``. Never refused for where
-        it cut: the cut is clamped to the audio the server generated for the item, whatever
-        ``content_index`` says (frameworks send 0), and the last cut wins, also after the server's
-        own barge-in estimate. The live response's item is cancelled first (truncate before, or
-        instead of, ``response.cancel``)."""
-        entry = self.conversation.get(ev.item_id, "item_truncate_invalid_item_id")
-        if entry.item.role != "assistant":
-            assistant_audio(entry)  # raises: only assistant items can be truncated
-        if ev.audio_end_ms < 0:
-            raise SessionError("audio_end_ms must not be negative", "invalid_value", "audio_end_ms")
-        out: list[Effect] = []
-        live = self.responses.live
-        if live is not None and live.item_id == ev.item_id:
-            self.responses.sync_entry(ev.item_id)
-            out += self.responses.cancel("client_cancelled")
-        end_ms = min(float(ev.audio_end_ms), max(entry.generated_ms, entry.audio_ms))
-        out += self.turns.stop_item_playback(ev.item_id, end_ms, now)
-        entry.truncate(end_ms)
-        truncated = rt.ConversationItemTruncatedEvent(
-            item_id=ev.item_id, content_index=ev.content_index, audio_end_ms=round(end_ms)
-        )
-        return [*out, self.ids.send(truncated)]
-
     # -- responses -----------------------------------------------------------------------------------
     def _on_response_create(self, ev: rt.ResponseCreateEvent, now: float) -> list[Effect]:
         if not self.settings.answers:
@@ -381,22 +360,44 @@ class RealtimeSession:
             )
         return []
 
-    def _on_output_clear(self, ev: rt.OutputAudioBufferClearEvent, now: float) -> list[Effect]:
-        """Stop the reply's audio: cancel the live response, and cut the newest assistant item back
-        to what the client has heard (its playback may outlast ``response.done``)."""
-        live = self.responses.live
-        out = self.responses.cancel("client_cancelled") if live is not None else []
-        if live is not None:
-            out.append(self.ids.send(rt.OutputAudioBufferClearedEvent(response_id=live.id)))
-        return out + self.turns.cut_playback(now, self.conversation, response_cancelled=live is not None)
+
+# -- assistant audio the client stops hearing -----------------------------------------------------------
+def _truncate_item(s: RealtimeSession, ev: rt.ConversationItemTruncateEvent, now: float) -> list[Effect]:
+    """The client stopped playing an assistant item at ``audio_end_ms``. Never refused for where
+    it cut: the cut is clamped to the audio the server generated for the item, whatever
+    ``content_index`` says (frameworks send 0), and the last cut wins, also after the server's
+    own barge-in estimate. The live response's item is cancelled first (truncate before, or
+    instead of, ``response.cancel``)."""
+    entry = s.conversation.get(ev.item_id, "item_truncate_invalid_item_id")
+    if entry.item.role != "assistant":
+        assistant_audio(entry)  # raises: only assistant items can be truncated
+    if ev.audio_end_ms < 0:
+        raise SessionError("audio_end_ms must not be negative", "invalid_value", "audio_end_ms")
+    out: list[Effect] = []
+    live = s.responses.live
+    if live is not None and live.item_id == ev.item_id:
+        live.sync(entry)  # its item, brought up to what it has produced so far
+        out += s.responses.cancel("client_cancelled")
+    end_ms = min(float(ev.audio_end_ms), max(entry.generated_ms, entry.audio_ms))
+    out += s.turns.stop_item_playback(ev.item_id, end_ms, now)
+    entry.truncate(end_ms)
+    truncated = rt.ConversationItemTruncatedEvent(
+        item_id=ev.item_id, content_index=ev.content_index, audio_end_ms=round(end_ms)
+    )
+    return [*out, s.ids.send(truncated)]
+
+
+def _clear_output(s: RealtimeSession, ev: rt.OutputAudioBufferClearEvent, now: float) -> list[Effect]:
+    """Stop the reply's audio: cancel the live response, and cut the newest assistant item back
+    to what the client has heard (its playback may outlast ``response.done``)."""
+    live = s.responses.live
+    out = s.responses.cancel("client_cancelled") if live is not None else []
+    if live is not None:
+        out.append(s.ids.send(rt.OutputAudioBufferClearedEvent(response_id=live.id)))
+    return out + s.turns.cut_playback(now, s.conversation, response_cancelled=live is not None)
 
 
 # -- a session bound to a speech-to-speech model (``s2s.py``) ---------------------------------------------
-def _turn_ended(s: RealtimeSession) -> list[Effect]:
-    """The user's turn ended: a speech-to-speech model held silent may answer it."""
-    return s.responses.release() if isinstance(s.responses, SpokenResponses) else []
-
-
 def _s2s_opened(s: RealtimeSession, ev: S2sOpened, now: float) -> list[Effect]:
     assert s.s2s is not None
     s.s2s.opened(now)
@@ -438,10 +439,10 @@ _HANDLERS: dict[type, Any] = {
     rt.InputAudioBufferAppendEvent: RealtimeSession._on_append,
     rt.InputAudioBufferCommitEvent: RealtimeSession._on_commit,
     rt.InputAudioBufferClearEvent: RealtimeSession._on_clear,
-    rt.OutputAudioBufferClearEvent: RealtimeSession._on_output_clear,
+    rt.OutputAudioBufferClearEvent: _clear_output,
     rt.ConversationItemCreateEvent: RealtimeSession._on_item_create,
     rt.ConversationItemRetrieveEvent: RealtimeSession._on_item_retrieve,
-    rt.ConversationItemTruncateEvent: RealtimeSession._on_item_truncate,
+    rt.ConversationItemTruncateEvent: _truncate_item,
     rt.ConversationItemDeleteEvent: RealtimeSession._on_item_delete,
     rt.ResponseCreateEvent: RealtimeSession._on_response_create,
     rt.ResponseCancelEvent: RealtimeSession._on_response_cancel,
@@ -452,7 +453,7 @@ _HANDLERS: dict[type, Any] = {
     TranscriptionDone: lambda s, ev, now: s.transcriber.finished(ev, s._on_transcription(ev, now)),
     TranscriptionDelta: lambda s, ev, now: s.transcriber.partial(ev, s.settings.transcription is not None),
     AsrUnavailable: lambda s, ev, now: s.transcriber.unavailable(ev),
-    TurnVerdict: lambda s, ev, now: [e for step in s.turns.verdict(s.settings, ev, now) for e in s._carry_out(step, now)],
+    TurnVerdict: lambda s, ev, now: s._carry_out_all(s.turns.verdict(s.settings, ev, now), now),
     PlaybackStarted: lambda s, ev, now: s.turns.playback_started(ev),
     McpToolsListed: lambda s, ev, now: s.mcp.listed(ev) + s.responses.start_if_ready() + s.side.start_if_ready(),
     S2sOpened: _s2s_opened,

@@ -150,21 +150,30 @@ class Responses:
             function_tools=asked["tools"],
             **asked,
         )
-        if r.in_conversation:
-            self.conversation.check_add(r.item_id)  # a refused response must leave nothing behind
-        self._enter(Phase.WAITING, "create a response")
-        listings: list[Effect] = []
+        out = self.open(r, settings)
         if self.mcp is not None and mcp_tools:
             r.mcp_servers, listings = self.mcp.use(mcp_tools)
+            out += listings
             mcp.offer(r)
+        if not r.offers_tools:  # a message for sure: announced at once
+            out += self._open_message(r)
+        return out + self.start_if_ready()
+
+    def open(self, r: LiveResponse, settings: SessionSettings, generating: bool = False) -> list[Effect]:
+        """``r`` becomes the live response (``response.created``). ``generating``: its model already
+        runs on its own (a speech-to-speech stream; no worker is asked), its message announced at
+        once. A full conversation refuses it first (``ConversationError``, nothing changed)."""
+        if r.in_conversation:
+            self.conversation.check_add(r.item_id)  # a refused response must leave nothing behind
+        self._enter(Phase.WAITING, "open a spoken response" if generating else "create a response")
+        if generating:
+            self._enter(Phase.GENERATING, "start a spoken response")
         self.epoch, self.live = r.epoch, r
         if r.audio:
             r.encoder = audio.OutputEncoder(settings.output_format)
             self.playbacks.open(r.id, r.item_id)
-        out = [self._send(r, rt.ResponseCreatedEvent(response=r.wire("in_progress"))), *listings]
-        if not r.offers_tools:  # a message for sure: announced at once
-            out += self._open_message(r)
-        return out + self.start_if_ready()
+        created = self._send(r, rt.ResponseCreatedEvent(response=r.wire("in_progress")))
+        return [created, *self._open_message(r)] if generating else [created]
 
     def _open_message(self, r: LiveResponse) -> list[Effect]:
         """Announce the response's message item (its output 0) and its content part."""
@@ -189,11 +198,9 @@ class Responses:
             return []
         if mcp.listing(r.mcp_servers):
             return []  # an MCP server it names is still being listed
-        unmet = mcp.unmet_choice(r)
-        if unmet is not None:  # the tool it must call is not there: it fails before its model starts
-            refused = self.ids.error(unmet, "invalid_value", "tool_choice")
-            details = rt.ResponseStatusDetails(type="failed", error={"type": "invalid_request_error", "message": unmet})
-            return [refused, *self._finish(r, "failed", details)]
+        refused = mcp.unmet_choice(r, self.ids)
+        if refused is not None:  # the tool it must call is not there: it fails before its model starts
+            return [refused[0], *self._finish(r, "failed", refused[1])]
         self._enter(Phase.GENERATING, "start the response")
         return [round_start(r, self.conversation, self.model_context, self.limits)]
 
@@ -361,12 +368,6 @@ class Responses:
         out = self.cancel("client_disconnected") if self.live is not None else []
         self._enter(Phase.CLOSED, "close the session")
         return out
-
-    def sync_entry(self, item_id: str) -> None:
-        """The live response's conversation item, brought up to what it has produced so far."""
-        r = self.live
-        if r is not None and r.item_id == item_id and item_id in self.conversation:
-            r.sync(self.conversation.get(item_id))
 
     def _finish(self, r: LiveResponse, status: str, details: rt.ResponseStatusDetails | None) -> list[Effect]:
         """Close out the message, then (completed) the function calls, then the single ``response.done``."""

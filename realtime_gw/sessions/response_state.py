@@ -20,12 +20,25 @@ from realtime_gw.protocols import realtime as rt
 from realtime_gw.records.voice import ChatMessage, ChatUsage
 from realtime_gw.sessions.conversation import Entry, SpokenSpan
 from realtime_gw.sessions.events import StartResponse
-from realtime_gw.sessions.mcp import model_choice
 from realtime_gw.sessions.tools import FunctionCall, FunctionCalls
 
 AUDIO_TOKENS_PER_S = 20
 """Output audio tokens are estimated from the audio's duration (one per 50 ms, as OpenAI's realtime
 models bill audio): the backend only counts the text it wrote, the gateway's TTS made the audio."""
+
+
+def forced_server(choice: str | dict[str, Any]) -> str | None:
+    """The MCP server a ``tool_choice`` forces the model to call (``{"type": "mcp", ...}``)."""
+    return choice["server_label"] if isinstance(choice, dict) and choice["type"] == "mcp" else None
+
+
+def model_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    """The tool choice as the model takes it: MCP tools reach it as functions (``mcp.offer``), so a
+    choice of one is a choice of that function; of a server's tools, any (only those are offered)."""
+    if forced_server(choice) is None:
+        return choice
+    name = choice["name"]  # type: ignore[index]
+    return "required" if name is None else {"type": "function", "name": name}
 
 
 @dataclass(slots=True)

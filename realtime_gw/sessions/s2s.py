@@ -132,13 +132,7 @@ class SpokenResponses(Responses):
             conversation_id=self.conversation_id,
             voice=settings.voice,
         )
-        self.conversation.check_add(r.item_id)  # raises ConversationError, nothing changed
-        self._enter(Phase.WAITING, "open a spoken response")
-        self._enter(Phase.GENERATING, "start a spoken response")
-        self.epoch, self.live = r.epoch, r
-        r.encoder = audio.OutputEncoder(settings.output_format)
-        self.playbacks.open(r.id, r.item_id)
-        return [self._send(r, rt.ResponseCreatedEvent(response=r.wire("in_progress"))), *self._open_message(r)]
+        return self.open(r, settings, generating=True)  # raises ConversationError, nothing changed
 
     def answer(self, settings: SessionSettings, p: rt.ResponseParams | None = None) -> list[Effect]:
         """A user turn asks for no response here: the model answers on its own, when it speaks."""

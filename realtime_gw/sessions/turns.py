@@ -6,7 +6,9 @@ playback ledger. Pure.
 speech over assistant speech, duplex only), the idle timer, and ``Playbacks`` (what the client has
 heard, from ``PlaybackStarted`` and ``playback.ack``). It decides; the session carries out what it
 decides, in order, between the effects it returns: ``Interrupt`` (barge in now), ``UserTurn``
-(commit this span of input audio as a user item, maybe answer it) and ``Backchannel`` (drop it).
+(commit this span of input audio as a user item, maybe answer it) and ``Backchannel`` (drop it),
+each followed by ``TurnEnded``, the one outcome every end of a user's turn has (a client's commit and
+the idle timeout too: ``committed``, ``timed_out``).
 
 A VAD stream the transport cannot open or reopen (``VadUnavailable``) is reported once as
 ``server_busy``; the session then goes on without one, as with ``turn_detection: null`` (the client
@@ -65,7 +67,13 @@ class Backchannel:
     end_ms: float
 
 
-Decided = Interrupt | UserTurn | Backchannel
+@dataclass(frozen=True, slots=True)
+class TurnEnded:
+    """The user's turn is over, however it ended (committed, dropped, timed out): what waits for the
+    end of a turn may go on (a speech-to-speech model held silent may answer)."""
+
+
+Decided = Interrupt | UserTurn | Backchannel | TurnEnded
 Decided = Decided | PauseHeard  # semantic VAD: the session asks the turn model
 TurnDetection = rt.ServerVad | rt.SemanticVad
 
@@ -136,6 +144,15 @@ class Turns:
         """The buffer was committed or cleared: no turn is in progress."""
         self.detector.reset()
         self.speech_item_id = None
+
+    def committed(self) -> list[Decided]:
+        """The client committed the input buffer: that ended the user's turn."""
+        self.reset()
+        return [TurnEnded()]
+
+    def timed_out(self, item_id: str, start_ms: float, end_ms: float) -> list[Decided]:
+        """``idle_timeout_ms`` passed (``idle_timeout_due``): the buffer is the user's turn, answered."""
+        return [UserTurn(item_id, start_ms, end_ms, respond=True), TurnEnded()]
 
     # -- hearing -------------------------------------------------------------------------------------
     def windows(self, probs: VadProbs) -> list[tuple[float, float, float]]:
@@ -212,7 +229,7 @@ class Turns:
             out.append(Backchannel(start, d.commit_ms))  # not a user turn
         else:
             out.append(UserTurn(item_id, start, d.commit_ms, respond=td.create_response))
-        return out
+        return [*out, TurnEnded()]
 
     def verdict(self, s: SessionSettings, ev: TurnVerdict, now: float) -> list[Effect | Decided]:
         """The turn model's answer (semantic VAD): the turn ends if it is complete."""

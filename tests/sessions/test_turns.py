@@ -27,7 +27,7 @@ from realtime_gw.sessions.events import (
 )
 from realtime_gw.sessions.realtime import RealtimeSession
 from realtime_gw.sessions.settings import SessionSettings
-from realtime_gw.sessions.turns import Interrupt, Turns, UserTurn
+from realtime_gw.sessions.turns import Interrupt, TurnEnded, Turns, UserTurn
 from tests.sessions.realtime_helpers import (
     FRAME,
     SILENCE,
@@ -143,6 +143,9 @@ def test_turns_decide_and_the_session_carries_out() -> None:
     assert isinstance(turn, UserTurn) and turn.respond
     assert turn.item_id == steps[0].event.item_id  # type: ignore[attr-defined]
     assert turn.start_ms == -300 and turn.end_ms == 544  # prefix padding .. the window 500 ms past the voice
+    assert steps[4:] == [TurnEnded()]  # every end of a turn has this one outcome, as a commit and a timeout do
+    assert turns.committed() == [TurnEnded()]
+    assert turns.timed_out("item_x", 0.0, 100.0)[1:] == [TurnEnded()]
 
 
 # -- regressions ----------------------------------------------------------------------------------------
