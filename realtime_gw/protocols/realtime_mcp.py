@@ -5,7 +5,7 @@ or error). Pure."""
 
 from __future__ import annotations
 
-from realtime_gw.protocols.realtime import ServerEvent
+from realtime_gw.protocols.realtime_server import ServerEvent
 
 
 class McpListToolsInProgress(ServerEvent, tag="mcp_list_tools.in_progress"):
