@@ -18,7 +18,9 @@ from openai.types.responses import ToolChoiceMcp
 from realtime_gw.testing.gateway import LiveServer, free_port, start_server, stop_server
 from tests.chat_server import ChatServer, Reply, ToolCallReply, call_when_asked, running_chat_server
 from tests.mcp_server import McpTestServer, running_mcp_server
+from tests.server.sdk_events import validate
 from tests.server.test_realtime_tools import recv, text_session, until_done, user_text
+from tests.server.webrtc.caller import Caller, call
 
 TIMEOUT_S = 3.0
 """Long enough for a listing on a busy box (connect, initialize, list), short for the slow-tool test."""
@@ -312,3 +314,22 @@ async def test_a_client_secret_carries_mcp_tools_into_the_session_it_opens(
     with pytest.raises(BadRequestError, match="not allowed") as refused:
         await minting.realtime.client_secrets.create(session=elsewhere)  # type: ignore[arg-type]
     assert refused.value.body["param"] == "session.tools[0].server_url"  # type: ignore[index]
+
+
+async def test_a_calls_session_part_lists_its_mcp_servers_on_the_data_channel(
+    peers: tuple[ChatServer, McpTestServer, LiveServer],
+) -> None:
+    _, mcp, gateway = peers
+    caller = Caller(parse=validate)
+    try:
+        config = {"type": "realtime", "output_modalities": ["text"], "tools": [mcp_tool(mcp.url)]}
+        elsewhere = {**config, "tools": [mcp_tool(mcp.url.replace("/mcp", "/elsewhere"))]}
+        refused = await call(gateway, caller, multipart=True, session=elsewhere)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "session.tools[0].server_url"
+        answered = await call(gateway, caller, multipart=True, session=config)
+        assert answered.status_code == 201
+        await caller.wait_for(lambda e: e.type == "session.created")
+        listed = await caller.wait_for(lambda e: e.type == "conversation.item.done" and e.item.type == "mcp_list_tools")
+        assert [t.name for t in listed.item.tools] == ["add", "explode", "nap", "shout"]
+    finally:
+        await caller.close()
