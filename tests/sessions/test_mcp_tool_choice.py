@@ -51,6 +51,8 @@ def test_a_session_choice_is_echoed_and_makes_the_model_call_that_tool() -> None
 def test_a_choice_of_a_server_alone_offers_only_its_tools_and_requires_a_call() -> None:
     s = listed_session(tools=[MCP, WEATHER], tool_choice={"type": "mcp", "server_label": "calc"})
     assert s.settings.tool_choice == {"type": "mcp", "server_label": "calc", "name": None}
+    echoed = events(update(s, tool_choice={"type": "mcp", "server_label": "calc"}))[0]  # validated: name null
+    assert echoed.session.tool_choice == {"type": "mcp", "server_label": "calc", "name": None}  # type: ignore[union-attr]
     say(s, "hi")
     start, _ = respond(s)
     assert start.tool_choice == "required" and [t["name"] for t in start.tools] == ["add"]
