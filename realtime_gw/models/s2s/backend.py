@@ -72,6 +72,11 @@ class MoshiState:
 
 class MoshiBackend:
     name = "s2s-moshi"
+    family = "moshi"
+    """The model family: its shapes (``config.FAMILY_SHAPES``) and its name in ``S2sSpec.model``."""
+    capabilities: tuple[str, ...] = CAPABILITIES
+    user_lead = 0
+    """Columns ahead of the step where a user's frame goes (``lm.py``; PersonaPlex's step: 1)."""
 
     def __init__(
         self,
@@ -94,7 +99,7 @@ class MoshiBackend:
         if slots < 1:
             raise ValueError("s2s_slots must be >= 1")
         dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-        ck = checkpoint or load(config, path, device, dtype)
+        ck = checkpoint or load(config, path, device, dtype, self.family)
         self.checkpoint = ck
         self.slots = slots
         self._seed = seed
@@ -102,12 +107,12 @@ class MoshiBackend:
         self.engine = MoshiEngine(
             ck.weights, ck.mimi, ck.shape, slots,
             text=Sampler(text_temperature, text_top_k), audio=Sampler(temperature, top_k),
-            cuda_graphs=cuda_graphs,
+            cuda_graphs=cuda_graphs, user_lead=self.user_lead,
         )  # fmt: skip
         shape = ck.shape
         self.spec = S2sSpec(
-            model="moshi", frame_ms=FRAME_MS, native_rate=SAMPLE_RATE, context_frames=shape.context,
-            text_padding_ids=shape.padding_ids, capabilities=CAPABILITIES,
+            model=self.family, frame_ms=FRAME_MS, native_rate=SAMPLE_RATE, context_frames=shape.context,
+            text_padding_ids=shape.padding_ids, capabilities=self.capabilities,
         )  # fmt: skip
         self.late_steps = 0
         self._holders: dict[int, MoshiState] = {}
@@ -135,10 +140,17 @@ class MoshiBackend:
             raise TypeError(f"expected S2sOpen, got {type(request).__name__}")
         if request.voice is not None or request.persona is not None:
             raise ValueError(f"moshi takes no voice prompt or persona; it can: {', '.join(CAPABILITIES)}")
+        return self._hold(self._seed_of(request), self.engine.alloc_seeded)
+
+    def _seed_of(self, request: S2sOpen) -> int:
         seed = request.seed
         if seed is None:
             seed = random.getrandbits(32) if self._seed is None else self._seed + self._opened
-        state = MoshiState(slot=self.engine.alloc_seeded(int(seed)), seed=int(seed))  # NoFreeSlot when full
+        return int(seed)
+
+    def _hold(self, seed: int, alloc: Any) -> MoshiState:
+        """A conversation in the slot ``alloc(seed)`` takes (NoFreeSlot when full)."""
+        state = MoshiState(slot=alloc(seed), seed=seed)
         self._holders[state.slot] = state
         self._opened += 1
         return state
@@ -272,9 +284,9 @@ class MoshiBackend:
             state.index += 1
 
 
-def build_moshi(config: GatewayConfig) -> MoshiBackend:
+def build_moshi(config: GatewayConfig, cls: type[MoshiBackend] = MoshiBackend, **extra: Any) -> MoshiBackend:
     """The backend the gateway config asks for (the ``[s2s]`` section)."""
-    return MoshiBackend(
+    return cls(
         config=config.s2s_config,
         path=config.s2s_path,
         device=config.s2s_device,
@@ -284,15 +296,20 @@ def build_moshi(config: GatewayConfig) -> MoshiBackend:
         top_k=config.s2s_top_k,
         text_temperature=config.s2s_text_temperature,
         text_top_k=config.s2s_text_top_k,
+        **extra,
     )
 
 
-def from_config(config: GatewayConfig) -> StagePlan:
+def stage_plan(config: GatewayConfig, backend: MoshiBackend) -> StagePlan:
     """A GPU stage (in-thread, CUDA graphs): every conversation holds a slot and all advance each step,
     so slots = batch = admission limit: the worker refuses a conversation past it at submit (NoFreeSlot)."""
     return StagePlan(
-        backend=build_moshi(config),
+        backend=backend,
         device=config.s2s_device,
         max_batch=config.s2s_slots,
         max_active=config.s2s_slots,
     )
+
+
+def from_config(config: GatewayConfig) -> StagePlan:
+    return stage_plan(config, build_moshi(config))
