@@ -5,22 +5,28 @@ over Kyutai's ``LMModel`` at 16 depformer sub-steps), tiny shape, float32 on the
 - after the prompt (a voice and a persona), greedy tokens match the reference stepping the prompt frame by
   frame and then the conversation, over a context that wraps;
 - the 16-sub-step depformer's logits match ``LMModel.forward_depformer_training`` teacher-forced, and the
-  serving step's 8 sub-steps are the first 8 of them.
+  serving step's 8 sub-steps are the first 8 of them;
+- the published layout loads strictly, every sub-step's tensors included.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
+from realtime_gw.models.s2s.checkpoint import LM_FILE
 from realtime_gw.models.s2s.config import personaplex_tiny
 from realtime_gw.models.s2s.lm import MoshiLmRuntime
-from realtime_gw.models.s2s.prompt import prefill, prompt_columns, prompt_frames
+from realtime_gw.models.s2s.personaplex import PersonaPlexBackend
+from realtime_gw.models.s2s.prompt import SILENCE_FRAMES, prefill, prompt_columns, prompt_frames
 from realtime_gw.models.s2s.sampling import Sampler
-from tests.models.s2s.moshi_reference import Reference, reference
+from realtime_gw.records.s2s import S2sOpen
+from tests.models.s2s.moshi_reference import Reference, reference, save_published
 from tests.models.s2s.personaplex_reference import PersonaPlexGen
 
 GREEDY = Sampler(0.0, 0)
@@ -123,3 +129,21 @@ def test_sixteen_sub_step_depformer_matches_the_teacher_forced_forward(ref: Refe
         assert mine.shape == (1, SHAPE.own_q) and sorted(part.logits) == list(range(1, SHAPE.own_q + 1))
         for s in range(SHAPE.own_q):
             torch.testing.assert_close(part.logits[1 + s], full.logits[1 + s])
+
+
+def test_the_published_layout_loads_strictly_with_its_sixteen_sub_steps(ref: Reference, tmp_path: Path) -> None:
+    """A file with every sub-step (``linears.15`` ...) loads as published, persona text through its
+    SentencePiece model; a file without sub-steps 8..15 is refused by name (NVIDIA's loader would copy
+    them from 0..7)."""
+    save_published(ref, tmp_path)
+    backend = PersonaPlexBackend(path=str(tmp_path), slots=1, temperature=0, text_temperature=0)
+    ck = backend.checkpoint
+    assert not ck.random_init and ck.shape.dep_q == 16 and backend.info["prompt_codes"] == "this codec's"
+    for name in ("linears.15.weight", "depformer_emb.14.weight", "depformer.layers.0.gating.15.linear_in.weight"):
+        assert torch.equal(ck.weights[name], ref.checkpoint.weights[name])
+    persona = backend.checkpoint.text.encode("<system> w3x w4x <system>", SHAPE.text_card)  # SentencePiece's
+    assert len(backend.prompt(S2sOpen(persona="w3x w4x"))) == 2 * SILENCE_FRAMES + len(persona) > 2 * SILENCE_FRAMES
+    lm = load_file(str(tmp_path / LM_FILE))
+    save_file({k: v for k, v in lm.items() if not k.startswith(("linears.15", "depformer_in.15"))}, str(tmp_path / LM_FILE))
+    with pytest.raises(ValueError, match=r"missing \['depformer_in.15.weight', 'linears.15.weight'\]"):
+        PersonaPlexBackend(path=str(tmp_path), slots=1)
