@@ -383,7 +383,8 @@ class S2sSettings(RaySettings, kw_only=True):
     """Random-init shape: `tiny` (CPU tests) or `7b` (moshiko/moshika or personaplex-7b-v1 as published)."""
     s2s_voices_dir: str | None = None
     """PersonaPlex's voices: a directory of voice samples (NAME.wav/.flac/.ogg), each encoded once into
-    its prompt's codes, kept beside it (NAME.prompt.npz); a session names one as its voice."""
+    its prompt's codes, kept beside it (NAME.prompt.npz), and NVIDIA's published voices as shipped
+    (voices.tgz: NAME.pt); a session names one as its voice."""
     s2s_voice: str | None = None
     """PersonaPlex: the voice (of `s2s_voices_dir`) of a session that names none; unset = no voice prompt."""
     s2s_device: str = "cpu"

@@ -23,7 +23,7 @@ import torch
 
 from realtime_gw.models.s2s.config import SAMPLE_RATE, MoshiShape
 from realtime_gw.models.s2s.lm import MoshiLmRuntime
-from realtime_gw.models.s2s.prompt import SINE_AMPLITUDE, SINE_HZ, prefill
+from realtime_gw.models.s2s.prompt import SINE_AMPLITUDE, SINE_HZ, VoiceEmbeddings, prefill
 from realtime_gw.models.s2s.sampling import Sampler
 from realtime_gw.models.speech.codec.mimi_stream import StreamingMimiDecoder
 from realtime_gw.models.speech.kyutai.encoder import StreamingMimiEncoder
@@ -93,7 +93,10 @@ class MoshiEngine(MovableSlotEngine):
     @torch.no_grad()
     def encode_voice(self, pcm: np.ndarray) -> np.ndarray:
         """Mimi codes ``(F, own_q)`` of float PCM at 24 kHz (a voice prompt's sample), one frame per 80 ms,
-        the last zero-padded, encoded streaming through slot 0 (reset before and after)."""
+        the last zero-padded, encoded streaming through slot 0 (reset before and after): while no
+        conversation holds a slot (the stage's start)."""
+        if self.free_slots != self.slots:
+            raise RuntimeError("voices are encoded while no conversation is open (slot 0's encoder)")
         frames = -(-len(pcm) // self.hop)
         padded = np.zeros(frames * self.hop, np.float32)
         padded[: len(pcm)] = pcm
@@ -106,12 +109,12 @@ class MoshiEngine(MovableSlotEngine):
         return torch.stack(codes).cpu().numpy().astype(np.int64)
 
     @torch.no_grad()
-    def open_prompted(self, seed: int, frames: np.ndarray) -> int:
+    def open_prompted(self, seed: int, frames: np.ndarray, voice: VoiceEmbeddings | None = None) -> int:
         """A slot opened with a prompt (``prompt.py``) prefilled now, in one pass: its slot."""
         slot = self.alloc_seeded(seed)
         try:
             self._reset_fresh()
-            prefill(self.lm, slot, torch.from_numpy(frames))
+            prefill(self.lm, slot, torch.from_numpy(frames), voice)
         except BaseException:
             self.free(slot)
             raise

@@ -30,7 +30,13 @@ import torch
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.families import StagePlan
 from realtime_gw.models.s2s.backend import CAPABILITIES, MoshiBackend, MoshiState, build_moshi, stage_plan
-from realtime_gw.models.s2s.prompt import SILENCE_TOKENS, SINE_TOKENS, prompt_frames, system_text
+from realtime_gw.models.s2s.prompt import (
+    SILENCE_TOKENS,
+    SINE_TOKENS,
+    VoiceEmbeddings,
+    prompt_frames,
+    system_text,
+)
 from realtime_gw.models.s2s.voices import VoicePrompts
 from realtime_gw.records.s2s import S2sOpen
 
@@ -56,7 +62,7 @@ class PersonaPlexBackend(MoshiBackend):
         self.silence = tuple(int(c) for c in lm.silence_codes.tolist())
         self.sine = SINE_TOKENS if published else tuple(int(c) for c in self.engine.sine_codes().tolist())
         self.voices = (
-            VoicePrompts.open(voices_dir, self.engine.encode_voice, ck.shape.card, ck.shape.own_q)
+            VoicePrompts.open(voices_dir, self.engine.encode_voice, ck.shape)
             if voices_dir
             else VoicePrompts()
         )
@@ -71,11 +77,14 @@ class PersonaPlexBackend(MoshiBackend):
         self.info.update(voices=list(self.voices.names()), default_voice=voice,
                          prompt_codes="published" if published else "this codec's")  # fmt: skip
 
-    def prompt(self, request: S2sOpen) -> np.ndarray:
-        """The frames of the conversation's prompt (``prompt.prompt_frames``); ValueError for an unknown
-        voice or a prompt the context cannot hold."""
+    def prompt(self, request: S2sOpen) -> tuple[np.ndarray, VoiceEmbeddings | None]:
+        """The frames of the conversation's prompt (``prompt.prompt_frames``) and its published voice, if
+        it is one; ValueError for an unknown voice or a prompt the context cannot hold."""
         name = request.voice if request.voice is not None else self.default_voice
         voice = self.voices.prompt(name) if name is not None else None
+        published = voice if isinstance(voice, VoiceEmbeddings) else None
+        if published is not None:  # its codes are in its embeddings: placeholders here
+            voice = np.zeros((published.frames, len(self.silence)), np.int64)
         persona = request.persona or ""
         tokens = self.checkpoint.text.encode(system_text(persona), self.checkpoint.shape.text_card) if persona.strip() else []
         frames = prompt_frames(voice, tokens, self.silence, self.sine)
@@ -85,14 +94,14 @@ class PersonaPlexBackend(MoshiBackend):
                 f"{self.spec.max_prompt_frames} (voice {len(voice) if voice is not None else 0} frames, "
                 f"persona {len(tokens)} tokens): use a shorter persona or voice sample"
             )
-        return frames
+        return frames, published
 
     def open(self, request: S2sOpen) -> MoshiState:
         if not isinstance(request, S2sOpen):
             raise TypeError(f"expected S2sOpen, got {type(request).__name__}")
-        frames = self.prompt(request)
+        frames, voice = self.prompt(request)
         start = time.perf_counter()
-        state = self._hold(self._seed_of(request), lambda seed: self.engine.open_prompted(seed, frames))
+        state = self._hold(self._seed_of(request), lambda seed: self.engine.open_prompted(seed, frames, voice))
         if self.engine.device.type == "cuda":
             torch.cuda.synchronize(self.engine.device)
         self.prompt_ms = (time.perf_counter() - start) * 1000

@@ -20,11 +20,18 @@ stands where the reference stands after its last prompt step: position ``P - 1``
 column ``P - 1`` (the next input) and the delayed streams' prompt codes of column ``P`` (the model's
 ``forced``). An empty persona has no persona frames, a session without a voice no voice frames (the
 reference always has a voice and crashes on an empty persona; the stage serves both).
+
+A voice as NVIDIA ships it (``voices.tgz``: ``NATF2.pt`` ..., ``VoiceEmbeddings``) is not codes but what
+the reference saved while stepping the voice (``save_voice_prompt_embeddings``): the temporal
+transformer's input embedding of each voice column but the last, and its token cache after the voice.
+Replayed (``step_embeddings``), those embeddings stand for the voice columns' tokens, and the cache gives
+the voice's last column and its delayed codes in the next; ``prefill`` takes them in the same one pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -41,6 +48,20 @@ SILENCE_TOKENS = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)
 SINE_TOKENS = (430, 1268, 381, 1611, 1095, 1495, 56, 472)
 """The published Mimi's codes of a frame of 440 Hz sine at amplitude 0.5 (``lm.SINE_TOKENS``)."""
 SINE_HZ, SINE_AMPLITUDE = 440.0, 0.5
+
+
+@dataclass(frozen=True)
+class VoiceEmbeddings:
+    """A published voice (``NAME.pt``: ``{"embeddings": (V - 1, 1, 1, dim), "cache": (1, streams, ct)}``)."""
+
+    embeddings: torch.Tensor
+    """``(V - 1, dim)``: the input of the voice's columns ``[0, V - 1)``."""
+    cache: torch.Tensor
+    """``(streams, ct)``: the reference's token cache after the voice's ``V`` steps (column c at c % ct)."""
+
+    @property
+    def frames(self) -> int:
+        return int(self.embeddings.shape[0]) + 1
 
 
 def system_text(persona: str) -> str:
@@ -90,9 +111,10 @@ def prompt_columns(frames: torch.Tensor, delays: Sequence[int], initial: torch.T
 
 
 @torch.no_grad()
-def prefill(lm: MoshiLmRuntime, slot: int, frames: torch.Tensor) -> None:
+def prefill(lm: MoshiLmRuntime, slot: int, frames: torch.Tensor, voice: VoiceEmbeddings | None = None) -> None:
     """Write the prompt ``frames (P, 1 + n_q)`` into ``slot`` (freshly reset): the ring K/V of positions
-    ``[0, P - 1)`` in one pass, the token cache and the forced codes of the next column."""
+    ``[0, P - 1)`` in one pass, the token cache and the forced codes of the next column. ``voice``: a
+    published voice whose ``frames`` lead the prompt (their codes in ``frames`` are placeholders)."""
     shape = lm.shape
     p = frames.shape[0]
     ring = lm.ring
@@ -104,7 +126,17 @@ def prefill(lm: MoshiLmRuntime, slot: int, frames: torch.Tensor) -> None:
         raise RuntimeError(f"slot {slot} is not fresh (position {int(lm.pos[slot])})")
     cols = prompt_columns(frames.to(lm.device), shape.delays, lm.initial)
     s = p - 1
+    if voice is not None:  # its last column, and its delayed codes in the next, from its saved cache
+        v, ct_ref = voice.frames, voice.cache.shape[1]
+        if not 2 <= v < p:
+            raise ValueError(f"a published voice of {v} frames in a prompt of {p}")
+        cache = voice.cache.to(lm.device)
+        cols[v - 1] = cache[:, (v - 1) % ct_ref]
+        delayed = lm.delays > 0
+        cols[v, delayed] = cache[delayed, v % ct_ref]
     x = lm.embed(cols[:s])[None, :, 0]  # (1, S, dim)
+    if voice is not None:
+        x[0, : voice.frames - 1] = voice.embeddings.to(device=lm.device, dtype=x.dtype)
     qpos = torch.arange(s, device=lm.device)[None]  # (1, S)
     ring.kpos[slot, :s] = qpos[0]  # one pass does not wrap: S <= window < ring columns
     kp = ring.kpos[slot : slot + 1, None, :s]

@@ -39,7 +39,8 @@ class PersonaPlexGen:
         self.offset = 0
         self.silence = torch.tensor(list(silence)).view(1, AUDIO_TOKENS_PER_STREAM, 1)
         self.sine = torch.tensor(list(sine)).view(1, AUDIO_TOKENS_PER_STREAM, 1)
-        self._entered = False
+        self.saved_embeddings: list[torch.Tensor] | None = None
+        """While recording (``save_voice_prompt_embeddings``): each step's input embedding."""
 
     def __enter__(self) -> PersonaPlexGen:
         self._ctx = self.lm.streaming(1)
@@ -93,10 +94,21 @@ class PersonaPlexGen:
         if prepared is None:
             return None
         input_, provided_, target_, model_input_position, target_position = prepared
+        if self.saved_embeddings is not None:
+            self.saved_embeddings.append(self.embed_codes(input_))
         transformer_out, text_logits = self.lm.forward_text(input_.clone())
         return self.process_transformer_output(
             transformer_out, text_logits, provided_, target_, model_input_position, target_position
         )
+
+    def embed_codes(self, sequence: torch.Tensor) -> torch.Tensor:
+        """``LMModel.embed_codes`` of the fork: every audio stream's embedding, then the text's."""
+        lm = self.lm
+        input_ = None
+        for cb_index in range(lm.num_audio_codebooks):
+            audio_emb = lm.emb[cb_index](sequence[:, cb_index + lm.audio_offset])
+            input_ = audio_emb if input_ is None else input_ + audio_emb
+        return input_ + lm.text_emb(sequence[:, 0])
 
     def process_transformer_output(
         self, transformer_out: torch.Tensor, text_logits: torch.Tensor, provided_: torch.Tensor,
@@ -143,15 +155,24 @@ class PersonaPlexGen:
                 tokens.append(next_token)
         return torch.stack(tokens, dim=1)
 
-    def step_system_prompts(self, voice: torch.Tensor | None, text_prompt_tokens: Sequence[int]) -> None:
+    def step_system_prompts(
+        self, voice: torch.Tensor | None, text_prompt_tokens: Sequence[int], save_voice: bool = False
+    ) -> dict[str, torch.Tensor] | None:
         """``_step_voice_prompt`` (from codes: ``voice (F, 8)``), ``_step_audio_silence``,
-        ``_step_text_prompt``, ``_step_audio_silence``."""
+        ``_step_text_prompt``, ``_step_audio_silence``. ``save_voice``: what the fork saves as
+        ``NAME.pt`` with ``save_voice_prompt_embeddings`` (the embeddings, the cache after the voice)."""
+        self.saved_embeddings = [] if save_voice else None
         for f in range(0 if voice is None else voice.shape[0]):
             assert voice is not None
             self.step(input_tokens=self.sine, moshi_tokens=voice[f].view(1, -1, 1), text_token=ZERO_TEXT_CODE)
+        saved = None
+        if self.saved_embeddings is not None:
+            saved = {"embeddings": torch.stack(self.saved_embeddings, dim=0).detach(), "cache": self.cache.clone()}
+            self.saved_embeddings = None
         for _ in range(SILENCE_FRAME_CNT):
             self.step(input_tokens=self.sine, moshi_tokens=self.silence, text_token=ZERO_TEXT_CODE)
         for token in text_prompt_tokens:
             self.step(input_tokens=self.sine, moshi_tokens=self.silence, text_token=token)
         for _ in range(SILENCE_FRAME_CNT):
             self.step(input_tokens=self.sine, moshi_tokens=self.silence, text_token=ZERO_TEXT_CODE)
+        return saved

@@ -4,6 +4,7 @@ talk changes nothing for them, refusals, and the loudness the voice samples are 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,7 @@ def test_a_restart_reads_the_codes_and_a_changed_sample_is_encoded_again(
     def refuse(pcm: np.ndarray) -> np.ndarray:
         raise AssertionError("encoded again")
 
-    kept = VoicePrompts.open(voices, refuse, card=backend.checkpoint.shape.card, q=8)  # the stage's codes, read back
+    kept = VoicePrompts.open(voices, refuse, backend.checkpoint.shape)  # the stage's codes, read back
     assert set(kept.names()) == {"ada", "bo"}
     root = tmp_path / "v"
     root.mkdir()
@@ -98,20 +99,22 @@ def test_a_restart_reads_the_codes_and_a_changed_sample_is_encoded_again(
         calls.append(len(pcm))
         return np.zeros((len(pcm) // FRAME + 1, 8), np.int64)
 
-    VoicePrompts.open(root, encode, card=128, q=8)
-    VoicePrompts.open(root, encode, card=128, q=8)
+    shape = backend.checkpoint.shape
+    VoicePrompts.open(root, encode, shape)
+    VoicePrompts.open(root, encode, shape)
     assert len(calls) == 1
     _sample(root / "cy.wav", 0.4, 3)  # another sample under the same name
-    VoicePrompts.open(root, encode, card=128, q=8)
-    VoicePrompts.open(root, encode, card=256, q=8)  # another codec
+    VoicePrompts.open(root, encode, shape)
+    other = replace(shape, card=shape.card * 2)
+    VoicePrompts.open(root, encode, other)  # another codec
     assert len(calls) == 3
     (root / "cy.wav").unlink()  # the codes alone are the voice
-    assert VoicePrompts.open(root, refuse, card=256, q=8).prompt("cy").shape == (6, 8)
+    assert VoicePrompts.open(root, refuse, other).prompt("cy").shape == (6, 8)
 
 
 def test_a_conversation_opens_where_its_prompt_ends_and_a_seed_replays_it(backend: PersonaPlexBackend) -> None:
     request = S2sOpen(seed=3, voice="bo", persona=PERSONA)
-    frames = backend.prompt(request)
+    frames, _ = backend.prompt(request)
     voice = len(backend.voices.prompt("bo"))
     persona = len(backend.checkpoint.text.encode(f"<system> {PERSONA} <system>", backend.checkpoint.shape.text_card))
     assert len(frames) == voice + 2 * SILENCE_FRAMES + persona

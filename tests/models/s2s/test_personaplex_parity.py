@@ -23,8 +23,15 @@ from realtime_gw.models.s2s.checkpoint import LM_FILE
 from realtime_gw.models.s2s.config import personaplex_tiny
 from realtime_gw.models.s2s.lm import MoshiLmRuntime
 from realtime_gw.models.s2s.personaplex import PersonaPlexBackend
-from realtime_gw.models.s2s.prompt import SILENCE_FRAMES, prefill, prompt_columns, prompt_frames
+from realtime_gw.models.s2s.prompt import (
+    SILENCE_FRAMES,
+    VoiceEmbeddings,
+    prefill,
+    prompt_columns,
+    prompt_frames,
+)
 from realtime_gw.models.s2s.sampling import Sampler
+from realtime_gw.models.s2s.voices import VoicePrompts
 from realtime_gw.records.s2s import S2sOpen
 from tests.models.s2s.moshi_reference import Reference, reference, save_published
 from tests.models.s2s.personaplex_reference import PersonaPlexGen
@@ -94,6 +101,46 @@ def test_greedy_tokens_after_a_voice_and_persona_match_the_reference_stepping_th
     assert int(lm.pos[0]) > SHAPE.context  # the ring wrapped
 
 
+@torch.no_grad()
+def test_a_published_voice_file_prefills_what_its_codes_prefill(ref: Reference, tmp_path: Path) -> None:
+    """A voice as NVIDIA ships it (``NAME.pt``, saved by the fork's ``save_voice_prompt_embeddings`` while it
+    steps the voice's codes): read by the voice store, prefilled, the conversation's greedy tokens are the
+    reference's stepping those codes."""
+    voice, persona, silence, sine = _prompt(3)
+    user = torch.randint(0, SHAPE.card, (12, SHAPE.own_q), generator=torch.Generator().manual_seed(8))
+    want = []
+    with PersonaPlexGen(ref.lm, silence, sine) as gen:
+        saved = gen.step_system_prompts(torch.from_numpy(voice), persona, save_voice=True)
+        for t in range(len(user)):
+            out = gen.step(input_tokens=user[t].view(1, -1, 1))
+            assert out is not None
+            want.append(out[0, : SHAPE.own_q + 1, 0].tolist())
+    assert saved is not None and saved["embeddings"].shape == (VOICE_FRAMES - 1, 1, 1, SHAPE.dim)
+    torch.save(saved, tmp_path / "NATF2.pt")
+    published = VoicePrompts.open(tmp_path, _no_encoding, SHAPE).prompt("NATF2")
+    assert isinstance(published, VoiceEmbeddings) and published.frames == VOICE_FRAMES
+    lm = _runtime(ref, 1)
+    lm.reset(torch.arange(1))
+    placeholders = np.zeros_like(voice)  # the voice's codes are in its embeddings and cache only
+    prefill(lm, 0, torch.from_numpy(prompt_frames(placeholders, persona, silence, sine)), published)
+    active = torch.ones(1, dtype=torch.bool)
+    got = [lm.step(1, lm.columns, user[t][None], active)[0][0].tolist() for t in range(len(user))]
+    assert got == want
+
+
+def _no_encoding(pcm: np.ndarray) -> np.ndarray:
+    raise AssertionError("a published voice is not encoded")
+
+
+def test_a_file_that_is_not_a_voice_is_refused_by_name(tmp_path: Path) -> None:
+    torch.save({"embeddings": torch.zeros(3, 1, 1, SHAPE.dim + 1), "cache": torch.zeros(1, 17, 4)}, tmp_path / "x.pt")
+    with pytest.raises(ValueError, match=r"x.pt: embeddings \(3, 1, 1, 65\) are not"):
+        VoicePrompts.open(tmp_path, _no_encoding, SHAPE)
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "x.pt")
+    with pytest.raises(ValueError, match="expected the keys 'embeddings' and 'cache'"):
+        VoicePrompts.open(tmp_path, _no_encoding, SHAPE)
+
+
 class Recorder:
     """A sampler that records each sub-step's logits and answers its argmax."""
 
@@ -142,7 +189,7 @@ def test_the_published_layout_loads_strictly_with_its_sixteen_sub_steps(ref: Ref
     for name in ("linears.15.weight", "depformer_emb.14.weight", "depformer.layers.0.gating.15.linear_in.weight"):
         assert torch.equal(ck.weights[name], ref.checkpoint.weights[name])
     persona = backend.checkpoint.text.encode("<system> w3x w4x <system>", SHAPE.text_card)  # SentencePiece's
-    assert len(backend.prompt(S2sOpen(persona="w3x w4x"))) == 2 * SILENCE_FRAMES + len(persona) > 2 * SILENCE_FRAMES
+    assert len(backend.prompt(S2sOpen(persona="w3x w4x"))[0]) == 2 * SILENCE_FRAMES + len(persona) > 2 * SILENCE_FRAMES
     lm = load_file(str(tmp_path / LM_FILE))
     save_file({k: v for k, v in lm.items() if not k.startswith(("linears.15", "depformer_in.15"))}, str(tmp_path / LM_FILE))
     with pytest.raises(ValueError, match=r"missing \['depformer_in.15.weight', 'linears.15.weight'\]"):
