@@ -181,7 +181,7 @@ def set_fill(eng: MoshiEngine, slots: list[int], positions: int) -> None:
     """Make ``slots`` look like conversations ``positions`` frames in (every ring column up to there a key)."""
     ring = eng.lm.ring
     with torch.no_grad():
-        idx = torch.as_tensor(slots, device=eng.device)
+        idx = torch.as_tensor(slots, dtype=torch.long, device=eng.device)
         if positions <= 0:
             eng.lm.reset(idx)
             for s in slots:
@@ -286,6 +286,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--fills", type=float, nargs="*", default=[0.0, 0.25, 0.5, 1.0])
     p.add_argument("--steps", type=int, default=30, help="timed steps per (batch, fill) cell")
     p.add_argument("--start-reps", type=int, default=5)
+    p.add_argument("--start-batches", type=int, nargs="*", default=[],
+                   help="also time session start at these batches (session_start_by_batch)")  # fmt: skip
     p.add_argument("--budget-s", type=float, default=180.0, help="stop starting cells after this")
     p.add_argument("--no-check", action="store_true")
     p.add_argument("--json", default=None)
@@ -303,6 +305,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ck = random_checkpoint(shape_name, args.device, dtype, family)
     log(f"weights ready in {time.perf_counter() - t0:.1f} s")
     prompt = a_prompt(ck.shape, args.voice_frames, args.persona_tokens) if family == "personaplex" else None
+    if prompt is not None and len(prompt) > ck.shape.context + 1:
+        p.error(f"a prompt of {len(prompt)} frames does not fit the context of {ck.shape.context}: "
+                "lower --voice-frames / --persona-tokens")  # fmt: skip
     if not args.no_check:
         try:
             result["check"] = checks(ck, args.device, family, args)
@@ -330,6 +335,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                "p99_le_40ms": largest(result["steps"], full, 40.0)}  # fmt: skip
     if args.batches:
         result["session_start"] = session_start_and_cancel(eng, max(args.batches), args.start_reps, prompt)
+        result["session_start_by_batch"] = [
+            session_start_and_cancel(eng, b, args.start_reps, prompt) for b in args.start_batches if b <= slots
+        ]  # fmt: skip
     if cuda:
         result["max_memory_gib"] = round(torch.cuda.max_memory_allocated(args.device) / 2**30, 1)
     result["wall_s"] = round(time.perf_counter() - t0, 1)
