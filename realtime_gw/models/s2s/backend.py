@@ -14,7 +14,7 @@ the ones above are moved down (``SlotEngine.exchange``: whole slot rows, nothing
 but its row) before the next step, which then runs at the bucket of the live count.
 
 Lateness: a step that takes longer than the frame (80 ms) makes every conversation in it late by the
-excess; each frame carries it (``late_ms``) and the stage counts and times it
+excess (work done on the worker's thread before it, a PersonaPlex prompt's prefill at open, counts in); each frame carries it (``late_ms``) and the stage counts and times it
 (``realtime_gw_s2s_late_steps_total``, ``realtime_gw_s2s_step_lateness_seconds``).
 """
 
@@ -115,6 +115,8 @@ class MoshiBackend:
             text_padding_ids=shape.padding_ids, capabilities=self.capabilities,
         )  # fmt: skip
         self.late_steps = 0
+        self._before_step_s = 0.0
+        """Worker-thread time spent since the last step (a prompt's prefill): the next step is late by it."""
         self._holders: dict[int, MoshiState] = {}
         """The open conversation in each slot (packing moves them between slots)."""
         self._warming = False
@@ -265,7 +267,8 @@ class MoshiBackend:
         pcm = np.frombuffer(b"".join(p for _, _, p in run), dtype="<i2").reshape(len(run), FRAME_SAMPLES)
         t0 = time.perf_counter()
         frames, valid, out = self.engine.step([s.slot for _, s, _ in run], pcm, [s.silent for _, s, _ in run])
-        late_s = max(0.0, time.perf_counter() - t0 - FRAME_MS / 1000)
+        late_s = max(0.0, time.perf_counter() - t0 + self._before_step_s - FRAME_MS / 1000)
+        self._before_step_s = 0.0
         if not self._warming:
             S2S_STEP_LATENESS.observe(late_s)
             if late_s > 0:

@@ -104,7 +104,10 @@ class PersonaPlexBackend(MoshiBackend):
         state = self._hold(self._seed_of(request), lambda seed: self.engine.open_prompted(seed, frames, voice))
         if self.engine.device.type == "cuda":
             torch.cuda.synchronize(self.engine.device)
-        self.prompt_ms = (time.perf_counter() - start) * 1000
+        elapsed = time.perf_counter() - start
+        self.prompt_ms = elapsed * 1000
+        if not self._warming:
+            self._before_step_s += elapsed  # the conversations already live wait for it
         return state
 
 

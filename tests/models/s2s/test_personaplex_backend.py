@@ -162,3 +162,24 @@ def test_voice_samples_are_brought_to_minus_24_lufs(tmp_path: Path) -> None:
     assert integrated_loudness(sine, rate) == pytest.approx(-3.01, abs=0.05)  # BS.1770's calibration tone
     soundfile.write(str(tmp_path / "v.wav"), (0.01 * sine).astype(np.float32), rate)
     assert integrated_loudness(normalized_sample(tmp_path / "v.wav"), 24000) == pytest.approx(-24.0, abs=0.1)
+
+
+def test_a_prefill_makes_the_next_step_late_by_its_time(backend: PersonaPlexBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prefill runs on the worker's thread between two steps: the conversations already live wait for
+    it, so it counts in the next step's lateness (here against a 0 ms frame: every step is late)."""
+    from realtime_gw.models.s2s import backend as moshi_backend
+
+    monkeypatch.setattr(moshi_backend, "FRAME_MS", 0)
+    audio = _audio(1, 2)
+    live = backend.open(S2sOpen(seed=1))
+    try:
+        new = backend.open(S2sOpen(seed=2, persona=PERSONA))
+        try:
+            prefill_ms = backend.prompt_ms
+            first = backend.step([(live, [audio[0]]), (new, [audio[0]])])
+            assert prefill_ms > 0 and first[0].outputs[0].late_ms >= prefill_ms
+            assert backend._before_step_s == 0.0  # counted once
+        finally:
+            backend.release(new)
+    finally:
+        backend.release(live)
