@@ -16,6 +16,11 @@ refused at open with a clear error, as is an unknown voice.
 The prompt's silence and sine frames are the published Mimi's codes (``SILENCE_TOKENS``/``SINE_TOKENS``)
 when the weights are a published checkpoint (card 2048, 8 codebooks), else this codec's own codes of a
 silent frame and of the sine (random init).
+
+One known difference, past the context only: the fork's streaming K/V cache (an older ``moshi``'s
+``RingKVCache``) labels its oldest entry with a future position once the ring is full, so it attends 2999
+frames where its training mask (``delta < context``) and Kyutai's current package attend 3000; this stage
+attends 3000.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ class PersonaPlexBackend(MoshiBackend):
         )
         self.info.update(voices=list(self.voices.names()), default_voice=voice,
                          prompt_codes="published" if published else "this codec's")  # fmt: skip
+        self.prompt(S2sOpen())  # the default voice fits the context: a setting error at start otherwise
 
     def prompt(self, request: S2sOpen) -> tuple[np.ndarray, VoiceEmbeddings | None]:
         """The frames of the conversation's prompt (``prompt.prompt_frames``) and its published voice, if
