@@ -4,7 +4,8 @@ A voice directory (``--s2s-voices-dir``) holds samples, ``NAME.wav`` (or ``.flac
 soundfile reads; any rate, channels mixed down). At stage start each sample is brought to the reference's
 prompt audio (24 kHz, -24 LUFS integrated, ITU-R BS.1770 as ``pyloudnorm`` measures it) and encoded by
 the stage's own Mimi into codes, one frame per 80 ms (``MoshiEngine.encode_voice``), kept beside it as
-``NAME.prompt.npz`` (the codes, the codec's card and codebooks, the sample's size and mtime): a restart
+``NAME.prompt.npz`` (the codes, the codec's card and codebooks, the sample's size and mtime; mode 0600,
+written whole: ``models/private_files.py``, as the voice library writes its files): a restart
 reads the codes instead of encoding again, a changed sample or another codec encodes again. A voice may
 be its ``.prompt.npz`` alone (the operator may remove the sample once encoded). Names are the file stems
 (``[A-Za-z0-9_.-]``, at most 64 characters).
@@ -18,8 +19,8 @@ a ``.pt`` and a sample takes the ``.pt`` (NVIDIA's own prompt state).
 
 from __future__ import annotations
 
+import io
 import logging
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from realtime_gw.models.private_files import write_private
 from realtime_gw.models.s2s.config import MoshiShape
 from realtime_gw.models.s2s.prompt import VoiceEmbeddings
 
@@ -188,8 +190,7 @@ def _voice(root: Path, name: str, encode: Callable[[np.ndarray], np.ndarray], ca
             raise ValueError(f"{cached}: codes of another codec (card, codebooks) and no sample to encode again")
     assert sample is not None
     codes = np.asarray(encode(normalized_sample(sample)), np.int64)
-    tmp = cached.with_name(cached.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, codes=codes.astype(np.int16), card=np.int64(card), sample=stamp)
-    os.replace(tmp, cached)
+    out = io.BytesIO()
+    np.savez(out, codes=codes.astype(np.int16), card=np.int64(card), sample=stamp)
+    write_private(cached, out.getvalue())  # a voice's codes are biometric data, as its sample is
     return codes
