@@ -77,7 +77,8 @@ def test_the_voices_are_listed_and_their_codes_kept_beside_the_samples(backend: 
     assert spec.voices == ("ada", "bo") and spec.default_voice == "ada"
     assert {"voice_prompt", "persona"} <= set(spec.capabilities)
     assert backend.voices.prompt("ada").shape == (7, 8)  # 0.5 s: 6.25 frames of 80 ms, the last padded
-    assert (voices / ("ada" + CODES_SUFFIX)).exists() and (voices / ("bo" + CODES_SUFFIX)).exists()
+    assert (voices / ("bo" + CODES_SUFFIX)).exists()
+    assert (voices / ("ada" + CODES_SUFFIX)).stat().st_mode & 0o777 == 0o600  # as private as the sample
 
 
 def test_a_restart_reads_the_codes_and_a_changed_sample_is_encoded_again(
