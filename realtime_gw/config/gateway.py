@@ -371,14 +371,22 @@ class S2sSettings(RaySettings, kw_only=True):
 
     SECTION: ClassVar[str] = "s2s"
     KEYS: ClassVar[dict[str, str]] = {"s2s": "family"}
-    s2s: Literal["none", "moshi"] = "none"
-    """`none` (no speech-to-speech stage) or `moshi` (Kyutai's Moshi; for a GPU, `tiny` runs on a CPU)."""
+    s2s: Literal["none", "moshi", "personaplex"] = "none"
+    """`none` (no speech-to-speech stage), `moshi` (Kyutai's Moshi) or `personaplex` (NVIDIA's PersonaPlex:
+    Moshi with a voice prompt and a text persona, a session's instructions); for a GPU, `tiny` runs on a
+    CPU."""
     s2s_path: str | None = None
-    """A directory of Kyutai's published Moshi files (model.safetensors, the Mimi
-    tokenizer-*.safetensors, the SentencePiece tokenizer_spm_32k_3.model; e.g. kyutai/moshiko-pytorch-bf16),
+    """A directory of the published files (model.safetensors, the Mimi tokenizer-*.safetensors, the
+    SentencePiece tokenizer_spm_32k_3.model; e.g. kyutai/moshiko-pytorch-bf16 or nvidia/personaplex-7b-v1),
     loaded strictly; unset = random init at `s2s_config`."""
     s2s_config: Literal["tiny", "7b"] = "tiny"
-    """Random-init shape: `tiny` (CPU tests) or `7b` (moshiko/moshika as published)."""
+    """Random-init shape: `tiny` (CPU tests) or `7b` (moshiko/moshika or personaplex-7b-v1 as published)."""
+    s2s_voices_dir: str | None = None
+    """PersonaPlex's voices: a directory of voice samples (NAME.wav/.flac/.ogg), each encoded once into
+    its prompt's codes, kept beside it (NAME.prompt.npz), and NVIDIA's published voices as shipped
+    (voices.tgz: NAME.pt); a session names one as its voice."""
+    s2s_voice: str | None = None
+    """PersonaPlex: the voice (of `s2s_voices_dir`) of a session that names none; unset = no voice prompt."""
     s2s_device: str = "cpu"
     """Torch device (e.g. `cuda`, `cuda:1`)."""
     s2s_slots: int = 4

@@ -86,6 +86,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("policy", "pi05", "realtime_gw.models.policy.factory:pi05_from_config"),
     Family("policy", "noop", "realtime_gw.models.policy.factory:noop_from_config"),
     Family("s2s", "moshi", "realtime_gw.models.s2s.backend:from_config"),
+    Family("s2s", "personaplex", "realtime_gw.models.s2s.personaplex:from_config"),
 )
 
 

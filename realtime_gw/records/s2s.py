@@ -12,9 +12,10 @@ class S2sOpen(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None = None
     """Sampling seed (None: from the stage's seed setting / random)."""
     voice: str | None = None
-    """PersonaPlex voice prompt name (Moshi: must be None)."""
+    """PersonaPlex: a voice of ``S2sSpec.voices`` (None: ``S2sSpec.default_voice``); Moshi: must be None."""
     persona: str | None = None
-    """PersonaPlex text persona (Moshi: must be None)."""
+    """PersonaPlex: its text persona, a session's ``instructions`` (None or blank: none); Moshi: must be
+    None. Both are prefilled when the conversation opens: changing them means opening another."""
 
 
 class S2sAudio(msgspec.Struct, frozen=True):
@@ -63,4 +64,11 @@ class S2sSpec(msgspec.Struct, frozen=True):
     text_padding_ids: tuple[int, ...] = ()
     """Text token ids that mean padding / end of padding (not a word piece)."""
     capabilities: tuple[str, ...] = ("audio_in", "audio_out", "text_out")
-    """What the model can take and give (PersonaPlex adds ``voice_prompt`` and ``persona``)."""
+    """What the model can take and give (PersonaPlex adds ``voice_prompt`` and ``persona``: a session
+    opens with ``S2sOpen.voice`` and ``S2sOpen.persona``, its instructions, prefilled at open)."""
+    voices: tuple[str, ...] = ()
+    """The voice prompts ``S2sOpen.voice`` may name (PersonaPlex's voice store)."""
+    default_voice: str | None = None
+    """The voice of a conversation opened without one (None: no voice prompt)."""
+    max_prompt_frames: int = 0
+    """Frames a voice prompt and a persona may take together (0: the model takes no prompt)."""

@@ -53,4 +53,7 @@ async def models(request: Request) -> Response:
             "id": spec.model, "object": "model", "owned_by": "realtime-gw", "s2s": w.s2s.name,
             "capabilities": list(spec.capabilities), "frame_ms": spec.frame_ms, "context_frames": spec.context_frames,
         })  # fmt: skip
+        if "voice_prompt" in spec.capabilities:  # PersonaPlex: the voices a session may name
+            data[-1].update(voices=list(spec.voices), default_voice=spec.default_voice,
+                            max_prompt_frames=spec.max_prompt_frames)  # fmt: skip
     return JSONResponse({"object": "list", "data": data})

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from realtime_gw.models.private_files import write_private
 from realtime_gw.protocols.voices import CONSENT_ID, VOICE_ID, ConsentObject, VoiceObject
 
 log = logging.getLogger(__name__)
@@ -145,14 +145,7 @@ class VoiceLibrary:
     def _write(self, name: str, data: bytes) -> None:
         if self.root is None:
             return
-        path = self.root / name
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_private(self.root / name, data)
 
     def _unlink(self, name: str) -> None:
         if self.root is not None:

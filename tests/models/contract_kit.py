@@ -157,6 +157,9 @@ CASES: tuple[KitCase, ...] = (
         "PolicyRequest",
     ),
     KitCase("s2s", "moshi", {"s2s": "moshi", "s2s_slots": 2}, _s2s, S2sOpen(voice="alba"), "no voice prompt"),
+    KitCase(
+        "s2s", "personaplex", {"s2s": "personaplex", "s2s_slots": 2}, _s2s, S2sOpen(voice="alba"), "unknown voice"
+    ),
 )
 
 

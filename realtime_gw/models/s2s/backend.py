@@ -14,7 +14,7 @@ the ones above are moved down (``SlotEngine.exchange``: whole slot rows, nothing
 but its row) before the next step, which then runs at the bucket of the live count.
 
 Lateness: a step that takes longer than the frame (80 ms) makes every conversation in it late by the
-excess; each frame carries it (``late_ms``) and the stage counts and times it
+excess (work done on the worker's thread before it, a PersonaPlex prompt's prefill at open, counts in); each frame carries it (``late_ms``) and the stage counts and times it
 (``realtime_gw_s2s_late_steps_total``, ``realtime_gw_s2s_step_lateness_seconds``).
 """
 
@@ -72,6 +72,11 @@ class MoshiState:
 
 class MoshiBackend:
     name = "s2s-moshi"
+    family = "moshi"
+    """The model family: its shapes (``config.FAMILY_SHAPES``) and its name in ``S2sSpec.model``."""
+    capabilities: tuple[str, ...] = CAPABILITIES
+    user_lead = 0
+    """Columns ahead of the step where a user's frame goes (``lm.py``; PersonaPlex's step: 1)."""
 
     def __init__(
         self,
@@ -94,7 +99,7 @@ class MoshiBackend:
         if slots < 1:
             raise ValueError("s2s_slots must be >= 1")
         dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-        ck = checkpoint or load(config, path, device, dtype)
+        ck = checkpoint or load(config, path, device, dtype, self.family)
         self.checkpoint = ck
         self.slots = slots
         self._seed = seed
@@ -102,14 +107,16 @@ class MoshiBackend:
         self.engine = MoshiEngine(
             ck.weights, ck.mimi, ck.shape, slots,
             text=Sampler(text_temperature, text_top_k), audio=Sampler(temperature, top_k),
-            cuda_graphs=cuda_graphs,
+            cuda_graphs=cuda_graphs, user_lead=self.user_lead,
         )  # fmt: skip
         shape = ck.shape
         self.spec = S2sSpec(
-            model="moshi", frame_ms=FRAME_MS, native_rate=SAMPLE_RATE, context_frames=shape.context,
-            text_padding_ids=shape.padding_ids, capabilities=CAPABILITIES,
+            model=self.family, frame_ms=FRAME_MS, native_rate=SAMPLE_RATE, context_frames=shape.context,
+            text_padding_ids=shape.padding_ids, capabilities=self.capabilities,
         )  # fmt: skip
         self.late_steps = 0
+        self._before_step_s = 0.0
+        """Worker-thread time spent since the last step (a prompt's prefill): the next step is late by it."""
         self._holders: dict[int, MoshiState] = {}
         """The open conversation in each slot (packing moves them between slots)."""
         self._warming = False
@@ -135,10 +142,17 @@ class MoshiBackend:
             raise TypeError(f"expected S2sOpen, got {type(request).__name__}")
         if request.voice is not None or request.persona is not None:
             raise ValueError(f"moshi takes no voice prompt or persona; it can: {', '.join(CAPABILITIES)}")
+        return self._hold(self._seed_of(request), self.engine.alloc_seeded)
+
+    def _seed_of(self, request: S2sOpen) -> int:
         seed = request.seed
         if seed is None:
             seed = random.getrandbits(32) if self._seed is None else self._seed + self._opened
-        state = MoshiState(slot=self.engine.alloc_seeded(int(seed)), seed=int(seed))  # NoFreeSlot when full
+        return int(seed)
+
+    def _hold(self, seed: int, alloc: Any) -> MoshiState:
+        """A conversation in the slot ``alloc(seed)`` takes (NoFreeSlot when full)."""
+        state = MoshiState(slot=alloc(seed), seed=seed)
         self._holders[state.slot] = state
         self._opened += 1
         return state
@@ -253,7 +267,8 @@ class MoshiBackend:
         pcm = np.frombuffer(b"".join(p for _, _, p in run), dtype="<i2").reshape(len(run), FRAME_SAMPLES)
         t0 = time.perf_counter()
         frames, valid, out = self.engine.step([s.slot for _, s, _ in run], pcm, [s.silent for _, s, _ in run])
-        late_s = max(0.0, time.perf_counter() - t0 - FRAME_MS / 1000)
+        late_s = max(0.0, time.perf_counter() - t0 + self._before_step_s - FRAME_MS / 1000)
+        self._before_step_s = 0.0
         if not self._warming:
             S2S_STEP_LATENESS.observe(late_s)
             if late_s > 0:
@@ -272,9 +287,9 @@ class MoshiBackend:
             state.index += 1
 
 
-def build_moshi(config: GatewayConfig) -> MoshiBackend:
+def build_moshi(config: GatewayConfig, cls: type[MoshiBackend] = MoshiBackend, **extra: Any) -> MoshiBackend:
     """The backend the gateway config asks for (the ``[s2s]`` section)."""
-    return MoshiBackend(
+    return cls(
         config=config.s2s_config,
         path=config.s2s_path,
         device=config.s2s_device,
@@ -284,15 +299,20 @@ def build_moshi(config: GatewayConfig) -> MoshiBackend:
         top_k=config.s2s_top_k,
         text_temperature=config.s2s_text_temperature,
         text_top_k=config.s2s_text_top_k,
+        **extra,
     )
 
 
-def from_config(config: GatewayConfig) -> StagePlan:
+def stage_plan(config: GatewayConfig, backend: MoshiBackend) -> StagePlan:
     """A GPU stage (in-thread, CUDA graphs): every conversation holds a slot and all advance each step,
     so slots = batch = admission limit: the worker refuses a conversation past it at submit (NoFreeSlot)."""
     return StagePlan(
-        backend=build_moshi(config),
+        backend=backend,
         device=config.s2s_device,
         max_batch=config.s2s_slots,
         max_active=config.s2s_slots,
     )
+
+
+def from_config(config: GatewayConfig) -> StagePlan:
+    return stage_plan(config, build_moshi(config))

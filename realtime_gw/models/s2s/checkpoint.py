@@ -16,7 +16,14 @@ on it): Kyutai's names map onto it as transformers' own conversion script maps t
 the fused attention projection split into q/k/v with RoPE pairs de-interleaved), strictly: a missing or
 extra tensor is an error naming it. Text pieces: the SentencePiece piece with ``▁`` as a space, as
 Kyutai's server prints them. Random init has no vocabulary: a text token is shown as `` <id>`` (one word
-per token), and says so in the stage's description.
+per token), and says so in the stage's description; a persona's text is then one token per UTF-8 byte
+(``PieceText.encode``), which costs what a real one does and means nothing.
+
+PersonaPlex (``family="personaplex"``, nvidia/personaplex-7b-v1) ships the same files under the same names
+(``loaders.py`` of NVIDIA/personaplex: ``model.safetensors``, the same Mimi and tokenizer) and no
+config.json: its LM is the 7b shape with 16 depformer sub-steps, loaded as strictly as Moshi's (NVIDIA's
+loader would fill missing sub-steps 8..15 from 0..7, a bridge from Moshi's weights; here a file without
+them is refused, naming what is missing).
 """
 
 from __future__ import annotations
@@ -75,6 +82,13 @@ class PieceText:
         if self._sp is None:
             return f" <{token}>"
         return str(self._sp.id_to_piece(token)).replace("\u2581", " ")
+
+    def encode(self, text: str, text_card: int) -> list[int]:
+        """Token ids of ``text`` (SentencePiece's ``encode``, as the reference's ``text_tokenizer.encode``);
+        without a vocabulary one id per UTF-8 byte, in ``[4, text_card)`` (clear of the special ids)."""
+        if self._sp is None:
+            return [4 + b % (text_card - 4) for b in text.encode()]
+        return [int(t) for t in self._sp.encode(text)]
 
 
 @dataclass
@@ -153,7 +167,9 @@ def _one(root: Path, preferred: str, pattern: str, what: str) -> Path:
     return found[0]
 
 
-def load_checkpoint(path: str | Path, default: MoshiShape, device: str, dtype: torch.dtype) -> MoshiCheckpoint:
+def load_checkpoint(
+    path: str | Path, default: MoshiShape, device: str, dtype: torch.dtype, family: str = "moshi"
+) -> MoshiCheckpoint:
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: not a directory (expected Kyutai's moshi checkpoint files)")
@@ -167,25 +183,27 @@ def load_checkpoint(path: str | Path, default: MoshiShape, device: str, dtype: t
     text = PieceText(_one(root, names.get("tokenizer_name", TEXT_TOKENIZER), "*.model", "SentencePiece text tokenizer"))
     if text.vocab_size < shape.text_card:
         raise ValueError(f"{root}: tokenizer has {text.vocab_size} pieces, the model {shape.text_card}")
-    return MoshiCheckpoint(shape, weights, mimi, text, f"moshi from {root}", False)
+    return MoshiCheckpoint(shape, weights, mimi, text, f"{family} from {root}", False)
 
 
-def random_checkpoint(name: str, device: str, dtype: torch.dtype) -> MoshiCheckpoint:
+def random_checkpoint(name: str, device: str, dtype: torch.dtype, family: str = "moshi") -> MoshiCheckpoint:
     from realtime_gw.models.speech.codec.engine import randomize_codebooks
 
-    shape = named_shape(name)
+    shape = named_shape(name, family)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         mimi = mimi_model(shape, "cpu")
         randomize_codebooks(mimi)
-    desc = f"moshi-{name} (random init: real architecture and cost, its speech and text are noise)"
+    desc = f"{family}-{name} (random init: real architecture and cost, its speech and text are noise)"
     return MoshiCheckpoint(shape, random_weights(shape, device, dtype), mimi.to(device), PieceText(None),
                            desc, True)  # fmt: skip
 
 
-def load(config: str, path: str | None, device: str, dtype: torch.dtype) -> MoshiCheckpoint:
-    """Weights from ``path`` (Kyutai's layout; its config.json, else the 7b shape) or random init of the
-    named shape (``tiny`` | ``7b``)."""
-    if path:
-        return load_checkpoint(path, named_shape("7b"), device, dtype)  # moshiko/moshika ship no config
-    return random_checkpoint(config, device, dtype)
+def load(
+    config: str, path: str | None, device: str, dtype: torch.dtype, family: str = "moshi"
+) -> MoshiCheckpoint:
+    """Weights from ``path`` (Kyutai's layout; its config.json, else the family's 7b shape) or random init
+    of the family's named shape (``tiny`` | ``7b``)."""
+    if path:  # moshiko/moshika and personaplex-7b-v1 ship no config.json
+        return load_checkpoint(path, named_shape("7b", family), device, dtype, family)
+    return random_checkpoint(config, device, dtype, family)

@@ -13,6 +13,14 @@ codebooks). Sampling as ``moshi.models.lm.LMGen``: temperature 0.8 / top-k 250 f
 
 ``tiny`` keeps every structural feature (the delays, per-step depformer weights, the gated MLP, a context
 that wraps within a test, the Mimi of ``codec.spec.TINY_MIMI``) at toy widths so CPU tests run in seconds.
+
+PersonaPlex (NVIDIA's nvidia/personaplex-7b-v1, a fork of this package: ``moshi.models.loaders`` of
+github.com/NVIDIA/personaplex) is the 7b shape with ``dep_q = 16``: its depformer has 16 sub-steps with
+their own weights, the model's 8 codebooks and then the user's 8 (trained to predict both sides; at
+inference the user's 8 are always teacher-forced with what the user said, so they never feed back).
+Everything else is Moshi 7B's: card 2048, ``n_q`` 16, 3000-frame context, the same delays, no
+``depformer_weights_per_step_schedule``. ``personaplex_tiny`` is ``tiny`` with 16 sub-steps and a context
+long enough for a short prompt plus a few frames (the prompt must fit the context).
 """
 
 from __future__ import annotations
@@ -59,8 +67,17 @@ class MoshiShape:
     def __post_init__(self) -> None:
         if len(self.delays) != self.n_q + 1:
             raise ValueError(f"{len(self.delays)} delays for {self.n_q + 1} streams")
-        if self.dep_q * 2 != self.n_q:
-            raise ValueError("the model speaks as many codebooks as it hears (n_q = 2 * dep_q)")
+        if self.n_q % 2 or self.dep_q not in (self.n_q // 2, self.n_q):
+            raise ValueError(
+                "the model speaks as many codebooks as it hears (n_q even) and its depformer emits its own "
+                f"(dep_q = n_q / 2, Moshi) or both sides' (dep_q = n_q, PersonaPlex); got n_q={self.n_q}, "
+                f"dep_q={self.dep_q}"
+            )
+
+    @property
+    def own_q(self) -> int:
+        """The model's own audio codebooks (it hears as many of the user's): what it says each frame."""
+        return self.n_q // 2
 
     @property
     def head_dim(self) -> int:
@@ -110,12 +127,28 @@ def moshi_tiny() -> MoshiShape:
     )  # fmt: skip
 
 
-def named_shape(name: str) -> MoshiShape:
-    if name == "7b":
-        return moshi_7b()
-    if name == "tiny":
-        return moshi_tiny()
-    raise ValueError(f"unknown s2s_config {name!r}; expected 'tiny' or '7b'")
+def personaplex_7b() -> MoshiShape:
+    """``moshi.models.loaders.get_moshi_lm`` of NVIDIA/personaplex: ``_lm_kwargs`` with ``dep_q = 16``."""
+    return replace(moshi_7b(), name="personaplex-7b", dep_q=16)
+
+
+def personaplex_tiny() -> MoshiShape:
+    return replace(moshi_tiny(), name="personaplex-tiny", dep_q=16, context=96)
+
+
+FAMILY_SHAPES = {
+    "moshi": {"tiny": moshi_tiny, "7b": moshi_7b},
+    "personaplex": {"tiny": personaplex_tiny, "7b": personaplex_7b},
+}
+
+
+def named_shape(name: str, family: str = "moshi") -> MoshiShape:
+    shapes = FAMILY_SHAPES.get(family)
+    if shapes is None:
+        raise ValueError(f"unknown speech-to-speech family {family!r}; expected one of {sorted(FAMILY_SHAPES)}")
+    if name not in shapes:
+        raise ValueError(f"unknown s2s_config {name!r}; expected one of {sorted(shapes)}")
+    return shapes[name]()
 
 
 _LM_KEYS = (

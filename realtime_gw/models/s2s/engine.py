@@ -8,7 +8,8 @@ length buckets (ring columns read: ``min(steps + 1, context + 1)``) and one CUDA
 length) bucket for the whole frame; the only host sync per step is the copy of tokens and PCM back.
 
 A slot's first step has no complete frame yet (the model's acoustic delay): its PCM is silence and its
-text the padding id. While a slot is silent (``S2sSilence``) its PCM is zeros (the decoder still runs
+text the padding id. PersonaPlex (``user_lead = 1``) opens a slot with its prompt (``prompt.py``): the
+slot is reset and prefilled at once, so its first step already continues the prompt. While a slot is silent (``S2sSilence``) its PCM is zeros (the decoder still runs
 on the silence codes, so it goes on smoothly when released).
 """
 
@@ -20,8 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from realtime_gw.models.s2s.config import MoshiShape
+from realtime_gw.models.s2s.config import SAMPLE_RATE, MoshiShape
 from realtime_gw.models.s2s.lm import MoshiLmRuntime
+from realtime_gw.models.s2s.prompt import SINE_AMPLITUDE, SINE_HZ, VoiceEmbeddings, prefill
 from realtime_gw.models.s2s.sampling import Sampler
 from realtime_gw.models.speech.codec.mimi_stream import StreamingMimiDecoder
 from realtime_gw.models.speech.kyutai.encoder import StreamingMimiEncoder
@@ -47,13 +49,14 @@ class MoshiEngine(MovableSlotEngine):
         text: Sampler,
         audio: Sampler,
         cuda_graphs: bool | None = None,
+        user_lead: int = 0,
     ) -> None:
         self.shape = shape
-        self.lm = MoshiLmRuntime(weights, shape, slots, text, audio)
-        self.encoder = StreamingMimiEncoder(mimi, slots, shape.dep_q)
-        decoder = StreamingMimiDecoder(mimi, slots, shape.dep_q)
+        self.lm = MoshiLmRuntime(weights, shape, slots, text, audio, user_lead)
+        self.encoder = StreamingMimiEncoder(mimi, slots, shape.own_q)
+        decoder = StreamingMimiDecoder(mimi, slots, shape.own_q)
         super().__init__(
-            self.lm, decoder, slots, max_positions=self.lm.columns, num_codebooks=shape.dep_q + 1,
+            self.lm, decoder, slots, max_positions=self.lm.columns, num_codebooks=shape.own_q + 1,
             device=self.lm.device, cuda_graphs=cuda_graphs,
         )  # fmt: skip
         pin = self.device.type == "cuda"
@@ -64,21 +67,59 @@ class MoshiEngine(MovableSlotEngine):
         self.h_valid = torch.zeros(slots, dtype=torch.bool, pin_memory=pin)
         self.d_valid = torch.zeros(slots, dtype=torch.bool, device=self.device)
         self._seeds: dict[int, int] = {}
-        self.lm.silence_codes.copy_(self._silence_codes())
+        self.lm.silence_codes.copy_(self._steady_codes(torch.zeros(self.hop, device=self.device)))
 
     @torch.no_grad()
-    def _silence_codes(self) -> torch.Tensor:
-        """The encoder's codes for steady silence, through slot 0 (reset again before any stream)."""
+    def _steady_codes(self, frame: torch.Tensor) -> torch.Tensor:
+        """The encoder's codes for ``frame`` repeated (steady state), through slot 0 (reset again before
+        any stream)."""
         idx = torch.zeros(1, dtype=torch.long, device=self.device)
         self.encoder.reset(idx)
         active = torch.ones(1, dtype=torch.bool, device=self.device)
-        zeros = torch.zeros(1, self.hop, device=self.device)
         codes = None
         for _ in range(SILENCE_WARMUP_FRAMES):
-            codes = self.encoder.step(1, zeros, active)
+            codes = self.encoder.step(1, frame[None].float(), active)
         self.encoder.reset(idx)
         assert codes is not None
         return codes[0]
+
+    @torch.no_grad()
+    def sine_codes(self) -> torch.Tensor:
+        """The codes of a frame of 440 Hz sine at amplitude 0.5 (``lm.create_sinewave``, one frame, as the
+        reference encodes it for its constant ``SINE_TOKENS``): a prompt's user channel."""
+        t = torch.arange(self.hop, device=self.device, dtype=torch.float64) / SAMPLE_RATE
+        return self._steady_codes((SINE_AMPLITUDE * torch.sin(2 * torch.pi * SINE_HZ * t)).float())
+
+    @torch.no_grad()
+    def encode_voice(self, pcm: np.ndarray) -> np.ndarray:
+        """Mimi codes ``(F, own_q)`` of float PCM at 24 kHz (a voice prompt's sample), one frame per 80 ms,
+        the last zero-padded, encoded streaming through slot 0 (reset before and after): while no
+        conversation holds a slot (the stage's start)."""
+        if self.free_slots != self.slots:
+            raise RuntimeError("voices are encoded while no conversation is open (slot 0's encoder)")
+        frames = -(-len(pcm) // self.hop)
+        padded = np.zeros(frames * self.hop, np.float32)
+        padded[: len(pcm)] = pcm
+        idx = torch.zeros(1, dtype=torch.long, device=self.device)
+        active = torch.ones(1, dtype=torch.bool, device=self.device)
+        self.encoder.reset(idx)
+        x = torch.from_numpy(padded).to(self.device).view(frames, 1, self.hop)
+        codes = [self.encoder.step(1, x[f], active)[0] for f in range(frames)]
+        self.encoder.reset(idx)
+        return torch.stack(codes).cpu().numpy().astype(np.int64)
+
+    @torch.no_grad()
+    def open_prompted(self, seed: int, frames: np.ndarray, voice: VoiceEmbeddings | None = None) -> int:
+        """A slot opened with a prompt (``prompt.py``) prefilled now, in one pass: its slot."""
+        slot = self.alloc_seeded(seed)
+        try:
+            self._reset_fresh()
+            prefill(self.lm, slot, torch.from_numpy(frames), voice)
+        except BaseException:
+            self.free(slot)
+            raise
+        self.frames[slot] = frames.shape[0] - 1
+        return slot
 
     def alloc_seeded(self, seed: int) -> int:
         slot = self.alloc()  # NoFreeSlot when full
@@ -118,7 +159,7 @@ class MoshiEngine(MovableSlotEngine):
     def step(  # type: ignore[override]  # the duplex frame: PCM in, frame tokens and PCM out
         self, slots: Sequence[int], pcm: np.ndarray, silent: Sequence[bool]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One frame per slot: PCM16 ``(n, 1920)`` -> (frame tokens ``(n, 1 + dep_q)``: text then the
+        """One frame per slot: PCM16 ``(n, 1920)`` -> (frame tokens ``(n, 1 + own_q)``: text then the
         model's codes, valid ``(n,)``, PCM16 ``(n, 1920)``)."""
         n = len(slots)
         if not n:

@@ -10,6 +10,9 @@ other (scores are unchanged: q and k get the same permutation; transformers' Mim
 ``Depformer`` emits a frame's ``dep_q`` audio codebooks one after another (its sub-steps), each with its
 own weights (``weights_per_step``), attending to the frame's earlier sub-steps only (no positional
 embedding): the first sub-step reads the frame's text token, sub-step ``s`` the code sampled at ``s - 1``.
+PersonaPlex's has 16 sub-steps (the model's 8 codebooks, then the user's 8); a call may run only the
+first ``sub_steps`` of them: at inference the user's are always forced to what the user said and, the
+attention being causal, they cannot change the model's 8, so the serving step stops after those.
 """
 
 from __future__ import annotations
@@ -108,7 +111,8 @@ class TemporalLayer:
 
 
 class Depformer:
-    """``__call__(b, h, text, seeds, steps) -> (b, dep_q)`` audio codes of one frame for rows ``[0, b)``."""
+    """``__call__(b, h, text, seeds, steps) -> (b, dep_q)`` audio codes of one frame for rows ``[0, b)``
+    (the first ``sub_steps`` of them when given)."""
 
     def __init__(self, weights: Weights, shape: MoshiShape, slots: int, sampler: Sampler) -> None:
         self.shape = shape
@@ -141,15 +145,17 @@ class Depformer:
 
     def __call__(
         self, b: int, h: torch.Tensor, text: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
-        force: torch.Tensor | None = None,
+        force: torch.Tensor | None = None, sub_steps: int | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        """``h (b, 1, dim)``: the temporal transformer's normed output; ``force (b, dep_q)`` with -1 where
-        the sampled code stands, else the code that replaces it (and feeds the next sub-step)."""
+        """``h (b, 1, dim)``: the temporal transformer's normed output; ``force (b, >= sub_steps)`` with -1
+        where the sampled code stands, else the code that replaces it (and feeds the next sub-step).
+        Runs sub-steps ``[0, sub_steps)`` (default all ``dep_q``) -> ``(b, sub_steps)``."""
         prev = text
         codes = []
         dd = self.shape.depformer_dim
-        inputs = F.linear(h, self.w_in)  # (b, 1, dep_q * depformer_dim)
-        for s in range(self.shape.dep_q):
+        n = self.shape.dep_q if sub_steps is None else sub_steps
+        inputs = F.linear(h, self.w_in[: n * dd])  # (b, 1, n * depformer_dim)
+        for s in range(n):
             emb = self.text_emb if s == 0 else self.emb[s - 1]
             x = inputs[..., s * dd : (s + 1) * dd] + emb[prev][:, None]
             for i, layer in enumerate(self.layers):

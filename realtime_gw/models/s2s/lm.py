@@ -16,6 +16,14 @@ absolute position kept, so the ring forgets and never stops). One step, for rows
 
 ``silent`` rows (``S2sSilence``) get the text padding id and the codec's silence codes instead of what
 was sampled, written into their own context like any token: the model hears itself stay silent.
+
+PersonaPlex (``user_lead = 1``): its ``LMGen.step`` writes the user's frame into the cache and runs the
+model on the column before it, so a user frame is read one step after it arrives (the model answers one
+80 ms frame later than Moshi; the tokens at each column are the same). Its session starts with a prompt
+(``prompt.py``: the voice prompt, the text persona) whose columns are known in advance: ``prefill`` runs
+them through the temporal transformer in one pass into the slot's ring and leaves the cache as the
+reference's is after its last prompt step, with the model's delayed codebooks of the next column
+``forced`` (the prompt's, as the reference's ``provided`` flags keep them).
 Inactive rows keep every state (masked writes; the ring writes its scratch column), so shapes are
 static and the step records into a CUDA graph.
 """
@@ -40,12 +48,14 @@ def moshi_inv_freq(head_dim: int, max_period: float, device: torch.device) -> to
 
 
 class MoshiLmRuntime:
-    """``step(b, length, user_codes, active)`` -> (frame tokens ``(b, 1 + dep_q)``, valid ``(b,)``)."""
+    """``step(b, length, user_codes, active)`` -> (frame tokens ``(b, 1 + own_q)``, valid ``(b,)``)."""
 
     def __init__(
-        self, weights: Weights, shape: MoshiShape, slots: int, text: Sampler, audio: Sampler
+        self, weights: Weights, shape: MoshiShape, slots: int, text: Sampler, audio: Sampler, user_lead: int = 0
     ) -> None:
         self.shape = shape
+        self.user_lead = user_lead
+        """Columns ahead of the step's input where the user's frame goes (PersonaPlex: 1)."""
         self.text_sampler = text
         emb = weights["text_emb.weight"]
         dev, dtype = emb.device, emb.dtype
@@ -64,10 +74,13 @@ class MoshiLmRuntime:
         self.initial = torch.tensor(
             [shape.text_card] + [shape.card] * shape.n_q, device=dev, dtype=torch.long
         )
-        self.cache = torch.zeros(slots, streams, shape.max_delay + 2, device=dev, dtype=torch.long)
+        ct = shape.max_delay + 2 + user_lead
+        self.cache = torch.zeros(slots, streams, ct, device=dev, dtype=torch.long)
+        self.forced = torch.zeros(slots, shape.own_q + 1, ct, device=dev, dtype=torch.bool)
+        """The model's own tokens given, not sampled, at a column (a prompt's last delayed codes)."""
         self.seeds = torch.zeros(slots, device=dev, dtype=torch.long)
         self.silent = torch.zeros(slots, device=dev, dtype=torch.bool)
-        self.silence_codes = torch.zeros(shape.dep_q, device=dev, dtype=torch.long)
+        self.silence_codes = torch.zeros(shape.own_q, device=dev, dtype=torch.long)
         """The codec's codes of a silent frame (set by the engine from its encoder)."""
 
     @property
@@ -84,10 +97,11 @@ class MoshiLmRuntime:
     def reset(self, slots: torch.Tensor) -> None:
         self.ring.reset(slots)
         self.cache.index_fill_(0, slots, 0)
+        self.forced.index_fill_(0, slots, False)
         self.silent.index_fill_(0, slots, False)
 
     def slot_tensors(self) -> list[torch.Tensor]:
-        return [*self.ring.slot_tensors(), self.cache, self.seeds, self.silent]
+        return [*self.ring.slot_tensors(), self.cache, self.forced, self.seeds, self.silent]
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """``(b, 1 + n_q)`` stream tokens -> ``(b, 1, dim)``: the text's embedding plus every audio stream's."""
@@ -98,13 +112,13 @@ class MoshiLmRuntime:
         self, b: int, length: int, user_codes: torch.Tensor, active: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         shape = self.shape
-        nm = shape.dep_q + 1  # the text and the model's codebooks
+        nm = shape.own_q + 1  # the text and the model's codebooks
         o = self.ring.pos[:b].clone()
         cache = self.cache[:b]
         ct = cache.shape[2]
         act3 = active[:, None, None]
         # 1. the user's codes, each stream at its delay
-        at = ((o[:, None] + self.delays[None, nm:]) % ct)[..., None]
+        at = ((o[:, None] + self.user_lead + self.delays[None, nm:]) % ct)[..., None]
         user = cache[:, nm:]
         user.scatter_(2, at, torch.where(act3, user_codes[..., None], user.gather(2, at)))
         # 2. this step's input tokens
@@ -115,16 +129,19 @@ class MoshiLmRuntime:
         # 3. temporal transformer, text
         h = self.out_norm(self.ring(self.embed(tokens), b, active, length))
         seeds, silent = self.seeds[:b], self.silent[:b]
-        text = self.text_sampler(F.linear(h[:, 0], self.text_linear), seeds, o, 0)
-        text = torch.where(silent, shape.text_padding_id, text)
-        # 4. the model's codebooks
-        force = torch.where(silent[:, None], self.silence_codes[None], -1)
-        audio = self.depformer(b, h, text, seeds, o, force)
-        # 5. into the cache at o + 1; the complete frame out
         nxt = ((o + 1) % ct)[:, None, None].expand(b, nm, 1)
         mine = cache[:, :nm]
+        given = torch.where(self.forced[:b].gather(2, nxt)[..., 0], mine.gather(2, nxt)[..., 0], -1)
+        text = self.text_sampler(F.linear(h[:, 0], self.text_linear), seeds, o, 0)
+        text = torch.where(silent, shape.text_padding_id, torch.where(given[:, 0] >= 0, given[:, 0], text))
+        # 4. the model's codebooks (the user's sub-steps, if the depformer has them, are never run)
+        force = torch.where(silent[:, None], self.silence_codes[None], given[:, 1:])
+        audio = self.depformer(b, h, text, seeds, o, force, shape.own_q)
+        # 5. into the cache at o + 1; the complete frame out
         new = torch.cat([text[:, None], audio], dim=1)[..., None]
         mine.scatter_(2, nxt, torch.where(act3, new, mine.gather(2, nxt)))
+        forced = self.forced[:b]  # consumed: a column's given tokens serve once
+        forced.scatter_(2, nxt, forced.gather(2, nxt) & ~act3)
         done = ((o[:, None] + 1 - shape.max_delay + self.delays[None, :nm]) % ct)[..., None]
         frame = mine.gather(2, done)[..., 0]
         return frame, o >= shape.max_delay

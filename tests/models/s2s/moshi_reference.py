@@ -103,7 +103,7 @@ def reference(shape: MoshiShape | None = None) -> Reference:
     check_weights(weights, shape, "moshi.models.lm.LMModel")
     ours = mimi_model(shape, "cpu")
     mimi = reference_mimi(ours.config)
-    mimi.set_num_codebooks(shape.dep_q)
+    mimi.set_num_codebooks(shape.own_q)
     ours.load_state_dict(mimi_state_from_kyutai(mimi.state_dict(), ours), strict=True)
     ck = MoshiCheckpoint(shape, weights, ours, PieceText(None), "moshi-tiny (the reference's weights)", True)
     return Reference(lm, mimi, ck)

@@ -1,0 +1,122 @@
+"""The PersonaPlex speech-to-speech backend (``--s2s personaplex``): Moshi's stage, with a voice and a persona.
+
+NVIDIA's PersonaPlex (nvidia/personaplex-7b-v1; its code, github.com/NVIDIA/personaplex, is a fork of
+Kyutai's ``moshi`` package, read for this stage: no ``personaplex`` package is published) is Moshi 7B
+with a 16-sub-step depformer (``config.personaplex_7b``), a step that reads the user's frame one step after
+it arrives (``user_lead = 1``), and a session prompt: a voice prompt (the model hears a voice sample as
+its own voice) and a text persona (``S2sOpen.persona``: a session's instructions). The prompt is
+prefilled when the conversation opens, in one parallel pass into the slot's ring (``prompt.py``); the
+conversation then steps with every other in the batch, as Moshi's do.
+
+Voices (``voices.py``): the samples of ``--s2s-voices-dir``, encoded once into Mimi codes; a conversation
+names one (``S2sOpen.voice``) or gets ``--s2s-voice`` (unset: no voice prompt). ``S2sSpec`` lists the
+voices and the prompt's room (``max_prompt_frames``): a voice and persona longer than the context are
+refused at open with a clear error, as is an unknown voice.
+
+The prompt's silence and sine frames are the published Mimi's codes (``SILENCE_TOKENS``/``SINE_TOKENS``)
+when the weights are a published checkpoint (card 2048, 8 codebooks), else this codec's own codes of a
+silent frame and of the sine (random init).
+
+One known difference, past the context only: the fork's streaming K/V cache (an older ``moshi``'s
+``RingKVCache``) labels its oldest entry with a future position once the ring is full, so it attends 2999
+frames where its training mask (``delta < context``) and Kyutai's current package attend 3000; this stage
+attends 3000.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+import numpy as np
+import torch
+
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.families import StagePlan
+from realtime_gw.models.s2s.backend import CAPABILITIES, MoshiBackend, MoshiState, build_moshi, stage_plan
+from realtime_gw.models.s2s.prompt import (
+    SILENCE_TOKENS,
+    SINE_TOKENS,
+    VoiceEmbeddings,
+    prompt_frames,
+    system_text,
+)
+from realtime_gw.models.s2s.voices import VoicePrompts
+from realtime_gw.records.s2s import S2sOpen
+
+PROMPT_CAPABILITIES = (*CAPABILITIES, "voice_prompt", "persona")
+
+
+class PersonaPlexBackend(MoshiBackend):
+    name = "s2s-personaplex"
+    family = "personaplex"
+    capabilities = PROMPT_CAPABILITIES
+    user_lead = 1
+
+    def __init__(
+        self, config: str = "tiny", path: str | None = None, device: str = "cpu", slots: int = 4, *,
+        voices_dir: str | None = None, voice: str | None = None, **kwargs: Any,
+    ) -> None:  # fmt: skip
+        """``voices_dir``: the voice store (None: no voices); ``voice``: the default voice (None: none)."""
+        super().__init__(config, path, device, slots, **kwargs)
+        ck, lm = self.checkpoint, self.engine.lm
+        published = not ck.random_init and ck.shape.card == 2048 and ck.shape.own_q == len(SILENCE_TOKENS)
+        if published:
+            lm.silence_codes.copy_(torch.tensor(SILENCE_TOKENS))
+        self.silence = tuple(int(c) for c in lm.silence_codes.tolist())
+        self.sine = SINE_TOKENS if published else tuple(int(c) for c in self.engine.sine_codes().tolist())
+        self.voices = (
+            VoicePrompts.open(voices_dir, self.engine.encode_voice, ck.shape)
+            if voices_dir
+            else VoicePrompts()
+        )
+        if voice is not None:
+            self.voices.prompt(voice)  # an unknown default voice is a setting error, at start
+        self.default_voice = voice
+        self.prompt_ms = 0.0
+        """The last conversation's prompt prefill (ms, host clock, synchronised)."""
+        self.spec = msgspec.structs.replace(
+            self.spec, voices=self.voices.names(), default_voice=voice, max_prompt_frames=ck.shape.context + 1
+        )
+        self.info.update(voices=list(self.voices.names()), default_voice=voice,
+                         prompt_codes="published" if published else "this codec's")  # fmt: skip
+        self.prompt(S2sOpen())  # the default voice fits the context: a setting error at start otherwise
+
+    def prompt(self, request: S2sOpen) -> tuple[np.ndarray, VoiceEmbeddings | None]:
+        """The frames of the conversation's prompt (``prompt.prompt_frames``) and its published voice, if
+        it is one; ValueError for an unknown voice or a prompt the context cannot hold."""
+        name = request.voice if request.voice is not None else self.default_voice
+        voice = self.voices.prompt(name) if name is not None else None
+        published = voice if isinstance(voice, VoiceEmbeddings) else None
+        if published is not None:  # its codes are in its embeddings: placeholders here
+            voice = np.zeros((published.frames, len(self.silence)), np.int64)
+        persona = request.persona or ""
+        tokens = self.checkpoint.text.encode(system_text(persona), self.checkpoint.shape.text_card) if persona.strip() else []
+        frames = prompt_frames(voice, tokens, self.silence, self.sine)
+        if len(frames) > self.spec.max_prompt_frames:
+            raise ValueError(
+                f"the voice prompt and persona take {len(frames)} frames of 80 ms; this model's context holds "
+                f"{self.spec.max_prompt_frames} (voice {len(voice) if voice is not None else 0} frames, "
+                f"persona {len(tokens)} tokens): use a shorter persona or voice sample"
+            )
+        return frames, published
+
+    def open(self, request: S2sOpen) -> MoshiState:
+        if not isinstance(request, S2sOpen):
+            raise TypeError(f"expected S2sOpen, got {type(request).__name__}")
+        frames, voice = self.prompt(request)
+        start = time.perf_counter()
+        state = self._hold(self._seed_of(request), lambda seed: self.engine.open_prompted(seed, frames, voice))
+        if self.engine.device.type == "cuda":
+            torch.cuda.synchronize(self.engine.device)
+        elapsed = time.perf_counter() - start
+        self.prompt_ms = elapsed * 1000
+        if not self._warming:
+            self._before_step_s += elapsed  # the conversations already live wait for it
+        return state
+
+
+def from_config(config: GatewayConfig) -> StagePlan:
+    backend = build_moshi(config, PersonaPlexBackend, voices_dir=config.s2s_voices_dir, voice=config.s2s_voice)
+    return stage_plan(config, backend)

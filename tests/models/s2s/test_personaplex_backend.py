@@ -1,0 +1,186 @@
+"""The PersonaPlex stage's backend on the tiny shape (random init): voices from a directory (encoded once,
+kept as codes), a conversation opened with its voice and persona prefilled, one that opens while others
+talk changes nothing for them, refusals, and the loudness the voice samples are brought to."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile
+
+from realtime_gw.models.s2s.personaplex import PersonaPlexBackend
+from realtime_gw.models.s2s.prompt import SILENCE_FRAMES
+from realtime_gw.models.s2s.voices import CODES_SUFFIX, integrated_loudness, normalized_sample
+from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen
+
+FRAME = 1920
+PERSONA = "You enjoy having a good conversation."
+
+
+def _sample(path: Path, seconds: float, seed: int, rate: int = 16000) -> None:
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(rate * seconds)) / rate
+    voice = 0.05 * np.sin(2 * np.pi * (150 + 40 * np.sin(3 * t)) * t) + 0.01 * rng.standard_normal(len(t))
+    soundfile.write(str(path), voice.astype(np.float32), rate)
+
+
+@pytest.fixture(scope="module")
+def voices(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("voices")
+    _sample(root / "ada.wav", 0.5, 1)
+    _sample(root / "bo.flac", 0.3, 2, rate=24000)
+    return root
+
+
+@pytest.fixture(scope="module")
+def backend(voices: Path) -> PersonaPlexBackend:
+    return PersonaPlexBackend("tiny", slots=3, seed=7, voices_dir=str(voices), voice="ada")
+
+
+def _audio(seed: int, frames: int) -> list[S2sAudio]:
+    rng = np.random.default_rng(seed)
+    pcm = (rng.standard_normal(frames * FRAME) * 4000).astype("<i2")
+    return [S2sAudio(pcm[i * FRAME : (i + 1) * FRAME].tobytes()) for i in range(frames)]
+
+
+def _talk(backend: PersonaPlexBackend, plan: dict[str, tuple[S2sOpen, int, int]], steps: int) -> dict[str, list[S2sFrame]]:
+    """``plan``: name -> (opening, first step, last step): opened at its first step (its prompt prefilled
+    then, between two steps of the others), one frame of its audio per step, released after its last."""
+    states: dict[str, Any] = {}
+    frames: dict[str, list[S2sFrame]] = {name: [] for name in plan}
+    audio = {name: _audio(len(name), steps) for name in plan}
+    try:
+        for t in range(steps):
+            for name, (request, first, _) in plan.items():
+                if t == first:
+                    states[name] = backend.open(request)
+            work = [(st, [audio[n][t - plan[n][1]]]) for n, st in states.items()]
+            for n, result in zip(states, backend.step(work), strict=True):
+                assert result.error is None
+                frames[n] += result.outputs
+            for name, (_, _, last) in plan.items():
+                if t == last:
+                    backend.release(states.pop(name))
+    finally:
+        for st in states.values():
+            backend.release(st)
+    return frames
+
+
+def test_the_voices_are_listed_and_their_codes_kept_beside_the_samples(backend: PersonaPlexBackend, voices: Path) -> None:
+    spec = backend.describe().s2s
+    assert spec is not None and spec.model == "personaplex"
+    assert spec.voices == ("ada", "bo") and spec.default_voice == "ada"
+    assert {"voice_prompt", "persona"} <= set(spec.capabilities)
+    assert backend.voices.prompt("ada").shape == (7, 8)  # 0.5 s: 6.25 frames of 80 ms, the last padded
+    assert (voices / ("bo" + CODES_SUFFIX)).exists()
+    assert (voices / ("ada" + CODES_SUFFIX)).stat().st_mode & 0o777 == 0o600  # as private as the sample
+
+
+def test_a_restart_reads_the_codes_and_a_changed_sample_is_encoded_again(
+    backend: PersonaPlexBackend, voices: Path, tmp_path: Path
+) -> None:
+    from realtime_gw.models.s2s.voices import VoicePrompts
+
+    def refuse(pcm: np.ndarray) -> np.ndarray:
+        raise AssertionError("encoded again")
+
+    kept = VoicePrompts.open(voices, refuse, backend.checkpoint.shape)  # the stage's codes, read back
+    assert set(kept.names()) == {"ada", "bo"}
+    root = tmp_path / "v"
+    root.mkdir()
+    _sample(root / "cy.wav", 0.2, 3)
+    calls: list[int] = []
+
+    def encode(pcm: np.ndarray) -> np.ndarray:
+        calls.append(len(pcm))
+        return np.zeros((len(pcm) // FRAME + 1, 8), np.int64)
+
+    shape = backend.checkpoint.shape
+    VoicePrompts.open(root, encode, shape)
+    VoicePrompts.open(root, encode, shape)
+    assert len(calls) == 1
+    _sample(root / "cy.wav", 0.4, 3)  # another sample under the same name
+    VoicePrompts.open(root, encode, shape)
+    other = replace(shape, card=shape.card * 2)
+    VoicePrompts.open(root, encode, other)  # another codec
+    assert len(calls) == 3
+    (root / "cy.wav").unlink()  # the codes alone are the voice
+    assert VoicePrompts.open(root, refuse, other).prompt("cy").shape == (6, 8)
+
+
+def test_a_conversation_opens_where_its_prompt_ends_and_a_seed_replays_it(backend: PersonaPlexBackend) -> None:
+    request = S2sOpen(seed=3, voice="bo", persona=PERSONA)
+    frames, _ = backend.prompt(request)
+    voice = len(backend.voices.prompt("bo"))
+    persona = len(backend.checkpoint.text.encode(f"<system> {PERSONA} <system>", backend.checkpoint.shape.text_card))
+    assert len(frames) == voice + 2 * SILENCE_FRAMES + persona
+    state = backend.open(request)
+    try:
+        assert backend.engine.frames[state.slot] == len(frames) - 1
+        assert int(backend.engine.lm.pos[state.slot]) == len(frames) - 1
+    finally:
+        backend.release(state)
+    once = _talk(backend, {"a": (request, 0, 7)}, 8)["a"]
+    again = _talk(backend, {"a": (request, 0, 7)}, 8)["a"]
+    other = _talk(backend, {"a": (S2sOpen(seed=3, voice="bo", persona="You are a pirate."), 0, 7)}, 8)["a"]
+    assert once[0].padding and once[0].text_token == 3  # the prompt's last frame: padding and silence
+    assert [f.text_token for f in once] == [f.text_token for f in again]
+    assert [f.pcm for f in once] == [f.pcm for f in again]
+    assert [f.text_token for f in once] != [f.text_token for f in other]
+
+
+def test_a_prompted_opening_between_steps_changes_nothing_for_the_others(backend: PersonaPlexBackend) -> None:
+    a = S2sOpen(seed=11, persona=PERSONA)
+    alone = _talk(backend, {"a": (a, 0, 11)}, 12)["a"]
+    crowded = _talk(backend, {
+        "b": (S2sOpen(seed=12, voice="bo"), 0, 4), "a": (a, 2, 13),
+        "c": (S2sOpen(seed=13, persona="You are a pirate."), 5, 13),
+    }, 14)  # fmt: skip
+    assert [f.text_token for f in crowded["a"]] == [f.text_token for f in alone]
+    # the voice: the same codes decoded; a batched conv may round a float differently (1 LSB)
+    got, want = (np.frombuffer(b"".join(f.pcm for f in fs), "<i2").astype(int) for fs in (crowded["a"], alone))
+    assert np.abs(got - want).max() <= 2 and np.abs(want).max() > 1000
+
+
+def test_an_unknown_voice_or_a_prompt_past_the_context_is_refused(backend: PersonaPlexBackend) -> None:
+    free = backend.engine.free_slots
+    with pytest.raises(ValueError, match="unknown voice 'nobody'; this model's voices: ada, bo"):
+        backend.open(S2sOpen(voice="nobody"))
+    with pytest.raises(ValueError, match="context holds 97"):
+        backend.open(S2sOpen(persona="word " * 200))
+    assert backend.engine.free_slots == free  # nothing held
+
+
+def test_voice_samples_are_brought_to_minus_24_lufs(tmp_path: Path) -> None:
+    rate = 48000
+    t = np.arange(rate * 3) / rate
+    sine = np.sin(2 * np.pi * 997 * t)
+    assert integrated_loudness(sine, rate) == pytest.approx(-3.01, abs=0.05)  # BS.1770's calibration tone
+    soundfile.write(str(tmp_path / "v.wav"), (0.01 * sine).astype(np.float32), rate)
+    assert integrated_loudness(normalized_sample(tmp_path / "v.wav"), 24000) == pytest.approx(-24.0, abs=0.1)
+
+
+def test_a_prefill_makes_the_next_step_late_by_its_time(backend: PersonaPlexBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prefill runs on the worker's thread between two steps: the conversations already live wait for
+    it, so it counts in the next step's lateness (here against a 0 ms frame: every step is late)."""
+    from realtime_gw.models.s2s import backend as moshi_backend
+
+    monkeypatch.setattr(moshi_backend, "FRAME_MS", 0)
+    audio = _audio(1, 2)
+    live = backend.open(S2sOpen(seed=1))
+    try:
+        new = backend.open(S2sOpen(seed=2, persona=PERSONA))
+        try:
+            prefill_ms = backend.prompt_ms
+            first = backend.step([(live, [audio[0]]), (new, [audio[0]])])
+            assert prefill_ms > 0 and first[0].outputs[0].late_ms >= prefill_ms
+            assert backend._before_step_s == 0.0  # counted once
+        finally:
+            backend.release(new)
+    finally:
+        backend.release(live)
