@@ -34,6 +34,10 @@ MAX_INPUT_FRAMES = 500
 the call is ended; a session that stuck is not fed forever."""
 MAX_UNSENT_BYTES = 64 * 1024 * 1024
 """Bytes for a worker waiting in the gateway's socket buffer: past it the worker is stuck; it is ended."""
+PURGED_REMEMBERED = 32
+"""Purged replies whose late reports are still dropped. A report trails its purge by one trip through
+the worker's socket, so only the last few purges can have any on their way; a call of hours keeps no
+more than these."""
 
 
 class MediaWorkerLost(RuntimeError):
@@ -89,16 +93,17 @@ class RemoteChannel(EventChannel):
 class RemoteTrack:
     """The worker's reply track; mirrors which replies are playing from its reports, so a purge knows
     (as ``ReplyTrack.purge`` does) whether it cut one. Reports about a purged reply that were already on
-    their way are dropped."""
+    their way are dropped (the last ``PURGED_REMEMBERED`` purged replies are remembered)."""
 
     def __init__(self, peer: RemotePeer) -> None:
         self.peer = peer
         self.playing: set[str] = set()
-        self.purged: set[str] = set()
+        self.purged: dict[str, None] = {}
+        """An ordered set, oldest first."""
 
     def push(self, response_id: str, pcm48: bytes) -> None:
         if pcm48:
-            self.purged.discard(response_id)
+            self.purged.pop(response_id, None)
             self.peer.send(wire.Push(self.peer.id, response_id, pcm48))
 
     def complete(self, response_id: str) -> None:
@@ -108,7 +113,11 @@ class RemoteTrack:
         self.peer.send(wire.Purge(self.peer.id, response_id))
         cut = set(self.playing) if response_id is None else self.playing & {response_id}
         self.playing -= cut
-        self.purged |= cut if response_id is None else {response_id}
+        for rid in sorted(cut) if response_id is None else [response_id]:
+            self.purged.pop(rid, None)
+            self.purged[rid] = None
+        while len(self.purged) > PURGED_REMEMBERED:
+            del self.purged[next(iter(self.purged))]
         return bool(cut)
 
     def report(self, m: wire.Playback, listener: PlaybackListener) -> None:
@@ -138,6 +147,8 @@ class RemotePeer:
         self.answered: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.closed: asyncio.Future[RtpFigures | None] = asyncio.get_running_loop().create_future()
         self.input: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue(MAX_INPUT_FRAMES)
+        self.starved = False
+        """Its session took no audio for too long: the call is ending; its frames are dropped."""
         self._close_sent = False
 
     @property
@@ -187,9 +198,12 @@ class RemotePeer:
                     else:
                         self.answered.set_result(m.sdp)
             case wire.Input():
+                if self.starved:
+                    return  # frames the worker sent before it heard the call end
                 try:
                     self.input.put_nowait((m.mono, m.rate))
                 except asyncio.QueueFull:
+                    self.starved = True
                     log.warning("call %s: its session took no audio for 10 s; ended", self.id)
                     self.channel.disconnected()
             case wire.ChannelOpened():
