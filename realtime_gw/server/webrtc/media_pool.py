@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 
 ANSWER_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 5.0
+STOP_TIMEOUT_S = 5.0
+"""A worker asked to end has this long to hang up its calls and exit; then it is terminated (SIGTERM),
+and killed ``TERMINATE_TIMEOUT_S`` later."""
+TERMINATE_TIMEOUT_S = 1.0
 MAX_INPUT_FRAMES = 500
 """The caller's decoded frames (20 ms) waiting for a session that does not take them (10 s): past it
 the call is ended; a session that stuck is not fed forever."""
@@ -250,12 +254,21 @@ class MediaWorker:
         self.proc: asyncio.subprocess.Process | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.reading: asyncio.Task[None] | None = None
+        self.stopping = False
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None and self.reading is not None and not self.reading.done()
+        return (
+            self.proc is not None
+            and self.proc.returncode is None
+            and self.writer is not None
+            and not self.writer.is_closing()
+            and self.reading is not None
+            and not self.reading.done()
+        )
 
     async def start(self) -> None:
+        self.stopping = False
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.proc = await asyncio.create_subprocess_exec(
@@ -281,17 +294,25 @@ class MediaWorker:
         writer.write(wire.frame(message))
 
     async def _read(self, reader: wire.Reader) -> None:
+        broken = False
         try:
             while (message := await reader.read()) is not None:
                 peer = self.calls.get(getattr(message, "call", ""))
                 if peer is not None:
                     peer.handle(message)
         except Exception:
+            broken = True
             log.exception("media worker %d: broken message; ending it", self.index)
         finally:
-            self.kill()
+            if self.writer is not None:
+                self.writer.close()  # no new call goes to it
             for peer in list(self.calls.values()):
                 peer.ended()
+            if not self.stopping:  # it ended (or broke) on its own: make sure it is gone
+                if not broken and self.proc is not None:  # its socket closed as it exits: let it
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self.proc.wait(), TERMINATE_TIMEOUT_S)
+                self.kill()
 
     def kill(self) -> None:
         if self.writer is not None:
@@ -300,16 +321,28 @@ class MediaWorker:
             self.proc.kill()
 
     async def stop(self) -> None:
-        if self.writer is not None:
-            self.writer.close()  # the worker ends its calls and exits at the end of its input
+        """Asks the worker to end: its input ends (the socket shut for writing), so it hangs up its calls
+        (each peer connection closed, which the caller sees at once), reports them closed and exits.
+        One that has not exited within ``STOP_TIMEOUT_S`` is terminated, then killed."""
+        self.stopping = True
+        if self.writer is not None and not self.writer.is_closing():
+            with contextlib.suppress(OSError, RuntimeError):
+                self.writer.write_eof()
         if self.proc is not None:
-            try:
-                await asyncio.wait_for(self.proc.wait(), CLOSE_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
+            proc = self.proc
+            for escalate, wait_s in ((None, STOP_TIMEOUT_S), (proc.terminate, TERMINATE_TIMEOUT_S), (proc.kill, None)):
+                if proc.returncode is not None:
+                    break
+                if escalate is not None:
+                    log.warning("media worker %d did not end when asked; %s", self.index, escalate.__name__)
+                    with contextlib.suppress(ProcessLookupError):
+                        escalate()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(proc.wait(), wait_s)
         if self.reading is not None:
             await asyncio.gather(self.reading, return_exceptions=True)
+        if self.writer is not None:
+            self.writer.close()
 
 
 class MediaPool:
