@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from realtime_gw.server import auth
+from realtime_gw.server.s2s_link import ECHO_SPEC
 
 
 async def healthz(request: Request) -> Response:
@@ -53,4 +54,8 @@ async def models(request: Request) -> Response:
             "id": spec.model, "object": "model", "owned_by": "realtime-gw", "s2s": w.s2s.name,
             "capabilities": list(spec.capabilities), "frame_ms": spec.frame_ms, "context_frames": spec.context_frames,
         })  # fmt: skip
+    data.append({  # every gateway's diagnostic model: says back what it hears (s2s_link.EchoStream)
+        "id": ECHO_SPEC.model, "object": "model", "owned_by": "realtime-gw", "s2s": "echo",
+        "capabilities": list(ECHO_SPEC.capabilities), "frame_ms": ECHO_SPEC.frame_ms,
+    })  # fmt: skip
     return JSONResponse({"object": "list", "data": data})

@@ -2,11 +2,16 @@
 // transports: a WebRTC call (POST /v1/realtime/calls: Opus tracks, events on the 'oai-events' data
 // channel; the default) or the /v1/realtime WebSocket (base64 PCM in events; ?transport=websocket).
 // Plain JS, no build step. State is kept on window.rtgw so tests (and curious people) can read it.
+// ?model=NAME picks the session's model; ?model=gateway-echo says back what the microphone hears (an
+// audio path check; each echo's delay from the microphone is in echoLoopMs). ?vad=0 starts without server VAD.
 'use strict';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const FRAME_MS = 80;
+const MODEL = params.get('model') || '';
+const ECHO = MODEL === 'gateway-echo'; // the reply is the user's own voice: it never barges in on itself
+const modelQuery = MODEL ? `?model=${encodeURIComponent(MODEL)}` : '';
 
 const state = (window.rtgw = {
   status: 'idle', sessionId: null, capabilities: {}, supportsAck: false,
@@ -19,6 +24,8 @@ const state = (window.rtgw = {
   heardAtMs: [], captureStartMs: null, micOnsetsMs: [],
   // WebRTC: the browser's jitter buffer on the reply track (getStats): mean delay, share concealed
   jitterBufferMs: null, concealedPct: null,
+  // gateway-echo: from each sound's onset at the microphone to its echo at the page's audio graph
+  echoLoopMs: [],
 });
 
 let ws = null;
@@ -96,7 +103,7 @@ async function startCall(key) {
   await pc.setLocalDescription(await pc.createOffer());
   const headers = { 'Content-Type': 'application/sdp' };
   if (key) headers.Authorization = `Bearer ${key}`;
-  const resp = await fetch('/v1/realtime/calls', { method: 'POST', body: pc.localDescription.sdp, headers });
+  const resp = await fetch(`/v1/realtime/calls${modelQuery}`, { method: 'POST', body: pc.localDescription.sdp, headers });
   if (resp.status !== 201) throw new Error(`call refused: ${resp.status} ${await resp.text()}`);
   state.callId = (resp.headers.get('Location') || '').split('/').pop();
   await pc.setRemoteDescription({ type: 'answer', sdp: await resp.text() });
@@ -150,7 +157,7 @@ function onEvent(ev) {
             input: {
               format: { type: 'audio/pcm', rate: 24000 },
               transcription: { model: 'default' },
-              turn_detection: $('vad').checked ? { type: 'server_vad', silence_duration_ms: 500 } : null,
+              turn_detection: $('vad').checked ? { type: 'server_vad', silence_duration_ms: 500, interrupt_response: !ECHO } : null,
             },
           },
         },
@@ -161,7 +168,7 @@ function onEvent(ev) {
       break;
     case 'input_audio_buffer.speech_started':
       setStatus('hearing you');
-      if (heardRid && replies.get(heardRid) && !replies.get(heardRid).finishedPlaying) bargeIn(false);
+      if (!ECHO && heardRid && replies.get(heardRid) && !replies.get(heardRid).finishedPlaying) bargeIn(false);
       break;
     case 'input_audio_buffer.speech_stopped':
       speechStoppedAt = t;
@@ -230,7 +237,7 @@ function onEvent(ev) {
       if (r) {
         heardRid = ev.response_id;
         state.ttfaMs.push(t - r.created);
-        meterNode.port.postMessage({ rid: ev.response_id }); // heard when its sound arrives
+        if (!ECHO) meterNode.port.postMessage({ rid: ev.response_id }); // heard when its sound arrives
       }
       setStatus('speaking');
       break;
@@ -257,6 +264,13 @@ function onEvent(ev) {
 
 // -- playback status from the worklets ----------------------------------------------------------------
 function heard(rid) {
+  if (ECHO && typeof rid === 'string' && rid.startsWith('onset-')) { // the meter, armed at the onset
+    state.echoLoopMs.push(now() - state.micOnsetsMs[Number(rid.slice(6))]);
+    state.heardAtMs.push(now());
+    render();
+    return;
+  }
+  if (ECHO) return; // echo replies are timed by the meter from their onset
   const r = replies.get(rid);
   state.heardAtMs.push(now());
   if (r && r.turnEnd != null) state.heardLatencyMs.push(now() - r.turnEnd);
@@ -341,6 +355,7 @@ async function start() {
     playbackNode.port.onmessage = (e) => onPlayback(e.data);
     meterNode = new AudioWorkletNode(ctx, 'meter', { numberOfInputs: 1, numberOfOutputs: 1 });
     meterNode.connect(sink);
+    if (ECHO) playbackNode.connect(meterNode); // the WebSocket's replies, measured where the call's are
     meterNode.port.onmessage = (e) => heard(e.data.rid);
     captureNode.port.onmessage = (e) => {
       if (e.data.type !== 'pcm') return;
@@ -349,7 +364,11 @@ async function start() {
       let peak = 0;
       for (let i = 0; i < pcm.length; i += 8) peak = Math.max(peak, Math.abs(pcm[i]));
       if (peak > 1600) { // speech at the microphone after a second of quiet: an onset
-        if (micLoudAt == null || now() - micLoudAt > 1000) state.micOnsetsMs.push(now());
+        if (micLoudAt == null || now() - micLoudAt > 1000) {
+          state.micOnsetsMs.push(now());
+          // the echo's first sound at the page's audio graph, whatever the transport, is this onset's
+          if (ECHO) meterNode.port.postMessage({ rid: `onset-${state.micOnsetsMs.length - 1}` });
+        }
         micLoudAt = now();
       }
       $('level').value = peak / 32768;
@@ -366,7 +385,7 @@ async function start() {
       for (const id of ['stop', 'interrupt', 'send', 'text']) $(id).disabled = false;
       return;
     }
-    const url = `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/v1/realtime`;
+    const url = `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/v1/realtime${modelQuery}`;
     // Browsers cannot set headers on a WebSocket: the key travels as a subprotocol, as with OpenAI's API.
     const protocols = key ? ['realtime', `openai-insecure-api-key.${key}`] : ['realtime'];
     ws = new WebSocket(url, protocols);
@@ -421,6 +440,7 @@ function sendText() {
 }
 
 $('key').value = params.get('key') || localStorage.getItem('rtgw-key') || '';
+if (params.get('vad') === '0') $('vad').checked = false;
 $('start').onclick = start;
 $('stop').onclick = stop;
 $('interrupt').onclick = () => {
