@@ -4,6 +4,7 @@
 // Plain JS, no build step. State is kept on window.rtgw so tests (and curious people) can read it.
 // ?model=NAME picks the session's model; ?model=gateway-echo says back what the microphone hears (an
 // audio path check; each echo's delay from the microphone is in echoLoopMs). ?vad=0 starts without server VAD.
+// ?processing=0 turns the browser's microphone processing off.
 'use strict';
 
 const $ = (id) => document.getElementById(id);
@@ -12,6 +13,10 @@ const FRAME_MS = 80;
 const MODEL = params.get('model') || '';
 const ECHO = MODEL === 'gateway-echo'; // the reply is the user's own voice: it never barges in on itself
 const modelQuery = MODEL ? `?model=${encodeURIComponent(MODEL)}` : '';
+// ?processing=0: the microphone as it is (no echo cancellation, noise suppression or gain control: with
+// gateway-echo, use headphones); the echo's onsets are then timed at the meter's own threshold
+const PROCESSING = params.get('processing') !== '0';
+const ONSET_PEAK = ECHO ? 655 : 1600; // the meter's threshold (0.02 of full scale) for the echo
 
 const state = (window.rtgw = {
   status: 'idle', sessionId: null, capabilities: {}, supportsAck: false,
@@ -38,6 +43,7 @@ let playbackNode = null;
 let meterNode = null; // WebRTC: hears when a reply's sound arrives
 let statsTimer = null;
 let micLoudAt = null;
+let echoAwaited = false; // gateway-echo: the meter waits for an onset's echo
 const replies = new Map(); // response id -> {itemId, created, firstAt, nextSeq, done, line, played}
 let current = null; // response id being generated
 let heardRid = null; // response id whose audio is at the speaker
@@ -265,6 +271,7 @@ function onEvent(ev) {
 // -- playback status from the worklets ----------------------------------------------------------------
 function heard(rid) {
   if (ECHO && typeof rid === 'string' && rid.startsWith('onset-')) { // the meter, armed at the onset
+    echoAwaited = false;
     state.echoLoopMs.push(now() - state.micOnsetsMs[Number(rid.slice(6))]);
     state.heardAtMs.push(now());
     render();
@@ -343,7 +350,7 @@ async function start() {
     ctx = new AudioContext({ latencyHint: 'interactive' });
     await ctx.audioWorklet.addModule('/web/audio-worklets.js');
     mic = await navigator.mediaDevices.getUserMedia({
-      audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+      audio: { channelCount: 1, echoCancellation: PROCESSING, noiseSuppression: PROCESSING, autoGainControl: PROCESSING },
     });
     const source = ctx.createMediaStreamSource(mic);
     captureNode = new AudioWorkletNode(ctx, 'capture', { numberOfInputs: 1, numberOfOutputs: 1 });
@@ -363,11 +370,15 @@ async function start() {
       if (state.captureStartMs == null) state.captureStartMs = now() - (pcm.length * 1000) / 24000;
       let peak = 0;
       for (let i = 0; i < pcm.length; i += 8) peak = Math.max(peak, Math.abs(pcm[i]));
-      if (peak > 1600) { // speech at the microphone after a second of quiet: an onset
+      if (peak > ONSET_PEAK) { // sound at the microphone after a second of quiet: an onset
         if (micLoudAt == null || now() - micLoudAt > 1000) {
           state.micOnsetsMs.push(now());
           // the echo's first sound at the page's audio graph, whatever the transport, is this onset's
-          if (ECHO) meterNode.port.postMessage({ rid: `onset-${state.micOnsetsMs.length - 1}` });
+          // (one at a time: an onset while the last echo is still awaited is not timed, never mispaired)
+          if (ECHO && !echoAwaited) {
+            echoAwaited = true;
+            meterNode.port.postMessage({ rid: `onset-${state.micOnsetsMs.length - 1}` });
+          }
         }
         micLoudAt = now();
       }
