@@ -126,8 +126,12 @@ class WebrtcSettings(RealtimeSettings, kw_only=True):
     """UDP port range of calls' media, "first-last" (one port per call); "" = any free port."""
     webrtc_max_offer_bytes: int = 64 * 1024
     """Largest SDP offer (or multipart body) ``POST /v1/realtime/calls`` reads; above it: HTTP 413."""
-    webrtc_max_client_secrets: int = 10000
-    """Unexpired client secrets held at once; minting one more gets HTTP 429."""
+    webrtc_client_secret_key: str | None = None
+    """Key that signs client secrets (``ek_…``, HMAC-SHA256; at least 16 characters): every gateway
+    process with the same key accepts the others' secrets, and they survive a restart. Unset: a random
+    key per process (its secrets work on it alone; a warning says so when the first is minted)."""
+    webrtc_client_secret_key_file: str | None = None
+    """File whose first line is ``webrtc_client_secret_key`` (a mounted secret), instead of setting it."""
     webrtc_input_prefetch_frames: int = 1
     """Frames of a caller's audio aiortc's receive jitter buffer holds before decoding the oldest (aiortc's
     own default: 4, 80 ms of Opus). The gateway never plays the caller's audio, it only needs it in

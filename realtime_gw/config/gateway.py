@@ -417,5 +417,5 @@ class GatewayConfig(S2sSettings, kw_only=True, forbid_unknown_fields=True):
             )
 
 
-SECRETS = ("api_key", "api_keys", "responder_api_key")
+SECRETS = ("api_key", "api_keys", "responder_api_key", "webrtc_client_secret_key")
 """Fields that are credentials: never sent to stage actors, never printed by ``config --show``."""

@@ -46,7 +46,7 @@ class Admission:
         # A client secret opens realtime sessions only (as OpenAI's do): not speech, OpenPI or GPT-Live.
         realtime = self.kind == "realtime"
         self.key = access.identify(presented, client_secret_ok=realtime)
-        self.secret = access.client_secrets.find(presented) if realtime else None
+        self.secret = access.client_secret(presented) if realtime else None
         if self.key is None:
             return Refusal("invalid_api_key", "invalid or missing API key", 401)
         return None

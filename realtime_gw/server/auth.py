@@ -15,7 +15,7 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from realtime_gw.server.client_secrets import PREFIX as CLIENT_SECRET_PREFIX
-from realtime_gw.server.client_secrets import ClientSecrets
+from realtime_gw.server.client_secrets import ClientSecret, ClientSecrets
 
 RATE_WINDOW_S = 60.0
 
@@ -166,7 +166,7 @@ class Access:
         only where ``client_secret_ok`` (a realtime session: a socket or a call), standing for the key that
         minted it while it is unexpired; elsewhere (and expired) it is refused, keys or not."""
         if presented is not None and presented.startswith(CLIENT_SECRET_PREFIX):
-            record = self.client_secrets.find(presented) if client_secret_ok else None
+            record = self.client_secret(presented) if client_secret_ok else None
             return None if record is None else record.owner
         if not self.api_keys:
             return ""
@@ -175,6 +175,10 @@ class Access:
             if presented is not None and hmac.compare_digest(presented.encode(), key.encode()):
                 match = key
         return match
+
+    def client_secret(self, presented: str | None) -> ClientSecret | None:
+        """The valid, unexpired client secret ``presented`` is, minted by a key configured now."""
+        return self.client_secrets.find(presented, self.api_keys or [""])
 
     def origin_allowed(self, origin: str | None, host: str | None) -> bool:
         """Non-browser clients send no Origin. Browsers may connect from an allowlisted origin ("*" =

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from realtime_gw.models.registry import accepted_voices
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.server.admission import Admission
+from realtime_gw.server.client_secrets import SecretTooLarge
 from realtime_gw.server.speech import bounded_body, openai_error
 from realtime_gw.sessions.mcp import check_allowed
 from realtime_gw.sessions.settings import SessionError, SessionSettings, TextLimits, apply_session_update
@@ -88,13 +89,13 @@ async def client_secrets_endpoint(request: Request) -> Response:
         settings = settings_of(parsed.session, voices, limits, tuple(cfg.mcp_allowed_urls))
     except SessionError as e:
         return error_response(400, str(e), e.code, e.param and f"session.{e.param}")
-    minted = gateway.access.client_secrets.mint(admission.key, expires.seconds, parsed.session)
-    if minted is None:
-        return error_response(429, "too many live client secrets; retry later", "rate_limit_exceeded")
-    value, record = minted
+    try:
+        value, record = gateway.access.client_secrets.mint(admission.key, expires.seconds, parsed.session)
+    except SecretTooLarge as e:
+        return error_response(400, str(e), "invalid_value", "session")
     model = (
         parsed.session.model if parsed.session and isinstance(parsed.session.model, str) else "realtime-gw"
     )
     wire: dict[str, Any] = msgspec.to_builtins(settings.to_wire("sess_" + secrets.token_hex(8), model))
     wire.pop("id", None)
-    return JSONResponse({"value": value, "expires_at": int(record.expires_at), "session": wire})
+    return JSONResponse({"value": value, "expires_at": record.expires_at, "session": wire})

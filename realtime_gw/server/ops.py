@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from realtime_gw.server import auth
+from realtime_gw.server.s2s_link import ECHO_SPEC
 
 
 async def healthz(request: Request) -> Response:
@@ -56,4 +57,8 @@ async def models(request: Request) -> Response:
         if "voice_prompt" in spec.capabilities:  # PersonaPlex: the voices a session may name
             data[-1].update(voices=list(spec.voices), default_voice=spec.default_voice,
                             max_prompt_frames=spec.max_prompt_frames)  # fmt: skip
+    data.append({  # every gateway's diagnostic model: says back what it hears (s2s_link.EchoStream)
+        "id": ECHO_SPEC.model, "object": "model", "owned_by": "realtime-gw", "s2s": "echo",
+        "capabilities": list(ECHO_SPEC.capabilities), "frame_ms": ECHO_SPEC.frame_ms,
+    })  # fmt: skip
     return JSONResponse({"object": "list", "data": data})

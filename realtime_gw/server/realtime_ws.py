@@ -42,7 +42,7 @@ from realtime_gw.server.mcp_client import McpRequests
 from realtime_gw.server.metrics import FRAME_LATENESS, TTFA
 from realtime_gw.server.outbox import Notice, Outbox, OutboxFull, Outgoing
 from realtime_gw.server.realtime_input import Channel, ClientInput, FromClient
-from realtime_gw.server.s2s_link import S2sLink, binding, unserved_model
+from realtime_gw.server.s2s_link import ECHO_DEFAULTS, ECHO_SPEC, S2sLink, binding, unserved_model
 from realtime_gw.sessions.events import (
     AskTurn,
     AwaitDelivery,
@@ -106,7 +106,10 @@ class RealtimeConnection:
         self.responses: dict[str, asyncio.Task[None]] = {}
         turn_worker = getattr(gateway.workers, "turn", None)
         self.listening = Listening(gateway.workers.asr, turn_worker, self.mailbox.put, self.spawn)
-        self.s2s = S2sLink(gateway.workers.s2s, self.mailbox.put, self.mailbox.put_nowait, self.spawn, self.audio_room)
+        echo = session.s2s.binding if session.s2s is not None and session.s2s.spec is ECHO_SPEC else None
+        self.s2s = S2sLink(
+            gateway.workers.s2s, self.mailbox.put, self.mailbox.put_nowait, self.spawn, self.audio_room, echo
+        )
         self.mcp = McpRequests(self.config, self.mailbox.put, self.spawn)
         self.close_reason: tuple[int, str] | None = None
 
@@ -426,6 +429,8 @@ def open_session(
     s2s = None if transcription else binding(gateway.workers.s2s, gateway.config, model, seed)
     limits = session_limits(gateway, model, key)
     session = RealtimeSession("sess_" + secrets.token_hex(8), limits, time.monotonic(), duplex, transcription, s2s)
+    if s2s is not None and s2s.spec is ECHO_SPEC:  # the user's own voice comes back: it does not interrupt it
+        configs.insert(0, ECHO_DEFAULTS)
     for config in configs:  # validated when minted / received; what fails here is dropped
         session.handle(rt.SessionUpdateEvent(session=config), time.monotonic())
     return session

@@ -12,6 +12,12 @@ while the client's outbox is over its audio high-water (as the TTS pump does) bu
 ``AUDIO_ROOM_WAIT_S``: the model runs on real time whatever the client reads, so a client that stops
 reading meets the outbox's own bound instead of a backlog growing here; a worker fault, or the stream
 ending under a session that did not end it, is ``S2sFailed``. The connection cancels the stream when it ends, which frees the slot.
+
+``gateway-echo`` (``ECHO_MODEL``) is a diagnostic model every gateway serves, with no stage: its
+stream (``EchoStream``) answers each 20 ms step of the user's audio with that same audio, so a reply
+is what the user said, back through the session's normal output path (a response opens on the first
+loud step and ends after ``s2s_reply_end_ms`` of quiet). A user checks their audio path with it; the
+transport floor benchmark measures the transports with it (no VAD, ASR, model or TTS in the loop).
 """
 
 from __future__ import annotations
@@ -19,19 +25,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.families import FAMILIES
 from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFault
-from realtime_gw.records.s2s import S2sAudio, S2sSilence
+from realtime_gw.protocols import audio
+from realtime_gw.protocols import realtime as rt
+from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sSilence, S2sSpec
 from realtime_gw.sessions.events import OpenS2s, S2sEffect, S2sFailed, S2sOpened, S2sRefused, unhandled
 from realtime_gw.sessions.s2s import ReplyRule, S2sBinding
 
 log = logging.getLogger(__name__)
 
 S2S_FAMILIES = frozenset(f.name for f in FAMILIES if f.role == "s2s")
+ECHO_MODEL = "gateway-echo"
+ECHO_SPEC = S2sSpec(model=ECHO_MODEL, frame_ms=20, native_rate=24000, capabilities=("audio_in", "audio_out"))
+ECHO_BACKLOG_STEPS = 250
+"""Echoed steps a session has not taken (5 s): past it the oldest go (the session is stuck anyway)."""
+MIN_TICK_S = 0.02
+ECHO_DEFAULTS = rt.SessionParams(
+    audio=rt.AudioConfig(input=rt.AudioInputConfig(turn_detection=rt.ServerVad(interrupt_response=False)))
+)
+"""Where a ``gateway-echo`` session starts (a ``session.update`` may change it): server VAD still
+commits and transcribes the user's turns, but the echo of what they say does not interrupt itself."""
 AUDIO_ROOM_WAIT_S = 2.0
 """How long the pump holds the model's steps for a client whose outbox is over its audio high-water."""
 
@@ -41,11 +59,47 @@ def binding(
 ) -> S2sBinding | None:
     """The stage a session of ``model`` is bound to (with the model's sampling ``seed``), or None (a
     cascaded session)."""
+    rule = ReplyRule(config.s2s_reply_end_ms, config.s2s_silence_dbfs, config.s2s_input_slack_ms)
+    if model == ECHO_MODEL:
+        return S2sBinding(ECHO_SPEC, rule, seed)
     spec = worker.describe().s2s if worker is not None else None
     if spec is None or model not in (spec.model, config.s2s):
         return None
-    rule = ReplyRule(config.s2s_reply_end_ms, config.s2s_silence_dbfs, config.s2s_input_slack_ms)
     return S2sBinding(spec, rule, seed)
+
+
+class EchoStream:
+    """The ``gateway-echo`` model's stream: each step of the user's audio comes back as the model's
+    step (quiet ones as padding, so they open no response); forced silent, it says silence."""
+
+    def __init__(self, silence_dbfs: float) -> None:
+        self.silence_dbfs = silence_dbfs
+        self.silent = False
+        self.steps = 0
+        self.cancelled = False
+        self._out: asyncio.Queue[S2sFrame | None] = asyncio.Queue(ECHO_BACKLOG_STEPS)
+
+    def push(self, item: S2sAudio | S2sSilence) -> None:
+        if isinstance(item, S2sSilence):
+            self.silent = item.silent
+            return
+        pcm = bytes(len(item.pcm)) if self.silent else item.pcm
+        quiet = audio.level_dbfs(pcm) <= self.silence_dbfs
+        frame = S2sFrame(index=self.steps, pcm=pcm, text="", text_token=0, padding=quiet)
+        self.steps += 1
+        if self._out.full():
+            self._out.get_nowait()
+        self._out.put_nowait(frame)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self._out.full():
+            self._out.get_nowait()
+        self._out.put_nowait(None)
+
+    async def __aiter__(self) -> AsyncIterator[S2sFrame]:
+        while (frame := await self._out.get()) is not None:
+            yield frame
 
 
 def unserved_model(worker: StageWorker | None, config: GatewayConfig, model: str | None) -> str | None:
@@ -64,14 +118,17 @@ class S2sLink:
         post_now: Callable[[Any], None],
         spawn: Callable[[Any, str], asyncio.Task[Any]],
         audio_room: asyncio.Event,
+        echo: S2sBinding | None = None,
     ) -> None:
         self.worker = worker
+        self.echo = echo
+        """The session's binding when it is to ``gateway-echo``: its stream is an ``EchoStream``."""
         self.post = post
         self.post_now = post_now
         """Posts at once (the opening's answer goes before anything the client sends)."""
         self.spawn = spawn
         self.audio_room = audio_room
-        self.stream: Stream[Any] | None = None
+        self.stream: Stream[Any] | EchoStream | None = None
         self.closed = False
         self.tick_s: float | None = None
         """Once open: how often the session wants ``Tick``s (half a step: its input keeps time by them)."""
@@ -87,6 +144,12 @@ class S2sLink:
                 unhandled(e)
 
     def _open(self, e: OpenS2s) -> None:
+        if self.echo is not None:
+            self.stream = EchoStream(self.echo.rule.silence_dbfs)
+            self.tick_s = max(MIN_TICK_S, ECHO_SPEC.frame_ms / 2000)
+            self.post_now(S2sOpened())
+            self.spawn(self._pump(self.stream), "s2s-echo")
+            return
         if self.worker is None:  # the stage went away: never bound in the first place
             self.post_now(S2sRefused("no speech-to-speech stage"))
             return
@@ -96,11 +159,11 @@ class S2sLink:
             self.post_now(S2sRefused(str(err)))
             return
         spec = self.worker.describe().s2s
-        self.tick_s = spec.frame_ms / 2000 if spec is not None else None
+        self.tick_s = max(MIN_TICK_S, spec.frame_ms / 2000) if spec is not None else None
         self.post_now(S2sOpened())
         self.spawn(self._pump(self.stream), "s2s")
 
-    async def _pump(self, stream: Stream[Any]) -> None:
+    async def _pump(self, stream: Stream[Any] | EchoStream) -> None:
         try:
             async for frame in stream:
                 await self.post(frame)

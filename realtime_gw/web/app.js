@@ -2,11 +2,21 @@
 // transports: a WebRTC call (POST /v1/realtime/calls: Opus tracks, events on the 'oai-events' data
 // channel; the default) or the /v1/realtime WebSocket (base64 PCM in events; ?transport=websocket).
 // Plain JS, no build step. State is kept on window.rtgw so tests (and curious people) can read it.
+// ?model=NAME picks the session's model; ?model=gateway-echo says back what the microphone hears (an
+// audio path check; each echo's delay from the microphone is in echoLoopMs). ?vad=0 starts without server VAD.
+// ?processing=0 turns the browser's microphone processing off.
 'use strict';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const FRAME_MS = 80;
+const MODEL = params.get('model') || '';
+const ECHO = MODEL === 'gateway-echo'; // the reply is the user's own voice: it never barges in on itself
+const modelQuery = MODEL ? `?model=${encodeURIComponent(MODEL)}` : '';
+// ?processing=0: the microphone as it is (no echo cancellation, noise suppression or gain control: with
+// gateway-echo, use headphones); the echo's onsets are then timed at the meter's own threshold
+const PROCESSING = params.get('processing') !== '0';
+const ONSET_PEAK = ECHO ? 655 : 1600; // the meter's threshold (0.02 of full scale) for the echo
 
 const state = (window.rtgw = {
   status: 'idle', sessionId: null, capabilities: {}, supportsAck: false,
@@ -19,6 +29,8 @@ const state = (window.rtgw = {
   heardAtMs: [], captureStartMs: null, micOnsetsMs: [],
   // WebRTC: the browser's jitter buffer on the reply track (getStats): mean delay, share concealed
   jitterBufferMs: null, concealedPct: null,
+  // gateway-echo: from each sound's onset at the microphone to its echo at the page's audio graph
+  echoLoopMs: [],
 });
 
 let ws = null;
@@ -31,6 +43,7 @@ let playbackNode = null;
 let meterNode = null; // WebRTC: hears when a reply's sound arrives
 let statsTimer = null;
 let micLoudAt = null;
+let echoAwaited = false; // gateway-echo: the meter waits for an onset's echo
 const replies = new Map(); // response id -> {itemId, created, firstAt, nextSeq, done, line, played}
 let current = null; // response id being generated
 let heardRid = null; // response id whose audio is at the speaker
@@ -96,7 +109,7 @@ async function startCall(key) {
   await pc.setLocalDescription(await pc.createOffer());
   const headers = { 'Content-Type': 'application/sdp' };
   if (key) headers.Authorization = `Bearer ${key}`;
-  const resp = await fetch('/v1/realtime/calls', { method: 'POST', body: pc.localDescription.sdp, headers });
+  const resp = await fetch(`/v1/realtime/calls${modelQuery}`, { method: 'POST', body: pc.localDescription.sdp, headers });
   if (resp.status !== 201) throw new Error(`call refused: ${resp.status} ${await resp.text()}`);
   state.callId = (resp.headers.get('Location') || '').split('/').pop();
   await pc.setRemoteDescription({ type: 'answer', sdp: await resp.text() });
@@ -150,7 +163,7 @@ function onEvent(ev) {
             input: {
               format: { type: 'audio/pcm', rate: 24000 },
               transcription: { model: 'default' },
-              turn_detection: $('vad').checked ? { type: 'server_vad', silence_duration_ms: 500 } : null,
+              turn_detection: $('vad').checked ? { type: 'server_vad', silence_duration_ms: 500, interrupt_response: !ECHO } : null,
             },
           },
         },
@@ -161,7 +174,7 @@ function onEvent(ev) {
       break;
     case 'input_audio_buffer.speech_started':
       setStatus('hearing you');
-      if (heardRid && replies.get(heardRid) && !replies.get(heardRid).finishedPlaying) bargeIn(false);
+      if (!ECHO && heardRid && replies.get(heardRid) && !replies.get(heardRid).finishedPlaying) bargeIn(false);
       break;
     case 'input_audio_buffer.speech_stopped':
       speechStoppedAt = t;
@@ -230,7 +243,7 @@ function onEvent(ev) {
       if (r) {
         heardRid = ev.response_id;
         state.ttfaMs.push(t - r.created);
-        meterNode.port.postMessage({ rid: ev.response_id }); // heard when its sound arrives
+        if (!ECHO) meterNode.port.postMessage({ rid: ev.response_id }); // heard when its sound arrives
       }
       setStatus('speaking');
       break;
@@ -257,6 +270,14 @@ function onEvent(ev) {
 
 // -- playback status from the worklets ----------------------------------------------------------------
 function heard(rid) {
+  if (ECHO && typeof rid === 'string' && rid.startsWith('onset-')) { // the meter, armed at the onset
+    echoAwaited = false;
+    state.echoLoopMs.push(now() - state.micOnsetsMs[Number(rid.slice(6))]);
+    state.heardAtMs.push(now());
+    render();
+    return;
+  }
+  if (ECHO) return; // echo replies are timed by the meter from their onset
   const r = replies.get(rid);
   state.heardAtMs.push(now());
   if (r && r.turnEnd != null) state.heardLatencyMs.push(now() - r.turnEnd);
@@ -329,7 +350,7 @@ async function start() {
     ctx = new AudioContext({ latencyHint: 'interactive' });
     await ctx.audioWorklet.addModule('/web/audio-worklets.js');
     mic = await navigator.mediaDevices.getUserMedia({
-      audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+      audio: { channelCount: 1, echoCancellation: PROCESSING, noiseSuppression: PROCESSING, autoGainControl: PROCESSING },
     });
     const source = ctx.createMediaStreamSource(mic);
     captureNode = new AudioWorkletNode(ctx, 'capture', { numberOfInputs: 1, numberOfOutputs: 1 });
@@ -341,6 +362,7 @@ async function start() {
     playbackNode.port.onmessage = (e) => onPlayback(e.data);
     meterNode = new AudioWorkletNode(ctx, 'meter', { numberOfInputs: 1, numberOfOutputs: 1 });
     meterNode.connect(sink);
+    if (ECHO) playbackNode.connect(meterNode); // the WebSocket's replies, measured where the call's are
     meterNode.port.onmessage = (e) => heard(e.data.rid);
     captureNode.port.onmessage = (e) => {
       if (e.data.type !== 'pcm') return;
@@ -348,8 +370,16 @@ async function start() {
       if (state.captureStartMs == null) state.captureStartMs = now() - (pcm.length * 1000) / 24000;
       let peak = 0;
       for (let i = 0; i < pcm.length; i += 8) peak = Math.max(peak, Math.abs(pcm[i]));
-      if (peak > 1600) { // speech at the microphone after a second of quiet: an onset
-        if (micLoudAt == null || now() - micLoudAt > 1000) state.micOnsetsMs.push(now());
+      if (peak > ONSET_PEAK) { // sound at the microphone after a second of quiet: an onset
+        if (micLoudAt == null || now() - micLoudAt > 1000) {
+          state.micOnsetsMs.push(now());
+          // the echo's first sound at the page's audio graph, whatever the transport, is this onset's
+          // (one at a time: an onset while the last echo is still awaited is not timed, never mispaired)
+          if (ECHO && !echoAwaited) {
+            echoAwaited = true;
+            meterNode.port.postMessage({ rid: `onset-${state.micOnsetsMs.length - 1}` });
+          }
+        }
         micLoudAt = now();
       }
       $('level').value = peak / 32768;
@@ -366,7 +396,7 @@ async function start() {
       for (const id of ['stop', 'interrupt', 'send', 'text']) $(id).disabled = false;
       return;
     }
-    const url = `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/v1/realtime`;
+    const url = `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/v1/realtime${modelQuery}`;
     // Browsers cannot set headers on a WebSocket: the key travels as a subprotocol, as with OpenAI's API.
     const protocols = key ? ['realtime', `openai-insecure-api-key.${key}`] : ['realtime'];
     ws = new WebSocket(url, protocols);
@@ -421,6 +451,7 @@ function sendText() {
 }
 
 $('key').value = params.get('key') || localStorage.getItem('rtgw-key') || '';
+if (params.get('vad') === '0') $('vad').checked = false;
 $('start').onclick = start;
 $('stop').onclick = stop;
 $('interrupt').onclick = () => {

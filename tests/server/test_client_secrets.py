@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
+import os
 import time
+import zlib
+from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 import websockets
 from openai import AsyncOpenAI, AuthenticationError, BadRequestError
 
-from realtime_gw.server.client_secrets import ClientSecrets
+from realtime_gw.protocols import realtime as rt
+from realtime_gw.server.auth import Access
+from realtime_gw.server.client_secrets import ClientSecret, ClientSecrets, SecretTooLarge, signing_key
 from realtime_gw.server.log_hygiene import redact
 from realtime_gw.testing.gateway import LiveServer
 
@@ -86,18 +94,74 @@ async def test_refusals(voice_server: LiveServer) -> None:
             pass
 
 
-def test_the_store_expires_bounds_and_keeps_no_value() -> None:
-    store = ClientSecrets(max_live=2)
-    minted = store.mint("key-one", 60, None, now=1000.0)
-    assert minted is not None
-    value, record = minted
-    assert store.find(value, now=1059.0) == record and record.owner == "key-one"
-    assert store.find(value, now=1060.0) is None  # expired: refused like a bad key
-    assert store.find("ek_other", now=1000.0) is None and store.find("key-one", now=1000.0) is None
-    assert value not in repr(store._live)  # held by digest only
-    assert store.mint("k", 60, None, now=1000.0) is not None
-    assert store.mint("k", 60, None, now=1000.0) is None  # two live: full
-    assert store.mint("k", 60, None, now=1061.0) is not None  # the expired ones were swept
+KEY = "a shared signing key of the deployment"
+SESSION = rt.SessionParams(type="realtime", instructions="Be brief.", output_modalities=["text"])
+
+
+def _gateway(key: str | None, api_keys: list[str]) -> Access:
+    """One gateway process's view of keys and secrets (what ``create_app`` builds from its config)."""
+    return Access(api_keys, client_secrets=ClientSecrets(key))
+
+
+def test_front_ends_with_the_same_key_accept_each_others_secrets() -> None:
+    one, two = _gateway(KEY, ["key-one", "key-two"]), _gateway(KEY, ["key-one", "key-two"])
+    value, record = one.client_secrets.mint("key-two", 60, SESSION)
+    found = two.client_secret(value)
+    assert value.startswith("ek_") and found == record == ClientSecret("key-two", record.expires_at, SESSION)
+    assert two.identify(value, client_secret_ok=True) == "key-two"
+    assert two.identify(value, client_secret_ok=False) is None  # realtime sessions only
+    # a restart with the same key: still good; another key, or a random one: a bad key
+    assert _gateway(KEY, ["key-one", "key-two"]).client_secret(value) == found
+    assert _gateway(KEY + "!", ["key-one", "key-two"]).client_secret(value) is None
+    assert _gateway(None, ["key-one", "key-two"]).client_secret(value) is None
+    # the minting key taken out of the configuration takes its secrets with it
+    assert _gateway(KEY, ["key-one"]).client_secret(value) is None
+
+
+def test_a_tampered_expired_or_oversized_secret_is_refused() -> None:
+    secrets_ = ClientSecrets(KEY)
+    value, _ = secrets_.mint("", 60, SESSION, now=1000.0)
+    assert secrets_.find(value, [""], now=1059.0) is not None
+    assert secrets_.find(value, [""], now=1060.0) is None  # expired
+    for i in range(3, len(value)):  # any character changed (the MAC, the payload): refused
+        changed = value[:i] + ("A" if value[i] != "A" else "B") + value[i + 1 :]
+        assert secrets_.find(changed, [""], now=1000.0) is None, i
+    for bad in (None, "", "ek_", "ek_!!!", "key-one", "ek_" + "A" * 9000, value + "AAAA"):
+        assert secrets_.find(bad, [""], now=1000.0) is None
+    # a longer life written into the payload: the MAC no longer matches
+    blob = base64.urlsafe_b64decode(value[3:] + "=" * (-len(value[3:]) % 4))
+    payload = msgspec.msgpack.decode(zlib.decompress(blob[33:]))
+    payload[0] += 3600
+    forged = blob[:33] + zlib.compress(msgspec.msgpack.encode(payload))
+    assert secrets_.find("ek_" + base64.urlsafe_b64encode(forged).decode().rstrip("="), [""], now=1000.0) is None
+    # a config too large for a browser to present is refused when minting, with the way out
+    huge = rt.SessionParams(type="realtime", instructions=os.urandom(6000).hex())
+    with pytest.raises(SecretTooLarge, match="session.update"):
+        secrets_.mint("", 60, huge)
+    with pytest.raises(ValueError, match="16 characters"):
+        ClientSecrets("short")
+
+
+def test_a_random_signing_key_is_warned_about_once(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="realtime_gw.server.client_secrets"):
+        shared = ClientSecrets(KEY)
+        shared.mint("", 60, None)
+        assert not caplog.records  # a configured key: nothing to say
+        alone = ClientSecrets()
+        values = [alone.mint("", 60, None)[0] for _ in range(3)]
+    assert len([r for r in caplog.records if "random key" in r.getMessage()]) == 1
+    assert not any(v in caplog.text for v in values)  # and no secret in it
+
+
+def test_the_signing_key_comes_from_its_setting_or_a_file(tmp_path: Path) -> None:
+    assert signing_key(None, None) is None and signing_key(KEY, None) == KEY
+    path = tmp_path / "key"
+    path.write_text(KEY + "\n")
+    assert signing_key(None, str(path)) == KEY
+    with pytest.raises(ValueError, match="not both"):
+        signing_key(KEY, str(path))
+    with pytest.raises(ValueError, match="cannot read"):
+        signing_key(None, str(tmp_path / "missing"))
 
 
 def test_secrets_never_reach_the_log() -> None:

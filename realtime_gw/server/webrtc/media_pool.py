@@ -29,11 +29,19 @@ log = logging.getLogger(__name__)
 
 ANSWER_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 5.0
+STOP_TIMEOUT_S = 5.0
+"""A worker asked to end has this long to hang up its calls and exit; then it is terminated (SIGTERM),
+and killed ``TERMINATE_TIMEOUT_S`` later."""
+TERMINATE_TIMEOUT_S = 1.0
 MAX_INPUT_FRAMES = 500
 """The caller's decoded frames (20 ms) waiting for a session that does not take them (10 s): past it
 the call is ended; a session that stuck is not fed forever."""
 MAX_UNSENT_BYTES = 64 * 1024 * 1024
 """Bytes for a worker waiting in the gateway's socket buffer: past it the worker is stuck; it is ended."""
+PURGED_REMEMBERED = 32
+"""Purged replies whose late reports are still dropped. A report trails its purge by one trip through
+the worker's socket, so only the last few purges can have any on their way; a call of hours keeps no
+more than these."""
 
 
 class MediaWorkerLost(RuntimeError):
@@ -89,16 +97,17 @@ class RemoteChannel(EventChannel):
 class RemoteTrack:
     """The worker's reply track; mirrors which replies are playing from its reports, so a purge knows
     (as ``ReplyTrack.purge`` does) whether it cut one. Reports about a purged reply that were already on
-    their way are dropped."""
+    their way are dropped (the last ``PURGED_REMEMBERED`` purged replies are remembered)."""
 
     def __init__(self, peer: RemotePeer) -> None:
         self.peer = peer
         self.playing: set[str] = set()
-        self.purged: set[str] = set()
+        self.purged: dict[str, None] = {}
+        """An ordered set, oldest first."""
 
     def push(self, response_id: str, pcm48: bytes) -> None:
         if pcm48:
-            self.purged.discard(response_id)
+            self.purged.pop(response_id, None)
             self.peer.send(wire.Push(self.peer.id, response_id, pcm48))
 
     def complete(self, response_id: str) -> None:
@@ -108,7 +117,11 @@ class RemoteTrack:
         self.peer.send(wire.Purge(self.peer.id, response_id))
         cut = set(self.playing) if response_id is None else self.playing & {response_id}
         self.playing -= cut
-        self.purged |= cut if response_id is None else {response_id}
+        for rid in sorted(cut) if response_id is None else [response_id]:
+            self.purged.pop(rid, None)
+            self.purged[rid] = None
+        while len(self.purged) > PURGED_REMEMBERED:
+            del self.purged[next(iter(self.purged))]
         return bool(cut)
 
     def report(self, m: wire.Playback, listener: PlaybackListener) -> None:
@@ -138,6 +151,8 @@ class RemotePeer:
         self.answered: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.closed: asyncio.Future[RtpFigures | None] = asyncio.get_running_loop().create_future()
         self.input: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue(MAX_INPUT_FRAMES)
+        self.starved = False
+        """Its session took no audio for too long: the call is ending; its frames are dropped."""
         self._close_sent = False
 
     @property
@@ -187,9 +202,12 @@ class RemotePeer:
                     else:
                         self.answered.set_result(m.sdp)
             case wire.Input():
+                if self.starved:
+                    return  # frames the worker sent before it heard the call end
                 try:
                     self.input.put_nowait((m.mono, m.rate))
                 except asyncio.QueueFull:
+                    self.starved = True
                     log.warning("call %s: its session took no audio for 10 s; ended", self.id)
                     self.channel.disconnected()
             case wire.ChannelOpened():
@@ -236,12 +254,21 @@ class MediaWorker:
         self.proc: asyncio.subprocess.Process | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.reading: asyncio.Task[None] | None = None
+        self.stopping = False
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None and self.reading is not None and not self.reading.done()
+        return (
+            self.proc is not None
+            and self.proc.returncode is None
+            and self.writer is not None
+            and not self.writer.is_closing()
+            and self.reading is not None
+            and not self.reading.done()
+        )
 
     async def start(self) -> None:
+        self.stopping = False
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.proc = await asyncio.create_subprocess_exec(
@@ -267,17 +294,25 @@ class MediaWorker:
         writer.write(wire.frame(message))
 
     async def _read(self, reader: wire.Reader) -> None:
+        broken = False
         try:
             while (message := await reader.read()) is not None:
                 peer = self.calls.get(getattr(message, "call", ""))
                 if peer is not None:
                     peer.handle(message)
         except Exception:
+            broken = True
             log.exception("media worker %d: broken message; ending it", self.index)
         finally:
-            self.kill()
+            if self.writer is not None:
+                self.writer.close()  # no new call goes to it
             for peer in list(self.calls.values()):
                 peer.ended()
+            if not self.stopping:  # it ended (or broke) on its own: make sure it is gone
+                if not broken and self.proc is not None:  # its socket closed as it exits: let it
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self.proc.wait(), TERMINATE_TIMEOUT_S)
+                self.kill()
 
     def kill(self) -> None:
         if self.writer is not None:
@@ -286,16 +321,28 @@ class MediaWorker:
             self.proc.kill()
 
     async def stop(self) -> None:
-        if self.writer is not None:
-            self.writer.close()  # the worker ends its calls and exits at the end of its input
+        """Asks the worker to end: its input ends (the socket shut for writing), so it hangs up its calls
+        (each peer connection closed, which the caller sees at once), reports them closed and exits.
+        One that has not exited within ``STOP_TIMEOUT_S`` is terminated, then killed."""
+        self.stopping = True
+        if self.writer is not None and not self.writer.is_closing():
+            with contextlib.suppress(OSError, RuntimeError):
+                self.writer.write_eof()
         if self.proc is not None:
-            try:
-                await asyncio.wait_for(self.proc.wait(), CLOSE_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
+            proc = self.proc
+            for escalate, wait_s in ((None, STOP_TIMEOUT_S), (proc.terminate, TERMINATE_TIMEOUT_S), (proc.kill, None)):
+                if proc.returncode is not None:
+                    break
+                if escalate is not None:
+                    log.warning("media worker %d did not end when asked; %s", self.index, escalate.__name__)
+                    with contextlib.suppress(ProcessLookupError):
+                        escalate()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(proc.wait(), wait_s)
         if self.reading is not None:
             await asyncio.gather(self.reading, return_exceptions=True)
+        if self.writer is not None:
+            self.writer.close()
 
 
 class MediaPool:

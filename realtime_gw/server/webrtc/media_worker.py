@@ -6,7 +6,7 @@ channel, the paced reply track) driven by the gateway's messages (``media_wire.p
 leaves decoded to mono PCM, data channel messages both ways, the track's playback reports and the
 call's media figures go back. Sessions never run here; a stall here delays only this worker's calls,
 and a stall of the gateway's loop no longer delays their frames. The worker ends when the gateway's end
-of the socket closes.
+of the socket closes, or when told to (``serve``): it hangs up its calls first.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
 import sys
 from typing import Any
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 
 FIGURES_EVERY_S = 0.5
 """How often each call's new media figures go to the gateway (its /metrics lag by at most this)."""
+HANG_UP_TIMEOUT_S = 3.0
+"""As the worker ends: how long its calls' peer connections may take to close (within the gateway's
+``media_pool.STOP_TIMEOUT_S``, after which it is terminated)."""
 
 
 class WorkerCall:
@@ -132,6 +136,17 @@ class Worker:
             case _:
                 log.warning("media worker: unexpected %s", type(m).__name__)
 
+    async def hang_up_all(self) -> None:
+        """Every call closed at once (bounded: a peer that does not close is left to the exit), each
+        reported ``Closed``, and that flushed to the gateway before the socket closes."""
+        calls = [call.close() for call in list(self.calls.values())]
+        if calls:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), HANG_UP_TIMEOUT_S)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.writer.drain(), HANG_UP_TIMEOUT_S)
+        self.writer.close()
+
     async def report_figures(self) -> None:
         while True:
             await asyncio.sleep(FIGURES_EVERY_S)
@@ -142,18 +157,29 @@ class Worker:
 
 
 async def serve(sock: socket.socket) -> None:
+    """Until the gateway's end of the socket closes (or is shut for writing: the gateway asks it to end),
+    or a SIGTERM/SIGINT comes: then every call is hung up (its peer connection closed, so the caller
+    sees it end at once) and reported closed, and the worker exits."""
     stream, writer = await asyncio.open_unix_connection(sock=sock)
     worker = Worker(writer)
     reader = wire.Reader(stream, wire.ToWorker)
     figures = asyncio.create_task(worker.report_figures())
-    try:
+    asked_to_end = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, asked_to_end.set)
+
+    async def read() -> None:
         while (message := await reader.read()) is not None:
             worker.handle(message)
+
+    reading, ending = asyncio.create_task(read()), asyncio.create_task(asked_to_end.wait())
+    try:
+        await asyncio.wait({reading, ending}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        figures.cancel()
-        for call in list(worker.calls.values()):
-            with contextlib.suppress(Exception):
-                await call.close()
+        for task in (reading, ending, figures):
+            task.cancel()
+        await worker.hang_up_all()
 
 
 def main() -> None:

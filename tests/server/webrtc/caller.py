@@ -79,6 +79,7 @@ class Caller:
         self.channel = self.pc.createDataChannel("oai-events")
         self.events: list[tuple[float, Any]] = []
         self.heard: list[tuple[float, np.ndarray]] = []  # (arrival, mono int16 at 48 kHz)
+        self.heard_at_s: list[float] = []  # each heard frame's media time (its RTP timestamp), in seconds
         self.codec: str | None = None
         self._new = asyncio.Event()
         self._opened = asyncio.Event()
@@ -101,6 +102,7 @@ class Caller:
             if frame.sample_rate != RATE:  # G.711: 8 kHz; count time, not samples
                 samples = np.repeat(samples, RATE // frame.sample_rate)
             self.heard.append((time.monotonic(), samples.astype(np.int16)))
+            self.heard_at_s.append(float(frame.pts * frame.time_base) if frame.pts is not None else 0.0)
 
     async def offer(self, max_message_size: int | None = None) -> str:
         """The offer as a browser sends it; ``max_message_size``: advertise a smaller one (as some do)."""

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import numpy as np
 import psutil
 import pytest
 import websockets
@@ -27,6 +28,7 @@ LONG_TEXT = "Please open the door and bring a cup of coffee to the table by the 
 SILENT_WITHIN_S = 0.1 + 4 * 0.02
 """The track is silent within 100 ms; heard here behind aiortc's receive jitter buffer (4 frames)."""
 STOP = synthesize("Hold on, please stop talking now.", 48000)
+ECHO_TONE = (np.sin(np.arange(48000 * 3 // 10) * 2 * np.pi * 440 / 48000) * 12000).astype("<i2").tobytes()
 
 
 @pytest.fixture(scope="module")
@@ -246,5 +248,27 @@ async def test_a_dead_media_worker_ends_its_calls_and_is_replaced(voice_server: 
     try:  # the next call gets a fresh worker, connects and has its session
         assert (await call(voice_server, caller)).status_code == 201
         await caller.wait_for(lambda e: e.type == "session.created")
+    finally:
+        await caller.close()
+
+
+async def test_the_echo_model_says_the_callers_tone_back_on_the_track(voice_server: LiveServer) -> None:
+    """``gateway-echo`` (the audio path check): what the caller's microphone sends comes back on the
+    gateway's track, through the session's reply path, as a response of its own."""
+    caller = Caller(parse=validate)
+    try:
+        resp = await call(voice_server, caller, multipart=True, session={"type": "realtime", "model": "gateway-echo"})
+        assert resp.status_code == 201, resp.text
+        created = await caller.wait_for(lambda e: e.type == "session.created", timeout=10)
+        assert created.session.model == "gateway-echo"
+        said_at = time.monotonic()
+        caller.mic.say(ECHO_TONE)
+        await caller.wait_for(lambda e: e.type == "output_audio_buffer.stopped", timeout=10)
+        loud = caller.loud_after(said_at, threshold=2000)
+        assert loud and loud[0] - said_at < 0.5, loud[:1]  # loopback: well under half a second
+        heard = np.concatenate([s for t, s in caller.heard if loud[0] <= t <= loud[-1]]).astype(np.float32)
+        peak_hz = np.argmax(np.abs(np.fft.rfft(heard))) * 48000 / len(heard)
+        assert abs(peak_hz - 440) < 15, peak_hz  # the caller's own tone
+        assert "error" not in caller.types()
     finally:
         await caller.close()
