@@ -27,6 +27,7 @@ from realtime_gw.models.families import FAMILIES
 from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFault
 from realtime_gw.records.s2s import S2sAudio, S2sSilence
 from realtime_gw.sessions.events import OpenS2s, S2sEffect, S2sFailed, S2sOpened, S2sRefused, unhandled
+from realtime_gw.sessions.live_s2s import DuplexModels
 from realtime_gw.sessions.s2s import ReplyRule, S2sBinding
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,16 @@ def unserved_model(worker: StageWorker | None, config: GatewayConfig, model: str
     if model not in S2S_FAMILIES or binding(worker, config, model) is not None:
         return None
     return f"Model '{model}' is a speech-to-speech model this gateway does not serve (start it with --s2s {model})"
+
+
+def duplex_models(worker: StageWorker | None, config: GatewayConfig) -> DuplexModels:
+    """What a GPT-Live ``session.start`` may name: the stage's model (by the names ``binding`` takes),
+    and the speech-to-speech families this gateway does not serve."""
+    spec = worker.describe().s2s if worker is not None else None
+    if spec is None:
+        return DuplexModels(unserved=S2S_FAMILIES)
+    names = frozenset({spec.model, config.s2s})
+    return DuplexModels(binding(worker, config, spec.model), names, S2S_FAMILIES - names)
 
 
 class S2sLink:
