@@ -7,9 +7,9 @@ speech-to-speech family that this gateway does not serve is refused at connect (
 ``S2sLink`` runs the session's ``S2sEffect``s: ``OpenS2s`` submits the stream (it holds a slot until
 the session ends) and reports ``S2sOpened``, or ``S2sRefused`` when the stage is full (the worker never
 queues: the session refuses itself at once); ``S2sAudio`` and ``S2sSilence`` are pushed to the stream
-as they are; from the opening on, the session ticks every half step. A pump posts each of the model's steps (``S2sFrame``) to the session's mailbox, waiting
-while the client's outbox is over its audio high-water (as the TTS pump does) but at most
-``AUDIO_ROOM_WAIT_S``: the model runs on real time whatever the client reads, so a client that stops
+as they are (the stage steps every conversation on its own 80 ms clock, ``models/lockstep.py``). A pump
+posts each of the model's steps (``S2sFrame``) to the session's mailbox, waiting while the client's
+outbox is over its audio high-water (as the TTS pump does) but at most ``AUDIO_ROOM_WAIT_S``: the model runs on real time whatever the client reads, so a client that stops
 reading meets the outbox's own bound instead of a backlog growing here; a worker fault, or the stream
 ending under a session that did not end it, is ``S2sFailed``. The connection cancels the stream when it ends, which frees the slot.
 """
@@ -45,7 +45,7 @@ def binding(
     spec = worker.describe().s2s if worker is not None else None
     if spec is None or model not in (spec.model, config.s2s):
         return None
-    rule = ReplyRule(config.s2s_reply_end_ms, config.s2s_silence_dbfs, config.s2s_input_slack_ms)
+    rule = ReplyRule(config.s2s_reply_end_ms, config.s2s_silence_dbfs)
     return S2sBinding(spec, rule, seed)
 
 
@@ -84,8 +84,6 @@ class S2sLink:
         self.audio_room = audio_room
         self.stream: Stream[Any] | None = None
         self.closed = False
-        self.tick_s: float | None = None
-        """Once open: how often the session wants ``Tick``s (half a step: its input keeps time by them)."""
 
     def run(self, e: S2sEffect) -> None:
         match e:
@@ -106,8 +104,6 @@ class S2sLink:
         except NoFreeSlot as err:  # reported, not decided: the session refuses itself
             self.post_now(S2sRefused(str(err)))
             return
-        spec = self.worker.describe().s2s
-        self.tick_s = spec.frame_ms / 2000 if spec is not None else None
         self.post_now(S2sOpened())
         self.spawn(self._pump(self.stream), "s2s")
 
