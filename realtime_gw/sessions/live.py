@@ -219,7 +219,7 @@ class LiveSession(Delegating, SpokenFace):
             error = problems[0].event
             assert isinstance(error, rt.ErrorEvent)
             raise LiveError(error.error.message, error.error.code or "invalid_value", _live_param(error.error.param))
-        for message in config.input or [] if self.duplex is None else []:
+        for message in (config.input or []) if self.duplex is None else []:  # the model takes no text
             effects += self.inner.handle(rt.ConversationItemCreateEvent(item=_history_item(message)), now)
         audio = config.audio or live.Audio()
         self.resource = live.SessionResource(

@@ -34,6 +34,7 @@ CAPABILITIES = "audio_in, audio_out, text_out"
 MODELS = DuplexModels(S2sBinding(SPEC, RULE), frozenset({"moshi"}), frozenset({"personaplex"}))
 LIVEKIT_DEFAULTS = {
     "instructions": "You are a helpful assistant.",
+    "input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi."}]}],  # pipecat's history
     "delegation": {"type": "responses", "responses": {"model": "gpt-5.4-mini", "tools": []}},
     "audio": {"output": {"voice": "marin"}},
 }
@@ -82,8 +83,9 @@ def test_a_start_naming_the_model_runs_on_the_stage_once_its_stream_is_open() ->
     assert started.session.delegation.type == "responses"  # echoed as asked
     assert mapped.code == "model_mapped" and "speech-to-speech" in mapped.message
     assert ignored.code == "settings_ignored" and CAPABILITIES in ignored.message
-    for name in ("instructions", "audio.output.voice", "delegation"):
+    for name in ("instructions", "input", "audio.output.voice", "delegation"):
         assert name in ignored.message
+    assert not s.inner.conversation.entries()  # the history is not the model's: nothing added, no error
     settings = s.inner.settings
     assert s.inner.s2s is not None and not settings.tools and not settings.instructions
     assert settings.turn_detection is not None and settings.turn_detection.interrupt_response
