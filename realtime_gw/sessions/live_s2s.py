@@ -18,6 +18,8 @@ and ``session.output_transcript.delta`` placed on the output stream by ``live_wi
   instruction is a commentary) are acknowledged as usual, with an ``info`` ``context_ignored``: the
   model hears audio only. The model never delegates, so ``response.item.create`` and ``response.create``
   (which only continue delegations) are refused naming its capabilities.
+- **Close.** ``session.close`` lets the reply being said end as it would and opens no new one (the model
+  speaks on its own: waiting for it to fall quiet could take the whole drain).
 """
 
 from __future__ import annotations
@@ -152,6 +154,9 @@ class SpokenFace:
             at = self.clock_ms(now)
             notice = live.InfoEvent(code="context_ignored", message=f"'{kind}' was not applied. {what_it_is(b)}: it hears audio only.", client_event_id=ev.event_id)
             return [self.ids.send(notice), self.ids.send(ACKS[type(ev)](start_ms=at, end_ms=at, client_event_id=ev.event_id))]
+        if isinstance(ev, live.SessionCloseEvent) and self.inner.s2s is not None:
+            self.inner.s2s.finish()  # the close waits for the reply being said, not for the next ones
+            return None
         if isinstance(ev, live.SessionUpdateEvent) and ev.session.delegation is not None:
             asked, current = ev.session.delegation, self.resource.delegation if self.resource else None
             if isinstance(asked, live.ResponsesDelegation) and isinstance(current, live.ResponsesDelegation):

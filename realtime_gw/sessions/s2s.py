@@ -204,6 +204,8 @@ class SpeechToSpeech:
         """Steps that began a reply while the previous response's audio was still leaving."""
         self.steps_in = 0
         self.steps_out = 0
+        self.finishing = False
+        """The session is closing: the reply being said ends as it would, no new one opens."""
 
     def capabilities(self) -> dict[str, Any]:
         """The session's additive ``capabilities``: what the model takes, its step and its context."""
@@ -224,6 +226,11 @@ class SpeechToSpeech:
             raise refusal(b, "conversation items (text, audio or tool output)", "item", "unsupported_event")
         elif isinstance(event, rt.ResponseCreateEvent):
             raise refusal(b, "response.create (a response opens when it starts to speak)", None, "unsupported_event")
+
+    def finish(self) -> None:
+        """The session is closing (GPT-Live's ``session.close``): what the model is saying ends as it
+        would, and no new reply opens, so the close waits for one reply at most."""
+        self.finishing = True
 
     def start(self) -> list[Effect]:
         """The session connected: open its stream (nothing else happens before it is open)."""
@@ -263,7 +270,8 @@ class SpeechToSpeech:
             return self.resume(settings, now) + self._step(frame, pcm, settings, now)
         out: list[Effect] = []
         if r.phase is Phase.IDLE:
-            if frame.padding:
+            if frame.padding or self.finishing:
+                self.waiting.clear()
                 return []
             try:
                 out += r.open_spoken(settings)

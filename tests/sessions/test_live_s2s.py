@@ -14,6 +14,8 @@ from realtime_gw.protocols import live
 from realtime_gw.records.s2s import S2sAudio, S2sSilence
 from realtime_gw.records.voice import VadProbs
 from realtime_gw.sessions.events import (
+    AudioDelivered,
+    AwaitDelivery,
     Close,
     Limits,
     OpenS2s,
@@ -184,3 +186,18 @@ def test_continuing_a_delegation_is_refused_naming_the_models_capabilities() -> 
         [error] = sent(client(s, {**event, "event_id": "r"}))
         assert error.error.code == "unsupported_event" and CAPABILITIES in error.error.message
         assert error.error.client_event_id == "r"
+
+
+def test_a_close_lets_the_reply_being_said_end_and_opens_no_new_one() -> None:
+    s, _, wire = opened()
+    m = Model()
+    s.handle(m.step(" Good"), 1.0)
+    assert client(s, {"type": "session.close", "event_id": "bye"}, 1.1) == []
+    out: list[Any] = []
+    for _ in range(3):  # padding and quiet: the reply ends (RULE: 240 ms)
+        out += s.handle(m.step(loud=False), 1.2)
+    [wait] = [e for e in out if isinstance(e, AwaitDelivery)]
+    assert kinds(s.handle(m.step(" more"), 1.3), wire) == []  # no new reply while closing
+    closing = s.handle(AudioDelivered(wait.response_id, wait.epoch), 1.4)
+    assert kinds(closing)[-1] == "session.closed" and sent(closing)[-1].client_event_id == "bye"
+    assert [e.code for e in closing if isinstance(e, Close)] == [1000]
