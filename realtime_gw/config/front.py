@@ -110,9 +110,10 @@ class RealtimeSettings(LimitsSettings, kw_only=True):
     scale) counts as quiet for the end of a reply; 0 = any audio does (replies end on the text stream
     alone)."""
     s2s_input_slack_ms: int = 160
-    """Sessions on a speech-to-speech model: the model takes one 80 ms step per frame of input, so
-    when the client's audio lags the session clock by more than this, silence is fed in its place and
-    the model (and its voice) goes on in real time."""
+    """Sessions on a speech-to-speech model: the stage steps every conversation once per 80 ms (a
+    frame of the user's audio not there at its step is heard as silence), and while more than this
+    much of a user's audio waits for its steps, quiet frames are dropped from its head (speech never),
+    so a late or bursty client's audio comes back to within this of real time at its next pause."""
 
 
 class WebrtcSettings(RealtimeSettings, kw_only=True):

@@ -46,6 +46,9 @@ class StagePlan:
     max_backlog: int = 64
     admit: Callable[[Any], str | None] | None = None
     """The worker's per-request check at submit (``runtime.StageWorker``'s ``admit``)."""
+    lockstep_ms: float | None = None
+    """Step every live request once per this many ms, all in one batched step (``models/lockstep.py``);
+    None: a step whenever inputs are ready."""
 
     def build_backend(self) -> Backend[Any]:
         """The backend itself, here (tests, tools): ``backend``, or ``factory`` run in this process."""

@@ -14,6 +14,7 @@ from realtime_gw.models.clock_schedule import pacing_of
 from realtime_gw.models.contract import BackendInfo
 from realtime_gw.models.device_clock import DeviceClock, share_clocks
 from realtime_gw.models.families import Role, StagePlan, chosen
+from realtime_gw.models.lockstep import Lockstep
 from realtime_gw.models.process_backend import ProcessBackend
 from realtime_gw.models.runtime import StageWorker
 
@@ -98,6 +99,7 @@ def serve(role: str, plan: StagePlan, config: GatewayConfig) -> StageWorker:
         step_timeout_s=config.worker_step_timeout_s,
         admit=plan.admit,
         pacing=pacing_of(role),
+        lockstep=Lockstep(plan.lockstep_ms / 1000) if plan.lockstep_ms else None,
     )
 
 

@@ -6,6 +6,9 @@ batched ``step``), or hands it to a hosted backend's child process. All backend 
 that thread (or in that child) alone, one step at a time, so backends need no locks. The backend
 contract and the iteration records live in ``models/contract.py``.
 
+A worker with a ``Lockstep`` (the speech-to-speech stage) steps on its clock instead of whenever inputs
+are ready: at each tick every live stream is in the one batched step (``models/lockstep.py``).
+
 ``Stream.close_input`` delivers ``END_OF_INPUT`` as a final input item. Workers sharing a device may share
 its clock (``device_clock``): then each step waits for its turn on the device, earliest deadline first.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +43,7 @@ from realtime_gw.models.contract import (
     unreleased,
 )
 from realtime_gw.models.device_clock import DeviceClock
+from realtime_gw.models.lockstep import Lockstep
 from realtime_gw.models.step_timing import StepRun
 from realtime_gw.models.stream import SlotFreed, Stream
 
@@ -77,6 +82,17 @@ WORKER_REJECTED = Counter(
     "realtime_gw_worker_rejected_total", "Requests refused with no free slot", ["worker"]
 )
 WORKER_ERRORS = Counter("realtime_gw_worker_errors_total", "Backend faults", ["worker"])
+TICK_LATENESS = Histogram(
+    "realtime_gw_worker_tick_lateness_seconds",
+    "Lockstep workers: how long after its deadline each step started",
+    ["worker"],
+    buckets=(0.0, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08),
+)
+TICKS_SKIPPED = Counter(
+    "realtime_gw_worker_skipped_ticks_total",
+    "Lockstep workers: frames whose step never ran (the clock was a whole frame or more behind)",
+    ["worker"],
+)
 WORKER_RESTARTS = Counter(
     "realtime_gw_worker_restarts_total",
     "Worker threads replaced by the supervisor (crash or hang)",
@@ -104,6 +120,7 @@ class StageWorker:
         restart_timeout_s: float = 120.0,
         admit: Callable[[Any], str | None] | None = None,
         pacing: Pacing = Pacing.INPUT,
+        lockstep: Lockstep | None = None,
     ) -> None:
         self.backend = backend
         self.name = backend.name
@@ -117,6 +134,7 @@ class StageWorker:
         self.admit = admit
         """Per-request cost bound, checked at submit: the reason a request is refused, or None."""
         self.pacing = pacing  # how its streams' deadlines are read (clock_schedule)
+        self.lockstep = lockstep
         self.clock: DeviceClock | None = None  # its device's clock, if shared (device_clock.share_clocks)
         self.restarts = 0
         self.ready = False
@@ -217,6 +235,7 @@ class StageWorker:
     async def _schedule(self) -> None:
         assert self._wake_event is not None
         while True:
+            await tick_due(self.lockstep, bool(self._active or self._opening))
             to_open = [s for s in self._opening if not s.cancelled]
             self._opening.clear()
             to_release = [s for s in self._active if s.cancelled or s.finished]
@@ -254,6 +273,8 @@ class StageWorker:
             for s in batch + to_open:
                 s.pending = []
             self._wake_event.clear()
+            if self.lockstep is not None and (batch or to_open):
+                tick_started(self.name, self.lockstep)
             step = StepRun(self.name, batch, to_open, self.pacing, self.clock, it)
             running: Future[IterationResult] = self._thread.submit(step.run, self._iterate, it)
             try:
@@ -379,6 +400,22 @@ class StageWorker:
         else:
             self._orphans += unreleased(it, result)
         self.wake()
+
+
+async def tick_due(lockstep: Lockstep | None, live: bool) -> None:
+    """Sleep until the lockstep's next step is due (none: at once); with no stream ``live``, its clock stops."""
+    if lockstep is None:
+        return
+    if not live:
+        lockstep.stop()
+        return
+    await asyncio.sleep(lockstep.wait_s(time.monotonic()))
+
+
+def tick_started(worker: str, lockstep: Lockstep) -> None:
+    tick = lockstep.begin(time.monotonic())
+    TICK_LATENESS.labels(worker).observe(tick.late_s)
+    TICKS_SKIPPED.labels(worker).inc(tick.skipped)
 
 
 def pick(runnable: list[Stream[Any]], max_batch: int, iteration: int) -> list[Stream[Any]]:

@@ -24,6 +24,7 @@ from realtime_gw.server.auth import Refusal
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.realtime_input import ClientInput
 from realtime_gw.server.realtime_ws import RealtimeConnection, serve_admitted, session_limits
+from realtime_gw.server.s2s_link import duplex_models
 from realtime_gw.sessions.events import Send, ServerStopping
 from realtime_gw.sessions.live import LiveSession
 from realtime_gw.sessions.live_wire import FRAME_MS, LiveWire
@@ -99,5 +100,6 @@ async def live_endpoint(ws: WebSocket) -> None:
         now,
         gateway.config.realtime_max_session_s or NO_LIMIT_S,
         unix_offset_s=time.time() - now,
+        duplex_models=duplex_models(gateway.workers.s2s, gateway.config),
     )
     await serve_admitted(ws, admission, LiveConnection(ws, gateway, session))

@@ -197,7 +197,7 @@ class RealtimeConnection:
 
     async def _ticker(self) -> None:
         while True:
-            await asyncio.sleep(self.s2s.tick_s or TICK_S)
+            await asyncio.sleep(TICK_S)
             await self.mailbox.put(Tick())
 
     # -- effects -------------------------------------------------------------------------------------

@@ -7,9 +7,9 @@ speech-to-speech family that this gateway does not serve is refused at connect (
 ``S2sLink`` runs the session's ``S2sEffect``s: ``OpenS2s`` submits the stream (it holds a slot until
 the session ends) and reports ``S2sOpened``, or ``S2sRefused`` when the stage is full (the worker never
 queues: the session refuses itself at once); ``S2sAudio`` and ``S2sSilence`` are pushed to the stream
-as they are; from the opening on, the session ticks every half step. A pump posts each of the model's steps (``S2sFrame``) to the session's mailbox, waiting
-while the client's outbox is over its audio high-water (as the TTS pump does) but at most
-``AUDIO_ROOM_WAIT_S``: the model runs on real time whatever the client reads, so a client that stops
+as they are (the stage steps every conversation on its own 80 ms clock, ``models/lockstep.py``). A pump
+posts each of the model's steps (``S2sFrame``) to the session's mailbox, waiting while the client's
+outbox is over its audio high-water (as the TTS pump does) but at most ``AUDIO_ROOM_WAIT_S``: the model runs on real time whatever the client reads, so a client that stops
 reading meets the outbox's own bound instead of a backlog growing here; a worker fault, or the stream
 ending under a session that did not end it, is ``S2sFailed``. The connection cancels the stream when it ends, which frees the slot.
 
@@ -35,6 +35,7 @@ from realtime_gw.protocols import audio
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sSilence, S2sSpec
 from realtime_gw.sessions.events import OpenS2s, S2sEffect, S2sFailed, S2sOpened, S2sRefused, unhandled
+from realtime_gw.sessions.live_s2s import DuplexModels
 from realtime_gw.sessions.s2s import ReplyRule, S2sBinding
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,6 @@ ECHO_MODEL = "gateway-echo"
 ECHO_SPEC = S2sSpec(model=ECHO_MODEL, frame_ms=20, native_rate=24000, capabilities=("audio_in", "audio_out"))
 ECHO_BACKLOG_STEPS = 250
 """Echoed steps a session has not taken (5 s): past it the oldest go (the session is stuck anyway)."""
-MIN_TICK_S = 0.02
 ECHO_DEFAULTS = rt.SessionParams(
     audio=rt.AudioConfig(input=rt.AudioInputConfig(turn_detection=rt.ServerVad(interrupt_response=False)))
 )
@@ -59,7 +59,7 @@ def binding(
 ) -> S2sBinding | None:
     """The stage a session of ``model`` is bound to (with the model's sampling ``seed``), or None (a
     cascaded session)."""
-    rule = ReplyRule(config.s2s_reply_end_ms, config.s2s_silence_dbfs, config.s2s_input_slack_ms)
+    rule = ReplyRule(config.s2s_reply_end_ms, config.s2s_silence_dbfs)
     if model == ECHO_MODEL:
         return S2sBinding(ECHO_SPEC, rule, seed)
     spec = worker.describe().s2s if worker is not None else None
@@ -110,6 +110,16 @@ def unserved_model(worker: StageWorker | None, config: GatewayConfig, model: str
     return f"Model '{model}' is a speech-to-speech model this gateway does not serve (start it with --s2s {model})"
 
 
+def duplex_models(worker: StageWorker | None, config: GatewayConfig) -> DuplexModels:
+    """What a GPT-Live ``session.start`` may name: the stage's model (by the names ``binding`` takes),
+    and the speech-to-speech families this gateway does not serve."""
+    spec = worker.describe().s2s if worker is not None else None
+    if spec is None:
+        return DuplexModels(unserved=S2S_FAMILIES)
+    names = frozenset({spec.model, config.s2s})
+    return DuplexModels(binding(worker, config, spec.model), names, S2S_FAMILIES - names)
+
+
 class S2sLink:
     def __init__(
         self,
@@ -130,8 +140,6 @@ class S2sLink:
         self.audio_room = audio_room
         self.stream: Stream[Any] | EchoStream | None = None
         self.closed = False
-        self.tick_s: float | None = None
-        """Once open: how often the session wants ``Tick``s (half a step: its input keeps time by them)."""
 
     def run(self, e: S2sEffect) -> None:
         match e:
@@ -146,7 +154,6 @@ class S2sLink:
     def _open(self, e: OpenS2s) -> None:
         if self.echo is not None:
             self.stream = EchoStream(self.echo.rule.silence_dbfs)
-            self.tick_s = max(MIN_TICK_S, ECHO_SPEC.frame_ms / 2000)
             self.post_now(S2sOpened())
             self.spawn(self._pump(self.stream), "s2s-echo")
             return
@@ -158,8 +165,6 @@ class S2sLink:
         except NoFreeSlot as err:  # reported, not decided: the session refuses itself
             self.post_now(S2sRefused(str(err)))
             return
-        spec = self.worker.describe().s2s
-        self.tick_s = max(MIN_TICK_S, spec.frame_ms / 2000) if spec is not None else None
         self.post_now(S2sOpened())
         self.spawn(self._pump(self.stream), "s2s")
 

@@ -24,7 +24,7 @@ import msgspec
 
 from realtime_gw.protocols import live
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.sessions.events import Close, Effect, Limits, Send, ServerStopping
+from realtime_gw.sessions.events import Close, Effect, Limits, S2sOpened, Send, ServerStopping
 from realtime_gw.sessions.live_backend import Backend, LiveError, checked_config
 from realtime_gw.sessions.live_delegation import (
     ACKS,
@@ -38,6 +38,7 @@ from realtime_gw.sessions.live_delegation import (
 )
 from realtime_gw.sessions.live_fixture import Fixture, FixtureError
 from realtime_gw.sessions.live_info import ExpiryWarning, start_notices
+from realtime_gw.sessions.live_s2s import DuplexModels, SpokenFace, spoken_notices, spoken_update
 from realtime_gw.sessions.live_transcripts import InputTranscripts
 from realtime_gw.sessions.realtime import RealtimeSession
 
@@ -58,12 +59,17 @@ def approx_tokens(text: str) -> int:
     return -(-len(text) // 4)
 
 
-class LiveSession(Delegating):
+class LiveSession(Delegating, SpokenFace):
     def __init__(
-        self, session_id: str, limits: Limits, now: float, max_session_s: float, unix_offset_s: float = 0.0
-    ) -> None:
+        self, session_id: str, limits: Limits, now: float, max_session_s: float, unix_offset_s: float = 0.0,
+        duplex_models: DuplexModels | None = None,
+    ) -> None:  # fmt: skip
         self.id = session_id
         self.inner = RealtimeSession(session_id, limits, now)
+        self.models = duplex_models or DuplexModels()
+        """The speech-to-speech models a start may name (``live_s2s.py``); ``duplex``: the one it named."""
+        self.duplex = None
+        self.announce = []
         self.ids = self.inner.ids
         self.max_session_s = max_session_s
         self.unix_offset_s = unix_offset_s
@@ -123,6 +129,8 @@ class LiveSession(Delegating):
                 return [self.error(str(e), e.code, e.param, event.event_id)]
         elif self.fixture.owns(event):
             out = self.fixture.notice(event)  # type: ignore[arg-type]
+        elif isinstance(event, S2sOpened) and self.announce:
+            out = self._spoken_opened(event, now)
         else:  # worker results, time, the outbox's notices: the realtime session's business
             out = self._outgoing(self.inner.handle(event, now), now) if self.started else []
         notices = [self.ids.send(n) for n in self.expiry.due(now)] if self.expiry is not None else []
@@ -159,6 +167,8 @@ class LiveSession(Delegating):
             raise LiveError(f"'{kind}' before session.start: send session.start first", "session_not_started", "type")
         if self.closing_since is not None and not isinstance(ev, live.InputAudioAppendEvent):
             raise LiveError(f"'{kind}' after session.close: the session is closing", "session_closing", "type")
+        if self.duplex is not None and (spoken := self._spoken_command(ev, now)) is not None:
+            return spoken
         match ev:
             case live.InputAudioAppendEvent():
                 return self._append_audio(ev, now)
@@ -191,7 +201,12 @@ class LiveSession(Delegating):
         config = ev.session
         limits = self.inner.limits
         update = realtime_update(config, limits.voices)
-        if isinstance(config.delegation, live.ResponsesDelegation):
+        self.duplex = self.models.resolve(config.model)
+        if self.duplex is not None:  # the model takes audio only: its stream opens first
+            self.inner = RealtimeSession(self.id, limits, now, s2s=self.duplex)
+            self.ids = self.fixture.ids = self.inner.ids
+            update = spoken_update(update)
+        elif isinstance(config.delegation, live.ResponsesDelegation):
             backend = checked_config(config.delegation.responses, None, limits.max_tools, limits.max_instructions_chars)
             config.delegation.responses = backend
             self.backend = Backend(backend, limits.model, self.unix_offset_s)
@@ -199,12 +214,12 @@ class LiveSession(Delegating):
         effects = self.inner.start(now) + self.inner.handle(update, now)
         problems = [e for e in effects if isinstance(e, Send) and isinstance(e.event, rt.ErrorEvent)]
         if problems:  # nothing of this start was run: a fresh machine for the next one
-            self.inner, self.backend = RealtimeSession(self.id, limits, now), None
+            self.inner, self.backend, self.duplex = RealtimeSession(self.id, limits, now), None, None
             self.ids = self.fixture.ids = self.inner.ids
             error = problems[0].event
             assert isinstance(error, rt.ErrorEvent)
             raise LiveError(error.error.message, error.error.code or "invalid_value", _live_param(error.error.param))
-        for message in config.input or []:
+        for message in (config.input or []) if self.duplex is None else []:  # the model takes no text
             effects += self.inner.handle(rt.ConversationItemCreateEvent(item=_history_item(message)), now)
         audio = config.audio or live.Audio()
         self.resource = live.SessionResource(
@@ -223,9 +238,11 @@ class LiveSession(Delegating):
             store=config.store,
         )
         self.expiry = ExpiryWarning(now, self.max_session_s, self.resource.expires_at)
-        started = self.ids.send(live.SessionStartedEvent(session=self.resource, client_event_id=ev.event_id))
-        notices = [self.ids.send(n) for n in start_notices(config, limits.model)]
-        return [started, *notices, *self._outgoing(effects, now)]
+        started = live.SessionStartedEvent(session=self.resource, client_event_id=ev.event_id)
+        if self.duplex is not None:  # started once the model's stream is open
+            self.announce = [started, *spoken_notices(self.duplex, config)]
+            return self._outgoing(effects, now)
+        return [self.ids.send(n) for n in (started, *start_notices(config, limits.model))] + self._outgoing(effects, now)
 
     def _append_audio(self, ev: live.InputAudioAppendEvent, now: float) -> list[Effect]:
         if self.closing_since is not None:
@@ -291,24 +308,6 @@ class LiveSession(Delegating):
             return []
         items, self.queued = self.queued, []
         return self._add_items(items, None, now) + self._outgoing(self.inner.responses.answer(self.inner.settings), now)
-
-    def _update(self, ev: live.SessionUpdateEvent) -> list[Effect]:
-        assert self.resource is not None
-        asked = ev.session
-        if asked.triggers:
-            raise LiveError("Decisions triggers are not supported", "unsupported_value", "session.triggers")
-        if asked.delegation is not None:
-            current = self.resource.delegation
-            if type(asked.delegation) is not type(current):
-                raise LiveError("The delegation type cannot change", "invalid_value", "session.delegation.type")
-            if isinstance(asked.delegation, live.ResponsesDelegation) and self.backend is not None:
-                limits = self.inner.limits
-                config = checked_config(asked.delegation.responses, self.backend.config, limits.max_tools, limits.max_instructions_chars)
-                self.backend.config = asked.delegation.responses = config
-            if asked.delegation.acknowledgement_delay_ms is None:  # omitted: kept
-                asked.delegation.acknowledgement_delay_ms = current.acknowledgement_delay_ms  # type: ignore[union-attr]
-            self.resource.delegation = asked.delegation
-        return [self.ids.send(live.SessionUpdatedEvent(session=self.resource, client_event_id=ev.event_id))]
 
     def _drain(self, now: float) -> list[Effect]:
         if self.closing_since is None or self.ended:

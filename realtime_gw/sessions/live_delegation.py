@@ -16,7 +16,7 @@ from realtime_gw.protocols import live
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.sessions.conversation import ConversationError, Entry, item_text
 from realtime_gw.sessions.events import Effect, Ids, Send
-from realtime_gw.sessions.live_backend import FAILED, Backend, LiveError, Task
+from realtime_gw.sessions.live_backend import FAILED, Backend, LiveError, Task, checked_config
 from realtime_gw.sessions.realtime import RealtimeSession
 from realtime_gw.sessions.settings import SessionError
 
@@ -111,6 +111,25 @@ class Delegating:
             return self._say([system_item(FRAMES[live.CommentaryAppendEvent].format(text))], True, now)
         self.delegations[delegation_id] = True
         return self._say(result_items(delegation_id, text, True), True, now)
+
+    def _update(self, ev: live.SessionUpdateEvent) -> list[Effect]:
+        """``session.update``: the delegation settings (same type; omitted fields kept)."""
+        assert self.resource is not None
+        asked = ev.session
+        if asked.triggers:
+            raise LiveError("Decisions triggers are not supported", "unsupported_value", "session.triggers")
+        if asked.delegation is not None:
+            current = self.resource.delegation
+            if type(asked.delegation) is not type(current):
+                raise LiveError("The delegation type cannot change", "invalid_value", "session.delegation.type")
+            if isinstance(asked.delegation, live.ResponsesDelegation) and self.backend is not None:
+                limits = self.inner.limits
+                config = checked_config(asked.delegation.responses, self.backend.config, limits.max_tools, limits.max_instructions_chars)
+                self.backend.config = asked.delegation.responses = config
+            if asked.delegation.acknowledgement_delay_ms is None:  # omitted: kept
+                asked.delegation.acknowledgement_delay_ms = current.acknowledgement_delay_ms  # type: ignore[union-attr]
+            self.resource.delegation = asked.delegation
+        return [self.ids.send(live.SessionUpdatedEvent(session=self.resource, client_event_id=ev.event_id))]
 
     def _acknowledge(self, now: float) -> list[Effect]:
         """The voice acknowledges a delegation it made silently, ``acknowledgement_delay_ms`` after it

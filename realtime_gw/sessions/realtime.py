@@ -273,7 +273,6 @@ class RealtimeSession:
 
     def _on_tick(self, ev: Tick, now: float) -> list[Effect]:
         out = mcp.expire_approvals(self._slots(), now, self.settings) + self.side.settle()
-        out += self.s2s.keep_time(now) if self.s2s is not None else []
         busy = self.responses.live is not None or self.conversation.transcripts_pending
         if not self.turns.idle_timeout_due(self.settings.turn_detection, now, busy):
             return out

@@ -10,10 +10,10 @@ holds what does:
   gateway serves it as) is bound to the stage when it connects (``S2sBinding``); its stream is opened
   first (``OpenS2s``) and holds a slot for the session's whole life; a full stage refuses the session
   at once (``S2sRefused``: ``server_busy``, then close 1013), never queued.
-- **Input.** Every appended chunk is resampled to the model's rate and cut into steps (``S2sAudio``,
-  80 ms each); the model advances one step per frame. When the client's audio falls behind the session
-  clock by more than ``input_slack_ms``, silence is fed in its place (``StreamClock``, the mechanism
-  GPT-Live's output stream keeps time with), so the model, and its voice, never stops.
+- **Input.** Every appended chunk is resampled to the model's rate and cut into frames (``S2sAudio``,
+  80 ms each). The stage steps every conversation once per 80 ms on its own clock, whatever the client
+  sends: a frame not there at its step is heard as silence, and quiet frames are dropped from an input
+  that fell behind (``models/lockstep.py``), so the model, and its voice, never stops.
 - **Output.** A response opens at the first step whose text token is not padding and closes
   (generation done; ``response.done`` once its audio has left) after ``end_ms`` of steps that are
   padding *and* quiet (below ``silence_dbfs``). Every step of an open response is an
@@ -43,10 +43,7 @@ from realtime_gw.sessions.events import Effect, OpenS2s, ResponseAudio, Response
 from realtime_gw.sessions.response_lifecycle import Phase, Responses
 from realtime_gw.sessions.response_state import LiveResponse
 from realtime_gw.sessions.settings import SessionError, SessionSettings
-from realtime_gw.sessions.stream_clock import StreamClock
 
-MAX_FILL_FRAMES = 25
-"""Silence fed at once when the input clock fell behind (2 s): a stalled session catches up in bounds."""
 MAX_WAITING_FRAMES = 64
 """Steps kept while the previous response's audio is still leaving (~5 s; it leaves within the
 transport's audio lead): the next response begins with them."""
@@ -54,12 +51,11 @@ transport's audio lead): the next response begins with them."""
 
 @dataclass(frozen=True, slots=True)
 class ReplyRule:
-    """When a model's continuous output is a reply, and how its input keeps time (the gateway's
-    ``s2s_*`` settings of the realtime section)."""
+    """When a model's continuous output is a reply (the gateway's ``s2s_*`` settings of the realtime
+    section)."""
 
     end_ms: float = 640.0
     silence_dbfs: float = -45.0
-    input_slack_ms: float = 160.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +186,8 @@ class SpeechToSpeech:
         self.spec = binding.spec
         self.rule = binding.rule
         self.responses = responses
-        self.clock = StreamClock(self.spec.frame_ms, MAX_FILL_FRAMES)
-        """The input stream's position: steps fed, client audio or silence."""
+        self.open = False
+        """The stream is open: appended audio goes to the model."""
         self.frame_bytes = 2 * self.spec.native_rate * self.spec.frame_ms // 1000
         self.framer = audio.Reframer(self.frame_bytes // 2)
         self.to_model: audio.StreamingResampler | None = None
@@ -202,10 +198,8 @@ class SpeechToSpeech:
         """Steps that began a reply while the previous response's audio was still leaving."""
         self.steps_in = 0
         self.steps_out = 0
-
-    @property
-    def open(self) -> bool:
-        return self.clock.started
+        self.finishing = False
+        """The session is closing: the reply being said ends as it would, no new one opens."""
 
     def capabilities(self) -> dict[str, Any]:
         """The session's additive ``capabilities``: what the model takes, its step and its context."""
@@ -227,12 +221,17 @@ class SpeechToSpeech:
         elif isinstance(event, rt.ResponseCreateEvent):
             raise refusal(b, "response.create (a response opens when it starts to speak)", None, "unsupported_event")
 
+    def finish(self) -> None:
+        """The session is closing (GPT-Live's ``session.close``): what the model is saying ends as it
+        would, and no new reply opens, so the close waits for one reply at most."""
+        self.finishing = True
+
     def start(self) -> list[Effect]:
         """The session connected: open its stream (nothing else happens before it is open)."""
         return [OpenS2s(S2sOpen(seed=self.binding.seed))]
 
     def opened(self, now: float) -> None:
-        self.clock.start(now)
+        self.open = True
 
     # -- input -----------------------------------------------------------------------------------------
     def hear(self, pcm: bytes, rate: int) -> list[Effect]:
@@ -241,16 +240,7 @@ class SpeechToSpeech:
             return []
         if self.to_model is None or self.to_model.in_rate != rate:
             self.to_model = audio.StreamingResampler(rate, self.spec.native_rate)
-        return self._feed(self.framer.push(self.to_model.push(pcm)))
-
-    def keep_time(self, now: float) -> list[Effect]:
-        """Silence in place of the client's audio when it fell behind the session clock."""
-        missing = self.clock.frames_behind(now, self.rule.input_slack_ms)
-        return self._feed([bytes(self.frame_bytes)] * missing)
-
-    def _feed(self, frames: list[bytes]) -> list[Effect]:
-        for _ in frames:
-            self.clock.advance(self.spec.frame_ms)
+        frames = self.framer.push(self.to_model.push(pcm))
         self.steps_in += len(frames)
         return [S2sAudio(f) for f in frames]
 
@@ -274,7 +264,8 @@ class SpeechToSpeech:
             return self.resume(settings, now) + self._step(frame, pcm, settings, now)
         out: list[Effect] = []
         if r.phase is Phase.IDLE:
-            if frame.padding:
+            if frame.padding or self.finishing:
+                self.waiting.clear()
                 return []
             try:
                 out += r.open_spoken(settings)

@@ -1,10 +1,8 @@
 """A stream that must keep up with the session clock. Pure: the clock is passed in.
 
-Two streams of frames run on real time whatever their source does: GPT-Live's output audio (silence
-fills the gaps between the voice's replies, ``live_wire.py``) and the input of a speech-to-speech
-model (silence fills in for the client's audio when it falls behind, ``s2s.py``). Both keep a
-position on their stream, started at a moment of the session clock, and ask how many whole frames
-they lack to be back on time.
+GPT-Live's output audio runs on real time whatever the voice does: silence fills the gaps between its
+replies (``live_wire.py``). It keeps a position on its stream, started at a moment of the session
+clock, and asks how many whole frames it lacks to be back on time.
 """
 
 from __future__ import annotations

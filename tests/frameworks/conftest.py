@@ -26,3 +26,14 @@ def gateway(chat: ChatServer) -> Iterator[LiveServer]:
     )  # fmt: skip
     yield server
     stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def duplex_gateway() -> Iterator[LiveServer]:
+    """A gateway serving a tiny random-init Moshi on its speech-to-speech stage (GPT-Live on the model)."""
+    server = start_server(
+        "--policy", "none", "--tts", "tone", "--s2s", "moshi", "--s2s-config", "tiny", "--s2s-slots", "2",
+        name="frameworks-duplex",
+    )  # fmt: skip
+    yield server
+    stop_server(server)

@@ -3,7 +3,8 @@
 caller's audio pushed in, the model's continuous audio stream read out. With client delegation,
 spoken input is heard and transcribed and the answer is spoken; with the model's defaults (Responses
 delegation) and a function tool, the backend's call is run and answered as the adapter does, and
-the voice speaks the result. LiveKit reports no error."""
+the voice speaks the result; with the speech-to-speech model named, its defaults are taken without an
+error and the model talks. LiveKit reports no error."""
 
 from __future__ import annotations
 
@@ -135,3 +136,30 @@ async def test_livekit_gpt_live_defaults_run_a_backend_function_and_speak_the_re
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
     backend_asks = [b for b in chat.requests[asked_before:] if any(t["function"]["name"] == "get_weather" for t in b.get("tools", []))]
     assert len(backend_asks) == 2 and backend_asks[-1]["messages"][-1]["role"] == "tool"
+
+
+async def test_livekit_gpt_live_defaults_on_the_speech_to_speech_model(duplex_gateway: LiveServer) -> None:
+    """Its defaults (Responses delegation, a voice, instructions, the agent's tools in a session.update)
+    meet a model that takes none of them: accepted, named in an info, and the model talks."""
+    model = GPTLiveModel(model="moshi", api_key="unused", base_url=duplex_gateway.http + "/v1")
+    session = model.session()
+    errors: list[Any] = []
+    said: list[str] = []
+    frames: list[rtc.AudioFrame] = []
+    session.on("error", errors.append)
+    session.on("transcript_delta", lambda d: said.append(d.text))
+
+    async def read_audio() -> None:
+        async for out in session.audio_stream:
+            frames.append(out.frame)
+
+    reader = asyncio.create_task(read_audio())
+    try:
+        await session._update_session(instructions="Answer briefly.", tools=[get_weather])
+        await speak(session, b"\0" * (RATE * 2 * 4 // 10) + speech("Hello, how are you?"))
+        await keep_listening(session, lambda: said and any(any(bytes(f.data)) for f in frames), lambda: (errors, said))
+    finally:
+        await asyncio.wait_for(session.aclose(), 15)
+        reader.cancel()
+        await asyncio.wait_for(model.aclose(), 5)
+    assert errors == [], errors

@@ -3,7 +3,9 @@ the service, a frame recorder; no transport) against a live gateway's ``/v1/live
 session starts from the pipeline's context, spoken input (Piper speech) is heard and transcribed,
 the voice answers aloud, and pipecat sees no error. With Responses delegation and a registered
 function, the voice hands the weather to the backend model, pipecat runs the function the backend
-calls, and the voice speaks the backend's answer."""
+calls, and the voice speaks the backend's answer. On the speech-to-speech model, what pipecat sends with
+every start (instructions, its delegation, an opening instruction as commentary) is taken without an
+error and the model talks."""
 
 from __future__ import annotations
 
@@ -126,3 +128,18 @@ async def test_pipecat_responses_delegation_runs_a_function_and_speaks_the_resul
     backend_asks = [b for b in chat.requests[asked_before:] if b["messages"][0]["content"] == "Use the tools."]
     assert [t["function"]["name"] for t in backend_asks[0]["tools"]] == ["get_weather"]
     assert backend_asks[-1]["messages"][-1]["role"] == "tool"
+
+
+async def test_pipecat_live_service_on_the_speech_to_speech_model(duplex_gateway: LiveServer) -> None:
+    llm = OpenAILiveLLMService(
+        api_key="unused",
+        base_url=duplex_gateway.ws + "/v1/live/sessions",
+        settings=OpenAILiveLLMService.Settings(model="moshi", system_instruction="Answer briefly."),
+        delegation=OpenAILiveLLMService.ResponsesDelegation(settings=OpenAIResponsesLLMService.Settings(model="gpt-5.4-mini")),
+    )
+    llm.register_function("get_weather", get_weather)
+    # a trailing developer message: pipecat's way to have the bot speak first (sent as commentary)
+    context = LLMContext(messages=[{"role": "developer", "content": "Greet the user."}], tools=ToolsSchema(standard_tools=[WEATHER]))
+    async with pipeline(llm, context) as (task, recorder, _):
+        await say(task, "Hello, how are you?")
+        await wait_for(lambda: said(recorder) and any(any(f.audio) for f in recorder.of(SpeechOutputAudioRawFrame)))

@@ -1,6 +1,7 @@
-"""The official ``openai`` SDK in a call with a speech-to-speech session: a microphone task that
-appends 80 ms of audio every 80 ms (queued speech, else silence), and a reader that logs every server
-event (validated against the SDK's models) with its arrival time."""
+"""The official ``openai`` SDK in a call with a speech-to-speech session (``client.realtime`` or
+``client.live``): a microphone task that appends 80 ms of audio every 80 ms (queued speech, else
+silence), and a reader that logs every server event (validated against the SDK's models) with its
+arrival time."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from openai import AsyncOpenAI
 
 from realtime_gw.testing.gateway import LiveServer
 from tests.event_wait import first_event
+from tests.server.live_events import validate_live
 from tests.server.realtime_sdk_client import recv
 from tests.server.sdk_events import validate
 
@@ -24,10 +26,12 @@ STEP_S = 0.08
 
 
 class Call:
-    def __init__(self, conn: Any, session: Any) -> None:
+    def __init__(self, conn: Any, session: Any, live: bool = False) -> None:
         self.conn = conn
         self.session = session
-        """The ``session.created`` resource."""
+        """The ``session.created`` (or GPT-Live ``session.started``) resource."""
+        self.append = conn.session.input_audio.append if live else conn.input_audio_buffer.append
+        self.validate = validate_live if live else validate
         self.events: list[tuple[float, Any]] = []
         self.new = asyncio.Event()
         self.speech = bytearray()
@@ -40,7 +44,7 @@ class Call:
         while True:
             chunk = bytes(self.speech[:STEP_BYTES])
             del self.speech[:STEP_BYTES]
-            await self.conn.input_audio_buffer.append(audio=base64.b64encode(chunk.ljust(STEP_BYTES, b"\0")).decode())
+            await self.append(audio=base64.b64encode(chunk.ljust(STEP_BYTES, b"\0")).decode())
             self.appended += 1
             await asyncio.sleep(max(0.0, start + self.appended * STEP_S - time.monotonic()))
 
@@ -48,7 +52,7 @@ class Call:
         with contextlib.suppress(Exception):  # the connection closed
             while True:
                 raw = await self.conn.recv_bytes()
-                self.events.append((time.monotonic(), validate(raw)))
+                self.events.append((time.monotonic(), self.validate(raw)))
                 self.new.set()
 
     async def stop(self) -> None:
@@ -69,8 +73,8 @@ class Call:
     async def wait(self, pred: Callable[[Any], bool], timeout: float = 15.0, after: int = 0) -> Any:
         return await first_event(self.events, self.new, pred, timeout, after)
 
-    def of(self, kind: str, response_id: str | None = None) -> list[Any]:
-        return [e for _, e in self.events if e.type == kind and (response_id is None or e.response_id == response_id)]
+    def of(self, kind: str, response_id: str | None = None, after: int = 0) -> list[Any]:
+        return [e for _, e in self.events[after:] if e.type == kind and (response_id is None or e.response_id == response_id)]
 
     def times(self, kind: str, response_id: str) -> list[float]:
         return [t for t, e in self.events if e.type == kind and e.response_id == response_id]
@@ -92,6 +96,23 @@ async def call(server: LiveServer, seed: int | None = None, **session: Any) -> A
             await c.wait(lambda e: e.type in ("session.updated", "error"))
             assert not c.of("error"), c.of("error")
         c.tasks.insert(0, asyncio.create_task(c._microphone()))
+        try:
+            yield c
+        finally:
+            await c.stop()
+
+
+@asynccontextmanager
+async def live_call(server: LiveServer, **config: Any) -> AsyncIterator[Call]:
+    """A GPT-Live session of ``model=moshi`` (``config``: the rest of its ``session.start``), its
+    microphone running from ``session.started`` on; the events that came with the start are logged."""
+    client = AsyncOpenAI(base_url=server.http + "/v1", api_key="test-key")
+    async with client.live.connect() as conn:
+        await conn.session.start(session={"model": "moshi", **config}, event_id="start")
+        started = validate_live(await asyncio.wait_for(conn.recv_bytes(), 15))
+        assert started.type == "session.started" and started.client_event_id == "start", started
+        c = Call(conn, started.session, live=True)
+        c.tasks += [asyncio.create_task(c._microphone()), asyncio.create_task(c._reader())]
         try:
             yield c
         finally:

@@ -35,11 +35,11 @@ class Described:
 
 
 def test_sessions_bind_by_the_stages_model_or_family_name() -> None:
-    config = GatewayConfig(s2s="moshi", s2s_reply_end_ms=320, s2s_silence_dbfs=-50.0, s2s_input_slack_ms=80)
+    config = GatewayConfig(s2s="moshi", s2s_reply_end_ms=320, s2s_silence_dbfs=-50.0)
     stage = Described(S2sSpec(model="moshi"))
     bound = binding(stage, config, "moshi", seed=7)  # type: ignore[arg-type]
     assert bound is not None and bound.spec.model == "moshi" and bound.seed == 7
-    assert (bound.rule.end_ms, bound.rule.silence_dbfs, bound.rule.input_slack_ms) == (320, -50.0, 80)
+    assert (bound.rule.end_ms, bound.rule.silence_dbfs) == (320, -50.0)
     named = Described(S2sSpec(model="moshiko"))
     assert binding(named, config, "moshiko") is not None and binding(named, config, "moshi") is not None  # type: ignore[arg-type]
     for other in ("gpt-realtime", None, "realtime-gw"):

@@ -1,7 +1,8 @@
 """Live ``/v1/realtime`` sessions on a tiny random-init Moshi through the official ``openai`` SDK: audio
 in and out at the model's 80 ms cadence, replies opened and closed by the model's text stream, cancel
 and truncate (the model held silent until the user's turn ends, the user's words from the ASR stage
-beside it), refusals naming the model's capabilities, and sessions joining and leaving the stage.
+beside it), refusals naming the model's capabilities, and sessions joining and leaving the stage; and
+a GPT-Live session (``client.live``) and a WebRTC call (aiortc) on the same model.
 
 The random model's text is noise but its steps are real: with a fixed seed and silent input its tokens
 are the same in every run. Replies end on the text stream alone here (``--s2s-silence-dbfs 0``: its
@@ -23,7 +24,10 @@ from realtime_gw.testing.audio import synthesize, wer
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from tests.server.live_sdk_client import live_session
 from tests.server.realtime_sdk_client import recv
-from tests.server.s2s_call import STEP_BYTES, call
+from tests.server.s2s_call import STEP_BYTES, call, live_call
+from tests.server.sdk_events import validate
+from tests.server.webrtc.caller import Caller
+from tests.server.webrtc.caller import call as webrtc_call
 
 SEED = 3
 """Silent input under this seed: the first reply is nine text steps, then a padding step ends it."""
@@ -176,3 +180,73 @@ async def test_a_bad_seed_is_refused_at_connect(s2s_server: LiveServer) -> None:
         error = await recv(conn)
     assert error.type == "error" and error.error.param == "seed"
 
+
+
+async def test_gpt_live_runs_on_the_model_with_its_own_events(s2s_server: LiveServer) -> None:
+    """What LiveKit's GPTLiveModel sends by default (instructions, Responses delegation with tools) is
+    accepted and named not applied; the model's voice and words are one continuous output stream at
+    its cadence; a fixture interrupts it and holds it silent until the user's turn ends."""
+    tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+    delegation = {"type": "responses", "responses": {"model": "gpt-5.4-mini", "tools": [tool]}}
+    async with live_call(s2s_server, instructions="Be brief.", delegation=delegation) as c:
+        assert c.session.model == "moshi"
+        ignored = await c.wait(lambda e: e.type == "info" and e.code == "settings_ignored")
+        assert "instructions" in ignored.message and CAPABILITIES in ignored.message
+        await c.wait(is_("session.output_transcript.delta"))
+        await asyncio.sleep(1.2)
+        audio = [(t, e) for t, e in c.events if e.type == "session.output_audio.delta"]
+        frames = [e for _, e in audio]
+        assert {len(base64.b64decode(e.delta)) for e in frames} == {STEP_BYTES}
+        assert all(b.start_ms == a.end_ms for a, b in zip(frames, frames[1:], strict=False))  # one stream
+        gaps = [b - a for (a, _), (b, _) in zip(audio[5:], audio[6:], strict=False)]
+        assert 0.06 <= statistics.median(gaps) <= 0.1, gaps
+        words = c.of("session.output_transcript.delta")
+        assert all(frames[0].start_ms <= w.start_ms <= frames[-1].end_ms for w in words)
+        # the fixture cuts the model off; it stays silent while the user has not spoken
+        mark = len(c.events)
+        await c.conn.session.output_audio.fixture.play(audio=base64.b64encode(bytes(STEP_BYTES * 3)).decode(), event_id="clip")
+        await c.wait(is_("session.output_audio.fixture.played"), after=mark)
+        held = len(c.events)
+        await asyncio.sleep(1.0)
+        assert not c.of("session.output_transcript.delta", after=held)
+        # the user speaks: server VAD ends the turn, the ASR stage writes it down, the model may answer
+        sentence = "Please open the door for me."
+        c.speech += synthesize(sentence)
+        await c.said()
+        await c.wait(is_("session.input_transcript.delta"), after=held, timeout=20)
+        await c.wait(is_("session.output_transcript.delta"), after=held, timeout=20)
+        assert not c.of("error")
+
+
+async def test_a_webrtc_call_naming_the_model_talks_on_the_track(s2s_server: LiveServer) -> None:
+    """The openai SDK's multipart offer whose session names the model: the model's voice is paced on
+    the call's track, its events (output buffer ones too) on the data channel; a cancel clears the track."""
+    caller = Caller(parse=validate)
+    try:
+        resp = await webrtc_call(s2s_server, caller, multipart=True, session={"type": "realtime", "model": "moshi"})
+        assert resp.status_code == 201, resp.text
+        created = await caller.wait_for(is_("session.created"), timeout=15)
+        assert created.session.model == "moshi" and created.session.model_extra["capabilities"]["speech_to_speech"]
+        first = await caller.wait_for(is_("response.created"), timeout=15)
+        rid = first.response.id
+        started = await caller.wait_for(lambda e: e.type == "output_audio_buffer.started" and e.response_id == rid)
+        await caller.wait_for(lambda e: e.type == "response.done" and e.response.id == rid)
+        await caller.wait_for(lambda e: e.type == "output_audio_buffer.stopped" and e.response_id == rid)
+        assert "response.output_audio.delta" not in caller.types()  # the voice is on the track
+        words = [e for _, e in caller.events if e.type == "response.output_audio_transcript.delta" and e.response_id == rid]
+        assert words and started.response_id == rid
+        t0 = caller.at(lambda e: e.type == "output_audio_buffer.started")
+        assert caller.loud_after(t0, threshold=1)  # its voice came in on the track
+        # a cancel while the model speaks: the reply is cancelled and the track cleared
+        for _ in range(5):  # a reply may end as the cancel goes out: then the next one is cancelled
+            mark = len(caller.events)
+            live = await caller.wait_for(is_("output_audio_buffer.started"), after=mark, timeout=20)
+            caller.send({"type": "response.cancel"})
+            done = await caller.wait_for(lambda e, rid=live.response_id: e.type == "response.done" and e.response.id == rid, after=mark)
+            if done.response.status == "cancelled":
+                break
+        assert done.response.status == "cancelled"
+        await caller.wait_for(lambda e: e.type == "output_audio_buffer.cleared", after=mark, timeout=5)
+        assert not [e for _, e in caller.events if e.type == "error"]
+    finally:
+        await caller.close()

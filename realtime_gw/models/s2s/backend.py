@@ -9,6 +9,13 @@ model's 80 ms of voice, its text token of that step and the piece it spells. A c
 frames waiting advances one per step (``has_work``). ``release`` frees the slot at once; ``END_OF_INPUT``
 (the stream's input closed) ends the conversation once the frames before it are answered.
 
+In the gateway the stage runs in lockstep (``lockstep=True``, the worker's ``models/lockstep.Lockstep``
+clock): every live conversation is stepped at every 80 ms tick, whether its next frame has come or not; one
+that has none hears silence (``take_frame``: concealed, counted in ``realtime_gw_s2s_concealed_input_frames_total``),
+and quiet frames are dropped from the head of an input more than ``input_allowance`` frames behind
+(``realtime_gw_s2s_dropped_input_frames_total``). Without it (tests, tools) a conversation steps only
+on a frame it was given.
+
 Slots stay packed: batch buckets cover slots ``[0, B)``, so when conversations leave from the low slots
 the ones above are moved down (``SlotEngine.exchange``: whole slot rows, nothing of a conversation changes
 but its row) before the next step, which then runs at the bucket of the live count.
@@ -35,10 +42,12 @@ from realtime_gw.config import GatewayConfig
 from realtime_gw.models.contract import END_OF_INPUT, BackendInfo, NoFreeSlot, StepResult, warmup_seconds
 from realtime_gw.models.families import StagePlan
 from realtime_gw.models.kernels import bucket_for
+from realtime_gw.models.lockstep import take_frame
 from realtime_gw.models.s2s.checkpoint import MoshiCheckpoint, load
 from realtime_gw.models.s2s.config import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, describe_shape
 from realtime_gw.models.s2s.engine import MoshiEngine
 from realtime_gw.models.s2s.sampling import Sampler
+from realtime_gw.protocols.audio import level_dbfs
 from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen, S2sSilence, S2sSpec
 
 log = logging.getLogger(__name__)
@@ -51,7 +60,18 @@ S2S_STEP_LATENESS = Histogram(
     "How far a speech-to-speech step ran past its 80 ms frame (0 when on time)",
     buckets=(0.0, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64),
 )
+S2S_CONCEALED = Counter(
+    "realtime_gw_s2s_concealed_input_frames_total",
+    "Frames of a user's audio not there at their speech-to-speech step: the model heard silence instead",
+)
+S2S_DROPPED = Counter(
+    "realtime_gw_s2s_dropped_input_frames_total",
+    "Quiet frames of a user's audio dropped to bring it back within s2s_input_slack_ms of its step",
+)
 FRAME_BYTES = 2 * FRAME_SAMPLES
+SILENT_FRAME = bytes(FRAME_BYTES)
+QUIET_INPUT_DBFS = -45.0
+"""A user's frame at or below this RMS level is a pause's: it may be dropped to catch up."""
 CAPABILITIES = ("audio_in", "audio_out", "text_out")
 __all__ = ["CAPABILITIES", "MoshiBackend", "MoshiState", "NoFreeSlot"]
 
@@ -93,15 +113,21 @@ class MoshiBackend:
         dtype: torch.dtype | None = None,
         cuda_graphs: bool | None = None,
         checkpoint: MoshiCheckpoint | None = None,
+        lockstep: bool = False,
+        input_allowance: int = 2,
     ) -> None:
         """``seed``: the stage's seed (a conversation opened without one gets ``seed + n`` for the n-th
-        opened; None = random). Temperatures <= 0 are greedy. ``checkpoint``: weights already loaded."""
+        opened; None = random). Temperatures <= 0 are greedy. ``checkpoint``: weights already loaded.
+        ``lockstep``: every live conversation steps at every step, on silence when it has no frame;
+        ``input_allowance``: frames of its input that may wait before quiet ones are dropped."""
         if slots < 1:
             raise ValueError("s2s_slots must be >= 1")
         dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
         ck = checkpoint or load(config, path, device, dtype, self.family)
         self.checkpoint = ck
         self.slots = slots
+        self.lockstep = lockstep
+        self.input_allowance = input_allowance
         self._seed = seed
         self._opened = 0
         self.engine = MoshiEngine(
@@ -158,7 +184,8 @@ class MoshiBackend:
         return state
 
     def has_work(self, state: MoshiState) -> bool:
-        return not (state.released or state.done) and (state.audio_pending > 0 or state.ended)
+        live = not (state.released or state.done)
+        return live and (self.lockstep or state.audio_pending > 0 or state.ended)
 
     def step(self, work: list[tuple[MoshiState, list[Any]]]) -> list[StepResult]:
         results: dict[int, StepResult] = {}
@@ -238,16 +265,21 @@ class MoshiBackend:
             state.pending.append(item)
 
     def _next_frame(self, state: MoshiState) -> bytes | None:
-        """The next frame to run, once the silence switches queued before it are applied."""
-        if state.audio_pending == 0:
+        """The next frame to run, once the silence switches queued before it are applied (in lockstep:
+        silence when none has come; quiet frames dropped from an input too far behind)."""
+        if not self.lockstep and state.audio_pending == 0:
             return None
-        while True:
-            item = state.pending.popleft()
-            if isinstance(item, S2sSilence):
-                state.silent = item.silent
-                continue
-            state.audio_pending -= 1
-            return item.pcm
+
+        def switch(silent: bool) -> None:
+            state.silent = silent
+
+        allowance = self.input_allowance if self.lockstep else len(state.pending)
+        taken = take_frame(state.pending, SILENT_FRAME, allowance, _quiet, switch, self.lockstep and not state.ended)
+        state.audio_pending -= taken.dropped + (taken.pcm is not None and not taken.concealed)
+        if not self._warming:
+            S2S_CONCEALED.inc(taken.concealed)
+            S2S_DROPPED.inc(taken.dropped)
+        return taken.pcm
 
     def _pack(self) -> None:
         """Move the conversations above ``n`` (the open count) into the free slots below it when that
@@ -287,6 +319,10 @@ class MoshiBackend:
             state.index += 1
 
 
+def _quiet(pcm: bytes) -> bool:
+    return level_dbfs(pcm) <= QUIET_INPUT_DBFS
+
+
 def build_moshi(config: GatewayConfig, cls: type[MoshiBackend] = MoshiBackend, **extra: Any) -> MoshiBackend:
     """The backend the gateway config asks for (the ``[s2s]`` section)."""
     return cls(
@@ -299,6 +335,8 @@ def build_moshi(config: GatewayConfig, cls: type[MoshiBackend] = MoshiBackend, *
         top_k=config.s2s_top_k,
         text_temperature=config.s2s_text_temperature,
         text_top_k=config.s2s_text_top_k,
+        lockstep=True,
+        input_allowance=max(0, round(config.s2s_input_slack_ms / FRAME_MS)),
         **extra,
     )
 
@@ -311,6 +349,7 @@ def stage_plan(config: GatewayConfig, backend: MoshiBackend) -> StagePlan:
         device=config.s2s_device,
         max_batch=config.s2s_slots,
         max_active=config.s2s_slots,
+        lockstep_ms=FRAME_MS,
     )
 
 

@@ -162,3 +162,34 @@ async def test_a_full_stage_refuses_a_conversation_at_once() -> None:
         second.cancel()
     finally:
         await worker.stop()
+
+
+async def test_in_the_gateway_every_conversation_steps_once_per_80_ms_tick() -> None:
+    """The stage the app starts runs in lockstep: frames waiting are heard one per tick (never in a
+    burst faster than real time), and a conversation given no audio steps all the same, on silence."""
+    import asyncio
+    import time
+
+    from realtime_gw.config import GatewayConfig
+    from realtime_gw.models.registry import build_stage
+    from realtime_gw.models.s2s.backend import S2S_CONCEALED
+
+    worker = build_stage("s2s", GatewayConfig(s2s="moshi", s2s_slots=2, warmup=False))
+    await worker.start(warmup=False)
+    concealed = S2S_CONCEALED._value.get()
+    try:
+        talking, quiet = worker.submit(S2sOpen(seed=1)), worker.submit(S2sOpen(seed=2))
+        for a in _audio(1, 8):
+            talking.push(a)
+
+        async def frames(stream: Any) -> list[tuple[float, S2sFrame]]:
+            it = aiter(stream)
+            return [(time.monotonic(), await asyncio.wait_for(anext(it), 30)) for _ in range(8)]
+
+        heard, silent = await asyncio.gather(frames(talking), frames(quiet))
+        assert [f.index for _, f in heard] == list(range(8)) == [f.index for _, f in silent]
+        assert heard[-1][0] - heard[0][0] >= 7 * 0.08 - 0.05  # eight frames waiting, heard at real time
+        assert S2S_CONCEALED._value.get() - concealed >= 8  # the quiet one heard silence at its ticks
+        assert worker.lockstep is not None and worker.lockstep.running
+    finally:
+        await worker.stop()

@@ -1,0 +1,105 @@
+"""The speech-to-speech stage's 80 ms lockstep, fed times and frames: deadlines that do not drift, late
+steps measured, missed frames skipped (never run in a burst), and each conversation's input at its tick
+(its oldest frame; silence when none came; quiet frames dropped when it fell behind, speech never)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+
+from realtime_gw.models.lockstep import Lockstep, Taken, take_frame
+from realtime_gw.records.s2s import S2sAudio, S2sSilence
+
+F = 0.08
+SILENCE = b"\0\0" * 4
+SPEECH = [bytes([i + 1]) * 8 for i in range(6)]
+QUIET = [bytes([0x80 + i]) * 8 for i in range(6)]
+
+
+def is_quiet(pcm: bytes) -> bool:
+    return pcm[0] >= 0x80 or pcm == SILENCE
+
+
+def run(clock: Lockstep, starts: list[float]) -> list[tuple[float, int]]:
+    """Steps that start at ``starts`` (each when its worker got to it): (late_s, skipped) each."""
+    out = []
+    for t in starts:
+        assert clock.wait_s(t) == 0.0, "a step never starts before it is due"
+        tick = clock.begin(t)
+        out.append((round(tick.late_s, 6), tick.skipped))
+    return out
+
+
+def test_deadlines_are_the_first_plus_whole_frames_whatever_the_steps_take() -> None:
+    clock = Lockstep(F)
+    assert clock.wait_s(10.0) == 0.0 and clock.due == 10.0  # the first conversation: its step at once
+    clock.begin(10.03)  # a slow wake-up and a slow step...
+    assert clock.due == pytest.approx(10.08)  # ...move nothing: the next is due a frame after the first deadline
+    assert clock.wait_s(10.05) == pytest.approx(0.03)
+    for n in range(2, 1000):  # a long call: no drift
+        clock.begin(clock.due + 0.004)  # type: ignore[operator]
+        assert clock.due == pytest.approx(10.0 + n * F)
+
+
+def test_a_late_step_runs_at_once_and_the_next_stays_on_its_deadline() -> None:
+    clock = Lockstep(F)
+    clock.start(0.0)
+    # step 1 ran over its frame by 30 ms: step 2 starts 30 ms late, step 3 is on time again
+    assert run(clock, [0.0, 0.11, 0.16]) == [(0.0, 0), (0.03, 0), (0.0, 0)]
+
+
+def test_missed_frames_are_skipped_not_made_up_in_a_burst() -> None:
+    clock = Lockstep(F)
+    clock.start(0.0)
+    late, skipped = run(clock, [0.0, 0.35])[1]  # a 350 ms stall: frames at 0.08, 0.16, 0.24 passed
+    assert skipped == 3 and late == pytest.approx(0.03)  # this step is the 0.32 frame's
+    assert clock.due == pytest.approx(0.40)
+    assert clock.wait_s(0.36) == pytest.approx(0.04)  # no catch-up step right after it
+
+
+def test_the_clock_stops_with_the_last_conversation_and_starts_with_the_next() -> None:
+    clock = Lockstep(F)
+    clock.start(0.0)
+    clock.begin(0.0)
+    clock.stop()
+    assert not clock.running and clock.due is None
+    assert clock.wait_s(7.3) == 0.0 and clock.due == 7.3  # a fresh start: no frames owed since
+
+
+def take(pending: deque[S2sAudio | S2sSilence], allowance: int = 2, conceal: bool = True) -> tuple[Taken, list[bool]]:
+    switches: list[bool] = []
+    return take_frame(pending, SILENCE, allowance, is_quiet, switches.append, conceal), switches
+
+
+def test_each_tick_takes_the_oldest_frame_and_applies_the_switches_before_it() -> None:
+    pending: deque[S2sAudio | S2sSilence] = deque([S2sSilence(True), S2sAudio(SPEECH[0]), S2sSilence(False), S2sAudio(SPEECH[1])])
+    taken, switches = take(pending)
+    assert taken == Taken(SPEECH[0]) and switches == [True]
+    taken, switches = take(pending)
+    assert taken == Taken(SPEECH[1]) and switches == [False] and not pending
+
+
+def test_a_frame_not_there_at_its_tick_is_heard_as_silence_and_the_late_one_next() -> None:
+    pending: deque[S2sAudio | S2sSilence] = deque()
+    assert take(pending)[0] == Taken(SILENCE, concealed=True)
+    pending.append(S2sAudio(SPEECH[0]))  # it came after its tick: heard at the next, not dropped
+    assert take(pending)[0] == Taken(SPEECH[0])
+    # a switch alone is applied at the tick, which still hears silence
+    pending.append(S2sSilence(True))
+    taken, switches = take(pending)
+    assert taken.concealed and switches == [True]
+    # outside the lockstep (or once the input ended) nothing is made up
+    assert take(deque(), conceal=False)[0] == Taken(None)
+
+
+def test_quiet_frames_are_dropped_while_the_input_is_behind_speech_never() -> None:
+    pending: deque[S2sAudio | S2sSilence] = deque(S2sAudio(p) for p in [QUIET[0], QUIET[1], SPEECH[0], QUIET[2], SPEECH[1]])
+    # five waiting, two allowed: the two quiet frames at the head go, the speech is heard
+    assert take(pending)[0] == Taken(SPEECH[0], dropped=2)
+    # two waiting now: within the allowance, the quiet frame is heard
+    assert take(pending)[0] == Taken(QUIET[2])
+    assert take(pending)[0] == Taken(SPEECH[1])
+    # speech far behind is never dropped: it waits its turn
+    speech: deque[S2sAudio | S2sSilence] = deque(S2sAudio(p) for p in SPEECH)
+    assert [take(speech)[0].pcm for _ in SPEECH] == SPEECH
