@@ -106,9 +106,9 @@ class RealtimeConnection:
         self.responses: dict[str, asyncio.Task[None]] = {}
         turn_worker = getattr(gateway.workers, "turn", None)
         self.listening = Listening(gateway.workers.asr, turn_worker, self.mailbox.put, self.spawn)
-        echo = session.s2s.binding if session.s2s is not None and session.s2s.spec is ECHO_SPEC else None
         self.s2s = S2sLink(
-            gateway.workers.s2s, self.mailbox.put, self.mailbox.put_nowait, self.spawn, self.audio_room, echo
+            gateway.workers.s2s, self.mailbox.put, self.mailbox.put_nowait, self.spawn, self.audio_room,
+            self.config.s2s_silence_dbfs,
         )
         self.mcp = McpRequests(self.config, self.mailbox.put, self.spawn)
         self.close_reason: tuple[int, str] | None = None

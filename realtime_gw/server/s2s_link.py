@@ -128,11 +128,11 @@ class S2sLink:
         post_now: Callable[[Any], None],
         spawn: Callable[[Any, str], asyncio.Task[Any]],
         audio_room: asyncio.Event,
-        echo: S2sBinding | None = None,
+        silence_dbfs: float,
     ) -> None:
         self.worker = worker
-        self.echo = echo
-        """The session's binding when it is to ``gateway-echo``: its stream is an ``EchoStream``."""
+        self.silence_dbfs = silence_dbfs
+        """Where a ``gateway-echo`` session's echoed steps count as quiet (padding)."""
         self.post = post
         self.post_now = post_now
         """Posts at once (the opening's answer goes before anything the client sends)."""
@@ -152,8 +152,8 @@ class S2sLink:
                 unhandled(e)
 
     def _open(self, e: OpenS2s) -> None:
-        if self.echo is not None:
-            self.stream = EchoStream(self.echo.rule.silence_dbfs)
+        if e.model == ECHO_MODEL:  # served here, with no stage
+            self.stream = EchoStream(self.silence_dbfs)
             self.post_now(S2sOpened())
             self.spawn(self._pump(self.stream), "s2s-echo")
             return

@@ -327,6 +327,8 @@ class OpenS2s:
     Its inputs are the records themselves: ``S2sAudio`` (one step) and ``S2sSilence`` (force / release)."""
 
     request: S2sOpen
+    model: str
+    """The model the session is bound to (``gateway-echo`` is served by the transport itself)."""
 
 
 @dataclass(slots=True)

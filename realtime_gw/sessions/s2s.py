@@ -228,7 +228,7 @@ class SpeechToSpeech:
 
     def start(self) -> list[Effect]:
         """The session connected: open its stream (nothing else happens before it is open)."""
-        return [OpenS2s(S2sOpen(seed=self.binding.seed))]
+        return [OpenS2s(S2sOpen(seed=self.binding.seed), self.binding.spec.model)]
 
     def opened(self, now: float) -> None:
         self.open = True

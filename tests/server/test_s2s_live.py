@@ -45,6 +45,17 @@ def s2s_server() -> Iterator[LiveServer]:
     stop_server(server)
 
 
+@pytest.fixture(autouse=True)
+async def stage_free(s2s_server: LiveServer) -> None:
+    """Each test starts on an empty stage: the sessions of the test before have given their slots back
+    (two slots only; a closed connection frees its slot a moment after the client has moved on)."""
+    for _ in range(200):
+        if s2s_server.metric("realtime_gw_worker_active_requests", 'worker="s2s-moshi"') == 0:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the sessions of the test before kept their slots on the stage")
+
+
 def is_(kind: str, status: str | None = None) -> object:
     return lambda e: e.type == kind and (status is None or e.response.status == status)
 

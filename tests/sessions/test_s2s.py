@@ -53,7 +53,7 @@ class Model:
 def bound(manual: bool = False, spec: S2sSpec = SPEC, **update: Any) -> tuple[RealtimeSession, list[Any]]:
     """An opened session bound to ``spec``; the effects of its opening."""
     s = RealtimeSession("sess_s2s", Limits(voices=frozenset({"default", "marin"}), model="moshi"), 0.0, s2s=S2sBinding(spec, RULE))
-    assert s.start(0.0) == [OpenS2s(request=s.s2s.start()[0].request)]  # type: ignore[union-attr]
+    assert s.start(0.0) == [OpenS2s(request=s.s2s.start()[0].request, model=spec.model)]  # type: ignore[union-attr]
     opened = s.handle(S2sOpened(), 0.0)
     if manual:
         update = {"audio": {"input": {"turn_detection": None}}, **update}
