@@ -47,9 +47,10 @@ class MoshiEngine(MovableSlotEngine):
         text: Sampler,
         audio: Sampler,
         cuda_graphs: bool | None = None,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         self.shape = shape
-        self.lm = MoshiLmRuntime(weights, shape, slots, text, audio)
+        self.lm = MoshiLmRuntime(weights, shape, slots, text, audio, kv_dtype)
         self.encoder = StreamingMimiEncoder(mimi, slots, shape.dep_q)
         decoder = StreamingMimiDecoder(mimi, slots, shape.dep_q)
         super().__init__(
