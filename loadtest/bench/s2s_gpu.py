@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--start-reps", type=int, default=5)
     p.add_argument("--budget-s", type=float, default=180.0, help="stop starting cells after this")
     p.add_argument("--no-check", action="store_true")
+    p.add_argument("--kv-dtype", default="model", choices=["model", "fp8"], help="the ring K/V (s2s_kv_dtype)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     t0 = time.perf_counter()
@@ -225,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     dtype = torch.bfloat16 if cuda else torch.float32
     result: dict[str, Any] = {
         "config": args.config, "device": args.device, "dtype": str(dtype).removeprefix("torch."),
+        "kv_dtype": args.kv_dtype,
         "weights": "random init", "torch": torch.__version__, "python": platform.python_version(),
         "gpu": torch.cuda.get_device_name(args.device) if cuda else platform.processor() or platform.machine(),
     }  # fmt: skip
@@ -242,7 +244,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     save(result, args.json)
     slots = max([*args.batches, 1])
     # the stage as the gateway builds it (published sampling), warmed up as at start: every graph captured
-    backend = MoshiBackend(config=args.config, device=args.device, slots=slots, checkpoint=ck, cuda_graphs=cuda)
+    backend = MoshiBackend(config=args.config, device=args.device, slots=slots, checkpoint=ck, cuda_graphs=cuda,
+                           kv_dtype=args.kv_dtype)  # fmt: skip
     backend.warmup()
     eng = backend.engine
     report = backend.warmup_report
