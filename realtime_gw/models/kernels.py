@@ -130,16 +130,23 @@ def _triton_importable() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def _use_decode_kernel(q: torch.Tensor, keys: int, rows: int, quantized: bool) -> bool:
+def _decode_kernels_on(device: torch.device) -> bool:
+    """Whether the decode kernels (attention, the FP8 column writes) may run on ``device``."""
     if DECODE_KERNEL == "never" or not _triton_importable():
-        return False
-    if q.shape[-1] not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return False
     if DECODE_KERNEL == "always":
         from realtime_gw.models.fused import available
 
-        return available(q.device)
-    return q.device.type == "cuda" and (quantized or (keys >= DECODE_MIN_KEYS and rows <= DECODE_MAX_ROWS))
+        return available(device)
+    return device.type == "cuda"
+
+
+def _use_decode_kernel(q: torch.Tensor, keys: int, rows: int, quantized: bool) -> bool:
+    if q.shape[-1] not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return False
+    if not _decode_kernels_on(q.device):
+        return False
+    return DECODE_KERNEL == "always" or quantized or (keys >= DECODE_MIN_KEYS and rows <= DECODE_MAX_ROWS)
 
 
 def attend(
@@ -251,6 +258,11 @@ def layers_at_positions(
             vs: torch.Tensor | None = vs,
             idx: torch.Tensor = idx,
         ) -> None:
+            if ks is not None and vs is not None and _decode_kernels_on(k.device):
+                from realtime_gw.models.fused.attention import write_fp8
+
+                write_fp8(k, v, cols, kc, vc, ks, vs)  # one kernel for what is ~20 small ones eagerly
+                return
             write_columns(kc, ks, idx, k)
             write_columns(vc, vs, idx, v)
 

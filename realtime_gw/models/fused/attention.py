@@ -329,3 +329,69 @@ def decode(
         k_scale=k_scale, v_scale=v_scale, num_warps=t.num_warps, num_stages=None if INTERPRETED else t.num_stages,
     )  # fmt: skip
     return o
+
+
+@triton.jit
+def _round_e4m3(y):
+    """``y`` (float32, ``|y| <= 448``) rounded to the nearest e4m3 value, ties to even, still in float32:
+    the cast that follows is then exact (Triton's interpreter rounds some casts across a power of two
+    the wrong way; the GPU's cast would round the same as this)."""
+    bits = y.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)  # 3 mantissa bits
+    a = tl.abs(y)
+    small = (a + 16384.0) - 16384.0  # subnormal e4m3: multiples of 2^-9 (float32's step at 2^14)
+    return tl.where(a < 0.015625, tl.where(y < 0, -small, small), normal)
+
+
+@triton.jit
+def _quantize_column(
+    x_ptr, s_xb, s_xh, s_xs, c_ptr, s_cb, s_ch, s_cl, sc_ptr, s_sb, s_sh, b, h, s, col, D,
+    FP8_MAX: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    dd = tl.arange(0, BLOCK_D)
+    ok = dd < D
+    x = tl.load(x_ptr + b * s_xb + h * s_xh + s * s_xs + dd, mask=ok, other=0.0).to(tl.float32)
+    scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12), FP8_MAX)
+    y = _round_e4m3(tl.clamp(tl.div_rn(x, scale), -FP8_MAX, FP8_MAX))
+    tl.store(c_ptr + b * s_cb + h * s_ch + col * s_cl + dd, y.to(c_ptr.dtype.element_ty), mask=ok)
+    tl.store(sc_ptr + b * s_sb + h * s_sh + col, scale)
+
+
+@triton.jit
+def _write_fp8_kernel(
+    k_ptr, v_ptr, cols_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, S, KVH, D,
+    s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_colb, s_cols,
+    s_kcb, s_kch, s_kcl, s_vcb, s_vch, s_vcl, s_ksb, s_ksh, s_vsb, s_vsh,
+    FP8_MAX: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    h = pid % KVH
+    s = (pid // KVH) % S
+    b = (pid // (KVH * S)).to(tl.int64)
+    col = tl.load(cols_ptr + b * s_colb + s * s_cols)
+    _quantize_column(k_ptr, s_kb, s_kh, s_ks, kc_ptr, s_kcb, s_kch, s_kcl, ks_ptr, s_ksb, s_ksh, b, h, s, col, D,
+                     FP8_MAX, BLOCK_D)  # fmt: skip
+    _quantize_column(v_ptr, s_vb, s_vh, s_vs, vc_ptr, s_vcb, s_vch, s_vcl, vs_ptr, s_vsb, s_vsh, b, h, s, col, D,
+                     FP8_MAX, BLOCK_D)  # fmt: skip
+
+
+def write_fp8(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cols: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+) -> None:
+    """``kernels.write_columns`` for a layer's K and V into FP8 caches in one kernel: ``k``/``v (B, KV, S,
+    D)`` quantized per (row, head, position) as ``fp8.quantize_rows`` does, into columns ``cols (B, S)``
+    of ``k_cache``/``v_cache (B, KV, L, D)``, their scales into ``k_scale``/``v_scale (B, KV, L)``."""
+    b, kvh, s, d = k.shape
+    assert k.stride(-1) == 1 and v.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_scale.stride(-1) == 1
+    _write_fp8_kernel[(b * s * kvh,)](
+        k, v, cols, k_cache, v_cache, k_scale, v_scale, s, kvh, d,
+        *k.stride()[:3], *v.stride()[:3], *cols.stride(),
+        *k_cache.stride()[:3], *v_cache.stride()[:3], *k_scale.stride()[:2], *v_scale.stride()[:2],
+        FP8_MAX=float(torch.finfo(k_cache.dtype).max), BLOCK_D=_pow2(d, 16, 256), num_warps=1,
+    )  # fmt: skip

@@ -213,3 +213,21 @@ def test_the_ring_through_the_kernel_in_both_kv_dtypes(monkeypatch: pytest.Monke
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     for got, want in zip(eager_out, exact, strict=True):
         assert (got - want).norm() / want.norm() < 0.05
+
+
+def test_the_fp8_column_write_kernel_equals_the_eager_quantizing() -> None:
+    """K and V as the layer hands them (head-transposed views), each row at its own columns."""
+    b, s, kvh, d, length = 3, 2, 2, 64, 12
+    qkv = _rand(b, s, 3 * kvh, d, seed=31) * torch.logspace(-2, 1, d)  # channels of any size
+    qkv[1, 0, kvh] = 0.0  # an all-zero key column
+    k, v = qkv[:, :, kvh : 2 * kvh].transpose(1, 2), qkv[:, :, 2 * kvh :].transpose(1, 2)
+    cols = torch.tensor([[0, 1], [7, 8], [11, 12]])  # the last row writes the scratch column too
+    caches = [torch.zeros(b, kvh, length + 1, d, dtype=FP8) for _ in range(4)]
+    scales = [torch.zeros(b, kvh, length + 1) for _ in range(4)]
+    idx = cols[:, None, :, None].expand(b, kvh, s, d)
+    write_columns(caches[0], scales[0], idx, k)
+    write_columns(caches[1], scales[1], idx, v)
+    fused_attention.write_fp8(k, v, cols, caches[2], caches[3], scales[2], scales[3])
+    for want, got in ((0, 2), (1, 3)):
+        assert torch.equal(caches[got].view(torch.uint8), caches[want].view(torch.uint8))
+        assert torch.equal(scales[got], scales[want])
