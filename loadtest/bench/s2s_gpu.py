@@ -23,6 +23,7 @@ Prints JSON (also to ``--json``):
   until the step that returns the forced-silent frame ends (one step: the next frame out is silent).
 
     python3 -m loadtest.bench.s2s_gpu --json s2s.json                                   # on a CUDA machine
+    python3 -m loadtest.bench.s2s_gpu --json s2s_fp8.json --kv-dtype fp8                # the ring K/V in FP8
     python3 -m loadtest.bench.s2s_gpu --config tiny --device cpu --batches 1 2 --fills 0 1 --steps 3   # dry run
 """
 

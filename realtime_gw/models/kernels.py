@@ -144,6 +144,8 @@ def _decode_kernels_on(device: torch.device) -> bool:
 def _use_decode_kernel(q: torch.Tensor, keys: int, rows: int, quantized: bool) -> bool:
     if q.shape[-1] not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return False
+    if torch.is_grad_enabled() and q.requires_grad:  # the kernel has no backward (RTC's guidance needs one)
+        return False
     if not _decode_kernels_on(q.device):
         return False
     return DECODE_KERNEL == "always" or quantized or (keys >= DECODE_MIN_KEYS and rows <= DECODE_MAX_ROWS)
