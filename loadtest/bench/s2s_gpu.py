@@ -33,6 +33,7 @@ prefill itself and open + prefill + the first step, with ``batch - 1`` full-cont
 
     python3 -m loadtest.bench.s2s_gpu --json s2s.json                                   # on a CUDA machine
     python3 -m loadtest.bench.s2s_gpu --config personaplex --json personaplex.json      # PersonaPlex 7B
+    python3 -m loadtest.bench.s2s_gpu --json s2s_fp8.json --kv-dtype fp8                # the ring K/V in FP8
     python3 -m loadtest.bench.s2s_gpu --config tiny --device cpu --batches 1 2 --fills 0 1 --steps 3   # dry run
 """
 
@@ -290,6 +291,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="also time session start at these batches (session_start_by_batch)")  # fmt: skip
     p.add_argument("--budget-s", type=float, default=180.0, help="stop starting cells after this")
     p.add_argument("--no-check", action="store_true")
+    p.add_argument("--kv-dtype", default="model", choices=["model", "fp8"], help="the ring K/V (s2s_kv_dtype)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     t0 = time.perf_counter()
@@ -298,6 +300,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     dtype = torch.bfloat16 if cuda else torch.float32
     result: dict[str, Any] = {
         "config": args.config, "device": args.device, "dtype": str(dtype).removeprefix("torch."),
+        "kv_dtype": args.kv_dtype,
         "weights": "random init", "torch": torch.__version__, "python": platform.python_version(),
         "gpu": torch.cuda.get_device_name(args.device) if cuda else platform.processor() or platform.machine(),
     }  # fmt: skip
@@ -321,7 +324,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     slots = max([*args.batches, 1])
     # the stage as the gateway builds it (published sampling), warmed up as at start: every graph captured
     cls = PersonaPlexBackend if family == "personaplex" else MoshiBackend
-    backend = cls(config=shape_name, device=args.device, slots=slots, checkpoint=ck, cuda_graphs=cuda)
+    backend = cls(config=shape_name, device=args.device, slots=slots, checkpoint=ck, cuda_graphs=cuda,
+                  kv_dtype=args.kv_dtype)  # fmt: skip
     backend.warmup()
     eng = backend.engine
     report = backend.warmup_report

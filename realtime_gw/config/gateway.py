@@ -403,6 +403,10 @@ class S2sSettings(RaySettings, kw_only=True):
     """Text sampling temperature (Moshi's published 0.7); <= 0 is greedy."""
     s2s_text_top_k: int = 25
     """Text top-k (Moshi's published 25)."""
+    s2s_kv_dtype: Literal["model", "fp8"] = "model"
+    """The temporal transformer's ring K/V: `model` (the LM's dtype: bf16 on a GPU) or `fp8` (e4m3 with
+    a float32 scale per slot, head and position: half the bytes each step reads and holds, so 64
+    full-context 7B conversations fit an 80 GB GPU; about 3 % relative L2 error in attention's output)."""
 
 
 class GatewayConfig(S2sSettings, kw_only=True, forbid_unknown_fields=True):

@@ -51,6 +51,22 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x32 / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
+@dataclass(frozen=True, slots=True)
+class ScaledKv:
+    """K or V cache columns in e4m3 ``(B, KV, L, D)`` with the float32 scale of each (row, head, column)
+    ``(B, KV, L)``: the value is ``data * scale`` (``quantize_rows`` over the head dimension)."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return (self.data.float() * self.scale[..., None]).to(dtype)
+
+
 def quantizable(w: torch.Tensor) -> bool:
     """Whether ``w`` (N, K) fits ``_scaled_mm``'s alignment."""
     return w.dim() == 2 and w.shape[0] % ALIGN == 0 and w.shape[1] % ALIGN == 0

@@ -11,6 +11,9 @@ Decisions where the copies had drifted apart:
 - Masked scores get ``finfo(dtype).min``, not ``-inf``: a row with every key masked stays finite.
 - A fused projection keeps every bias: a layer without one contributes zeros (``cat_bias``); dropping
   all biases because one projection lacks one would change the function.
+- Few queries over a long cache on CUDA (decode) run one Triton kernel (``fused.attention.decode``:
+  split keys, float32 online softmax, FP8 K/V dequantized on load) instead of the two GEMMs, which
+  reach a third of HBM's rate as batched GEMVs; the GEMMs stay the CPU path and the reference.
 - Graph capture runs in ``thread_local`` mode: other stage workers' threads keep using the GPU while
   one captures, and the global mode would make their calls (or this capture) fail.
 """
@@ -18,13 +21,16 @@ Decisions where the copies had drifted apart:
 from __future__ import annotations
 
 import bisect
+import functools
+import importlib.util
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
-from realtime_gw.models.fp8 import Fp8Weight, Weight, linear
+from realtime_gw.models.fp8 import Fp8Weight, ScaledKv, Weight, linear, quantize_rows
 
 
 # -- fused projections ---------------------------------------------------------------------------------------
@@ -100,25 +106,85 @@ def additive_mask(mask: torch.Tensor, kv_heads: int, groups: int, dtype: torch.d
     return add.reshape(b, kv_heads, s * groups, length)
 
 
+@dataclass(frozen=True, slots=True)
+class KeyMask:
+    """A mask as ``attend`` takes it (additive or bool) with each batch row's count of leading key
+    columns that may be visible, ``visible (B,)`` int32: keys at or past it are masked in ``mask`` too, so
+    the decode kernel need not read them (a young stream in a batch of old ones reads its own keys only)."""
+
+    mask: torch.Tensor
+    visible: torch.Tensor
+
+
+DECODE_KERNEL: Literal["auto", "always", "never"] = "auto"
+"""``attend``'s choice of the decode kernel: ``auto`` where it pays (CUDA, few query rows per KV head,
+``DECODE_MIN_KEYS`` keys or more, D of 64 or 128); ``always`` wherever it can run (tests, under Triton's
+interpreter); ``never``: the GEMMs (benchmarks' baseline)."""
+DECODE_MIN_KEYS = 256
+DECODE_MAX_ROWS = 16
+"""Query rows per KV head (S * G) up to which attention is decode-shaped."""
+
+
+@functools.cache
+def _triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _decode_kernels_on(device: torch.device) -> bool:
+    """Whether the decode kernels (attention, the FP8 column writes) may run on ``device``."""
+    if DECODE_KERNEL == "never" or not _triton_importable():
+        return False
+    if DECODE_KERNEL == "always":
+        from realtime_gw.models.fused import available
+
+        return available(device)
+    return device.type == "cuda"
+
+
+def _use_decode_kernel(q: torch.Tensor, keys: int, rows: int, quantized: bool) -> bool:
+    if q.shape[-1] not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return False
+    if torch.is_grad_enabled() and q.requires_grad:  # the kernel has no backward (RTC's guidance needs one)
+        return False
+    if not _decode_kernels_on(q.device):
+        return False
+    return DECODE_KERNEL == "always" or quantized or (keys >= DECODE_MIN_KEYS and rows <= DECODE_MAX_ROWS)
+
+
 def attend(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
+    k: torch.Tensor | ScaledKv,
+    v: torch.Tensor | ScaledKv,
+    mask: torch.Tensor | KeyMask | None,
     scale: float,
     fused: bool = False,
 ) -> torch.Tensor:
     """Grouped-query attention without repeating K/V: q ``(B, S, H, D)`` over k/v ``(B, KV, L, D)``
-    (column slices of a cache are fine) -> ``(B, S, H * D)``.
+    (column slices of a cache are fine; ``ScaledKv``: FP8 with per-column scales) -> ``(B, S, H * D)``.
 
     Query heads sharing a KV head are folded into the query axis, query-major (row ``s * G + g``, head
     ``kv * G + g``). ``mask``: additive (``additive_mask``) or bool, broadcastable to
-    ``(B, KV, S * G, L)``. ``fused`` runs PyTorch's SDPA (long query sequences); otherwise two batched
-    GEMMs and a softmax (float32 inside), which spread few queries over a long cache across the GPU
-    better than a fused kernel's handful of thread blocks."""
+    ``(B, KV, S * G, L)``, or a ``KeyMask``. ``fused`` runs PyTorch's SDPA (long query sequences);
+    decode shapes on CUDA run ``fused.attention.decode``; otherwise two batched GEMMs and a softmax
+    (float32 inside)."""
     b, s, h, d = q.shape
-    kvh = k.shape[1]
+    kvh, keys = k.shape[1], k.shape[2]
     g = h // kvh
+    visible = None
+    if isinstance(mask, KeyMask):
+        mask, visible = mask.mask, mask.visible
+    quantized = isinstance(k, ScaledKv)
+    if not fused and _use_decode_kernel(q, keys, s * g, quantized):
+        from realtime_gw.models.fused.attention import decode
+
+        if isinstance(k, ScaledKv) and isinstance(v, ScaledKv):
+            return decode(q, k.data, v.data, mask, scale, visible=visible, k_scale=k.scale, v_scale=v.scale)
+        assert isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+        return decode(q, k, v, mask, scale, visible=visible)
+    if isinstance(k, ScaledKv):
+        k = k.dequantize(q.dtype)
+    if isinstance(v, ScaledKv):
+        v = v.dequantize(q.dtype)
     qf = q.view(b, s, kvh, g, d).transpose(1, 2).reshape(b, kvh, s * g, d)
     if fused:
         out = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask, scale=scale)
@@ -151,6 +217,17 @@ def _attend_gemm(
 
 
 # -- layer passes over a static KV cache ----------------------------------------------------------------------
+def write_columns(cache: torch.Tensor, scale: torch.Tensor | None, idx: torch.Tensor, x: torch.Tensor) -> None:
+    """``x (B, KV, S, D)`` into ``cache`` at columns ``idx`` (``(B, KV, S, D)``, as ``scatter_``); an FP8
+    cache gets ``x`` quantized per (row, head, column) and each column's scale into ``scale (B, KV, L)``."""
+    if scale is None:
+        cache.scatter_(2, idx, x)
+        return
+    data, sc = quantize_rows(x)
+    cache.view(torch.uint8).scatter_(2, idx, data.view(torch.uint8))  # scatter has no FP8 kernels
+    scale.scatter_(2, idx[..., 0], sc[..., 0])
+
+
 def layers_at_positions(
     layers: Sequence[Any],
     h: torch.Tensor,
@@ -160,15 +237,18 @@ def layers_at_positions(
     v_cache: Sequence[torch.Tensor],
     cols: torch.Tensor,
     length: int,
-    mask_add: torch.Tensor,
+    mask_add: torch.Tensor | KeyMask,
+    scales: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]] | None = None,
 ) -> torch.Tensor:
     """``layers`` for rows ``[0, b)`` whose queries sit at different positions: row r's K/V are written at
     its cache columns ``cols[r]`` (``(b,)`` for one position a row, ``(b, S)`` for S), by scatter;
-    attention reads columns ``[0, length)``."""
+    attention reads columns ``[0, length)``. ``scales``: (K scales, V scales) ``(slots, KV, L)`` of FP8
+    caches (layers then read ``ScaledKv`` s)."""
     b = h.shape[0]
     cols = cols.view(b, -1)
     for i, layer in enumerate(layers):
         kc, vc = k_cache[i][:b], v_cache[i][:b]
+        ks, vs = (scales[0][i][:b], scales[1][i][:b]) if scales is not None else (None, None)
         idx = cols[:, None, :, None].expand(b, kc.shape[1], cols.shape[1], kc.shape[3])
 
         def write(
@@ -176,12 +256,23 @@ def layers_at_positions(
             v: torch.Tensor,
             kc: torch.Tensor = kc,
             vc: torch.Tensor = vc,
+            ks: torch.Tensor | None = ks,
+            vs: torch.Tensor | None = vs,
             idx: torch.Tensor = idx,
         ) -> None:
-            kc.scatter_(2, idx, k)
-            vc.scatter_(2, idx, v)
+            if ks is not None and vs is not None and _decode_kernels_on(k.device):
+                from realtime_gw.models.fused.attention import write_fp8
 
-        h = layer(h, cos, sin, write, kc[:, :, :length], vc[:, :, :length], mask_add)
+                write_fp8(k, v, cols, kc, vc, ks, vs)  # one kernel for what is ~20 small ones eagerly
+                return
+            write_columns(kc, ks, idx, k)
+            write_columns(vc, vs, idx, v)
+
+        keys: torch.Tensor | ScaledKv = kc[:, :, :length]
+        values: torch.Tensor | ScaledKv = vc[:, :, :length]
+        if ks is not None and vs is not None:
+            keys, values = ScaledKv(kc[:, :, :length], ks[:, :, :length]), ScaledKv(vc[:, :, :length], vs[:, :, :length])
+        h = layer(h, cos, sin, write, keys, values, mask_add)
     return h
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from realtime_gw.models.fused import ops
+from realtime_gw.models.fused.attention import attention
 from realtime_gw.models.policy.expert import AdaptiveNorm, Norm, StaticNorm, normalize
 
 
@@ -115,7 +116,7 @@ class FusedExpert:
                 vc,
                 cache.prefix_len,
             )
-            o = ops.attention(q, n, fn.heads, kc, vc, cache.total, blk.scale, mask=cache.suffix_mask)
+            o = attention(q, n, fn.heads, kc, vc, cache.total, blk.scale, mask=cache.suffix_mask)
             mid = ops.linear(o, blk.o, blk.o_bias, residual=rows, gate=gate1, rows_per_group=n)
             norm2, gate2 = self._norm(blk.norm2, mods)
             gu = ops.linear(mid, blk.gate_up, blk.gate_up_bias, glu=self.act, rows_per_group=n, **norm2)

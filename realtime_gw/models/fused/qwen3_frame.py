@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from realtime_gw.models.fused import ops
+from realtime_gw.models.fused.attention import attention
 
 
 class FusedQwen3Frame:
@@ -71,7 +72,7 @@ class FusedQwen3Frame:
                 qkv, 1, lay.heads, lay.kv_heads, lay.head_dim, cos[:, None], sin[:, None], kc, vc, 0,
                 lay.qk_norm, lay.qk_eps, cols=cols,
             )  # fmt: skip
-            o = ops.attention(q, 1, lay.heads, kc, vc, length, lay.scale, causal_from=pos)
+            o = attention(q, 1, lay.heads, kc, vc, length, lay.scale, causal_from=pos)
             x = ops.linear(o, lay.w_o, lay.b_o, residual=x)
             gu = ops.linear(x, lay.w_gate_up, lay.b_gate_up, norm=lay.ln2, eps=lay.eps, glu=ops.ACT_SILU)
             x = ops.linear(gu, lay.w_down, lay.b_down, residual=x)
@@ -97,7 +98,7 @@ class FusedQwen3Frame:
                 lay.qk_norm,
                 lay.qk_eps,
             )
-            o = ops.attention(q, seq, lay.heads, kc, vc, start + seq, lay.scale, causal_from=start)
+            o = attention(q, seq, lay.heads, kc, vc, start + seq, lay.scale, causal_from=start)
             x = ops.linear(o, lay.w_o, lay.b_o, residual=x)
             gu = ops.linear(x, lay.w_gate_up, lay.b_gate_up, norm=lay.ln2, eps=lay.eps, glu=ops.ACT_SILU)
             x = ops.linear(gu, lay.w_down, lay.b_down, residual=x)

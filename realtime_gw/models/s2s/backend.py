@@ -41,6 +41,7 @@ from prometheus_client import Counter, Histogram
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.contract import END_OF_INPUT, BackendInfo, NoFreeSlot, StepResult, warmup_seconds
 from realtime_gw.models.families import StagePlan
+from realtime_gw.models.fp8 import FP8
 from realtime_gw.models.kernels import bucket_for
 from realtime_gw.models.lockstep import take_frame
 from realtime_gw.models.s2s.checkpoint import MoshiCheckpoint, load
@@ -73,6 +74,9 @@ SILENT_FRAME = bytes(FRAME_BYTES)
 QUIET_INPUT_DBFS = -45.0
 """A user's frame at or below this RMS level is a pause's: it may be dropped to catch up."""
 CAPABILITIES = ("audio_in", "audio_out", "text_out")
+KV_DTYPES: dict[str, torch.dtype | None] = {"model": None, "fp8": FP8}
+"""``s2s_kv_dtype``: the ring K/V in the LM's dtype, or in e4m3 with a float32 scale per (slot, head,
+position) (``streaming.layers.RingTransformer``)."""
 __all__ = ["CAPABILITIES", "MoshiBackend", "MoshiState", "NoFreeSlot"]
 
 
@@ -115,11 +119,15 @@ class MoshiBackend:
         checkpoint: MoshiCheckpoint | None = None,
         lockstep: bool = False,
         input_allowance: int = 2,
+        kv_dtype: str = "model",
     ) -> None:
         """``seed``: the stage's seed (a conversation opened without one gets ``seed + n`` for the n-th
         opened; None = random). Temperatures <= 0 are greedy. ``checkpoint``: weights already loaded.
         ``lockstep``: every live conversation steps at every step, on silence when it has no frame;
-        ``input_allowance``: frames of its input that may wait before quiet ones are dropped."""
+        ``input_allowance``: frames of its input that may wait before quiet ones are dropped;
+        ``kv_dtype``: the temporal transformer's ring K/V, ``model`` (the LM's dtype) or ``fp8``."""
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"s2s_kv_dtype must be one of {sorted(KV_DTYPES)}, not {kv_dtype!r}")
         if slots < 1:
             raise ValueError("s2s_slots must be >= 1")
         dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
@@ -133,7 +141,7 @@ class MoshiBackend:
         self.engine = MoshiEngine(
             ck.weights, ck.mimi, ck.shape, slots,
             text=Sampler(text_temperature, text_top_k), audio=Sampler(temperature, top_k),
-            cuda_graphs=cuda_graphs, user_lead=self.user_lead,
+            cuda_graphs=cuda_graphs, user_lead=self.user_lead, kv_dtype=KV_DTYPES[kv_dtype],
         )  # fmt: skip
         shape = ck.shape
         self.spec = S2sSpec(
@@ -153,6 +161,7 @@ class MoshiBackend:
             "random_init": ck.random_init,
             "device": str(self.engine.device),
             "lm_dtype": str(self.engine.lm.dtype).removeprefix("torch."),
+            "kv_dtype": str(self.engine.lm.ring.k_ring[0].dtype).removeprefix("torch."),
             "slots": slots,
             "text": ck.text.name,
             "sampling": {"temperature": temperature, "top_k": top_k, "text_temperature": text_temperature,
@@ -337,6 +346,7 @@ def build_moshi(config: GatewayConfig, cls: type[MoshiBackend] = MoshiBackend, *
         text_top_k=config.s2s_text_top_k,
         lockstep=True,
         input_allowance=max(0, round(config.s2s_input_slack_ms / FRAME_MS)),
+        kv_dtype=config.s2s_kv_dtype,
         **extra,
     )
 

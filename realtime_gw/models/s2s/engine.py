@@ -50,9 +50,10 @@ class MoshiEngine(MovableSlotEngine):
         audio: Sampler,
         cuda_graphs: bool | None = None,
         user_lead: int = 0,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         self.shape = shape
-        self.lm = MoshiLmRuntime(weights, shape, slots, text, audio, user_lead)
+        self.lm = MoshiLmRuntime(weights, shape, slots, text, audio, user_lead, kv_dtype)
         self.encoder = StreamingMimiEncoder(mimi, slots, shape.own_q)
         decoder = StreamingMimiDecoder(mimi, slots, shape.own_q)
         super().__init__(

@@ -51,8 +51,10 @@ class MoshiLmRuntime:
     """``step(b, length, user_codes, active)`` -> (frame tokens ``(b, 1 + own_q)``, valid ``(b,)``)."""
 
     def __init__(
-        self, weights: Weights, shape: MoshiShape, slots: int, text: Sampler, audio: Sampler, user_lead: int = 0
-    ) -> None:
+        self, weights: Weights, shape: MoshiShape, slots: int, text: Sampler, audio: Sampler, user_lead: int = 0,
+        kv_dtype: torch.dtype | None = None,
+    ) -> None:  # fmt: skip
+        """``kv_dtype``: the ring K/V's (default the weights' dtype; FP8: e4m3 with per-column scales)."""
         self.shape = shape
         self.user_lead = user_lead
         """Columns ahead of the step's input where the user's frame goes (PersonaPlex: 1)."""
@@ -67,7 +69,7 @@ class MoshiLmRuntime:
         self.text_linear = weights["text_linear.weight"]
         layers = [TemporalLayer.of(weights, i, shape) for i in range(shape.num_layers)]
         inv_freq = moshi_inv_freq(shape.head_dim, shape.max_period, dev)
-        self.ring = RingTransformer(layers, slots, shape.context, 1, inv_freq, 1.0, dev, dtype)
+        self.ring = RingTransformer(layers, slots, shape.context, 1, inv_freq, 1.0, dev, dtype, kv_dtype)
         self.depformer = Depformer(weights, shape, slots, audio)
         streams = shape.n_q + 1
         self.delays = torch.tensor(shape.delays, device=dev, dtype=torch.long)

@@ -146,7 +146,10 @@ def prefill(lm: MoshiLmRuntime, slot: int, frames: torch.Tensor, voice: VoiceEmb
     cos, sin = rope_cos_sin(qpos, ring.inv_freq, ring.rope_scale, x.dtype)
     keys = [k[slot : slot + 1] for k in ring.k_ring]
     values = [v[slot : slot + 1] for v in ring.v_ring]
-    layers_at_positions(ring.layers, x, cos[:, :, None], sin[:, :, None], keys, values, qpos, s, mask_add)
+    scales = None  # an FP8 ring: the slot's rows of its per-column scales are written beside the K/V
+    if ring.scales is not None:
+        scales = ([t[slot : slot + 1] for t in ring.scales[0]], [t[slot : slot + 1] for t in ring.scales[1]])
+    layers_at_positions(ring.layers, x, cos[:, :, None], sin[:, :, None], keys, values, qpos, s, mask_add, scales)
     ring.pos[slot] = s
     ct = lm.cache.shape[2]
     lm.cache[slot, :, (s % ct)] = cols[s]

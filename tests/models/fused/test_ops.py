@@ -9,6 +9,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from realtime_gw.models.fused import ops  # noqa: E402
+from realtime_gw.models.fused.attention import attention  # noqa: E402
 from realtime_gw.models.kernels import additive_mask, apply_rope, attend, rope_cos_sin  # noqa: E402
 from realtime_gw.models.speech.qwen3.talker import sample  # noqa: E402
 
@@ -76,7 +77,7 @@ def test_attention_causal_and_masked(max_splits: int | None) -> None:
     seen = torch.arange(length)[None, :] <= (col0 + torch.arange(s))[:, None]
     mask = additive_mask(seen[None], 1, heads // kvh, q.dtype)
     want = attend(q.view(b, s, heads, d), kc[:, :, :length], vc[:, :, :length], mask, 0.3)
-    got = ops.attention(q, s, heads, kc, vc, length, 0.3, causal_from=col0, max_splits=max_splits)
+    got = attention(q, s, heads, kc, vc, length, 0.3, causal_from=col0, max_splits=max_splits)
     torch.testing.assert_close(got.view(b, s, -1), want, atol=ATOL, rtol=1e-5)
     pos = torch.tensor([7, 40])  # each batch row's own position (the talker); rows past it unseen
     seen = torch.arange(length)[None, None, :] <= (pos[:, None, None] + torch.arange(s)[None, :, None])
@@ -87,14 +88,14 @@ def test_attention_causal_and_masked(max_splits: int | None) -> None:
         additive_mask(seen, 1, heads // kvh, q.dtype),
         0.3,
     )
-    got = ops.attention(q, s, heads, kc, vc, length, 0.3, causal_from=pos, max_splits=max_splits)
+    got = attention(q, s, heads, kc, vc, length, 0.3, causal_from=pos, max_splits=max_splits)
     torch.testing.assert_close(got.view(b, s, -1), want, atol=ATOL, rtol=1e-5)
     keep = _rand(b, s, 64, seed=3) > -0.5
     keep[:, :, 0] = True
     keep[:, :, 40:] = False  # a split that sees only masked keys (as PI0's padded prompt)
     mask = additive_mask(keep, 1, heads // kvh, q.dtype)
     want = attend(q.view(b, s, heads, d), kc, vc, mask, 0.3)
-    got = ops.attention(q, s, heads, kc, vc, 64, 0.3, mask=mask, max_splits=max_splits)
+    got = attention(q, s, heads, kc, vc, 64, 0.3, mask=mask, max_splits=max_splits)
     torch.testing.assert_close(got.view(b, s, -1), want, atol=ATOL, rtol=1e-5)
 
 

@@ -52,6 +52,20 @@ def _run(backend: MoshiBackend, plan: dict[str, tuple[int, int, int]], steps: in
     return frames
 
 
+def test_fp8_ring_kv_keeps_conversations_apart() -> None:
+    """``s2s_kv_dtype fp8``: the ring K/V in e4m3 with their scales; packing moves both with the slot."""
+    fp8 = MoshiBackend("tiny", slots=3, seed=7, kv_dtype="fp8")
+    assert fp8.info["kv_dtype"] == "float8_e4m3fn"
+    assert fp8.engine.lm.ring.scales is not None
+    c_alone = _run(fp8, {"c": (13, 0, 6)}, 7)["c"]
+    crowded = _run(fp8, {"b": (12, 0, 4), "a": (11, 0, 9), "c": (13, 3, 9)}, 10)
+    assert [f.text_token for f in crowded["c"]] == [f.text_token for f in c_alone]
+    got, want = (np.frombuffer(b"".join(f.pcm for f in fs), "<i2").astype(int) for fs in (crowded["c"], c_alone))
+    assert np.abs(got - want).max() <= 2  # a batched conv may round a float differently (1 LSB)
+    with pytest.raises(ValueError, match="s2s_kv_dtype"):
+        MoshiBackend("tiny", slots=1, kv_dtype="int4")
+
+
 def test_a_conversation_that_others_join_and_leave_says_what_it_says_alone(backend: MoshiBackend) -> None:
     """b leaves slot 0 at step 4: c (slot 2) is moved down into it (the batch bucket shrinks) and goes on."""
     alone = _run(backend, {"a": (11, 0, 15)}, 16)["a"]

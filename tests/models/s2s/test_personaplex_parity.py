@@ -55,13 +55,21 @@ def _prompt(seed: int) -> tuple[np.ndarray, list[int], tuple[int, ...], tuple[in
     return voice, persona, silence, sine
 
 
-def _runtime(ref: Reference, slots: int) -> MoshiLmRuntime:
-    return MoshiLmRuntime(ref.checkpoint.weights, SHAPE, slots, GREEDY, GREEDY, user_lead=1)
+def _runtime(ref: Reference, slots: int, kv_dtype: torch.dtype | None = None) -> MoshiLmRuntime:
+    return MoshiLmRuntime(ref.checkpoint.weights, SHAPE, slots, GREEDY, GREEDY, user_lead=1, kv_dtype=kv_dtype)
+
+
+def _dequantized(ring: torch.Tensor, scales: list[torch.Tensor] | None, i: int) -> torch.Tensor:
+    """Layer ``i``'s ring as float (an FP8 ring times its per-column scales)."""
+    return ring.float() * scales[i][..., None] if scales is not None else ring.float()
 
 
 @torch.no_grad()
-def test_prompt_prefilled_in_one_pass_writes_the_ring_of_the_prompt_stepped_frame_by_frame(ref: Reference) -> None:
-    lm = _runtime(ref, 2)
+@pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn], ids=["model", "fp8"])
+def test_prompt_prefilled_in_one_pass_writes_the_ring_of_the_prompt_stepped_frame_by_frame(
+    ref: Reference, kv_dtype: torch.dtype | None
+) -> None:
+    lm = _runtime(ref, 2, kv_dtype)
     lm.reset(torch.tensor([0, 1]))
     voice, persona, silence, sine = _prompt(1)
     frames = torch.from_numpy(prompt_frames(voice, persona, silence, sine))
@@ -74,9 +82,12 @@ def test_prompt_prefilled_in_one_pass_writes_the_ring_of_the_prompt_stepped_fram
     ring = lm.ring
     assert int(ring.pos[0]) == int(ring.pos[1]) == p - 1
     assert torch.equal(ring.kpos[0], ring.kpos[1])
-    for k0, v0 in zip(ring.k_ring, ring.v_ring, strict=True):
-        torch.testing.assert_close(k0[1, :, : p - 1], k0[0, :, : p - 1], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(v0[1, :, : p - 1], v0[0, :, : p - 1], rtol=1e-5, atol=1e-5)
+    ks, vs = ring.scales if ring.scales is not None else (None, None)
+    tol = 1e-5 if kv_dtype is None else 0.07  # FP8: one e4m3 step (2^-3 relative) either side of a rounding
+    for i in range(len(ring.k_ring)):
+        for cache, scales in ((ring.k_ring, ks), (ring.v_ring, vs)):
+            kv = _dequantized(cache[i], scales, i)
+            torch.testing.assert_close(kv[1, :, : p - 1], kv[0, :, : p - 1], rtol=tol, atol=tol)
 
 
 @torch.no_grad()

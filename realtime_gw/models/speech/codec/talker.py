@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from realtime_gw.models.kernels import (
+    KeyMask,
     additive_mask,
     apply_rope,
     attend,
@@ -271,8 +272,9 @@ class TalkerRuntime:
         l0 = self.layers[0]
         mask = (self.positions[None, :length] <= pos[:, None])[:, None, :]  # (b, 1, length)
         mask_add = additive_mask(mask, l0.kv_heads, l0.heads // l0.kv_heads, x.dtype)
+        visible = KeyMask(mask_add, (pos + 1).to(torch.int32))  # the decode kernel reads no further
         h = layers_at_positions(
-            self.layers, x[:, None, :], cos, sin, self.k_cache, self.v_cache, col, length, mask_add
+            self.layers, x[:, None, :], cos, sin, self.k_cache, self.v_cache, col, length, visible
         )
         norm = self.talker.model.norm
         return F.rms_norm(h[:, 0], (self.hidden,), norm.weight, norm.variance_epsilon)

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from realtime_gw.models.kernels import (
-    additive_mask,
     apply_rope,
     attend,
     fuse_linears,
@@ -29,6 +28,7 @@ from realtime_gw.models.kernels import (
     qkv_heads,
     rope_cos_sin,
 )
+from realtime_gw.models.speech.streaming.layers import ring_mask
 
 
 def rope_frequencies(rotary: Any, device: torch.device) -> tuple[torch.Tensor, float]:
@@ -150,12 +150,9 @@ class KyutaiLmRuntime:
         col = torch.where(active, qpos % self.ring, self.ring)
         kpos = self.kpos[:b]
         kpos.scatter_(1, col[:, None], qpos[:, None])
-        kp = kpos[:, None, :length]  # (b, 1, L)
-        q = qpos[:, None, None]
-        mask = (kp >= 0) & (kp <= q) & (kp > q - self.window)
-        mask = mask | ~active[:, None, None]  # inactive rows attend to anything: finite, ignored
         l0 = self.layers[0]
-        mask_add = additive_mask(mask, l0.kv_heads, l0.heads // l0.kv_heads, self.dtype)
+        mask_add = ring_mask(kpos[:, :length], qpos[:, None], self.window, active, self.ring, l0.heads,
+                             l0.kv_heads, self.dtype)  # fmt: skip
         cos, sin = rope_cos_sin(qpos[:, None], self.inv_freq, self.rope_scale, self.dtype)
         cos, sin = cos[:, :, None], sin[:, :, None]  # (b, 1, 1, D): broadcast over heads
         x = self.embed(self.last_tok[:b], codes)

@@ -29,7 +29,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from realtime_gw.models.kernels import additive_mask, layers_at_positions, layers_over_span, rope_cos_sin
+from realtime_gw.models.kernels import (
+    KeyMask,
+    additive_mask,
+    layers_at_positions,
+    layers_over_span,
+    rope_cos_sin,
+)
 from realtime_gw.models.speech.codec.talker import FusedQwen3Layer
 from realtime_gw.models.speech.qwen3.checkpoint import Qwen3TtsCheckpoint
 
@@ -271,9 +277,10 @@ class Qwen3TalkerRuntime:
             l0 = self.layers[0]
             mask = (self.positions[None, :length] <= pos[:, None])[:, None, :]
             mask_add = additive_mask(mask, l0.kv_heads, l0.heads // l0.kv_heads, x.dtype)
+            visible = KeyMask(mask_add, (pos + 1).to(torch.int32))  # the decode kernel reads no further
             cos, sin = cos[:, None, None, :], sin[:, None, None, :]
             h = layers_at_positions(
-                self.layers, x[:, None, :], cos, sin, self.k_cache, self.v_cache, col, length, mask_add
+                self.layers, x[:, None, :], cos, sin, self.k_cache, self.v_cache, col, length, visible
             )[:, 0]
         norm = self.t.model.norm
         return F.rms_norm(h, (self.hidden,), norm.weight, norm.variance_epsilon)

@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from realtime_gw.models.fp8 import FP8
 from realtime_gw.models.kernels import (
+    KeyMask,
     additive_mask,
     apply_rope,
     attend,
@@ -303,6 +305,21 @@ class FusedScaledLayer:
         return torch.addcmul(x, self.mlp(self.ln2(x)), self.ls2)
 
 
+def ring_mask(
+    kpos: torch.Tensor, qpos: torch.Tensor, window: int, active: torch.Tensor, ring: int, heads: int,
+    kv_heads: int, dtype: torch.dtype,
+) -> KeyMask:  # fmt: skip
+    """What queries at ``qpos (b, S)`` see of a ring whose columns hold positions ``kpos (b, L)`` (-1:
+    empty): the causal window ``(q - window, q]``. Inactive rows see anything (finite, ignored). Before
+    the ring wraps, a row's keys are its first ``pos + S`` columns: the rest are masked, and ``visible``
+    says so (the decode kernel does not read them)."""
+    kp, q = kpos[:, None, :], qpos[:, :, None]
+    mask = (kp >= 0) & (kp <= q) & (kp > q - window)
+    mask = mask | ~active[:, None, None]
+    visible = torch.where(active, (qpos[:, -1] + 1).clamp(max=ring), kpos.shape[1]).to(torch.int32)
+    return KeyMask(additive_mask(mask, kv_heads, heads // kv_heads, dtype), visible)
+
+
 class RingTransformer:
     """A causal sliding-window transformer decoded a few positions per step for many slots: a ring K/V of
     ``window + positions_per_frame`` columns per layer, with each column's absolute position stored so the
@@ -311,7 +328,9 @@ class RingTransformer:
     ``layers`` are duck-typed (``layer(x, cos, sin, write, keys, values, mask_add)``): the codecs' scaled
     layers here, the speech-to-speech temporal transformer's own (``models/s2s``). The K/V rings are kept
     in ``dtype``; a step may read only ring columns ``[0, length)`` (before the ring wraps, the positions
-    seen so far), so a young stream does not pay for the whole window."""
+    seen so far), so a young stream does not pay for the whole window. ``kv_dtype`` FP8 (e4m3) keeps them
+    quantized with a float32 scale per (slot, head, column) (``kernels.write_columns``): half the bytes
+    that decode attention reads, dequantized in its kernel."""
 
     def __init__(
         self,
@@ -323,16 +342,24 @@ class RingTransformer:
         rope_scale: float,
         device: torch.device,
         dtype: torch.dtype = torch.float32,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         self.layers = list(layers)
+        kv_dtype = kv_dtype or dtype
+        if kv_dtype not in (dtype, FP8):
+            raise ValueError(f"ring K/V in {kv_dtype}: only the model's {dtype} or {FP8}")
         self.window = window
         self.ring = window + positions_per_frame
         self.k_ring: list[torch.Tensor] = []
         self.v_ring: list[torch.Tensor] = []
         for layer in self.layers:
             shape = (slots, layer.kv_heads, self.ring + 1, layer.head_dim)  # +1 scratch column
-            self.k_ring.append(torch.zeros(shape, device=device, dtype=dtype))
-            self.v_ring.append(torch.zeros(shape, device=device, dtype=dtype))
+            self.k_ring.append(torch.zeros(shape, device=device, dtype=kv_dtype))
+            self.v_ring.append(torch.zeros(shape, device=device, dtype=kv_dtype))
+        self.scales: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        if kv_dtype == FP8:
+            self.scales = ([torch.zeros(t.shape[:3], device=device) for t in self.k_ring],
+                           [torch.zeros(t.shape[:3], device=device) for t in self.v_ring])  # fmt: skip
         self.kpos = torch.full((slots, self.ring + 1), -1, dtype=torch.long, device=device)
         self.pos = torch.zeros(slots, dtype=torch.long, device=device)
         self.inv_freq = inv_freq.detach().float().clone().to(device)
@@ -345,8 +372,11 @@ class RingTransformer:
         self.pos.index_fill_(0, slots, 0)
 
     def slot_tensors(self) -> list[torch.Tensor]:
-        """Every tensor holding per-slot state (slot first): the ring K/V, their positions, the counts."""
-        return [*self.k_ring, *self.v_ring, self.kpos, self.pos]
+        """Every tensor holding per-slot state (slot first): the ring K/V (FP8 as bytes: row moves have no
+        FP8 kernels) and their scales, their positions, the counts."""
+        rings = [t.view(torch.uint8) if t.dtype == FP8 else t for t in (*self.k_ring, *self.v_ring)]
+        scales = [*self.scales[0], *self.scales[1]] if self.scales is not None else []
+        return [*rings, *scales, self.kpos, self.pos]
 
     def __call__(
         self, x: torch.Tensor, b: int, active: torch.Tensor, length: int | None = None
@@ -359,14 +389,12 @@ class RingTransformer:
         cols = torch.where(active[:, None], qpos % self.ring, self.ring)
         kpos = self.kpos[:b]
         kpos.scatter_(1, cols, qpos)
-        kp = kpos[:, None, :length]  # (b, 1, L)
-        q = qpos[:, :, None]
-        mask = (kp >= 0) & (kp <= q) & (kp > q - self.window)
-        mask = mask | ~active[:, None, None]  # inactive rows attend to anything: finite, ignored
         l0 = self.layers[0]
-        mask_add = additive_mask(mask, l0.kv_heads, l0.heads // l0.kv_heads, x.dtype)
+        mask = ring_mask(kpos[:, :length], qpos, self.window, active, self.ring, l0.heads, l0.kv_heads, x.dtype)
         cos, sin = rope_cos_sin(qpos, self.inv_freq, self.rope_scale, x.dtype)
         cos, sin = cos[:, :, None], sin[:, :, None]  # (b, S, 1, D): broadcast over heads
-        x = layers_at_positions(self.layers, x, cos, sin, self.k_ring, self.v_ring, cols, length, mask_add)
+        x = layers_at_positions(
+            self.layers, x, cos, sin, self.k_ring, self.v_ring, cols, length, mask, self.scales
+        )
         self.pos[:b].add_(active.long() * s)
         return x
