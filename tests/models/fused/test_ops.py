@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from realtime_gw.models.fused import ops  # noqa: E402
+from realtime_gw.models.fused import gemm, ops  # noqa: E402
 from realtime_gw.models.kernels import additive_mask, apply_rope, attend, rope_cos_sin  # noqa: E402
 from realtime_gw.models.speech.qwen3.talker import sample  # noqa: E402
 
@@ -19,12 +19,13 @@ def _rand(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("gpu_tiles", [False, True])  # the interpreter's one big tile; the GPU's tiles
-@pytest.mark.parametrize("m", [1, 3, 20])  # GEMV tiles, and tl.dot tiles from 16 rows
-def test_linear_prologue_and_epilogues(m: int, gpu_tiles: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ops, "INTERPRETED", not gpu_tiles)
-    k, n, groups = 40, 24, 2
-    x, w, b = _rand(m * groups, k), _rand(n, k, seed=1), _rand(n, seed=2)
+def _check_linear(m: int, k: int, tiles: gemm.Tiles | None, tol: float = ATOL) -> None:
+    n, groups = 24, 2
+    x, w, b = (
+        _rand(m * groups, k),
+        _rand(n, k, seed=1) * (40 / k) ** 0.5,
+        _rand(n, seed=2),
+    )  # same scale at any k
     res, nw, shift, gate = (
         _rand(m * groups, n, seed=3),
         _rand(groups, k, seed=4),
@@ -33,19 +34,42 @@ def test_linear_prologue_and_epilogues(m: int, gpu_tiles: bool, monkeypatch: pyt
     )
     per_row = torch.arange(m * groups) // m
     normed = F.rms_norm(x, (k,), None, 1e-6) * nw[per_row] + shift[per_row]
-    got = ops.linear(x, w, b, norm=nw, norm_shift=shift, rows_per_group=m, residual=res, gate=gate)
-    torch.testing.assert_close(got, res + gate[per_row] * F.linear(normed, w, b), atol=ATOL, rtol=1e-5)
-    got = ops.linear(x, w, norm=nw[0], eps=1e-5)
-    torch.testing.assert_close(got, F.linear(F.rms_norm(x, (k,), nw[0], 1e-5), w), atol=ATOL, rtol=1e-5)
+    got = gemm.linear_with(
+        tiles, x, w, b, norm=nw, norm_shift=shift, rows_per_group=m, residual=res, gate=gate
+    )
+    torch.testing.assert_close(got, res + gate[per_row] * F.linear(normed, w, b), atol=tol, rtol=tol)
+    got = gemm.linear_with(tiles, x, w, norm=nw[0], eps=1e-5)
+    torch.testing.assert_close(got, F.linear(F.rms_norm(x, (k,), nw[0], 1e-5), w), atol=tol, rtol=tol)
     for act, ref in ((ops.ACT_SILU, F.silu), (ops.ACT_GELU_TANH, lambda t: F.gelu(t, approximate="tanh"))):
         gu = F.linear(x, w, b)
-        got = ops.linear(x, w, b, glu=act)
-        torch.testing.assert_close(got, ref(gu[:, : n // 2]) * gu[:, n // 2 :], atol=ATOL, rtol=1e-5)
+        got = gemm.linear_with(tiles, x, w, b, glu=act)
+        torch.testing.assert_close(got, ref(gu[:, : n // 2]) * gu[:, n // 2 :], atol=tol, rtol=tol)
     table, idx = _rand(50, k, seed=7), torch.tensor([3, 49, 0, 3] * m)[: m * groups]
     rows = torch.stack([idx, idx], 1)[:, 1]  # a strided index column, as a frame's codes
     torch.testing.assert_close(
-        ops.linear(table, w, b, gather=rows), F.linear(table[idx], w, b), atol=ATOL, rtol=1e-5
+        gemm.linear_with(tiles, table, w, b, gather=rows), F.linear(table[idx], w, b), atol=tol, rtol=tol
     )
+
+
+@pytest.mark.parametrize("m", [1, 3, 20])  # GEMV tiles, and tl.dot tiles from 16 rows
+def test_linear_prologue_and_epilogues(m: int) -> None:
+    """The interpreter's one tile, as ``ops.linear`` runs under it."""
+    (tiles,) = gemm.candidates(m * 2, 24, 40)
+    assert ops.linear is gemm.linear
+    _check_linear(m, 40, None)
+    _check_linear(m, 40, tiles)
+
+
+@pytest.mark.parametrize("m", [1, 3, 6, 20])
+def test_every_device_tile_config(m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every config the device's tuner may choose at these row counts (the GEMV widths, the dot tiles, K
+    split over programs with its partial sums added by the second kernel) gives the same result."""
+    monkeypatch.setattr(gemm, "INTERPRETED", False)
+    k = 300  # long enough for a split into whole K steps
+    configs = gemm.candidates(m * 2, 24, k, sms=4)
+    assert any(c.splits > 1 for c in configs) or m * 2 <= 2
+    for tiles in configs:
+        _check_linear(m, k, tiles, tol=1e-4)  # K summed in other orders (float32)
 
 
 def test_rope_write_equals_the_eager_layer() -> None:
