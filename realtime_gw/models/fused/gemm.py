@@ -209,7 +209,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[Tiles]:
     out: list[Tiles] = []
     if m <= 2:
         bm = _pow2(m, 2, 2)
-        for bn, bk in ((4, 512), (8, 256), (2, 1024), (4, 1024), (16, 128)):
+        for bn, bk in ((4, 512), (8, 256), (2, 1024), (4, 1024)):  # at batch 1, 4x512 beat 8x256 by 1.7x
             out.append(Tiles(bm, bn, _pow2(k, 16, bk), dot=False))
     elif m < 16:
         bm = _pow2(m, 4, 16)  # broadcast tiles within ~8K float32 products (registers)
@@ -217,7 +217,6 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[Tiles]:
         for bn in (32, 64):
             progs = triton.cdiv(n, bn)
             out.append(Tiles(16, bn, _pow2(k, 16, 64), dot=True, splits=_splits_for(progs, k, 64, sms)))
-        out.append(Tiles(16, 32, _pow2(k, 16, 128), dot=True))
     else:
         bm = _pow2(m, 16, 64)
         for tm, bn, bk in ((bm, 64, 64), (bm, 32, 64), (min(bm, 32), 64, 128), (bm, 128, 64), (16, 64, 128)):

@@ -52,11 +52,12 @@ class FusedQwen3Frame:
         return self.paths.get((part, b), True)
 
     @torch.no_grad()
-    def choose(self, batches: list[int], length: int) -> dict[int, dict[str, Any]]:
+    def choose(self, batches: list[int], length: int, timer: Any = None) -> dict[int, dict[str, Any]]:
         """Per batch bucket, the talker's layers and the code predictor each on the faster path, fused or
         eager: both timed as CUDA graph replays (the talker's over ``length`` cache columns), at warm-up and
         before the frame's graphs are captured. The fused kernels' tiles are tuned in the first run of each
-        shape, so every shape a frame graph holds is tuned before its capture. Returns the timings."""
+        shape, so every shape a frame graph holds is tuned before its capture. Returns the timings.
+        ``timer``: how a path is timed (``tuning.fastest``'s; default a CUDA graph replay)."""
         from realtime_gw.models.fused.tuning import fastest
 
         rt = self.rt
@@ -75,7 +76,7 @@ class FusedQwen3Frame:
                     name: (lambda fused=fused, part=part, body=body, b=b: self._run_as(part, b, fused, body))
                     for name, fused in (("eager", False), ("fused", True))
                 }
-                name, ms = fastest(f"tts-qwen3 {part} at batch {b}", paths)
+                name, ms = fastest(f"tts-qwen3 {part} at batch {b}", paths, timer)
                 self.paths[(part, b)] = name == "fused"
                 report[b][part] = {"chosen": name, "ms": ms}
         return report

@@ -70,6 +70,10 @@ def replay_ms(graph: Any, replays: int = 5) -> float:
     return best
 
 
+def _graph_timer(body: Callable[[], object]) -> float:
+    return graph_ms(body, replays=3, warm=2)
+
+
 class Tuner:
     """The fastest of a kernel's candidate configs, per shape key, measured once on the device."""
 
@@ -116,13 +120,16 @@ class Tuner:
         }
 
 
-def fastest(label: str, paths: dict[str, Callable[[], object]]) -> tuple[str, dict[str, float]]:
-    """The name of the fastest of ``paths`` (bodies timed as CUDA graph replays) and every path's ms; a
-    path that fails to run or capture is left out (logged). Logs the choice."""
+def fastest(
+    label: str, paths: dict[str, Callable[[], object]], timer: Callable[[Callable[[], object]], float] | None = None
+) -> tuple[str, dict[str, float]]:
+    """The name of the fastest of ``paths`` and every path's ms: each body timed by ``timer`` (default: as
+    a CUDA graph replay, after two eager runs); a path that fails to run or capture is left out (logged).
+    Logs the choice."""
     ms: dict[str, float] = {}
     for name, body in paths.items():
         try:
-            ms[name] = round(graph_ms(body, replays=3, warm=2), 4)
+            ms[name] = round((timer or _graph_timer)(body), 4)
         except Exception as e:
             log.warning("%s: the %s path failed to run as a CUDA graph: %s", label, name, e)
     if not ms:
