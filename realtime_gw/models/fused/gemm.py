@@ -219,7 +219,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[Tiles]:
             out.append(Tiles(16, bn, _pow2(k, 16, 64), dot=True, splits=_splits_for(progs, k, 64, sms)))
     else:
         bm = _pow2(m, 16, 64)
-        for tm, bn, bk in ((bm, 64, 64), (bm, 32, 64), (min(bm, 32), 64, 128), (bm, 128, 64), (16, 64, 128)):
+        for tm, bn, bk in ((bm, 64, 64), (min(bm, 32), 64, 128), (bm, 128, 64), (16, 64, 128)):
             progs = triton.cdiv(n, bn) * triton.cdiv(m, tm)
             warps = 8 if tm * bn >= 64 * 128 else 4
             out.append(
