@@ -18,7 +18,8 @@ process, as the stages dispatch them (per batch bucket, the faster path, measure
    choice (plain and RTC step, today's vs fused), then per batch (1, 4, 8) the device time of a chunk
    (prefix + 10 steps) as dispatched, plain and RTC, and today's (prefix + 10 of today's steps); the fused
    step's kernels at batch 1.
-6. ``tiles_chosen``: what the tuner chose per shape, every candidate's time (us), its seconds.
+6. ``tiles_chosen``: what the tuners (linear tiles, attention query blocks and splits) chose per shape,
+   every candidate's time (us), their seconds.
 7. ``streams`` (while the budget allows; ``--streams``): Qwen3-TTS through a ``StageWorker`` with
    ``tts_fused`` on: step p50 and RTF at each stream count.
 
@@ -441,7 +442,7 @@ def main() -> None:
         p.error("--device cpu runs the kernels in Triton's interpreter: set TRITON_INTERPRET=1")
     run = Run(args)
     from loadtest.bench.tts_gpu import hardware
-    from realtime_gw.models.fused import gemm, tuning
+    from realtime_gw.models.fused import gemm, ops, tuning
 
     RESULTS.update(hardware=hardware(), date=time.strftime("%Y-%m-%d %H:%M"), command=" ".join(sys.argv))
     phase("tiles", run, lambda: check_tiles(run))
@@ -450,12 +451,13 @@ def main() -> None:
     phase("pi0_check", run, lambda: check_pi0(run), needs_s=40 if run.cuda else 0)
     tuning.TUNING = True
     gemm.TUNER.chosen.clear()  # the speed phases tune every shape they run
+    ops.ATTENTION_TUNER.chosen.clear()
     phase("qwen", run, lambda: qwen_speed(run), needs_s=40)
     gc.collect()
     if run.cuda:
         torch.cuda.empty_cache()
     phase("pi0", run, lambda: pi0_speed(run), needs_s=90 if run.cuda else 0)
-    RESULTS["tiles_chosen"] = gemm.TUNER.report()
+    RESULTS["tiles_chosen"] = {"linear": gemm.TUNER.report(), "attention": ops.ATTENTION_TUNER.report()}
     save(run)
     if run.cuda and args.streams:
         phase("streams", run, lambda: asyncio.run(streams(run)), needs_s=120)

@@ -38,6 +38,7 @@ from realtime_gw.models.fused.gemm import (  # noqa: F401  (the linear layer's p
     EPI_STORE,
     linear,
 )
+from realtime_gw.models.fused.tuning import Tuner
 
 INTERPRETED = interpreted()
 
@@ -229,7 +230,26 @@ def _combine_kernel(
 
 TARGET_PROGRAMS = 128
 """Attention over a long cache splits its keys until about this many programs run (flash-decoding):
-with few queries, one program per query block would leave most SMs idle."""
+with few queries, one program per query block would leave most SMs idle. The tuner also tries twice this,
+and 64-row query blocks where there are that many rows (fewer re-reads of the keys: PI0's 408)."""
+ATTENTION_TUNER = Tuner("fused attention")
+
+
+def _attention_plans(rows: int, programs_per_q: int, length: int, d: int, cap: int) -> list[tuple[int, int, int]]:
+    """(query block, key block, split length) candidates, the default first, without duplicates."""
+    block_d = _pow2(d, 16, 256)
+    block_l = 16 if length <= 16 else 32 if block_d >= 128 else 64
+    shapes = [(_pow2(rows, 16, 32), TARGET_PROGRAMS)]
+    if not INTERPRETED:
+        shapes.append((shapes[0][0], 2 * TARGET_PROGRAMS))
+        if rows >= 64 and block_d <= 256:
+            shapes.append((64, TARGET_PROGRAMS))
+    plans = []
+    for block_q, target in shapes:
+        programs = triton.cdiv(rows, block_q) * programs_per_q
+        splits = min(triton.cdiv(length, block_l), max(1, target // programs), cap)
+        plans.append((block_q, block_l, triton.cdiv(triton.cdiv(length, splits), block_l) * block_l))
+    return list(dict.fromkeys(plans))
 
 
 def attention(
@@ -249,41 +269,46 @@ def attention(
     (B, KV, L, D)`` -> ``(B * seq, heads * D)``. ``causal_from``: query s sees columns ``<= causal_from +
     s`` (a ``(B,)`` tensor: each batch row's own); ``mask``: additive ``(B or 1, 1, seq * groups, >=
     length)`` in ``kernels.additive_mask``'s rows. A long cache is split over several programs, then
-    merged (``max_splits`` caps the split count; 1: one pass)."""
+    merged (``max_splits`` caps the split count; 1: one pass). The query block and split count are the
+    fastest of a few for the shape, timed on the device on its first call (``ATTENTION_TUNER``)."""
     m = q.shape[0]
     bsz, kvh, _, d = k_cache.shape
     groups = heads // kvh
     o = torch.empty_like(q)
     rows = seq * groups
-    block_q = _pow2(rows, 16, 32)
     block_d = _pow2(d, 16, 256)
-    block_l = 16 if length <= 16 else 32 if block_d >= 128 else 64
     s_mb = 0 if mask is None or mask.shape[0] == 1 else mask.stride(0)
     assert m % seq == 0 and m // seq <= bsz
-    programs = triton.cdiv(rows, block_q) * (m // seq) * kvh
     cap = max_splits or (4 if INTERPRETED else 64)  # the interpreter runs programs one by one
-    splits = min(triton.cdiv(length, block_l), max(1, TARGET_PROGRAMS // programs), cap)
-    split_len = triton.cdiv(triton.cdiv(length, splits), block_l) * block_l
-    splits = triton.cdiv(length, split_len)
-    part_o = part_ml = q
-    if splits > 1:
-        part_o = torch.empty(splits, m, heads, d, device=q.device, dtype=torch.float32)
-        part_ml = torch.empty(splits, m, heads, 2, device=q.device, dtype=torch.float32)
-    _attention_kernel[(triton.cdiv(rows, block_q), (m // seq) * kvh, splits)](
-        q, k_cache, v_cache, mask if mask is not None else q, o,
-        causal_from if isinstance(causal_from, torch.Tensor) else q, part_o, part_ml,
-        seq, groups, kvh, length, d, causal_from if isinstance(causal_from, int) else 0, scale, split_len, m, heads,
-        q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], s_mb,
-        mask.stride(2) if mask is not None else 0, o.stride(0),
+    flags = dict(
         CAUSAL=causal_from is not None, ROW_POS=isinstance(causal_from, torch.Tensor), HAS_MASK=mask is not None,
-        IEEE=q.dtype == torch.float32, SPLIT=splits > 1,
-        BLOCK_Q=block_q, BLOCK_L=block_l, BLOCK_D=block_d, num_warps=8 if block_d >= 128 else 4,
+        IEEE=q.dtype == torch.float32,
     )  # fmt: skip
-    if splits > 1:
-        _combine_kernel[(m, heads)](
-            part_o, part_ml, o, m, heads, d, splits, o.stride(0),
-            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
+
+    def launch(plan: tuple[int, int, int]) -> None:
+        block_q, block_l, split_len = plan
+        splits = triton.cdiv(length, split_len)
+        part_o = part_ml = q
+        if splits > 1:
+            part_o = torch.empty(splits, m, heads, d, device=q.device, dtype=torch.float32)
+            part_ml = torch.empty(splits, m, heads, 2, device=q.device, dtype=torch.float32)
+        _attention_kernel[(triton.cdiv(rows, block_q), (m // seq) * kvh, splits)](
+            q, k_cache, v_cache, mask if mask is not None else q, o,
+            causal_from if isinstance(causal_from, torch.Tensor) else q, part_o, part_ml,
+            seq, groups, kvh, length, d, causal_from if isinstance(causal_from, int) else 0, scale, split_len, m, heads,
+            q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], s_mb,
+            mask.stride(2) if mask is not None else 0, o.stride(0), **flags, SPLIT=splits > 1,
+            BLOCK_Q=block_q, BLOCK_L=block_l, BLOCK_D=block_d, num_warps=8 if block_d >= 128 else 4,
         )  # fmt: skip
+        if splits > 1:
+            _combine_kernel[(m, heads)](
+                part_o, part_ml, o, m, heads, d, splits, o.stride(0),
+                BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
+            )  # fmt: skip
+
+    plans = _attention_plans(rows, (m // seq) * kvh, length, d, cap)
+    key = (m, seq, heads, kvh, d, length, cap, q.dtype, *flags.values())
+    launch(ATTENTION_TUNER.pick(key, plans, launch, q.device))
     return o
 
 

@@ -134,3 +134,42 @@ def test_sample_equals_the_eager_sampler(do_sample: bool, top_k: int) -> None:
     codes = torch.zeros(6, 3, dtype=torch.long)
     ops.sample(logits, codes[:, 1], do_sample, 0.9, top_k, draws)
     assert torch.equal(codes[:, 1], want)
+
+
+def test_every_device_attention_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each query block and split the device's tuner may choose (64-row query blocks at PI0's many rows,
+    the keys split over programs) gives the eager attention's result."""
+    monkeypatch.setattr(ops, "INTERPRETED", False)
+    b, s, heads, kvh, d, length = 1, 9, 8, 1, 16, 300
+    q, kc, vc = _rand(b * s, heads * d), _rand(b, kvh, 320, d, seed=1), _rand(b, kvh, 320, d, seed=2)
+    keep = _rand(b, s, 320, seed=3) > -0.5
+    keep[:, :, 0] = True
+    mask = additive_mask(keep, 1, heads // kvh, q.dtype)
+    want = attend(q.view(b, s, heads, d), kc[:, :, :length], vc[:, :, :length], mask[..., :length], 0.3)
+    plans = ops._attention_plans(s * heads // kvh, b * kvh, length, d, 64)
+    assert len(plans) >= 2 and plans[-1][0] == 64 and all(length > p[2] for p in plans)  # all split
+    for plan in plans:
+        monkeypatch.setattr(ops.ATTENTION_TUNER, "pick", lambda key, cands, launch, dev, plan=plan: plan)
+        got = ops.attention(q, s, heads, kc, vc, length, 0.3, mask=mask)
+        torch.testing.assert_close(got.view(b, s, -1), want, atol=ATOL, rtol=1e-5)
+
+
+@pytest.mark.parametrize("act", [ops.ACT_SILU, ops.ACT_GELU_TANH])
+def test_backward_pieces_equal_autograd(act: int) -> None:
+    """The written-out backward's kernels: the GLU's gradient, and the RMSNorm's input gradient (per-group
+    weights and a shift, as π0.5's adaptive norm) added to the running one, against autograd."""
+    from realtime_gw.models.fused.backward import glu_backward, norm_backward_add
+
+    m, inter, k, n = 6, 40, 48, 3
+    gu = _rand(m, 2 * inter).requires_grad_(True)
+    da = _rand(m, inter, seed=1)
+    f = F.silu if act == ops.ACT_SILU else (lambda t: F.gelu(t, approximate="tanh"))
+    (want,) = torch.autograd.grad(f(gu[:, :inter]) * gu[:, inter:], gu, grad_outputs=da)
+    got = glu_backward(gu.detach(), da, act, torch.float32)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-5)
+    x = _rand(m, k, seed=2).requires_grad_(True)
+    w, shift, dh, dx = _rand(m // n, k, seed=3), _rand(m // n, k, seed=4), _rand(m, k, seed=5), _rand(m, k, seed=6)
+    group = torch.arange(m) // n
+    (want,) = torch.autograd.grad(F.rms_norm(x, (k,), None, 1e-6) * w[group] + shift[group], x, grad_outputs=dh)
+    got = norm_backward_add(dx, x.detach(), dh, w, 1e-6, n)
+    torch.testing.assert_close(got, dx + want, atol=ATOL, rtol=1e-5)
