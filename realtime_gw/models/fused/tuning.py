@@ -4,8 +4,9 @@ eager one at a batch bucket.
 ``Tuner.pick`` times a kernel's candidate configs the first time it sees a shape (a CUDA graph of a few
 launches each, so the host's launch cost does not hide the kernel's) and keeps the fastest for that shape.
 The first call of each shape happens in a stage's warm-up, before its CUDA graphs are captured (every
-capture runs its body eagerly first); a shape first seen while a graph is being captured, on the CPU or
-under Triton's interpreter takes the first candidate, untimed (the interpreter's is its one big tile).
+capture runs its body eagerly first); a shape first seen while a graph is being captured, inside an
+autograd backward, on the CPU or under Triton's interpreter takes the first candidate, untimed (the
+interpreter's is its one big tile).
 
 ``graph_ms`` times any body as a CUDA graph replay: what ``fastest`` uses to choose, per batch bucket,
 between a fused and an eager path at warm-up.
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
@@ -28,16 +28,21 @@ C = TypeVar("C")
 
 TIMED_LAUNCHES = 8
 """Launches per candidate in the timed graph."""
-TUNING = os.environ.get("REALTIME_GW_FUSED_TUNING", "1") != "0"
-"""``REALTIME_GW_FUSED_TUNING=0``: take each kernel's first candidate, untimed (a fixed, reproducible
-choice; what the interpreter does anyway)."""
+TUNING = True
+"""False: each kernel takes its first candidate, untimed (a fixed choice, as under the interpreter; the
+bench's parity phases, which then compile less)."""
 
 
 def measurable(device: torch.device) -> bool:
-    """Whether timing can run now on ``device``: CUDA, not under the interpreter, not inside a capture."""
+    """Whether timing can run now on ``device``: CUDA, not under the interpreter, not inside a capture,
+    not inside an autograd backward (its engine's own thread: a shape first seen there, RTC's recomputed
+    gate|up, takes its first candidate)."""
     from realtime_gw.models.fused import interpreted
 
-    return device.type == "cuda" and not interpreted() and not torch.cuda.is_current_stream_capturing()
+    if device.type != "cuda" or interpreted() or torch.cuda.is_current_stream_capturing():
+        return False
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is None or task() == -1
 
 
 def graph_ms(body: Callable[[], object], launches: int = 1, replays: int = 3, warm: int = 1) -> float:
