@@ -173,3 +173,14 @@ def test_backward_pieces_equal_autograd(act: int) -> None:
     (want,) = torch.autograd.grad(F.rms_norm(x, (k,), None, 1e-6) * w[group] + shift[group], x, grad_outputs=dh)
     got = norm_backward_add(dx, x.detach(), dh, w, 1e-6, n)
     torch.testing.assert_close(got, dx + want, atol=ATOL, rtol=1e-5)
+
+
+def test_device_candidates_fit_the_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GEMV tiles at 1-2 rows (4x512 first: the measured best at batch 1), dot tiles from 16 rows, K split
+    where the tiles alone are too few for the SMs (PI0's down projection at batch 1), few configs each."""
+    monkeypatch.setattr(gemm, "INTERPRETED", False)
+    gemv = gemm.candidates(1, 4096, 1024)
+    assert not any(c.dot for c in gemv) and (gemv[0].block_n, gemv[0].block_k) == (4, 512)
+    down = gemm.candidates(51, 1024, 4096)
+    assert all(c.dot for c in down) and down[0].splits > 1 and any(c.splits == 1 for c in down)
+    assert all(len(gemm.candidates(m, 1024, 3072)) <= 6 for m in (1, 2, 3, 8, 15, 16, 64, 256))
