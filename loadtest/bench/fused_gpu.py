@@ -1,23 +1,33 @@
-"""Fused small decoders (``realtime_gw.models.fused``) vs today's path, one run: correctness on CUDA first,
-then speed, each fused figure next to the unfused one measured in the same process.
+"""Fused small decoders (``realtime_gw.models.fused``) against today's path, in one run that stops on time:
+correctness on the device first, then speed, the fused figures next to the eager ones measured in the same
+process, as the stages dispatch them (per batch bucket, the faster path, measured at warm-up).
 
 **Random-init weights** at the published shapes (Qwen3-TTS 0.6B, full PI0): real architecture and cost.
 
-1. checks (CUDA): the Qwen3-TTS code predictor's codes, fused vs eager (``tts_fused`` also runs the
-   talker's layers fused; the served frame's figures below include both), from the same hidden states and
-   seeds: the tiny fixture and the 0.6B shape in float32 (must be equal: ``codes_equal``), and the 0.6B
-   in bf16 (rounding differs, so only the share of equal codes); PI0's velocity and its
-   vector-Jacobian product (RTC's guidance), fused vs eager, tiny in float32 and full in bf16.
-2. Qwen3-TTS 0.6B as served (bf16, pipelined, graphs) with ``tts_fused`` off and on: graph-replay ms of
-   the code predictor and of the whole frame at batch 1 and 64, and streams through a ``StageWorker``
-   (``tts_gpu.run_streams``): step p50 at 1 stream, RTF at 64.
-3. PI0 (bf16, 3 cameras, batch 1 bucket, graphs) with ``policy_fused`` off (uncompiled graphs) and on:
-   device time of a chunk's graph replays (prefix + 10 steps), plain and RTC, and the actions' relative
-   L2 distance between the two; then, while the deadline allows, the compiled step (today's default).
+1. ``tiles``: every tile config the fused linear layer's tuner may choose, at the Qwen3-TTS shapes of its
+   gate|up (norm + SwiGLU) and down (+ residual) projections at 1, 8 and 64 rows, bf16, against torch.
+2. ``qwen_check``: the code predictor's codes and whole frames' codes, fused vs eager, from the same hidden
+   states and seeds: the tiny fixture and the 0.6B shape in float32 (must be equal: ``codes_equal``), the
+   0.6B in bf16 (only the share of equal codes: rounding differs).
+3. ``pi0_check``: PI0's velocity and its vector-Jacobian product (RTC's guidance), fused vs eager: tiny
+   float32 (PI0, and π0.5 where transformers ships it) and the full model in bf16.
+4. ``qwen``: Qwen3-TTS 0.6B (bf16, as served): per batch (1, 8, 16, 32, 64, 128 by default), the talker's
+   layers and the code predictor eager and fused (graph replays; the stage's warm-up choice), then the
+   whole frame (talker, code predictor, codec decoder: KV length 64) eager and as dispatched.
+5. ``pi0``: PI0 (bf16, 3 cameras, graphs; uncompiled unless ``--pi0-compiled``): the warm-up's per-bucket
+   choice (plain and RTC step, today's vs fused), then per batch (1, 4, 8) the device time of a chunk
+   (prefix + 10 steps) as dispatched, plain and RTC, and today's (prefix + 10 of today's steps); the fused
+   step's kernels at batch 1.
+6. ``tiles_chosen``: what the tuners (linear tiles, attention query blocks and splits) chose per shape,
+   every candidate's time (us), their seconds.
+7. ``streams`` (while the budget allows; ``--streams``): Qwen3-TTS through a ``StageWorker`` with
+   ``tts_fused`` on: step p50 and RTF at each stream count.
 
-Every phase writes its part of ``--json`` as soon as it ends (a run cut short keeps what it measured).
+Every phase writes its part of ``--json`` as soon as it ends, and the batch loops after each batch.
 
-    python3 -m loadtest.bench.fused_gpu --json $OUT/fused_gpu.json      # on a CUDA machine
+    python3 -m loadtest.bench.fused_gpu --json $OUT/fused_gpu.json --budget-s 320     # on a CUDA machine
+    TRITON_INTERPRET=1 python -m loadtest.bench.fused_gpu --device cpu --qwen-batches 1 2 --pi0-batches 1
+        # the CPU dry run: tiny models, Triton's interpreter, wall-clock ms (no figure)
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import sys
 import time
 import traceback
@@ -33,7 +44,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 try:
@@ -43,27 +53,58 @@ except ImportError:  # a bare GPU machine: the codec stages never resample, the 
 
     sys.modules["soxr"] = types.ModuleType("soxr")
 
-from loadtest.bench.kernel_profile import kernels
-from loadtest.bench.tts_gpu import TEXT, hardware, log, run_streams
-
+START = time.monotonic()
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS: dict[str, Any] = {}
+_PI0: dict[str, Any] = {}  # the full PI0 model, loaded once for both of its phases
+QWEN_TINY = ROOT / "tests" / "fixtures" / "qwen3_tts_tiny"
 
 
-class Deadline:
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
+class Run:
+    """The run's arguments, device and deadline."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.dev = args.device
+        self.cuda = args.device == "cuda"
+        self.end = START + args.budget_s  # from the process's start (imports included)
 
     def left(self) -> float:
         return self.end - time.monotonic()
 
+    def timer(self) -> Callable[[Callable[[], object]], float]:
+        """ms of one call: a CUDA graph replay on the device; wall clock on the CPU (the dry run)."""
+        if self.cuda:
+            from realtime_gw.models.fused.tuning import graph_ms
 
-def save(args: argparse.Namespace) -> None:
-    if args.json:
-        Path(args.json).write_text(json.dumps(RESULTS, indent=2, default=str))
+            return lambda body: graph_ms(body, replays=5, warm=2)
+        return _wall_ms
 
 
-def phase(name: str, args: argparse.Namespace, body: Callable[[], Any]) -> None:
+def _wall_ms(body: Callable[[], object]) -> float:
+    body()
+    t = time.perf_counter()
+    body()
+    return (time.perf_counter() - t) * 1000
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def save(run: Run) -> None:
+    if run.args.json:
+        Path(run.args.json).write_text(json.dumps(RESULTS, indent=2, default=str))
+
+
+def phase(name: str, run: Run, body: Callable[[], Any], needs_s: float = 0.0) -> None:
+    if name in run.args.skip:
+        return
+    if run.left() < needs_s:
+        RESULTS[name] = {"skipped": f"{run.left():.0f} s left, it needs ~{needs_s:.0f}"}
+        log(f"[{name}] skipped: {RESULTS[name]['skipped']}")
+        save(run)
+        return
     t = time.perf_counter()
     try:
         RESULTS[name] = body()
@@ -71,12 +112,57 @@ def phase(name: str, args: argparse.Namespace, body: Callable[[], Any]) -> None:
         traceback.print_exc()
         RESULTS[name] = {**RESULTS.get(name, {}), "error": f"{type(e).__name__}: {e}"}
     RESULTS.setdefault("phase_s", {})[name] = round(time.perf_counter() - t, 1)
-    log(f"[{name}] {json.dumps(RESULTS[name], default=str)}")
-    save(args)
+    log(f"[{name}] {json.dumps(RESULTS[name], default=str)[:4000]}")
+    save(run)
 
 
-# -- 1. checks ----------------------------------------------------------------------------------------------
-def predictor_codes(ck: Any, do_sample: bool, frames: int, b: int = 4) -> dict[str, Any]:
+# -- 1. every tile config ------------------------------------------------------------------------------------
+def check_tiles(run: Run) -> dict[str, Any]:
+    """Every candidate config against torch in float32 from the same bf16 inputs: the largest error
+    relative to the output's scale (bf16 rounding: ~1e-2 expected), per shape and config."""
+    from realtime_gw.models.fused import gemm
+
+    dt = torch.bfloat16 if run.cuda else torch.float32
+    hidden, inter = (1024, 3072) if run.cuda else (40, 24)
+    if not run.cuda:  # the interpreter, with the device's candidates
+        gemm.INTERPRETED = False
+    g = torch.Generator(device=run.dev).manual_seed(0)
+    out: dict[str, Any] = {}
+    try:
+        for m in (1, 8, 64) if run.cuda else (1, 8, 20):
+            x = torch.randn(m, hidden, generator=g, device=run.dev).to(dt)
+            nw = (1 + 0.1 * torch.randn(hidden, generator=g, device=run.dev)).to(dt)
+            wgu = (torch.randn(2 * inter, hidden, generator=g, device=run.dev) / hidden**0.5).to(dt)
+            wd = (torch.randn(hidden, inter, generator=g, device=run.dev) / inter**0.5).to(dt)
+            a = torch.randn(m, inter, generator=g, device=run.dev).to(dt)
+            xn = torch.nn.functional.rms_norm(x.float(), (hidden,), nw.float(), 1e-6).to(dt).float()
+            gu = xn @ wgu.float().T
+            want = {"gate_up": torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:],
+                    "down": x.float() + a.float() @ wd.float().T}  # fmt: skip
+            calls = {
+                "gate_up": (lambda t, x=x, w=wgu, nw=nw: gemm.linear_with(t, x, w, norm=nw, glu=gemm.ACT_SILU),
+                            (m, inter, hidden)),
+                "down": (lambda t, a=a, w=wd, x=x: gemm.linear_with(t, a, w, residual=x), (m, hidden, inter)),
+            }
+            for name, (call, shape) in calls.items():
+                errs = {}
+                for tiles in gemm.candidates(*shape):
+                    try:
+                        got = call(tiles).float()
+                        errs[str(tiles)] = float((got - want[name]).abs().max() / want[name].abs().max())
+                    except Exception as e:
+                        errs[str(tiles)] = f"{type(e).__name__}: {str(e)[:120]}"
+                out[f"{name}_m{m}"] = errs
+    finally:
+        gemm.INTERPRETED = gemm.interpreted()
+    worst = [e for shape in out.values() for e in shape.values() if isinstance(e, float)]
+    out["worst_rel_err"] = max(worst, default=None)
+    out["configs_failed"] = sum(1 for shape in out.values() if isinstance(shape, dict) for e in shape.values() if isinstance(e, str))
+    return out
+
+
+# -- 2. Qwen3-TTS parity ---------------------------------------------------------------------------------------
+def predictor_codes(ck: Any, do_sample: bool, frames: int, dev: str, b: int = 4) -> dict[str, Any]:
     """Eager and fused code predictors from the same inputs and seed, ``frames`` times."""
     from realtime_gw.models.speech.qwen3.talker import Qwen3TalkerRuntime, Sampling
 
@@ -86,10 +172,10 @@ def predictor_codes(ck: Any, do_sample: bool, frames: int, b: int = 4) -> dict[s
     equal = total = 0
     first_diff = None
     emb_err = 0.0
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=dev).manual_seed(0)
     for f in range(frames):
-        h = torch.randn(b, eager.hidden, generator=g, device="cuda", dtype=eager.bos_emb.dtype)
-        code0 = torch.randint(0, eager.vocab, (b,), generator=g, device="cuda")
+        h = torch.randn(b, eager.hidden, generator=g, device=dev).to(eager.bos_emb.dtype)
+        code0 = torch.randint(0, eager.vocab, (b,), generator=g, device=dev)
         torch.manual_seed(f)
         want, want_sum = eager.predict_codes(h, code0)
         torch.manual_seed(f)
@@ -104,56 +190,61 @@ def predictor_codes(ck: Any, do_sample: bool, frames: int, b: int = 4) -> dict[s
             "first_frame_differing": first_diff, "emb_sum_max_abs": emb_err}  # fmt: skip
 
 
-def frame_codes(ck: Any, do_sample: bool, frames: int, b: int = 4) -> dict[str, Any]:
+def frame_codes(ck: Any, do_sample: bool, frames: int, dev: str, b: int = 4) -> dict[str, Any]:
     """Whole frame steps (talker, codebook 0, code predictor) of eager and fused runtimes from one prompt."""
     from realtime_gw.models.speech.qwen3.talker import Qwen3TalkerRuntime, Sampling
 
     sampling = Sampling.from_generation(ck.generation, do_sample=do_sample, sub_do_sample=do_sample)
-    g = torch.Generator(device="cuda").manual_seed(1)
-    prompt = torch.randint(0, 200, (b, 12), generator=g, device="cuda")
-    lengths = torch.arange(12 - b, 12, device="cuda")
-    active = torch.ones(b, dtype=torch.bool, device="cuda")
+    g = torch.Generator(device=dev).manual_seed(1)
+    prompt = torch.randint(0, 200, (b, 12), generator=g, device=dev)
+    lengths = torch.arange(12 - b, 12, device=dev)
+    active = torch.ones(b, dtype=torch.bool, device=dev)
     out = []
     for fused in (False, True):
         rt = Qwen3TalkerRuntime(ck, b, 64, sampling, fused_predictor=fused)
-        rt.prefill(torch.arange(b, device="cuda"), prompt, prompt % 7, lengths)
+        rt.prefill(torch.arange(b, device=dev), prompt, prompt % 7, lengths)
         torch.manual_seed(5)
         with torch.no_grad():
             out.append(torch.stack([rt.frame_step(b, 12 + k + 1, prompt[:, k], active, active).clone()
                                     for k in range(frames)]))  # fmt: skip
     eq = out[0] == out[1]
-    per_frame = [bool(e.all()) for e in eq]
-    return {"codes_equal": bool(eq.all()), "equal_share": float(eq.float().mean()), "frames_equal": per_frame}
+    return {"codes_equal": bool(eq.all()), "equal_share": float(eq.float().mean()),
+            "frames_equal": [bool(e.all()) for e in eq]}  # fmt: skip
 
 
-def check_qwen(args: argparse.Namespace) -> dict[str, Any]:
+def check_qwen(run: Run) -> dict[str, Any]:
     from realtime_gw.models.speech.qwen3.checkpoint import load_checkpoint, random_checkpoint
 
     out: dict[str, Any] = {}
-    tiny = load_checkpoint(ROOT / "tests" / "fixtures" / "qwen3_tts_tiny", "cuda", torch.float32)
+    tiny = load_checkpoint(QWEN_TINY, run.dev, torch.float32)
     for mode, sample in (("greedy", False), ("top_k", True)):
-        out[f"tiny_fp32_{mode}"] = predictor_codes(tiny, sample, 8)
+        out[f"tiny_fp32_{mode}"] = predictor_codes(tiny, sample, 8 if run.cuda else 1, run.dev)
+        out[f"tiny_fp32_{mode}_frames"] = frame_codes(tiny, sample, 4 if run.cuda else 1, run.dev)
+    if not run.cuda:
+        return out
     for dtype in (torch.float32, torch.bfloat16):
         ck = random_checkpoint("0.6b", "cuda", dtype)
         for mode, sample in (("greedy", False), ("top_k", True)):
-            out[f"0.6b_{str(dtype)[6:]}_{mode}"] = predictor_codes(ck, sample, 4)
-            out[f"0.6b_{str(dtype)[6:]}_{mode}_frames"] = frame_codes(ck, sample, 4)
+            out[f"0.6b_{str(dtype)[6:]}_{mode}"] = predictor_codes(ck, sample, 4, run.dev)
+            out[f"0.6b_{str(dtype)[6:]}_{mode}_frames"] = frame_codes(ck, sample, 4, run.dev)
         del ck
         torch.cuda.empty_cache()
     return out
 
 
-def velocity_errors(fn: Any, prepared: list[Any]) -> dict[str, float]:
+# -- 3. PI0 parity ---------------------------------------------------------------------------------------------
+def velocity_errors(fn: Any, prepared: list[Any], dev: str) -> dict[str, float]:
     """Max abs and relative L2 of the fused velocity and its VJP against the eager ones (one step at t=0.7)."""
     from realtime_gw.models.fused.pi0_expert import FusedExpert
     from realtime_gw.models.policy.pi0_functional import Cache
 
-    batch = fn.stack(prepared, torch.device("cuda"), rtc=False)
-    cache = Cache(fn, len(prepared), batch.input_ids.shape[1], torch.device("cuda"))
+    device = torch.device(dev)
+    batch = fn.stack(prepared, device, rtc=False)
+    cache = Cache(fn, len(prepared), batch.input_ids.shape[1], device)
     with torch.no_grad():
         fn.fill_prefix(cache, batch)
-    t = torch.full((len(prepared),), 0.7, device="cuda")
-    cot = torch.randn(batch.noise.shape, device="cuda", dtype=batch.noise.dtype)
+    t = torch.full((len(prepared),), 0.7, device=device)
+    cot = torch.randn(batch.noise.shape, device=device, dtype=batch.noise.dtype)
     res = []
     for velocity in (fn.velocity, FusedExpert(fn).velocity):
         x = batch.noise.detach().clone().requires_grad_(True)
@@ -166,189 +257,230 @@ def velocity_errors(fn: Any, prepared: list[Any]) -> dict[str, float]:
             "vjp_max_abs": float((g1 - g0).abs().max()), "vjp_rel_l2": rel(g1, g0)}  # fmt: skip
 
 
-def check_pi0_tiny(args: argparse.Namespace) -> dict[str, Any]:
+def check_pi0(run: Run) -> dict[str, Any]:
     from loadtest.bench.policy_gpu import request
     from realtime_gw.config import GatewayConfig
     from realtime_gw.models.policy.factory import load_model, policy_spec
     from realtime_gw.models.policy.pi0 import Pi0Runner
     from realtime_gw.models.policy.pi0_functional import Pi0Functional
 
-    out = {}
+    out: dict[str, Any] = {}
     for kind in ("pi0", "pi05"):
-        config = GatewayConfig(
-            policy=kind, policy_config="tiny", policy_device="cuda", policy_dtype="float32"
-        )  # type: ignore[arg-type]
-        model, tok, desc, _ = load_model(config)
-        pi05 = kind == "pi05"
-        spec = policy_spec(config, model=desc, action_horizon=model.config.chunk_size, tokenizer=tok.name,
-                           state_in_prompt=pi05, max_prompt_tokens=200 if pi05 else 48)  # fmt: skip
-        runner = Pi0Runner(model, tok, spec)
-        out[f"{kind}_tiny_fp32"] = velocity_errors(
-            Pi0Functional(model), [runner.prepare(request(i)) for i in range(2)]
-        )
+        try:
+            config = GatewayConfig(policy=kind, policy_config="tiny", policy_device=run.dev, policy_dtype="float32")  # type: ignore[arg-type]
+            model, tok, desc, _ = load_model(config)
+            pi05 = kind == "pi05"
+            spec = policy_spec(config, model=desc, action_horizon=model.config.chunk_size, tokenizer=tok.name,
+                               state_in_prompt=pi05, max_prompt_tokens=200 if pi05 else 48)  # fmt: skip
+            runner = Pi0Runner(model, tok, spec)
+            prep = [runner.prepare(request(i)) for i in range(2)]
+            out[f"{kind}_tiny_fp32"] = velocity_errors(Pi0Functional(model), prep, run.dev)
+        except Exception as e:  # transformers 5.17 ships no π0.5
+            out[f"{kind}_tiny_fp32"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    if run.cuda:
+        model, tok, spec = full_pi0(run)
+        prep = [Pi0Runner(model, tok, spec, "cuda").prepare(request(9))]
+        out["full_bf16"] = velocity_errors(Pi0Functional(model), prep, run.dev)
     return out
 
 
-# -- 2. Qwen3-TTS 0.6B as served -------------------------------------------------------------------------------
-async def qwen_speed(args: argparse.Namespace, fused: bool) -> dict[str, Any]:
-    from loadtest.bench.tts_qwen3_gpu import stage_times
+def full_pi0(run: Run) -> tuple[Any, Any, Any]:
+    from loadtest.bench.policy_gpu import load_pi0
+
+    if not _PI0:
+        _PI0["model"] = load_pi0("pi0", "cuda", max(run.args.pi0_batches))
+    return _PI0["model"]
+
+
+# -- 4. Qwen3-TTS speed ----------------------------------------------------------------------------------------
+def qwen_speed(run: Run) -> dict[str, Any]:
+    from realtime_gw.models.speech.qwen3.checkpoint import load_checkpoint, random_checkpoint
+    from realtime_gw.models.speech.qwen3.engine import Qwen3Engine
+
+    batches = run.args.qwen_batches
+    if run.cuda:
+        ck = random_checkpoint("0.6b", "cuda", torch.bfloat16)
+        eng = Qwen3Engine(ck, max(batches), max_positions=256, decoder_precision="tf32", fuse_snake=True,
+                          pipelined=True, fused_predictor=True)  # fmt: skip
+    else:
+        ck = load_checkpoint(QWEN_TINY, "cpu", torch.float32)
+        eng = Qwen3Engine(ck, max(batches), max_positions=64, cuda_graphs=False, fused_predictor=True)
+    fused = eng.talker.fused_predictor
+    eng.d_active.zero_()  # every row inactive: timed frames leave the streams' state alone
+    timer = run.timer()
+    out: dict[str, Any] = RESULTS.setdefault("qwen", {})
+    for b in batches:
+        if run.left() < 25:
+            out[f"b{b}"] = {"skipped": f"{run.left():.0f} s left"}
+            break
+        t = time.perf_counter()
+        parts = fused.choose([b], 64, timer if not run.cuda else None)[b]
+        chosen = {p: fused.on(p, b) for p in ("talker", "predictor")}
+        with torch.no_grad():
+            fused.paths.update({("talker", b): False, ("predictor", b): False})
+            frame_eager = timer(lambda b=b: eng._frame(b, 64))
+            fused.paths.update({(p, b): on for p, on in chosen.items()})
+            frame_dispatched = timer(lambda b=b: eng._frame(b, 64))
+        r = {"parts": parts, "frame_ms": {"eager": round(frame_eager, 3), "dispatched": round(frame_dispatched, 3)},
+             "seconds": round(time.perf_counter() - t, 1)}  # fmt: skip
+        r["rtf_frame_eager"], r["rtf_frame_dispatched"] = round(frame_eager / 80, 3), round(frame_dispatched / 80, 3)
+        out[f"b{b}"] = r
+        log(f"[qwen b{b}] {json.dumps(r)}")
+        save(run)
+    if run.cuda and run.left() > 20:  # where the fused code predictor's time goes at batch 1 (profiled)
+        from loadtest.bench.kernel_profile import kernels
+
+        h = torch.zeros(1, eng.talker.hidden, device="cuda", dtype=torch.bfloat16)
+        code0 = torch.zeros(1, dtype=torch.long, device="cuda")
+        with torch.no_grad():
+            out["cp_kernels_b1_fused"] = kernels(lambda: fused(h, code0))
+    return out
+
+
+# -- 5. PI0 speed ----------------------------------------------------------------------------------------------
+def pi0_speed(run: Run) -> dict[str, Any]:
+    from loadtest.bench.kernel_profile import kernels
+    from loadtest.bench.policy_gpu import device_time, request
+    from realtime_gw.models.policy.pi0_fast import FastPi0Runner
+    batches = run.args.pi0_batches
+    out: dict[str, Any] = RESULTS.setdefault("pi0", {})
+    if not run.cuda:  # the dry run: tiny, eager chunks, wall clock
+        from realtime_gw.config import GatewayConfig
+        from realtime_gw.models.policy.factory import load_model, policy_spec
+
+        config = GatewayConfig(policy="pi0", policy_config="tiny", policy_device="cpu", policy_dtype="float32")  # type: ignore[arg-type]
+        model, tok, desc, _ = load_model(config)
+        spec = policy_spec(config, model=desc, action_horizon=model.config.chunk_size, tokenizer=tok.name,
+                           max_prompt_tokens=48)  # fmt: skip
+        for name, on in (("eager", False), ("fused", True)):
+            runner = FastPi0Runner(model, tok, spec, "cpu", buckets=tuple(batches), fused_expert=on)
+            prepared = [runner.prepare(request(i)) for i in range(max(batches))]
+            out[f"{name}_chunk_wall_ms"] = _wall_ms(lambda r=runner, p=prepared: r.run(p, 2))
+        return out
+    model, tok, spec = full_pi0(run)
+    t = time.perf_counter()
+    runner = FastPi0Runner(model, tok, spec, "cuda", buckets=tuple(batches), cuda_graphs=True, fused_expert=True,
+                           compile_graphs=run.args.pi0_compiled)  # fmt: skip
+    runner.warmup()
+    out["warmup_s"] = round(time.perf_counter() - t, 1)
+    out["warmup_report"] = runner.warmup_report
+    save(run)
+    steps = spec.num_inference_steps
+    slots = runner.slots
+    for b in batches:
+        if run.left() < 10:
+            out[f"b{b}"] = {"skipped": f"{run.left():.0f} s left"}
+            break
+        size = next(s for s in runner.buckets if s >= b)
+        r: dict[str, Any] = {}
+        for kind in ("plain", "rtc"):
+            timed = device_time(runner, b, rtc=kind == "rtc")
+            ms = slots.fused_ms.get((kind, size), {})
+            r[kind] = {"dispatched": {k: round(v, 3) for k, v in timed.items()}, "fused": slots.fused_on.get((kind, size)),
+                       "step_ms": ms}  # fmt: skip
+            if "today" in ms and "prefix_ms" in timed:
+                r[kind]["today_chunk_ms"] = round(timed["prefix_ms"] + steps * ms["today"], 3)
+            if "fused" in ms and "prefix_ms" in timed:
+                r[kind]["fused_chunk_ms"] = round(timed["prefix_ms"] + steps * ms["fused"], 3)
+        out[f"b{b}"] = r
+        log(f"[pi0 b{b}] {json.dumps(r)}")
+        save(run)
+    if run.left() > 20:  # where the fused step's time goes, and today's, at batch 1 (eager launches, profiled)
+        size = runner.buckets[0]
+        for name, on in (("fused", True), ("today", False)):
+            keep = slots.fused_on.get(("plain", size))
+            slots.fused_on[("plain", size)] = on
+            out[f"step_kernels_b{size}_{name}"] = kernels(slots._step_body("plain", size))
+            slots.fused_on[("plain", size)] = keep  # type: ignore[assignment]
+    del runner, model
+    _PI0.clear()
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+# -- 7. streams ------------------------------------------------------------------------------------------------
+async def streams(run: Run) -> dict[str, Any]:
+    from loadtest.bench.tts_gpu import TEXT, run_streams
     from realtime_gw.models.runtime import StageWorker
     from realtime_gw.models.speech.qwen3.checkpoint import random_checkpoint
     from realtime_gw.models.speech.tts_qwen3 import Qwen3TtsBackend
 
     ck = random_checkpoint("0.6b", "cuda", torch.bfloat16)
-    slots = max(args.streams)
-    backend = Qwen3TtsBackend(checkpoint=ck, device="cuda", slots=slots, max_positions=256,
-                              decoder_precision="tf32", fuse_snake=True, pipelined=True, fused_predictor=fused)  # fmt: skip
+    slots = max(run.args.streams)
+    backend = Qwen3TtsBackend(checkpoint=ck, device="cuda", slots=slots, max_positions=256, decoder_precision="tf32",
+                              fuse_snake=True, pipelined=True, fused_predictor=True)  # fmt: skip
     t = time.perf_counter()
     backend.warmup()
     gc.collect()
     gc.freeze()
-    r: dict[str, Any] = {
-        "fused": fused,
-        "warmup_s": time.perf_counter() - t,
-        "graphs": backend.engine.graph_count,
-    }
-    times = stage_times(ck, backend.engine, [1, max(args.streams)])
-    r["stage_ms"] = {k: v for k, v in times.items() if k.startswith(("cp_", "frame_", "talker_cp_"))}
-    talker = backend.engine.talker
-    h = torch.zeros(1, talker.hidden, device="cuda", dtype=talker.bos_emb.dtype)
-    code0 = torch.zeros(1, dtype=torch.long, device="cuda")
-    r["cp_kernels_b1"] = kernels(lambda: talker.predict_codes(h, code0))["kernels"]
-    if fused:  # other GEMV tiles for the code predictor at batch 1 (for tuning; the default is the first)
-        from loadtest.bench.kernel_profile import graph_ms
-        from realtime_gw.models.fused import ops
-
-        default = (ops.GEMV_BLOCK_N, ops.GEMV_BLOCK_K)
-        r["cp_b1_gemv_tiles_ms"] = {}
-        for tiles in (default, (4, 512), (8, 512), (16, 256), (16, 128)):
-            ops.GEMV_BLOCK_N, ops.GEMV_BLOCK_K = tiles
-            r["cp_b1_gemv_tiles_ms"][f"{tiles[0]}x{tiles[1]}"] = graph_ms(
-                lambda: talker.predict_codes(h, code0)
-            )
-        ops.GEMV_BLOCK_N, ops.GEMV_BLOCK_K = default
+    r: dict[str, Any] = {"warmup_s": round(time.perf_counter() - t, 1), "warmup_report": backend.warmup_report}
     worker = StageWorker(backend, device="cuda", max_batch=slots, max_active=slots, max_backlog=4096)
     await worker.start(warmup=False)
     try:
         await run_streams(worker, backend, 2, "Turn on the kitchen lights, please.")  # type: ignore[arg-type]
-        r["streams"] = [await run_streams(worker, backend, n, TEXT) for n in args.streams]  # type: ignore[arg-type]
+        r["streams"] = [await run_streams(worker, backend, n, TEXT) for n in run.args.streams]  # type: ignore[arg-type]
     finally:
         await worker.stop()
-    del backend, worker, ck
-    gc.unfreeze()
-    gc.collect()
-    torch.cuda.empty_cache()
+        gc.unfreeze()
     return r
-
-
-# -- 3. PI0 ---------------------------------------------------------------------------------------------------
-def pi0_speed(args: argparse.Namespace, deadline: Deadline) -> dict[str, Any]:
-    from loadtest.bench.policy_gpu import device_time, load_pi0, request
-    from realtime_gw.models.policy.pi0_fast import FastPi0Runner
-    from realtime_gw.records.policy import RtcGuide
-
-    model, tok, spec = load_pi0("pi0", "cuda", 1)
-    h, dim = spec.action_horizon, spec.action_dim
-    guide = RtcGuide(np.random.default_rng(0).standard_normal((h // 2, dim)).astype(np.float32), 5, h // 2)
-    out: dict[str, Any] = RESULTS.setdefault("pi0", {})  # filled as it goes: a run cut short keeps it
-    actions: dict[str, list[np.ndarray]] = {}
-    forms = [("uncompiled", {"fused_expert": False}), ("fused", {"fused_expert": True})]
-    forms.append(("compiled", {"fused_expert": False, "compile_graphs": True}))
-    for name, kw in forms:
-        if name == "compiled" and deadline.left() < args.compile_reserve_s:
-            out[name] = {
-                "skipped": f"{deadline.left():.0f} s left, the compile needs ~{args.compile_reserve_s:.0f}"
-            }
-            continue
-        t = time.perf_counter()
-        runner = FastPi0Runner(model, tok, spec, "cuda", buckets=(1,), cuda_graphs=True, **kw)
-        runner.warmup()
-        r: dict[str, Any] = {"warmup_s": time.perf_counter() - t, "report": runner.warmup_report}
-        r["plain"] = device_time(runner, 1)
-        r["step_kernels"] = kernels(runner.slots._step_body("plain", 1, name == "compiled"))["kernels"]
-        r["rtc"] = device_time(runner, 1, rtc=True)
-        prepared = [runner.prepare(request(7)), runner.prepare(request(8, rtc=guide))]
-        actions[name] = [runner.run([p], None)[0] for p in prepared]
-        out[name] = r
-        compare_actions(out, actions, name)
-        log(f"[pi0 {name}] {json.dumps(r, default=str)}")
-        save(args)
-        if name == "fused":  # the full model's velocity and VJP, fused vs eager (bf16), before the compile
-            try:
-                from realtime_gw.models.policy.pi0_functional import Pi0Functional
-
-                prep = [_prepare(model, tok, spec, request(9))]
-                out["full_bf16_velocity"] = velocity_errors(Pi0Functional(model), prep)
-            except Exception as e:  # informational only
-                out["full_bf16_velocity"] = {"error": f"{type(e).__name__}: {e}"}
-            save(args)
-        del runner
-        torch.cuda.empty_cache()
-    return out
-
-
-def compare_actions(out: dict[str, Any], actions: dict[str, list[np.ndarray]], name: str) -> None:
-    """The ``name`` form's actions (plain, RTC) against the uncompiled form's: relative L2 and max |diff|."""
-    from realtime_gw.models.policy.pi0 import action_error
-
-    base = actions.get("uncompiled")
-    if base is None or name not in actions:
-        return
-    for kind, a, b in zip(("plain", "rtc"), actions[name], base, strict=True):
-        err, max_abs = action_error(torch.from_numpy(a), torch.from_numpy(b))
-        out[name][f"{kind}_vs_uncompiled"] = {"rel_l2": err, "max_abs": max_abs}
-
-
-def _prepare(model: Any, tok: Any, spec: Any, req: Any) -> Any:
-    from realtime_gw.models.policy.pi0 import Pi0Runner
-
-    return Pi0Runner(model, tok, spec, "cuda").prepare(req)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", default=None)
-    p.add_argument("--streams", type=int, nargs="+", default=[1, 64])
-    p.add_argument("--deadline-s", type=float, default=380.0, help="skip the optional phases past this")
-    p.add_argument("--compile-reserve-s", type=float, default=150.0, help="time the compiled PI0 step needs")
-    p.add_argument("--skip", default="", help="comma list of: qwen_check, pi0_check, qwen, pi0")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--budget-s", type=float, default=320.0, help="skip phases past this (from the start)")
+    p.add_argument("--qwen-batches", type=int, nargs="+", default=[1, 8, 16, 32, 64, 128])
+    p.add_argument("--pi0-batches", type=int, nargs="+", default=[1, 4, 8])
+    p.add_argument("--pi0-compiled", action="store_true", help="today's PI0 step compiled (adds ~100 s a bucket)")
+    p.add_argument("--streams", type=int, nargs="*", default=[1, 64], help="stream counts of the last phase")
+    p.add_argument("--skip", default="", help="comma list of: tiles, qwen_check, pi0_check, qwen, pi0, streams")
     args = p.parse_args()
-    deadline = Deadline(args.deadline_s)
-    skip = set(filter(None, args.skip.split(",")))
-    RESULTS.update(hardware=hardware(), date=time.strftime("%Y-%m-%d"), command=" ".join(sys.argv))
-    if "qwen_check" not in skip:
-        phase("qwen_check", args, lambda: check_qwen(args))
-    if "pi0_check" not in skip:
-        phase("pi0_check", args, lambda: check_pi0_tiny(args))
-    if "qwen" not in skip:
-        for fused in (False, True):
-            phase(
-                f"qwen_{'fused' if fused else 'today'}",
-                args,
-                lambda fused=fused: asyncio.run(qwen_speed(args, fused)),
-            )
-    if "pi0" not in skip:
-        phase("pi0", args, lambda: pi0_speed(args, deadline))
+    args.skip = set(filter(None, args.skip.split(",")))
+    if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        p.error("--device cpu runs the kernels in Triton's interpreter: set TRITON_INTERPRET=1")
+    run = Run(args)
+    from loadtest.bench.tts_gpu import hardware
+    from realtime_gw.models.fused import attention as fused_attention
+    from realtime_gw.models.fused import gemm, tuning
+
+    RESULTS.update(hardware=hardware(), date=time.strftime("%Y-%m-%d %H:%M"), command=" ".join(sys.argv))
+    phase("tiles", run, lambda: check_tiles(run))
+    tuning.TUNING = False  # parity with each shape's first config: fewer compiles; the tiles phase checked them all
+    phase("qwen_check", run, lambda: check_qwen(run), needs_s=60 if run.cuda else 0)
+    phase("pi0_check", run, lambda: check_pi0(run), needs_s=40 if run.cuda else 0)
+    tuning.TUNING = True
+    gemm.TUNER.chosen.clear()  # the speed phases tune every shape they run
+    fused_attention.ATTENTION_TUNER.chosen.clear()
+    phase("qwen", run, lambda: qwen_speed(run), needs_s=40)
+    gc.collect()
+    if run.cuda:
+        torch.cuda.empty_cache()
+    phase("pi0", run, lambda: pi0_speed(run), needs_s=90 if run.cuda else 0)
+    RESULTS["tiles_chosen"] = {"linear": gemm.TUNER.report(), "attention": fused_attention.ATTENTION_TUNER.report()}
+    save(run)
+    if run.cuda and args.streams:
+        phase("streams", run, lambda: asyncio.run(streams(run)), needs_s=120)
     log(summary())
 
 
 def summary() -> str:
-    lines = ["", "| figure | today | fused |", "|---|---|---|"]
-    q0, q1 = RESULTS.get("qwen_today", {}), RESULTS.get("qwen_fused", {})
-    for key, label in (("cp_b1", "code predictor, batch 1 (ms)"), ("frame_b1", "frame, batch 1 (ms)"),
-                       ("cp_b64", "code predictor, batch 64 (ms)"), ("frame_b64", "frame, batch 64 (ms)")):  # fmt: skip
-        a, b = q0.get("stage_ms", {}).get(key), q1.get("stage_ms", {}).get(key)
-        lines.append(f"| Qwen3-TTS 0.6B {label} | {a} | {b} |")
-    for i, label in ((0, "1 stream: step p50 (ms)"), (-1, "RTF p50 at the most streams")):
-        key = "step_p50_ms" if i == 0 else "rtf_p50"
-        a = (q0.get("streams") or [{}])[i].get(key)
-        b = (q1.get("streams") or [{}])[i].get(key)
-        lines.append(f"| Qwen3-TTS 0.6B {label} | {a} | {b} |")
-    pi0 = RESULTS.get("pi0", {})
-    for name in ("uncompiled", "compiled", "fused"):
-        r = pi0.get(name, {})
-        lines.append(f"| PI0 batch 1 chunk device ms ({name}): plain / RTC | {r.get('plain', {}).get('chunk_ms')} "
-                     f"| {r.get('rtc', {}).get('chunk_ms')} |")  # fmt: skip
+    lines = ["", "| figure | eager | fused as dispatched | parts fused |", "|---|---|---|---|"]
+    for key, r in RESULTS.get("qwen", {}).items():
+        if "frame_ms" in r:
+            f = r["frame_ms"]
+            on = [p for p, v in r["parts"].items() if v["chosen"] == "fused"]
+            cp = r["parts"]["predictor"]["ms"]
+            lines.append(f"| Qwen3-TTS 0.6B frame, batch {key[1:]} (ms) | {f['eager']} | {f['dispatched']} | {', '.join(on) or 'none'} |")
+            lines.append(f"| Qwen3-TTS 0.6B code predictor, batch {key[1:]} (ms) | {cp.get('eager')} | {cp.get('fused')} | |")
+    for key, r in RESULTS.get("pi0", {}).items():
+        if not key.startswith("b") or "plain" not in r:
+            continue
+        for kind in ("plain", "rtc"):
+            k = r[kind]
+            lines.append(f"| PI0 chunk {kind}, batch {key[1:]} (device ms) | {k.get('today_chunk_ms')} | "
+                         f"{k['dispatched'].get('chunk_ms')} (fused step alone: {k.get('fused_chunk_ms')}) | {k['fused']} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -88,10 +88,12 @@ class Qwen3Settings(PiperSettings, kw_only=True):
     from the uncompiled kernels' (docs/benchmarks.md)."""
     tts_fused: bool = False
     """On CUDA with Triton installed: a frame's decoder layers (the talker's stack and the code predictor's
-    15 passes, sampling included) run on fused Triton kernels (six a layer: norms, rotary, residuals
-    inside them) in the frame's CUDA graph; the same codes as the eager layers in float32. Off by
-    default until `loadtest/bench/fused_gpu.py` has checked its parity and speed on a GPU (the CPU
-    tests check it through Triton's interpreter). Ignored on the CPU and without Triton."""
+    15 passes, sampling included) may run on fused Triton kernels (six a layer: norms, rotary, residuals
+    inside them) in the frame's CUDA graph; the same codes as the eager layers in float32. At warm-up,
+    per batch bucket, the talker's layers and the code predictor each run fused only if their graph
+    replays faster that way (timed; the log says what was kept), the kernels' tiles tuned per shape on
+    the device first (`loadtest/bench/fused_gpu.py` measures both paths). Ignored on the CPU and without
+    Triton."""
     tts_pipelined: bool = True
     """On CUDA: each frame's codec decoder runs behind the next frame's talker step (its own CUDA
     stream), overlapping it and the host's work between steps; a frame's audio leaves one step after its
@@ -242,11 +244,12 @@ class PolicySettings(WorkerSettings, kw_only=True):
     inductor's work, one file per key (model config, dtype, shapes, torch and transformers versions, GPU,
     sampler code); `auto` = $XDG_CACHE_HOME/realtime-gw/policy-compile (~/.cache/...), `off` = none."""
     policy_fused: bool = False
-    """`fast` on CUDA with Triton installed: the action expert's denoising step runs on fused Triton
+    """`fast` on CUDA with Triton installed: the action expert's denoising step may run on fused Triton
     kernels (six a layer, norms and residuals inside the GEMMs) instead of compiled or eager code, the
-    RTC-guided step too (its backward written out, torch GEMMs). Off by default until
-    `loadtest/bench/fused_gpu.py` has checked its parity and speed on a GPU (the CPU tests check it
-    through Triton's interpreter). Ignored on the CPU and without Triton."""
+    RTC-guided step too (its backward written out, torch GEMMs). At warm-up, per batch bucket and step
+    kind, the fused step is kept only if its graph replays faster than today's (timed; `/readyz`'s
+    warm-up report and the log say which), the kernels' tiles tuned per shape on the device first.
+    Ignored on the CPU and without Triton."""
     policy_fp8: bool = False
     """`fast`: the VLM prefix's projections (SigLIP and Gemma) in FP8 e4m3 with row-wise scales (the action
     expert stays in the model dtype). Served only if a start-up probe's actions stay within

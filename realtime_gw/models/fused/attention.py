@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from realtime_gw.models.fused import interpreted
+from realtime_gw.models.fused.tuning import Tuner
 
 INTERPRETED = interpreted()
 MASK_NONE, MASK_ADD, MASK_BOOL = 0, 1, 2
@@ -153,7 +154,11 @@ def _combine_kernel(
 
 
 TARGET_PROGRAMS = 128
-"""``attention`` (the fused decoders) splits a long cache's keys until about this many programs run."""
+"""``attention`` (the fused decoders) splits a long cache's keys until about this many programs run
+(flash-decoding: with few queries, one program per query block would leave most SMs idle). Its tuner
+also tries twice this, and 64-row query blocks where there are that many rows (fewer re-reads of the
+keys: PI0's 408)."""
+ATTENTION_TUNER = Tuner("fused attention")
 
 
 @dataclass(frozen=True)
@@ -212,12 +217,13 @@ def _launch(
     v_scale: torch.Tensor | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
+    block_q: int | None = None,
 ) -> torch.Tensor:
     """Both launchers' kernel call: queries of batch rows ``[0, batch)`` -> ``o`` as ``(batch * seq, heads
     * D)`` rows."""
     kvh, d = k.shape[1], k.shape[3]
     rows = seq * (heads // kvh)
-    block_q, block_d = _pow2(rows, 16, 32), _pow2(d, 16, 256)
+    block_q, block_d = block_q or _pow2(rows, 16, 32), _pow2(d, 16, 256)
     m = batch * seq
     part_o = part_ml = q
     if splits > 1:
@@ -266,24 +272,50 @@ def attention(
     (B, KV, L, D)`` -> ``(B * seq, heads * D)``. ``causal_from``: query s sees columns ``<= causal_from +
     s`` (a ``(B,)`` tensor: each batch row's own); ``mask``: additive ``(B or 1, 1, seq * groups, >=
     length)`` in ``kernels.additive_mask``'s rows. A long cache is split over several programs, then
-    merged (``max_splits`` caps the split count; 1: one pass)."""
+    merged (``max_splits`` caps the split count; 1: one pass). The query block and split count are the
+    fastest of a few for the shape, timed on the device on its first call (``ATTENTION_TUNER``)."""
     m = q.shape[0]
     kvh, d = k_cache.shape[1], k_cache.shape[3]
     assert m % seq == 0 and m // seq <= k_cache.shape[0]
     rows = seq * (heads // kvh)
     block_d = _pow2(d, 16, 256)
-    block_l = 16 if length <= 16 else 32 if block_d >= 128 else 64
-    programs = triton.cdiv(rows, _pow2(rows, 16, 32)) * (m // seq) * kvh
     cap = max_splits or (4 if INTERPRETED else 64)  # the interpreter runs programs one by one
-    splits, split_len = _splits(length, block_l, programs, TARGET_PROGRAMS, cap)
     mask_strides = (0, 0, 0, 0)
     if mask is not None:
         mask_strides = (0 if mask.shape[0] == 1 else mask.stride(0), 0, mask.stride(2), mask.stride(3))
-    return _launch(
-        q, (seq * q.stride(0), q.stride(0), d), torch.empty_like(q), m // seq, seq, heads, k_cache, v_cache,
-        length, scale, splits, split_len, block_l, mask=mask, mask_strides=mask_strides,
-        causal_from=causal_from, num_warps=8 if block_d >= 128 else 4,
-    )  # fmt: skip
+    o = torch.empty_like(q)
+
+    def launch(plan: tuple[int, int, int]) -> None:
+        block_q, block_l, split_len = plan
+        _launch(
+            q, (seq * q.stride(0), q.stride(0), d), o, m // seq, seq, heads, k_cache, v_cache, length, scale,
+            triton.cdiv(length, split_len), split_len, block_l, mask=mask, mask_strides=mask_strides,
+            causal_from=causal_from, num_warps=8 if block_d >= 128 else 4, block_q=block_q,
+        )  # fmt: skip
+
+    plans = _attention_plans(rows, (m // seq) * kvh, length, d, cap)
+    key = (m, seq, heads, kvh, d, length, cap, q.dtype, causal_from is not None,
+           isinstance(causal_from, torch.Tensor), mask is not None)  # fmt: skip
+    launch(ATTENTION_TUNER.pick(key, plans, launch, q.device))
+    return o
+
+
+def _attention_plans(rows: int, programs_per_q: int, length: int, d: int, cap: int) -> list[tuple[int, int, int]]:
+    """(query block, key block, split length) candidates for ``attention``, the default first, without
+    duplicates."""
+    block_d = _pow2(d, 16, 256)
+    block_l = 16 if length <= 16 else 32 if block_d >= 128 else 64
+    shapes = [(_pow2(rows, 16, 32), TARGET_PROGRAMS)]
+    if not INTERPRETED:
+        shapes.append((shapes[0][0], 2 * TARGET_PROGRAMS))
+        if rows >= 64 and block_d <= 256:
+            shapes.append((64, TARGET_PROGRAMS))
+    plans = []
+    for block_q, target in shapes:
+        programs = triton.cdiv(rows, block_q) * programs_per_q
+        splits, split_len = _splits(length, block_l, programs, target, cap)
+        plans.append((block_q, block_l, split_len))
+    return list(dict.fromkeys(plans))
 
 
 def decode(

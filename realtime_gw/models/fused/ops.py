@@ -7,8 +7,8 @@ kernels. These fold a decoder layer into six (seven when attention splits a long
 - ``linear``: ``y = epilogue(prologue(x) @ W.T)`` with the RMSNorm (static weight, or per-batch-row
   scale and shift: π0.5's adaptive norm) in the prologue, the input rows optionally gathered from an
   embedding table, and in the epilogue the bias, a (gated) residual add or SwiGLU/GeGLU over a fused
-  gate|up matrix. Few rows: a broadcast-multiply GEMV over many thin column tiles (enough programs to
-  keep HBM busy); 16 rows or more: ``tl.dot`` tiles.
+  gate|up matrix (``gemm``: its tiles, K split over programs where the tiles are few, chosen per shape
+  by timing on the device).
 - ``rope_write``: q/k head norms (Qwen3), rotary (sign-folded sin, as ``kernels.apply_rope``), the new
   K/V into their cache columns, the query heads out.
 - attention: ``fused.attention`` (grouped-query attention of few queries over a cache, split over
@@ -29,171 +29,20 @@ import triton
 import triton.language as tl
 
 from realtime_gw.models.fused import interpreted
+from realtime_gw.models.fused.gemm import (  # noqa: F401  (the linear layer's public names, here too)
+    ACT_GELU_TANH,
+    ACT_SILU,
+    EPI_GLU,
+    EPI_RESIDUAL,
+    EPI_STORE,
+    linear,
+)
 
-ACT_SILU, ACT_GELU_TANH = 1, 2
-GEMV_BLOCK_N, GEMV_BLOCK_K = 8, 256
-"""The GEMV tiles (weight rows, and columns a step, at 1-2 input rows): thin, for many programs."""
 INTERPRETED = interpreted()
-EPI_STORE, EPI_RESIDUAL, EPI_GLU = 0, 1, 2
-
-
-@triton.jit
-def _act(x, ACT: tl.constexpr):
-    if ACT == 1:
-        y = x / (1.0 + tl.exp(-x))
-    else:  # GELU, tanh approximation (Gemma's gelu_pytorch_tanh); 1 + tanh(u) = 2 / (1 + e^-2u)
-        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        y = 0.5 * x * (2.0 / (1.0 + tl.exp(-2.0 * u)))
-    return y
-
-
-@triton.jit
-def _linear_kernel(
-    x_ptr, idx_ptr, w_ptr, b_ptr, y_ptr, res_ptr, nw_ptr, nb_ptr, gate_ptr,
-    M, N, K, HALF_ROWS,
-    sxm, s_idx, sym, srm, rows_per_group, s_nw, s_nb, s_gate, eps,
-    NORM: tl.constexpr, NORM_SHIFT: tl.constexpr, GATHER: tl.constexpr, HAS_BIAS: tl.constexpr,
-    EPI: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_ok, n_ok = rm < M, rn < N
-    if GATHER:
-        rows = tl.load(idx_ptr + rm * s_idx, mask=m_ok, other=0).to(tl.int64)
-    else:
-        rows = rm.to(tl.int64)
-    x_rows = x_ptr + rows * sxm
-    grp = rm // rows_per_group
-    if NORM:
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            xv = tl.load(x_rows[:, None] + rk[None, :], mask=m_ok[:, None] & (rk < K)[None, :], other=0.0)
-            xf = xv.to(tl.float32)
-            ss += tl.sum(xf * xf, axis=1)
-        rstd = 1.0 / tl.sqrt(ss / K + eps)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = rk < K
-        xk_mask = m_ok[:, None] & k_ok[None, :]
-        xv = tl.load(x_rows[:, None] + rk[None, :], mask=xk_mask, other=0.0)
-        if NORM:
-            nw = tl.load(nw_ptr + grp[:, None] * s_nw + rk[None, :], mask=xk_mask, other=0.0)
-            xf = xv.to(tl.float32) * rstd[:, None] * nw.to(tl.float32)
-            if NORM_SHIFT:
-                xf += tl.load(nb_ptr + grp[:, None] * s_nb + rk[None, :], mask=xk_mask, other=0.0).to(
-                    tl.float32
-                )
-            xv = xf
-        wk_mask = n_ok[:, None] & k_ok[None, :]
-        w = tl.load(w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :], mask=wk_mask, other=0.0)
-        xv = xv.to(w.dtype)  # the normalized input rounds to the model dtype, as the eager norm's output
-        if DOT:
-            if IEEE:
-                acc += tl.dot(xv, tl.trans(w), input_precision="ieee")
-            else:
-                acc += tl.dot(xv, tl.trans(w))
-        else:
-            acc += tl.sum(xv.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-        if EPI == 2:
-            w2 = tl.load(
-                w_ptr + (rn[:, None] + HALF_ROWS).to(tl.int64) * K + rk[None, :], mask=wk_mask, other=0.0
-            )
-            if DOT:
-                if IEEE:
-                    acc2 += tl.dot(xv, tl.trans(w2), input_precision="ieee")
-                else:
-                    acc2 += tl.dot(xv, tl.trans(w2))
-            else:
-                acc2 += tl.sum(xv.to(tl.float32)[:, None, :] * w2.to(tl.float32)[None, :, :], axis=2)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        if EPI == 2:
-            acc2 += tl.load(b_ptr + HALF_ROWS + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    out_mask = m_ok[:, None] & n_ok[None, :]
-    if EPI == 2:
-        y = _act(acc, ACT) * acc2
-    elif EPI == 1:
-        r = tl.load(res_ptr + rm[:, None].to(tl.int64) * srm + rn[None, :], mask=out_mask, other=0.0)
-        if GATED:
-            g = tl.load(gate_ptr + grp[:, None] * s_gate + rn[None, :], mask=out_mask, other=0.0)
-            y = r.to(tl.float32) + g.to(tl.float32) * acc
-        else:
-            y = r.to(tl.float32) + acc
-    else:
-        y = acc
-    tl.store(
-        y_ptr + rm[:, None].to(tl.int64) * sym + rn[None, :], y.to(y_ptr.dtype.element_ty), mask=out_mask
-    )
 
 
 def _pow2(n: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, triton.next_power_of_2(max(1, n))))
-
-
-def linear(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    norm: torch.Tensor | None = None,
-    norm_shift: torch.Tensor | None = None,
-    eps: float = 1e-6,
-    rows_per_group: int = 1,
-    residual: torch.Tensor | None = None,
-    gate: torch.Tensor | None = None,
-    glu: int = 0,
-    gather: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """``x (M, K)`` (rows may be strided) or, with ``gather``, rows ``gather (M,)`` of the table ``x``,
-    times ``w (N, K).T``.
-
-    ``norm``: RMSNorm of each row first, times ``norm`` (``(K,)``, or ``(groups, K)``: group = row //
-    ``rows_per_group``), plus ``norm_shift`` (same layout) when given. Epilogue: ``+ bias``; then
-    ``residual + y`` (``residual + gate * y`` with ``gate (groups, N)``), or with ``glu`` (ACT_SILU /
-    ACT_GELU_TANH) ``act(y[:, :N/2]) * y[:, N/2:]`` over a fused gate|up ``w``."""
-    n_rows_w, k = w.shape
-    assert w.is_contiguous() and x.stride(-1) == 1
-    m = gather.shape[0] if gather is not None else x.shape[0]
-    n = n_rows_w // 2 if glu else n_rows_w
-    y = out if out is not None else torch.empty(m, n, device=x.device, dtype=out_dtype or w.dtype)
-    dot = m >= 16
-    if dot:
-        block_m, block_k = _pow2(m, 16, 64), _pow2(k, 16, 64)
-        block_n = 32 if n >= 2048 else 16  # enough column tiles to spread one GEMM over the SMs
-    else:
-        block_m, block_k = _pow2(m, 2, 8), _pow2(k, 16, GEMV_BLOCK_K if m <= 2 else 128)
-        block_n = GEMV_BLOCK_N if n <= 2048 or m > 2 else 2 * GEMV_BLOCK_N
-    if INTERPRETED:  # one program per row block: the interpreter runs programs one after another
-        block_m, block_n, block_k = _pow2(m, 2, 64), _pow2(n, 16, 256), _pow2(k, 16, 256)
-    dummy = w
-    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
-    nw = norm if norm is not None else dummy
-    nb = norm_shift if norm_shift is not None else dummy
-    g = gate if gate is not None else dummy
-    res = residual if residual is not None else dummy
-    _linear_kernel[grid](
-        x, gather if gather is not None else dummy, w, bias if bias is not None else dummy, y, res, nw, nb, g,
-        m, n, k, n,
-        x.stride(0), gather.stride(0) if gather is not None else 0, y.stride(0), residual.stride(0) if residual is not None else 0,
-        rows_per_group,
-        nw.stride(0) if norm is not None and norm.dim() == 2 else 0,
-        nb.stride(0) if norm_shift is not None and norm_shift.dim() == 2 else 0,
-        g.stride(0) if gate is not None and gate.dim() == 2 else 0,
-        eps,
-        NORM=norm is not None, NORM_SHIFT=norm_shift is not None, GATHER=gather is not None,
-        HAS_BIAS=bias is not None, EPI=EPI_GLU if glu else EPI_RESIDUAL if residual is not None else EPI_STORE,
-        GATED=gate is not None, ACT=glu or ACT_SILU, DOT=dot, IEEE=w.dtype == torch.float32,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=4,
-    )  # fmt: skip
-    return y
 
 
 @triton.jit

@@ -8,7 +8,8 @@ suffix columns of the static cache, attention over the whole cache under the suf
 
 RTC's guided step needs the vector-Jacobian product through the expert: there the layers run as
 ``FusedLayers``, an autograd Function with the layers' backward written out (torch GEMMs over the same
-fused weights; attention's backward over the cache recomputes the probabilities).
+fused weights, in the model dtype; the GLU's and each norm's derivative one kernel each, ``backward``;
+attention's backward over the cache recomputes the probabilities).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from realtime_gw.models.fused import ops
 from realtime_gw.models.fused.attention import attention
+from realtime_gw.models.fused.backward import glu_backward, norm_backward_add
 from realtime_gw.models.policy.expert import AdaptiveNorm, Norm, StaticNorm, normalize
 
 
@@ -126,24 +128,6 @@ class FusedExpert:
         return rows
 
 
-def _norm_backward(x: torch.Tensor, dy: torch.Tensor, eps: float) -> torch.Tensor:
-    """d/dx of ``rms_norm(x) * w (+ c)`` given ``dy * w`` (float32): r * u - x * r^3 * mean(x * u)."""
-    xf = x.float()
-    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return r * dy - xf * r.pow(3) * (xf * dy).mean(-1, keepdim=True)
-
-
-def _act_and_grad(g: torch.Tensor, act: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(act(g), act'(g)) in float32."""
-    if act == ops.ACT_SILU:
-        sig = torch.sigmoid(g)
-        return g * sig, sig * (1 + g * (1 - sig))
-    c = 0.7978845608028654
-    u = c * (g + 0.044715 * g.pow(3))
-    t = torch.tanh(u)
-    return 0.5 * g * (1 + t), 0.5 * (1 + t) + 0.5 * g * (1 - t * t) * c * (1 + 3 * 0.044715 * g * g)
-
-
 class FusedLayers(torch.autograd.Function):
     """The expert's layers on the fused kernels, differentiable w.r.t. their input rows (RTC's
     vector-Jacobian product). The backward is written out: per layer, the transposed GEMMs of down,
@@ -184,32 +168,30 @@ class FusedLayers(torch.autograd.Function):
             # down + residual: x2 = mid + g2 * (a @ Wd.T + bd)
             dz = dx if gate2 is None else dx * _per_row(gate2, n)
             da = dz.to(dt) @ blk.down
-            gu = ops.linear(mid, blk.gate_up, blk.gate_up_bias, rows_per_group=n, **norm2).float()
-            gate, up = gu[:, : blk.inter], gu[:, blk.inter :]
-            act, dact = _act_and_grad(gate, fused.act)
-            dgu = torch.cat([da.float() * up * dact, da.float() * act], dim=-1)
-            dh2 = (dgu.to(dt) @ blk.gate_up).float()
-            dx = dx + _norm_backward(mid, dh2 * _per_row(norm2["norm"], n), norm2["eps"])
+            gu = ops.linear(mid, blk.gate_up, blk.gate_up_bias, rows_per_group=n, **norm2)
+            dh2 = glu_backward(gu, da, fused.act, dt) @ blk.gate_up
+            dx = norm_backward_add(dx, mid, dh2, norm2["norm"], norm2["eps"], n)
             # o-proj + residual: mid = x0 + g1 * (o @ Wo.T + bo)
             dz = dx if gate1 is None else dx * _per_row(gate1, n)
             do = (dz.to(dt) @ blk.o).view(b, n, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, n * g, d)
             qf = q.view(b, n, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, n * g, d)
-            keys, values = cache.k[i].float(), cache.v[i].float()
-            scores = blk.scale * qf.float() @ keys.transpose(-1, -2) + cache.suffix_mask.float()
+            # GEMMs in the model dtype (float32 accumulation, as the eager backward's), softmax in float32
+            keys, values = cache.k[i], cache.v[i]
+            scores = (qf @ keys.transpose(-1, -2)).float() * blk.scale + cache.suffix_mask.float()
             probs = torch.softmax(scores, dim=-1)
-            dprobs = do.float() @ values.transpose(-1, -2)
+            dprobs = (do @ values.transpose(-1, -2)).float()
             dscores = probs * (dprobs - (dprobs * probs).sum(-1, keepdim=True))
-            dq = blk.scale * dscores @ keys  # (B, KV, n * G, D)
+            dq = (dscores.to(dt) @ keys).float() * blk.scale  # (B, KV, n * G, D)
             suffix = slice(p0, p0 + n)
-            dk = blk.scale * dscores.transpose(-1, -2)[:, :, suffix] @ qf.float()  # (B, KV, n, D)
-            dv = probs.transpose(-1, -2)[:, :, suffix] @ do.float()
+            dk = (dscores.transpose(-1, -2)[:, :, suffix].to(dt) @ qf).float() * blk.scale  # (B, KV, n, D)
+            dv = (probs.transpose(-1, -2)[:, :, suffix].to(dt) @ do).float()
             dq = dq.view(b, kvh, n, g, d).permute(0, 2, 1, 3, 4).reshape(b, n, heads, d)
             cos, sin = cache.rope_cos.float(), cache.rope_sin.float()  # (B, n, 1, D)
             dqk = torch.cat([dq, dk.transpose(1, 2)], dim=2)
             dqk = dqk * cos + (dqk * sin).roll(d // 2, dims=-1)  # rotary's transpose
             dqkv = torch.cat([dqk, dv.transpose(1, 2)], dim=2).reshape(m, -1)
-            dh1 = (dqkv.to(dt) @ blk.qkv).float()
-            dx = dx + _norm_backward(x0, dh1 * _per_row(norm1["norm"], n), norm1["eps"])
+            dh1 = dqkv.to(dt) @ blk.qkv
+            dx = norm_backward_add(dx, x0, dh1, norm1["norm"], norm1["eps"], n)
         return dx.to(grad.dtype), None, None, None, None
 
 

@@ -45,6 +45,46 @@ class FusedQwen3Frame:
         self.vocab = self.heads[0].shape[0]
         self._draws = torch.empty(rt.slots, self.vocab, device=dev, dtype=torch.float32)
         self._logits = torch.empty(rt.slots, self.vocab, device=dev, dtype=self.heads[0].dtype)
+        self.paths: dict[tuple[str, int], bool] = {}
+        """(part, batch bucket) -> whether it runs fused (``choose``); a bucket not measured runs fused."""
+
+    def on(self, part: str, b: int) -> bool:
+        """Whether ``part`` (``talker`` or ``predictor``) runs fused at batch bucket ``b``."""
+        return self.paths.get((part, b), True)
+
+    @torch.no_grad()
+    def choose(self, batches: list[int], length: int, timer: Any = None) -> dict[int, dict[str, Any]]:
+        """Per batch bucket, the talker's layers and the code predictor each on the faster path, fused or
+        eager: both timed as CUDA graph replays (the talker's over ``length`` cache columns), at warm-up and
+        before the frame's graphs are captured. The fused kernels' tiles are tuned in the first run of each
+        shape, so every shape a frame graph holds is tuned before its capture. Returns the timings.
+        ``timer``: how a path is timed (``tuning.fastest``'s; default a CUDA graph replay)."""
+        from realtime_gw.models.fused.tuning import fastest
+
+        rt = self.rt
+        report: dict[int, dict[str, Any]] = {}
+        for b in batches:
+            x = torch.zeros(b, rt.hidden, device=self.norm.device, dtype=rt.bos_emb.dtype)
+            idle = torch.zeros(b, dtype=torch.bool, device=x.device)  # K/V to the scratch column
+            code0 = torch.zeros(b, dtype=torch.long, device=x.device)
+            bodies = {
+                "talker": lambda b=b, x=x, idle=idle: rt.talker_hidden(b, length, x, idle),
+                "predictor": lambda x=x, code0=code0: rt.predict_codes(x, code0),
+            }
+            report[b] = {}
+            for part, body in bodies.items():
+                paths = {
+                    name: (lambda fused=fused, part=part, body=body, b=b: self._run_as(part, b, fused, body))
+                    for name, fused in (("eager", False), ("fused", True))
+                }
+                name, ms = fastest(f"tts-qwen3 {part} at batch {b}", paths, timer)
+                self.paths[(part, b)] = name == "fused"
+                report[b][part] = {"chosen": name, "ms": ms}
+        return report
+
+    def _run_as(self, part: str, b: int, fused: bool, body: Any) -> None:
+        self.paths[(part, b)] = fused
+        body()
 
     def _project(
         self, rows: torch.Tensor | None, table: torch.Tensor, index: torch.Tensor | None

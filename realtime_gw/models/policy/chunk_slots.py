@@ -91,6 +91,8 @@ class ChunkSlots:
     ) -> None:
         self.fn, self.buckets, self.device, self.beta = fn, tuple(buckets), device, beta
         self.fused_velocity = fused_velocity  # ``models.fused``'s, both step kinds; None: compiled/eager
+        self.fused_on: dict[tuple[str, int], bool] = {}  # (kind, bucket): fused where timed faster
+        self.fused_ms: dict[tuple[str, int], dict[str, float]] = {}  # (kind, bucket): each path's ms
         self.capacity = cap = self.buckets[-1]
         self.cuda_graphs = cuda_graphs
         self.compiled_velocity = compiled_velocity
@@ -138,21 +140,17 @@ class ChunkSlots:
         self.steps_of = [0] * cap
         self.guided = [False] * cap
         self.slot_pool = SlotPool(cap, "policy")
-        self.graphs: dict[tuple[str, int], Any] = {}
-        """("prefix", robots) and (kind, bucket) -> CUDA graph."""
+        self.graphs: dict[tuple[str, int], Any] = {}  # ("prefix", robots) and (kind, bucket) -> CUDA graph
         self.compiled: set[tuple[str, int]] = set()
         """Graphs captured from compiled code: steps with the compiled expert step, prefixes with the
         compiled prefix."""
         self.failed: set[tuple[str, int]] = set()
-        self._capturer = GraphCapture(device)
-        """Graphs of the main stream: steps, commits."""
+        self._capturer = GraphCapture(device)  # graphs of the main stream: steps, commits
         self.overlap = device.type == "cuda" and cuda_graphs
-        self._prefix_capturer = GraphCapture(device) if self.overlap else self._capturer
-        """The prefixes' own pool: a prefix replays while steps do."""
+        self._prefix_capturer = GraphCapture(device) if self.overlap else self._capturer  # own pool
         self._side: Any = torch.cuda.Stream(device) if self.overlap else None
         self._inflight: _InFlight | None = None
-        self.pending: set[int] = set()
-        """Slots whose prefix is not committed yet: they do not step."""
+        self.pending: set[int] = set()  # slots whose prefix is not committed yet: they do not step
 
     def _host_like(self, t: torch.Tensor) -> torch.Tensor:
         return torch.empty_like(t, device="cpu", pin_memory=self.pinned)
@@ -317,7 +315,7 @@ class ChunkSlots:
     def _step_body(self, kind: str, size: int, compiled: bool = False) -> Callable[[], None]:
         fn, cache, x, params = self.fn, self.cache.rows(size), self.x[:size], self.params[:, :size]
         velocity = self.compiled_velocity if compiled and self.compiled_velocity is not None else fn.velocity
-        if self.fused_velocity is not None:
+        if self.fused_velocity is not None and self.fused_on.get((kind, size), True):
             velocity = self.fused_velocity
         chunk = (self.chunk if kind == "rtc" else self.chunk.plain()).rows(size)
 
@@ -335,18 +333,18 @@ class ChunkSlots:
 
     # -- graphs --------------------------------------------------------------------------------------------
     def graph(self, kind: str, size: int, compiled: bool = False) -> Any:
-        """The graph of ``kind`` at ``size`` (captured on first use); None where capture failed (launch
-        eagerly). Only warm-up asks for ``compiled``: a compile takes tens of seconds, which a serving
-        step must not (the supervisor would take it for a hang), so later captures use the uncompiled code."""
+        """The graph of ``kind`` at ``size`` (captured on first use; a step's fused or not, the faster); None
+        where capture failed (launch eagerly). Only warm-up asks for ``compiled``: a compile takes tens of
+        seconds, which a serving step must not (the supervisor would take it for a hang)."""
         key = (kind, size)
-        if key in self.graphs:
-            return self.graphs[key]
-        if key in self.failed:
-            return None
+        if key in self.graphs or key in self.failed:
+            return self.graphs.get(key)
         compiled_code = self.compiled_prefix if kind == "prefix" else self.compiled_velocity
-        if kind in KINDS and self.fused_velocity is not None:
-            compiled_code = None  # the fused kernels, never compiled
+        fused = kind in KINDS and self.fused_velocity is not None
+        if fused:  # today's step first (compiled where asked), then the fused one: the faster is kept
+            self.fused_on[key] = False
         tries = [True, False] if compiled and kind != "commit" and compiled_code is not None else [False]
+        graph = None
         for with_compiled in tries:
             try:
                 graph = self._capture(kind, size, with_compiled)
@@ -356,10 +354,13 @@ class ChunkSlots:
                 continue
             if with_compiled:
                 self.compiled.add(key)
+            break
+        graph = _faster_step(self, key, graph) if fused else graph
+        if graph is None:
+            self.failed.add(key)
+        else:
             self.graphs[key] = graph
-            return graph
-        self.failed.add(key)
-        return None
+        return graph
 
     def _capture(self, kind: str, size: int, compiled: bool) -> Any:
         if kind == "prefix":
@@ -371,3 +372,25 @@ class ChunkSlots:
         self.params.copy_(self.idle)
         # Two warm-ups outside the capture: compiles, cuBLAS handles, autograd.
         return self._capturer.capture(self._step_body(kind, size, compiled), warmup_runs=2)
+
+
+def _faster_step(slots: ChunkSlots, key: tuple[str, int], today: Any) -> Any:
+    """The faster step graph at ``key``: ``today``'s (None: its capture failed) or the fused one, both
+    replayed and timed at warm-up (the fused kernels' tiles are tuned in its capture's warm-up runs). The
+    choice goes to ``fused_on`` (eager launches follow it too) and the log."""
+    from realtime_gw.models.fused.tuning import replay_ms
+
+    kind, size = key
+    slots.fused_on[key] = True
+    try:
+        fused = slots._capture(kind, size, False)
+    except Exception as e:
+        log.warning("policy: CUDA graph capture of the fused %s step at %d failed: %s", kind, size, e)
+        slots.fused_on[key] = False
+        return today
+    graphs = {"fused": fused} if today is None else {"today": today, "fused": fused}
+    ms = {name: round(replay_ms(g), 3) for name, g in graphs.items()}
+    pick = min(ms, key=ms.__getitem__)
+    slots.fused_on[key], slots.fused_ms[key] = pick == "fused", ms
+    log.info("policy: the %s step at bucket %d runs %s (ms %s)", kind, size, pick, ms)
+    return graphs[pick]

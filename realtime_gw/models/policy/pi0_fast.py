@@ -253,6 +253,9 @@ class FastPi0Runner(Pi0Runner):
             "prefixes_compiled": sorted(n for kind, n in self.slots.compiled if kind == "prefix"),
             "failed": sorted(map(str, self.slots.failed)),
         }
+        if self.slots.fused_ms:  # per step kind and bucket: the path kept and each path's device ms
+            report["fused"] = {f"{k}@{n}": {"fused": self.slots.fused_on[(k, n)], "ms": ms}
+                               for (k, n), ms in sorted(self.slots.fused_ms.items())}  # fmt: skip
         if self.fp8_check is not None:
             report["fp8"] = self.fp8_check
         if self.compile_cache is not None:

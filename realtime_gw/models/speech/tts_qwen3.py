@@ -230,6 +230,9 @@ class Qwen3TtsBackend(FrameTtsLoop, TtsBackendBase[Qwen3TtsState]):
         with torch.no_grad():
             self.engine.cache_prompts(self.voice_prompts()[: self.engine.free_slots])
         super().warmup()
+        if self.engine.fused_paths:  # per batch bucket: which parts of the frame run fused
+            self.warmup_report["fused"] = {b: [p for p, r in parts.items() if r["chosen"] == "fused"]
+                                           for b, parts in self.engine.fused_paths.items()}  # fmt: skip
 
     def voice_prompts(self) -> list[Prompt]:
         """The cached prompts of the voices a request can name, without its own ``instructions``: every

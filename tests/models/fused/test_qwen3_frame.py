@@ -77,3 +77,23 @@ def test_frame_steps_equal_eager(ck: Qwen3TtsCheckpoint) -> None:
         codes.append([rt.frame_step(2, 9 + k, prompt[:, k], active, eos_ok).clone() for k in range(2)])
     for want, got in zip(*codes, strict=True):
         assert torch.equal(got, want)
+
+
+def test_each_bucket_runs_the_faster_path(ck: Qwen3TtsCheckpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``choose`` times each part of the frame eager and fused per batch bucket (on the device: graph
+    replays; here a timer with set answers, in ``choose``'s order) and the frame follows what it kept."""
+    sampling = Sampling.from_generation(ck.generation, do_sample=False, sub_do_sample=False)
+    rt = Qwen3TalkerRuntime(ck, 2, 32, sampling, fused_predictor=True)
+    fused = rt.fused_predictor
+    answers = iter([1.0, 2.0, 3.0, 1.0])  # talker: eager, fused; predictor: eager, fused
+    report = fused.choose([2], 16, timer=lambda body: (body(), next(answers))[1])
+    assert report[2]["talker"] == {"chosen": "eager", "ms": {"eager": 1.0, "fused": 2.0}}
+    assert report[2]["predictor"]["chosen"] == "fused"
+    assert not fused.on("talker", 2) and fused.on("predictor", 2) and fused.on("talker", 1)  # 1: not timed
+    ran: list[str] = []
+    for name in ("talker_layers", "_layers"):  # the fused talker; the fused predictor's passes
+        real = getattr(fused, name)
+        monkeypatch.setattr(fused, name, lambda *a, real=real, name=name: (ran.append(name), real(*a))[1])
+    h = rt.talker_hidden(2, 8, torch.zeros(2, rt.hidden), torch.zeros(2, dtype=torch.bool))
+    rt.predict_codes(h, torch.zeros(2, dtype=torch.long))
+    assert set(ran) == {"_layers"}  # the eager talker, the fused predictor

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -129,6 +130,18 @@ class Qwen3Engine(SlotEngine):
         """ICL recordings: key -> (per-frame codec embeddings ``(F, H)``, the decoder state after them)."""
         self._prompt_kv: OrderedDict[Prompt, torch.Tensor] = OrderedDict()
         self.prompt_cache = prompt_cache
+        self.fused_paths: dict[int, dict[str, Any]] = {}
+        """With fused layers: per batch bucket, which path each part runs and their timings."""
+
+    def capture_all(self) -> float:
+        """With fused layers on CUDA: first, per batch bucket, fused or eager talker layers and code
+        predictor, whichever is faster (``FusedQwen3Frame.choose``, timed at the middle KV-length
+        bucket); then every graph, each with its bucket's paths."""
+        fused = self.talker.fused_predictor
+        if self.use_graphs and fused is not None and not self.fused_paths:
+            mid = self.len_buckets[len(self.len_buckets) // 2]
+            self.fused_paths = fused.choose(self.batch_buckets, mid)
+        return super().capture_all()
 
     def alloc_prompt(self, prompt: Prompt | None) -> int:
         """A slot for a new stream with ``prompt`` (prefilled at the next step); NoFreeSlot when full.

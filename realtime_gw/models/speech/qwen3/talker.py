@@ -154,8 +154,8 @@ class Qwen3TalkerRuntime:
         with torch.no_grad():
             self.bos_emb = t.model.codec_embedding.weight[self.bos_id].detach().clone()
         self.fused_predictor: Any = None
-        """The frame's layers (talker and code predictor) on the fused Triton kernels (``models.fused``), or
-        None: the eager layers."""
+        """The frame's layers (talker and code predictor) on the fused Triton kernels (``models.fused``) at
+        the batch buckets where they are faster (``FusedQwen3Frame.choose``), or None: the eager layers."""
         if fused_predictor:
             from realtime_gw.models.fused.qwen3_frame import FusedQwen3Frame
 
@@ -271,7 +271,7 @@ class Qwen3TalkerRuntime:
         pos = self.pos[:b]
         cos, sin = rope_cos_sin(pos, self.inv_freq, 1.0, x.dtype)
         col = torch.where(active, pos, self.max_positions)
-        if self.fused_predictor is not None:
+        if self.fused_predictor is not None and self.fused_predictor.on("talker", b):
             h = self.fused_predictor.talker_layers(x, cos, sin, col, pos, length)
         else:
             l0 = self.layers[0]
@@ -287,7 +287,7 @@ class Qwen3TalkerRuntime:
 
     def predict_codes(self, h: torch.Tensor, code0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Codebooks 1..K-1 for a frame; returns codes ``(b, K)`` and the sum of the frame's 16 embeddings."""
-        if self.fused_predictor is not None:
+        if self.fused_predictor is not None and self.fused_predictor.on("predictor", h.shape[0]):
             return self.fused_predictor(h, code0)
         cp, sp = self.t.code_predictor, self.sampling
         e0 = self.t.model.codec_embedding(code0)
