@@ -15,7 +15,8 @@ session's earlier ones, then at most ``patience_s`` for a free decoder. So a cli
 next turn while the last one still decodes (audio sent faster than real time) waits for its own
 backlog instead of failing for it, and as many sessions as decoders never fail for want of one (other
 users of the worker, e.g. file transcriptions, may still take them first). At most
-``MAX_WAITING_TURNS`` one-shot transcriptions of a session wait so; one past that fails at once.
+``MAX_WAITING_AUDIO_S`` of a session's audio waits so (its memory, and the decoding it is owed); a
+one-shot transcription past that fails at once.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from realtime_gw.sessions.events import (
 log = logging.getLogger(__name__)
 
 ASR_PATIENCE_S = 5.0  # how long a commit may wait for a free ASR decoder
-MAX_WAITING_TURNS = 8  # a session's one-shot transcriptions waiting behind its earlier turns, at most
+MAX_WAITING_AUDIO_S = 300.0  # a session's audio in one-shot transcriptions waiting for a decoder, at most
 
 
 @dataclass(eq=False)
@@ -78,8 +79,8 @@ class Listening:
         """Turns whose stream opens when the session's latest transcription is in, with their audio so far."""
         self._latest: asyncio.Future[None] | None = None
         """Settles when the session's latest transcription (streamed or one-shot) has its outcome."""
-        self._waiting = 0
-        """One-shot transcriptions waiting for an earlier turn or for a decoder."""
+        self._waiting_s = 0.0
+        """Audio seconds of the one-shot transcriptions waiting for an earlier turn or for a decoder."""
 
     def run(self, e: ListenEffect) -> None:
         match e:
@@ -109,7 +110,7 @@ class Listening:
 
     async def _open_after(self, latest: asyncio.Future[None], e: StartAsr) -> None:
         await asyncio.shield(latest)  # settled by its own task, whatever happens to this one
-        if (backlog := self._deferred.pop(e.item_id, None)) is not None:  # not committed or cancelled meanwhile
+        if (backlog := self._deferred.pop(e.item_id, None)) is not None:  # not committed or cancelled since
             self._open(e, backlog)
 
     def _open(self, e: StartAsr, backlog: list[bytes]) -> None:
@@ -171,11 +172,12 @@ class Listening:
                 mine.set_result(None)
 
     async def _one_shot(self, e: Transcribe, earlier: asyncio.Future[None] | None) -> TranscriptionDone:
-        if self._waiting >= MAX_WAITING_TURNS:
-            reason = f"{self.asr.name}: {MAX_WAITING_TURNS} turns of this session already wait for a decoder"
-            return TranscriptionDone(e.item_id, None, reason)
+        seconds = len(e.pcm) / 2 / e.sample_rate if e.sample_rate > 0 else 0.0
+        if self._waiting_s and self._waiting_s + seconds > MAX_WAITING_AUDIO_S:
+            waiting = f"{self._waiting_s:.0f} s of this session's audio already wait for decoding"
+            return TranscriptionDone(e.item_id, None, f"{self.asr.name}: {waiting}")
         stream: Stream[Any] | None = None
-        self._waiting += 1
+        self._waiting_s += seconds
         try:
             if earlier is not None:
                 await asyncio.shield(earlier)  # settled by its own task, whatever happens to this one
@@ -183,7 +185,7 @@ class Listening:
         except NoFreeSlot as err:
             return TranscriptionDone(e.item_id, None, str(err))
         finally:
-            self._waiting -= 1
+            self._waiting_s -= seconds
         try:
             results = await stream.collect()
             return TranscriptionDone(e.item_id, " ".join(r.text for r in results if r.text))

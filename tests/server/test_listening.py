@@ -11,7 +11,7 @@ import pytest
 
 from realtime_gw.models.runtime import NoFreeSlot, StageWorker
 from realtime_gw.models.speech.asr_pocketsphinx import PocketsphinxAsrBackend
-from realtime_gw.server.listen_effects import MAX_WAITING_TURNS, Listening
+from realtime_gw.server.listen_effects import MAX_WAITING_AUDIO_S, Listening
 from realtime_gw.sessions.events import AsrUnavailable, FeedAsr, StartAsr, Transcribe, TranscriptionDone
 from realtime_gw.testing.audio import synthesize
 from tests.models.waiting import wait_for
@@ -105,7 +105,7 @@ async def test_the_next_turns_stream_opens_when_the_last_transcript_is_in(one_de
     assert "kitchen" in (box.done("item_2").text or "")
 
 
-async def test_a_turn_committed_before_its_stream_opened_waits_for_the_last_one(one_decoder: OneDecoder) -> None:
+async def test_a_turn_committed_before_its_stream_opened_waits_for_the_last(one_decoder: OneDecoder) -> None:
     """Committed while the first turn still decodes: the second is decoded in one shot after it, not
     failed when the decoder is not free within the patience."""
     box, listening = one_decoder, one_decoder.listening
@@ -123,7 +123,7 @@ async def test_a_turn_committed_before_its_stream_opened_waits_for_the_last_one(
     assert listening.streams == {}
 
 
-async def test_a_session_committing_far_faster_than_it_is_decoded_is_refused_past_a_bound() -> None:
+async def test_audio_committed_far_faster_than_it_is_decoded_is_refused_past_a_bound() -> None:
     posted: list[Any] = []
 
     async def post(event: Any) -> None:
@@ -134,11 +134,13 @@ async def test_a_session_committing_far_faster_than_it_is_decoded_is_refused_pas
     listening = Listening(cast(Any, full), None, post, lambda c, n: asyncio.create_task(c, name=n))
     blocker: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     listening._latest = blocker  # an earlier turn still decoding
-    turns = [Transcribe(f"item_{i}", b"\0\0", 16000) for i in range(MAX_WAITING_TURNS + 1)]
-    waiting = [asyncio.create_task(listening.transcribe(t)) for t in turns]
+    minute = bytes(2 * 100 * 60)  # a minute at 100 Hz: the bound is in audio seconds, not bytes
+    turns = int(MAX_WAITING_AUDIO_S // 60)
+    commits = [Transcribe(f"item_{i}", minute, 100) for i in range(turns + 1)]
+    waiting = [asyncio.create_task(listening.transcribe(t)) for t in commits]
     await asyncio.sleep(0.01)
-    assert listening._waiting == MAX_WAITING_TURNS
-    reason = f"asr: {MAX_WAITING_TURNS} turns of this session already wait for a decoder"
-    assert posted == [TranscriptionDone(f"item_{MAX_WAITING_TURNS}", None, reason)]
+    assert listening._waiting_s == turns * 60
+    reason = f"asr: {turns * 60} s of this session's audio already wait for decoding"
+    assert posted == [TranscriptionDone(f"item_{turns}", None, reason)]
     for t in waiting:
         t.cancel()
