@@ -15,7 +15,9 @@ baseline, measured in the same run (``--baseline``):
     python3 -m loadtest.bench.transcriptions --audio speech.flac --clients 1,8,32 --baseline realtime \
         --server-args '--policy none --tts tone --asr kyutai --asr-device cuda'
 
-Prints a markdown table (appended to docs/benchmarks-log.md with ``--write``).
+Prints a markdown table (appended to docs/benchmarks-log.md with ``--write``) with each run's failed
+transcriptions (a realtime turn's ``conversation.item.input_audio_transcription.failed``, a POST's error
+status). A run past ``--run-timeout-s`` is cut short and reported as timed out: the bench never hangs.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ import base64
 import datetime as dt
 import json
 import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import soundfile
@@ -78,9 +83,23 @@ def read_audio(path: str) -> bytes:
     return resample(data[:, 0].tobytes(), rate, RATE)
 
 
+TRANSCRIPTION = "conversation.item.input_audio_transcription."
+
+
+@dataclass
+class Run:
+    label: str
+    clients: int
+    wall: float | None
+    """None: cut short at the run's timeout."""
+    failed: int = 0
+    """Transcriptions that failed (realtime turns, or POSTs answered with an error)."""
+
+
 async def realtime_session(ws_url: str, pcm24k: bytes) -> int:
     """One ``/v1/realtime`` transcription session hearing the file piece by piece (each piece appended
-    in 0.5 s chunks, then committed); returns the number of completed transcripts."""
+    in 0.5 s chunks, then committed); returns how many of its turns failed (each turn ends completed or
+    failed)."""
     cuts = pieces(pcm24k, RATE)
     chunk = RATE  # bytes: 0.5 s of PCM16
     async with websockets.connect(ws_url + "/v1/realtime?intent=transcription", max_size=None) as ws:
@@ -96,33 +115,43 @@ async def realtime_session(ws_url: str, pcm24k: bytes) -> int:
                 await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
 
         sender = asyncio.create_task(send())
-        done = 0
-        while done < len(cuts):
+        completed = failed = 0
+        while completed + failed < len(cuts):
             ev = json.loads(await ws.recv())
             if ev["type"] == "error":
                 raise RuntimeError(f"realtime transcription session: {ev['error']}")
-            done += ev["type"] == "conversation.item.input_audio_transcription.completed"
+            completed += ev["type"] == TRANSCRIPTION + "completed"
+            if ev["type"] == TRANSCRIPTION + "failed":
+                failed += 1
+                print(f"transcription failed: {ev.get('error')}", flush=True)
         await sender
-        return done
+        return failed
 
 
-async def realtime_clients(ws_url: str, pcm24k: bytes, n: int) -> float:
-    start = time.perf_counter()
-    await asyncio.gather(*(realtime_session(ws_url, pcm24k) for _ in range(n)))
-    return time.perf_counter() - start
-
-
-async def post(url: str, data: bytes) -> str:
+async def post(url: str, data: bytes) -> int:
+    """One POST of the file; returns 1 if it failed (an error status), else 0."""
     async with httpx.AsyncClient(timeout=3600) as client:
         r = await client.post(url, files={"file": ("speech.flac", data)}, data={"model": "whisper-1"})
-        r.raise_for_status()
-        return str(r.json()["text"])
+        if r.is_error:
+            print(f"POST failed: {r.status_code} {r.text[:200]}", flush=True)
+            return 1
+        return 0
 
 
-async def clients(url: str, data: bytes, n: int) -> float:
-    start = time.perf_counter()
-    await asyncio.gather(*(post(url, data) for _ in range(n)))
-    return time.perf_counter() - start
+def timed(label: str, n: int, timeout_s: float, *calls: Coroutine[Any, Any, int]) -> Run:
+    """Run ``calls`` at once, at most ``timeout_s``: their wall time and failures (or timed out)."""
+
+    async def go() -> Run:
+        start = time.perf_counter()
+        try:
+            failed = await asyncio.wait_for(asyncio.gather(*calls), timeout_s)
+        except asyncio.TimeoutError:
+            return Run(label, n, None)
+        return Run(label, n, time.perf_counter() - start, sum(failed))
+
+    run = asyncio.run(go())
+    print(run, flush=True)  # a run cut short keeps what it measured
+    return run
 
 
 def main() -> None:
@@ -134,31 +163,28 @@ def main() -> None:
         "--audio", help="transcribe this file (any format libsndfile reads) instead of Piper speech"
     )
     ap.add_argument("--baseline", choices=("pocketsphinx", "realtime"), default="pocketsphinx")
+    ap.add_argument(
+        "--run-timeout-s", type=float, default=900.0, help="cut a run (one path, one client count) short after this"
+    )
     ap.add_argument("--write", action="store_true", help="append the table to docs/benchmarks-log.md")
     args = ap.parse_args()
     pcm = read_audio(args.audio) if args.audio else speech(args.minutes)
     audio_s = len(pcm) / 2 / RATE
     data = encode(pcm, RATE, "flac")
     counts = [int(c) for c in args.clients.split(",")]
-    rows: list[tuple[str, int, float]] = []
+    rows: list[Run] = []
     if args.baseline == "pocketsphinx":
-        rows.append(("pocketsphinx backend alone, in process (baseline)", 1, baseline(pcm)))
+        rows.append(Run("pocketsphinx backend alone, in process (baseline)", 1, baseline(pcm)))
     server = start_server(*args.server_args.split(), name="bench-transcriptions", timeout=600)
+    limit = args.run_timeout_s
     try:
         url = server.http + "/v1/audio/transcriptions"
         for n in counts:
             if args.baseline == "realtime":
-                wall = asyncio.run(realtime_clients(server.ws, pcm, n))
-                rows.append((f"/v1/realtime transcription sessions, {n} at once (baseline)", n, wall))
-                print(rows[-1], flush=True)  # a run cut short keeps what it measured
-            rows.append(
-                (
-                    f"POST /v1/audio/transcriptions, {n} client(s) at once",
-                    n,
-                    asyncio.run(clients(url, data, n)),
-                )
-            )
-            print(rows[-1], flush=True)
+                label = f"/v1/realtime transcription sessions, {n} at once (baseline)"
+                rows.append(timed(label, n, limit, *(realtime_session(server.ws, pcm) for _ in range(n))))
+            label = f"POST /v1/audio/transcriptions, {n} client(s) at once"
+            rows.append(timed(label, n, limit, *(post(url, data) for _ in range(n))))
     finally:
         stop_server(server)
     source = (
@@ -172,19 +198,25 @@ def main() -> None:
         "",
         f"- hardware: {hardware()}",
         f"- command: `python -m loadtest.bench.transcriptions --minutes {args.minutes:g} --clients {args.clients} "
-        f"--baseline {args.baseline} --server-args '{args.server_args}'`",
+        f"--baseline {args.baseline} --run-timeout-s {limit:g} "
+        f"--server-args '{args.server_args}'`",
         f"- file: {audio_s:.0f} s of {source}, FLAC {len(data) // 1024} KiB; the gateway decodes it, cuts it at "
         "pauses into <= 20 s pieces and streams each through the ASR stage worker",
         "",
-        "| path | clients | wall s | audio s per wall s | vs baseline |",
-        "|---|---|---|---|---|",
+        "| path | clients | wall s | audio s per wall s | vs baseline | failed |",
+        "|---|---|---|---|---|---|",
     ]
     # each row against the baseline with as many clients (pocketsphinx alone: its one run)
-    base_speed = {n: n * audio_s / wall for label, n, wall in rows if "baseline" in label}
-    for label, n, wall in rows:
-        speed = n * audio_s / wall
-        ref = base_speed.get(n, base_speed.get(1, speed))
-        lines.append(f"| {label} | {n} | {wall:.1f} | {speed:.1f} | {speed / ref:.2f}x |")
+    base_speed = {r.clients: r.clients * audio_s / r.wall for r in rows if "baseline" in r.label and r.wall}
+    for r in rows:
+        if r.wall is None:
+            lines.append(f"| {r.label} | {r.clients} | timed out (> {limit:g} s) | – | – | – |")
+            continue
+        speed = r.clients * audio_s / r.wall
+        ref = base_speed.get(r.clients, base_speed.get(1, speed))
+        lines.append(
+            f"| {r.label} | {r.clients} | {r.wall:.1f} | {speed:.1f} | {speed / ref:.2f}x | {r.failed} |"
+        )
     table = "\n".join(lines) + "\n"
     print(table)
     if args.write:

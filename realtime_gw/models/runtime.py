@@ -101,7 +101,8 @@ WORKER_RESTARTS = Counter(
 
 
 class StageWorker:
-    """Queue in, per-request result streams out, one batched backend step per iteration."""
+    """Queue in, per-request result streams out, one batched backend step per iteration. It admits at
+    most ``max_active`` requests, and never more than a backend with fixed slots holds (its ``describe``)."""
 
     stream_type: type[Stream[Any]] = Stream
     """What ``submit`` hands out; a Ray stage actor (``models/remote/actor.py``) relays its streams'
@@ -143,11 +144,13 @@ class StageWorker:
             backend.iterate if self.hosted else lambda it: run_iteration(backend, it)  # type: ignore[attr-defined]
         )
         self._opening: deque[Stream[Any]] = deque()
+        self._launching: list[Stream[Any]] = []  # being opened by the iteration under way
         self._active: list[Stream[Any]] = []
+        self._stranded = 0  # slots an abandoned step (a hung thread) may hold until it returns
         self._orphans: list[Any] = []
         """States no stream owns any more (left by an abandoned step), released at the next iteration."""
-        self._wake_event: asyncio.Event | None = None
-        self._slot_freed: SlotFreed | None = None
+        self._wake_event = asyncio.Event()  # bound to a loop at its first wait, in ``_schedule``
+        self._slot_freed = SlotFreed()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"worker-{self.name}")
@@ -156,13 +159,12 @@ class StageWorker:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self, warmup: bool = True) -> None:
-        self._wake_event = asyncio.Event()
-        self._slot_freed = SlotFreed()
         loop = asyncio.get_running_loop()
         if self.hosted:  # its child runs from the start, warm or not: nothing spawns on the event loop later
             await loop.run_in_executor(self._thread, self.backend.start)  # type: ignore[attr-defined]
         if warmup:
             await loop.run_in_executor(self._thread, self.backend.warmup)
+        self.max_active = min(self.max_active, self.backend.describe().slots or self.max_active)
         self.ready = True
         self._task = asyncio.create_task(self._schedule(), name=f"worker-{self.name}")
 
@@ -178,7 +180,7 @@ class StageWorker:
                 await asyncio.wait({self._task}, timeout=0.01)
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for s in list(self._active) + list(self._opening):
+        for s in self._active + self._launching + list(self._opening):
             s.cancel()
         held = [s.state for s in self._active if s.state is not None] + self._orphans
         self._active, self._orphans = [], []
@@ -187,16 +189,13 @@ class StageWorker:
             # and the states die with the child.
             await asyncio.to_thread(self.backend.close)  # type: ignore[attr-defined]
         else:
-            release = asyncio.get_running_loop().run_in_executor(
-                self._thread, self._iterate, Iteration(release=held)
-            )
+            release = asyncio.get_running_loop().run_in_executor(self._thread, self._iterate, Iteration(held))
             with contextlib.suppress(Exception):  # bounded: a hung step keeps the thread (and its states)
                 await asyncio.wait_for(release, self.step_timeout_s)
         self._thread.shutdown(wait=False, cancel_futures=True)
 
     def wake(self) -> None:
-        if self._wake_event is not None:
-            self._wake_event.set()
+        self._wake_event.set()
 
     def describe(self) -> BackendInfo:
         """The backend's own description (after ``start``: with its warm-up report)."""
@@ -206,7 +205,7 @@ class StageWorker:
     def submit(self, request: Any) -> Stream[Any]:
         """Start a request. Raises ``NoFreeSlot`` at once when the worker is full; a request over the
         worker's cost bound (``admit``) gets a stream that fails with the reason (``RequestRefused``)."""
-        if len(self._active) + len(self._opening) >= self.max_active:
+        if self.active_count >= self.max_active:
             WORKER_REJECTED.labels(self.name).inc()
             raise NoFreeSlot(f"{self.name}: no free slot ({self.max_active} requests active)")
         stream: Stream[Any] = self.stream_type(self, request, self.max_backlog)
@@ -220,28 +219,24 @@ class StageWorker:
 
     @property
     def active_count(self) -> int:
-        return len(self._active) + len(self._opening)
+        """Every slot the backend may hold (admission counts these, so it never admits what the backend
+        refuses); states released next need none: an iteration releases before it opens."""
+        return len(self._active) + len(self._launching) + len(self._opening) + self._stranded
 
     async def slot_freed(self, timeout: float) -> bool:
         """Wait until a request leaves the worker (a slot may be free), at most ``timeout`` seconds."""
-        assert self._slot_freed is not None, "worker not started"
         return await self._slot_freed.wait(timeout)
-
-    def _slots_returned(self) -> None:
-        if self._slot_freed is not None:
-            self._slot_freed.notify()
 
     # -- the loop: decide on the event loop, execute on the worker thread --------------------------
     async def _schedule(self) -> None:
-        assert self._wake_event is not None
         while True:
             await tick_due(self.lockstep, bool(self._active or self._opening))
-            to_open = [s for s in self._opening if not s.cancelled]
+            to_open = self._launching = [s for s in self._opening if not s.cancelled]
             self._opening.clear()
             to_release = [s for s in self._active if s.cancelled or s.finished]
             if to_release:
                 self._active = [s for s in self._active if not (s.cancelled or s.finished)]
-                self._slots_returned()
+                self._slot_freed.notify()
             runnable = [s for s in self._active if s._runnable(self.backend)]
             if not (to_open or to_release or runnable or self._orphans):
                 self._wake_event.clear()
@@ -261,12 +256,9 @@ class StageWorker:
             batch = pick(runnable, self.max_batch, self._rr)
             # Inputs are taken here, on the loop thread that pushes them; new requests get theirs back
             # below if they could not join this step.
-            it = Iteration(
-                release=[s.state for s in to_release if s.state is not None] + self._orphans,
-                open=[(s.request, s.pending) for s in to_open],
-                work=[(s.state, s.pending) for s in batch],
-                max_batch=self.max_batch,
-            )
+            released = [s.state for s in to_release if s.state is not None] + self._orphans
+            opened, work = [(s.request, s.pending) for s in to_open], [(s.state, s.pending) for s in batch]
+            it = Iteration(release=released, open=opened, work=work, max_batch=self.max_batch)
             self._orphans = []
             for s in to_release:
                 s.state = None
@@ -309,12 +301,13 @@ class StageWorker:
         if result.step_failed:
             WORKER_ERRORS.labels(self.name).inc()
         stepped = list(batch)
+        self._launching = []
         for s, o, (_, taken) in zip(to_open, result.opened, it.open, strict=True):
             if o.error is not None:
                 if o.no_slot:
                     WORKER_REJECTED.labels(self.name).inc()
                 s._deliver([], True, o.error)
-                self._slots_returned()
+                self._slot_freed.notify()
                 continue
             s.state = o.state
             self._active.append(s)
@@ -328,8 +321,11 @@ class StageWorker:
         step.settle(self.device, stepped, result.results)
         for s, r in zip(stepped, result.results, strict=True):
             if r.done or r.error is not None:
-                s.state = None  # released next to the backend, in the same iteration
+                s.state = None  # released next to the backend, in the same iteration: its slot is free now
             s._deliver(r.outputs, r.done, r.error)
+        if len(held := [s for s in self._active if s.state is not None]) < len(self._active):
+            self._active = held
+            self._slot_freed.notify()
         self._last_batch = len(stepped)
         WORKER_ACTIVE.labels(self.name).set(len(self._active))
         WORKER_QUEUE.labels(self.name).set(len(self._opening))
@@ -353,7 +349,7 @@ class StageWorker:
         t_fault = asyncio.get_running_loop().time()
         log.error("%s; restarting the worker", reason)
         failed = self._active + opening
-        self._active = []
+        self._active, self._launching = [], []
         for s in failed:
             s._deliver([], True, reason)
         held = [s.state for s in failed if s.state is not None]
@@ -373,6 +369,7 @@ class StageWorker:
             running, it = abandoned
             in_step = {id(st) for st, _ in it.work}
             now = [st for st in held if id(st) not in in_step]
+            self._stranded += len(it.work) + len(it.open)
             reset = lambda: self._iterate(Iteration(release=now))  # noqa: E731
             running.add_done_callback(lambda f: _call_soon(loop, self._adopt_orphans, f, it))
             rewarm = False
@@ -389,16 +386,18 @@ class StageWorker:
             if self.hosted:  # a child stuck in its warm-up: end it; the next request starts a fresh one
                 await asyncio.to_thread(self.backend.close)  # type: ignore[attr-defined]
         WORKER_ACTIVE.labels(self.name).set(0)
-        self._slots_returned()
+        self._slot_freed.notify()
 
     def _adopt_orphans(self, running: Future[IterationResult], it: Iteration) -> None:
         """An abandoned step finally returned: the states it still holds go back at the next iteration."""
+        self._stranded -= len(it.work) + len(it.open)
         try:
             result = running.result()
         except BaseException:  # died: run_iteration already freed the states it had opened
             self._orphans += [st for st, _ in it.work]
         else:
             self._orphans += unreleased(it, result)
+        self._slot_freed.notify()
         self.wake()
 
 

@@ -7,6 +7,16 @@ commit (``Transcribe(streamed=True)``), ``end`` closes the turn's stream and ret
 transcript, or the worker fault that failed it, as for a one-shot decode), or None when the turn has
 no stream (its refusal was still on its way to the session at the commit): the caller then
 transcribes the committed audio in one shot, which ``Transcribe`` always carries.
+
+A session takes one decoder at a time, its turns in order: a turn's stream opens once the session's
+previous transcription is in (the audio it hears meanwhile is kept and fed at the open; normally the
+previous transcript comes within a step of its commit), and a one-shot transcription waits for the
+session's earlier ones, then at most ``patience_s`` for a free decoder. So a client that commits its
+next turn while the last one still decodes (audio sent faster than real time) waits for its own
+backlog instead of failing for it, and as many sessions as decoders never fail for want of one (other
+users of the worker, e.g. file transcriptions, may still take them first). At most
+``MAX_WAITING_AUDIO_S`` of a session's audio waits so (its memory, and the decoding it is owed); a
+one-shot transcription past that fails at once.
 """
 
 from __future__ import annotations
@@ -14,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +47,7 @@ from realtime_gw.sessions.events import (
 log = logging.getLogger(__name__)
 
 ASR_PATIENCE_S = 5.0  # how long a commit may wait for a free ASR decoder
+MAX_WAITING_AUDIO_S = 300.0  # a session's audio in one-shot transcriptions waiting for a decoder, at most
 
 
 @dataclass(eq=False)
@@ -55,24 +66,34 @@ class Listening:
         turn: StageWorker | None,
         post: Callable[[Any], Awaitable[None]],
         spawn: Callable[[Any, str], asyncio.Task[Any]],
+        patience_s: float = ASR_PATIENCE_S,
     ) -> None:
         self.asr = asr
+        self.patience_s = patience_s
+        """How long a one-shot transcription waits for a free decoder (after the session's earlier turns)."""
         self.turn = turn
         self.post = post
         self.spawn = spawn
         self.streams: dict[str, TurnStream] = {}
+        self._deferred: dict[str, list[bytes]] = {}
+        """Turns whose stream opens when the session's latest transcription is in, with their audio so far."""
+        self._latest: asyncio.Future[None] | None = None
+        """Settles when the session's latest transcription (streamed or one-shot) has its outcome."""
+        self._waiting_s = 0.0
+        """Audio seconds of the one-shot transcriptions waiting for an earlier turn or for a decoder."""
 
     def run(self, e: ListenEffect) -> None:
         match e:
             case StartAsr():
                 self._start(e)
             case FeedAsr():
-                turn = self.streams.get(e.item_id)
-                if turn is not None:
+                if (held := self._deferred.get(e.item_id)) is not None:
+                    held.append(e.pcm)
+                elif (turn := self.streams.get(e.item_id)) is not None:
                     turn.stream.push(e.pcm)
             case CancelAsr():
-                turn = self.streams.pop(e.item_id, None)
-                if turn is not None:
+                self._deferred.pop(e.item_id, None)
+                if (turn := self.streams.pop(e.item_id, None)) is not None:
                     turn.stream.cancel()
             case AskTurn():
                 self.spawn(self._ask(e), f"turn-{e.pause_id}")
@@ -80,11 +101,26 @@ class Listening:
                 unhandled(e)
 
     def _start(self, e: StartAsr) -> None:
+        latest = self._latest
+        if latest is None or latest.done():
+            self._open(e, [])
+            return
+        self._deferred[e.item_id] = []
+        self.spawn(self._open_after(latest, e), f"asr-{e.item_id}")
+
+    async def _open_after(self, latest: asyncio.Future[None], e: StartAsr) -> None:
+        await asyncio.shield(latest)  # settled by its own task, whatever happens to this one
+        if (backlog := self._deferred.pop(e.item_id, None)) is not None:  # not committed or cancelled since
+            self._open(e, backlog)
+
+    def _open(self, e: StartAsr, backlog: list[bytes]) -> None:
         try:
             stream = self.asr.submit(AsrStreamRequest(e.sample_rate))
         except NoFreeSlot as err:  # reported, not decided: the session says what the turn does without it
             self.spawn(self.post(AsrUnavailable(e.item_id, str(err))), f"asr-{e.item_id}")
             return
+        for pcm in backlog:
+            stream.push(pcm)
         turn = TurnStream(stream)
         self.streams[e.item_id] = turn
         self.spawn(self._pump(e.item_id, turn), f"asr-{e.item_id}")
@@ -105,6 +141,7 @@ class Listening:
 
     async def end(self, item_id: str) -> TranscriptionDone | None:
         """The turn was committed: its stream's outcome (None: it has no stream; transcribe in one shot)."""
+        self._deferred.pop(item_id, None)  # committed before its stream could open: one shot, in turn
         turn = self.streams.pop(item_id, None)
         if turn is None:
             return None
@@ -114,23 +151,51 @@ class Listening:
         finally:
             turn.stream.cancel()
 
-    async def transcribe(self, e: Transcribe) -> None:
-        """A committed turn's transcript: its stream's, or (no stream heard it) its audio in one shot."""
-        if e.streamed and (done := await self.end(e.item_id)) is not None:
-            await self.post(done)
-            return
-        stream: Stream[Any] | None = None
+    def transcribe(self, e: Transcribe) -> Coroutine[Any, Any, None]:
+        """A committed turn's transcript: its stream's, or (no stream heard it) its audio in one shot,
+        after the session's earlier turns. Takes its place in the session's order at once (a later
+        turn's ``StartAsr`` may come before the returned coroutine runs)."""
+        earlier, mine = self._latest, asyncio.get_running_loop().create_future()
+        self._latest = mine
+        return self._transcribe(e, earlier, mine)
+
+    async def _transcribe(
+        self, e: Transcribe, earlier: asyncio.Future[None] | None, mine: asyncio.Future[None]
+    ) -> None:
         try:
-            stream = await submit_with_retry(self.asr, AsrRequest(e.pcm, e.sample_rate))
-            results = await stream.collect()
-            await self.post(TranscriptionDone(e.item_id, " ".join(r.text for r in results if r.text)))
-        except (NoFreeSlot, WorkerFault) as err:
-            await self.post(TranscriptionDone(e.item_id, None, str(err)))
+            if e.streamed and (done := await self.end(e.item_id)) is not None:
+                await self.post(done)
+                return
+            await self.post(await self._one_shot(e, earlier))
         finally:
-            if stream is not None:
-                stream.cancel()
+            if not mine.done():
+                mine.set_result(None)
+
+    async def _one_shot(self, e: Transcribe, earlier: asyncio.Future[None] | None) -> TranscriptionDone:
+        seconds = len(e.pcm) / 2 / e.sample_rate if e.sample_rate > 0 else 0.0
+        if self._waiting_s and self._waiting_s + seconds > MAX_WAITING_AUDIO_S:
+            waiting = f"{self._waiting_s:.0f} s of this session's audio already wait for decoding"
+            return TranscriptionDone(e.item_id, None, f"{self.asr.name}: {waiting}")
+        stream: Stream[Any] | None = None
+        self._waiting_s += seconds
+        try:
+            if earlier is not None:
+                await asyncio.shield(earlier)  # settled by its own task, whatever happens to this one
+            stream = await submit_with_retry(self.asr, AsrRequest(e.pcm, e.sample_rate), self.patience_s)
+        except NoFreeSlot as err:
+            return TranscriptionDone(e.item_id, None, str(err))
+        finally:
+            self._waiting_s -= seconds
+        try:
+            results = await stream.collect()
+            return TranscriptionDone(e.item_id, " ".join(r.text for r in results if r.text))
+        except WorkerFault as err:
+            return TranscriptionDone(e.item_id, None, str(err))
+        finally:
+            stream.cancel()
 
     def close(self) -> None:
+        self._deferred.clear()
         for turn in self.streams.values():
             turn.stream.cancel()
         self.streams.clear()

@@ -19,8 +19,9 @@ past those sent; ``.completed`` has the whole transcript.
 A commit without a stream (a turn that began without one, an idle timeout) transcribes its audio in
 one shot. When the transport reports that a turn's stream could not be opened (``AsrUnavailable``: no
 free decoder), the turn keeps its item id but is no longer fed, and its commit asks for the one-shot
-decode (``Transcribe(streamed=False)``), which waits a moment for a decoder; if none frees, the
-transcription fails (``...input_audio_transcription.failed``) while the turn itself goes on.
+decode (``Transcribe(streamed=False)``), which waits for the session's earlier turns, then a moment
+for a decoder (``server/listen_effects.py``); if none frees, the transcription fails
+(``...input_audio_transcription.failed``) while the turn itself goes on.
 ``Transcribe`` always carries the committed audio, so a stream whose refusal was still on its way at
 the commit is decoded in one shot too.
 """

@@ -200,3 +200,74 @@ async def test_slot_freed_wakes_a_waiter_when_a_request_leaves(start_worker: Any
     assert await waiter
     assert await w.submit(Req(n=1)).collect() == [1]
     assert not await w.slot_freed(0.01)  # nothing left since: a bounded wait, False
+
+
+async def test_a_request_being_opened_keeps_its_slot(start_worker: Any) -> None:
+    """While an iteration opens a request, that request holds its slot: a submit meanwhile is refused at
+    once (``NoFreeSlot``), never admitted and then failed by a full backend."""
+    from tests.models.toy_backends import GatedSlotToy
+
+    toy = GatedSlotToy(slots=2)
+    w = await start_worker(toy, max_active=2)
+    a = w.submit(Req(n=None))
+    await asyncio.to_thread(toy.opening.wait, 5.0)  # a's open is under way on the worker's thread
+    b = w.submit(Req(n=None))
+    assert w.active_count == 2
+    with pytest.raises(NoFreeSlot):
+        w.submit(Req(n=None))
+    toy.gate.set()
+    assert [await anext(aiter(s)) for s in (a, b)] == [1, 1]
+    a.cancel()
+    b.cancel()
+    await wait_for(lambda: w.active_count == 0 and len(toy.free) == 2)
+
+
+async def test_the_backends_slots_bound_the_worker(start_worker: Any) -> None:
+    from tests.models.toy_backends import SlotToy
+
+    toy = SlotToy(slots=2)
+    w = await start_worker(toy, max_active=64)
+    assert w.max_active == 2
+    a, b = w.submit(Req(n=None)), w.submit(Req(n=None))
+    with pytest.raises(NoFreeSlot):
+        w.submit(Req(n=1))  # refused by the worker, not failed by the backend
+    a.cancel()
+    b.cancel()
+
+
+async def test_clients_at_capacity_are_never_failed_by_a_full_backend(start_worker: Any) -> None:
+    """Six clients share four slots of a backend whose steps take a while; each streams a turn, ends it,
+    starts the next at once, and sometimes drops one midway. A full worker says so at submit (the client
+    waits for a slot); no admitted request ever fails."""
+    from tests.models.toy_backends import SlotToy
+
+    toy = SlotToy(slots=4, step_s=0.003)
+    w = await start_worker(toy, max_active=4, max_batch=4)
+    refused = 0
+
+    async def client(k: int) -> int:
+        nonlocal refused
+        turns = 0
+        for turn in range(12):
+            while True:
+                try:
+                    s = w.submit(Req(n=0))
+                    break
+                except NoFreeSlot:
+                    refused += 1
+                    await w.slot_freed(1.0)
+            for i in range(3):
+                s.push(f"{k}.{turn}.{i}")
+                await asyncio.sleep(0.001 * ((k + i) % 4))  # the turn spans several steps
+            if (k + turn) % 5 == 0:
+                s.cancel()  # the client dropped this turn
+                continue
+            s.close_input()
+            assert await s.collect() == [f"{k}.{turn}.{i}" for i in range(3)] + [END_OF_INPUT]
+            turns += 1
+        return turns
+
+    done = await asyncio.wait_for(asyncio.gather(*(client(k) for k in range(6))), 20.0)
+    assert sum(done) > 0 and refused > 0  # the pool really was full at times
+    await wait_for(lambda: w.active_count == 0 and len(toy.free) == 4)
+    assert len(toy.released) == len(toy.opened)

@@ -85,9 +85,20 @@ class SlotToy(Toy):
 
     name = "slot-toy"
 
-    def __init__(self, slots: int = 2) -> None:
+    def __init__(self, slots: int = 2, step_s: float = 0.0) -> None:
         super().__init__()
+        self.slots = slots
         self.free = list(range(slots))
+        self.step_s = step_s
+        """How long each step takes (a busy decoder), so requests arrive while one runs."""
+
+    def describe(self) -> BackendInfo:
+        info = super().describe()
+        return BackendInfo(name=info.name, slots=self.slots, voices=info.voices, warmup_report=info.warmup_report)
+
+    def step(self, work: list[tuple[St, list[Any]]]) -> list[StepResult]:
+        time.sleep(self.step_s)
+        return super().step(work)
 
     def open(self, request: Req) -> St:
         if not self.free:
@@ -108,6 +119,23 @@ class SlotToy(Toy):
         finally:
             for st in states:
                 self.release(st)
+
+
+class GatedSlotToy(SlotToy):
+    """``SlotToy`` whose ``open`` waits for ``gate``: the iteration opening a request is still under way
+    while the test submits more."""
+
+    name = "gated-slot-toy"
+
+    def __init__(self, slots: int = 2) -> None:
+        super().__init__(slots)
+        self.gate = threading.Event()
+        self.opening = threading.Event()
+
+    def open(self, request: Req) -> St:
+        self.opening.set()
+        self.gate.wait(5.0)
+        return super().open(request)
 
 
 class WarmingToy(SlotToy):

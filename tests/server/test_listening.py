@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any, cast
 
-from realtime_gw.models.runtime import NoFreeSlot
-from realtime_gw.server.listen_effects import Listening
-from realtime_gw.sessions.events import AsrUnavailable, FeedAsr, StartAsr
+import pytest
+
+from realtime_gw.models.runtime import NoFreeSlot, StageWorker
+from realtime_gw.models.speech.asr_pocketsphinx import PocketsphinxAsrBackend
+from realtime_gw.server.listen_effects import MAX_WAITING_AUDIO_S, Listening
+from realtime_gw.sessions.events import AsrUnavailable, FeedAsr, StartAsr, Transcribe, TranscriptionDone
+from realtime_gw.testing.audio import synthesize
+from tests.models.waiting import wait_for
 
 
 class _FullAsr:
@@ -34,3 +41,106 @@ async def test_no_free_decoder_is_reported_to_the_session() -> None:
     await asyncio.gather(*tasks)
     assert posted == [AsrUnavailable("item_1", "asr: no free slot (4 in use)")]
     assert await listening.end("item_1") is None  # a commit before the session heard: one shot
+
+
+
+@dataclass
+class OneDecoder:
+    """A session's listening on a real pocketsphinx worker with one decoder (patience 10 ms: well under
+    a decode), and what it posted to the session."""
+
+    listening: Listening = cast(Any, None)
+    posted: list[Any] = field(default_factory=list)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    async def post(self, event: Any) -> None:
+        self.posted.append(event)
+
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        self.tasks.append(asyncio.create_task(coro, name=name))
+        return self.tasks[-1]
+
+    def outcomes(self) -> list[tuple[str, str]]:
+        kinds = (AsrUnavailable, TranscriptionDone)
+        return [(type(e).__name__, e.item_id) for e in self.posted if isinstance(e, kinds)]
+
+    def done(self, item_id: str) -> TranscriptionDone:
+        [done] = [e for e in self.posted if isinstance(e, TranscriptionDone) and e.item_id == item_id]
+        return done
+
+
+@pytest.fixture
+async def one_decoder() -> AsyncIterator[OneDecoder]:
+    worker = StageWorker(PocketsphinxAsrBackend(slots=1), max_batch=1)
+    await worker.start(warmup=False)
+    assert worker.max_active == 1  # the backend's one decoder bounds the worker
+    box = OneDecoder()
+    box.listening = Listening(worker, None, box.post, box.spawn, patience_s=0.01)
+    yield box
+    box.listening.close()
+    await worker.stop()
+
+
+FIRST = "The weather today is sunny and warm."
+SECOND = "Please turn on the kitchen lights."
+
+
+async def test_the_next_turns_stream_opens_when_the_last_transcript_is_in(one_decoder: OneDecoder) -> None:
+    """The first turn's stream holds the one decoder past its commit (its audio still decoding); the next
+    turn's stream waits for it, keeps the audio it hears meanwhile, and streams it once the decoder is
+    free: both transcripts, in order, and no turn left without a stream."""
+    box, listening = one_decoder, one_decoder.listening
+    first, second = synthesize(FIRST, 16000) * 2, synthesize(SECOND, 16000)
+    listening.run(StartAsr("item_1", 16000))
+    listening.run(FeedAsr("item_1", first))
+    box.spawn(listening.transcribe(Transcribe("item_1", first, 16000, streamed=True)), "t1")
+    listening.run(StartAsr("item_2", 16000))
+    half = len(second) // 4 * 2  # on a sample boundary
+    listening.run(FeedAsr("item_2", second[:half]))
+    listening.run(FeedAsr("item_2", second[half:]))
+    await wait_for(lambda: "item_2" in listening.streams, timeout=60.0)
+    await box.spawn(listening.transcribe(Transcribe("item_2", second, 16000, streamed=True)), "t2")
+    assert box.outcomes() == [("TranscriptionDone", "item_1"), ("TranscriptionDone", "item_2")]
+    assert "weather" in (box.done("item_1").text or "")
+    assert "kitchen" in (box.done("item_2").text or "")
+
+
+async def test_a_turn_committed_before_its_stream_opened_waits_for_the_last(one_decoder: OneDecoder) -> None:
+    """Committed while the first turn still decodes: the second is decoded in one shot after it, not
+    failed when the decoder is not free within the patience."""
+    box, listening = one_decoder, one_decoder.listening
+    first, second = synthesize(FIRST, 16000) * 2, synthesize(SECOND, 16000)
+    listening.run(StartAsr("item_1", 16000))
+    listening.run(FeedAsr("item_1", first))
+    box.spawn(listening.transcribe(Transcribe("item_1", first, 16000, streamed=True)), "t1")
+    listening.run(StartAsr("item_2", 16000))
+    listening.run(FeedAsr("item_2", second))
+    box.spawn(listening.transcribe(Transcribe("item_2", second, 16000, streamed=True)), "t2")
+    await asyncio.wait_for(asyncio.gather(*box.tasks), 60.0)
+    assert box.outcomes() == [("TranscriptionDone", "item_1"), ("TranscriptionDone", "item_2")]
+    assert box.done("item_1").error is None and "weather" in (box.done("item_1").text or "")
+    assert box.done("item_2").error is None and "kitchen" in (box.done("item_2").text or "")
+    assert listening.streams == {}
+
+
+async def test_audio_committed_far_faster_than_it_is_decoded_is_refused_past_a_bound() -> None:
+    posted: list[Any] = []
+
+    async def post(event: Any) -> None:
+        posted.append(event)
+
+    full = _FullAsr()
+    full.name = "asr"  # type: ignore[attr-defined]
+    listening = Listening(cast(Any, full), None, post, lambda c, n: asyncio.create_task(c, name=n))
+    blocker: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    listening._latest = blocker  # an earlier turn still decoding
+    minute = bytes(2 * 100 * 60)  # a minute at 100 Hz: the bound is in audio seconds, not bytes
+    turns = int(MAX_WAITING_AUDIO_S // 60)
+    commits = [Transcribe(f"item_{i}", minute, 100) for i in range(turns + 1)]
+    waiting = [asyncio.create_task(listening.transcribe(t)) for t in commits]
+    await asyncio.sleep(0.01)
+    assert listening._waiting_s == turns * 60
+    reason = f"asr: {turns * 60} s of this session's audio already wait for decoding"
+    assert posted == [TranscriptionDone(f"item_{turns}", None, reason)]
+    for t in waiting:
+        t.cancel()
