@@ -22,7 +22,9 @@ client leaves its audio waiting one frame longer, and a client ahead of real tim
 clock) leaves more waiting. That wait is bounded without losing words: while more than ``allowance``
 frames wait, a *quiet* frame at the head is dropped (silence taken out of a pause, as adaptive jitter
 buffers do), so the user's audio returns to within ``allowance`` of real time at their next pause; a
-frame with speech in it is never dropped.
+frame with speech in it is not dropped, unless more than ``MAX_BEHIND_FRAMES`` wait (a client sending
+faster than real time, which a duplex model cannot hear faster): then the oldest go, speech or not, so
+a conversation's memory, its step and its silence switches stay within two seconds of real time.
 """
 
 from __future__ import annotations
@@ -102,26 +104,34 @@ class Taken:
     """Quiet frames taken out of the head of its input to bring it back within the allowance."""
 
 
+MAX_BEHIND_FRAMES = 25
+"""Frames (2 s at 80 ms) a conversation's input may hold waiting; past it the oldest are dropped."""
+
+
 def take_frame(
     pending: deque[S2sAudio | S2sSilence],
+    waiting: int,
     silence: bytes,
     allowance: int,
     quiet: Callable[[bytes], bool],
     on_switch: Callable[[bool], None],
     conceal: bool = True,
+    limit: int = MAX_BEHIND_FRAMES,
 ) -> Taken:
     """The frame a conversation's step hears, from its ``pending`` input (audio frames and silence
-    switches in arrival order; switches before the frame are applied through ``on_switch``): its oldest
-    frame, after dropping quiet head frames while more than ``allowance`` frames wait; ``silence`` when
-    none waits and ``conceal`` (the lockstep; else None)."""
+    switches in arrival order; switches before the frame are applied through ``on_switch``; ``waiting``:
+    how many of its items are audio frames, kept by the caller so that a step does not count them): its
+    oldest frame, after dropping quiet head frames while more than ``allowance`` frames wait and any
+    while more than ``limit`` wait; ``silence`` when none waits and ``conceal`` (the
+    lockstep; else None)."""
     dropped = 0
     while pending:
         item = pending.popleft()
         if isinstance(item, S2sSilence):
             on_switch(item.silent)
             continue
-        behind = sum(isinstance(i, S2sAudio) for i in pending) >= allowance  # with it: more than allowance
-        if behind and quiet(item.pcm):
+        waiting -= 1  # the frames behind this one
+        if waiting >= limit or (waiting >= allowance and quiet(item.pcm)):
             dropped += 1
             continue
         return Taken(item.pcm, dropped=dropped)

@@ -8,7 +8,7 @@ from collections import deque
 
 import pytest
 
-from realtime_gw.models.lockstep import Lockstep, Taken, take_frame
+from realtime_gw.models.lockstep import MAX_BEHIND_FRAMES, Lockstep, Taken, take_frame
 from realtime_gw.records.s2s import S2sAudio, S2sSilence
 
 F = 0.08
@@ -69,7 +69,8 @@ def test_the_clock_stops_with_the_last_conversation_and_starts_with_the_next() -
 
 def take(pending: deque[S2sAudio | S2sSilence], allowance: int = 2, conceal: bool = True) -> tuple[Taken, list[bool]]:
     switches: list[bool] = []
-    return take_frame(pending, SILENCE, allowance, is_quiet, switches.append, conceal), switches
+    waiting = sum(isinstance(i, S2sAudio) for i in pending)
+    return take_frame(pending, waiting, SILENCE, allowance, is_quiet, switches.append, conceal), switches
 
 
 def test_each_tick_takes_the_oldest_frame_and_applies_the_switches_before_it() -> None:
@@ -103,3 +104,12 @@ def test_quiet_frames_are_dropped_while_the_input_is_behind_speech_never() -> No
     # speech far behind is never dropped: it waits its turn
     speech: deque[S2sAudio | S2sSilence] = deque(S2sAudio(p) for p in SPEECH)
     assert [take(speech)[0].pcm for _ in SPEECH] == SPEECH
+
+
+def test_a_client_far_ahead_of_real_time_loses_its_oldest_frames_speech_too() -> None:
+    """Past MAX_BEHIND_FRAMES waiting, the oldest go whatever they hold: memory and step stay bounded."""
+    pending: deque[S2sAudio | S2sSilence] = deque(S2sAudio(SPEECH[i % len(SPEECH)]) for i in range(MAX_BEHIND_FRAMES + 5))
+    taken, _ = take(pending)
+    assert taken.dropped == 5 and taken.pcm == SPEECH[5 % len(SPEECH)]
+    assert sum(isinstance(i, S2sAudio) for i in pending) == MAX_BEHIND_FRAMES - 1
+    assert take(pending)[0].dropped == 0  # within the bound: speech waits its turn again

@@ -43,7 +43,7 @@ from realtime_gw.models.contract import END_OF_INPUT, BackendInfo, NoFreeSlot, S
 from realtime_gw.models.families import StagePlan
 from realtime_gw.models.fp8 import FP8
 from realtime_gw.models.kernels import bucket_for
-from realtime_gw.models.lockstep import take_frame
+from realtime_gw.models.lockstep import MAX_BEHIND_FRAMES, take_frame
 from realtime_gw.models.s2s.checkpoint import MoshiCheckpoint, load
 from realtime_gw.models.s2s.config import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, describe_shape
 from realtime_gw.models.s2s.engine import MoshiEngine
@@ -282,8 +282,11 @@ class MoshiBackend:
         def switch(silent: bool) -> None:
             state.silent = silent
 
+        # outside the lockstep a step runs as frames come: nothing waits long, nothing is dropped
         allowance = self.input_allowance if self.lockstep else len(state.pending)
-        taken = take_frame(state.pending, SILENT_FRAME, allowance, _quiet, switch, self.lockstep and not state.ended)
+        limit = MAX_BEHIND_FRAMES if self.lockstep else len(state.pending)
+        conceal = self.lockstep and not state.ended
+        taken = take_frame(state.pending, state.audio_pending, SILENT_FRAME, allowance, _quiet, switch, conceal, limit)
         state.audio_pending -= taken.dropped + (taken.pcm is not None and not taken.concealed)
         if not self._warming:
             S2S_CONCEALED.inc(taken.concealed)
