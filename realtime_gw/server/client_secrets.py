@@ -67,7 +67,7 @@ MAX_SECRET_CHARS = 7000
 WebSocket server reads up to 8 KiB. A session config that does not fit is refused at minting (set
 the rest with ``session.update`` once connected)."""
 MAX_PAYLOAD_BYTES = 256 * 1024
-"""What a secret's compressed payload may inflate to (the mint body's own bound)."""
+"""What a secret's compressed session config may inflate to (the mint body's own bound)."""
 _CIPHER_INFO = b"realtime-gw client secrets v2: AES-256-GCM key"
 _OWNER_INFO = b"realtime-gw client secrets v2: owner tag key"
 
@@ -209,7 +209,7 @@ class ClientSecrets:
             if payload.session_zlib:
                 inflater = zlib.decompressobj()
                 config_json = inflater.decompress(payload.session_zlib, MAX_PAYLOAD_BYTES)
-                if inflater.unconsumed_tail:
+                if inflater.unconsumed_tail or not inflater.eof:  # over the bound, or cut short
                     return None
                 session = _join_credentials(config_json, payload.credentials)
         except (zlib.error, ValueError):  # msgspec's DecodeError and ValidationError are ValueErrors

@@ -15,6 +15,9 @@ import httpx
 import msgspec
 import pytest
 import websockets
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from openai import AsyncOpenAI, AuthenticationError, BadRequestError
 
 from realtime_gw.protocols import realtime as rt
@@ -230,6 +233,47 @@ def test_only_the_same_key_opens_a_secret() -> None:
         assert other.find(value, [""]) is None
     one, two = ClientSecrets(), ClientSecrets()  # random keys: each process its own
     assert two.find(one.mint("", 60, None)[0], [""]) is None
+
+
+def _cipher_by_hand(key: str) -> AESGCM:
+    """The documented format's cipher, built with ``cryptography`` alone (as a holder of the key could)."""
+    info = b"realtime-gw client secrets v2: AES-256-GCM key"
+    return AESGCM(HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(key.encode()))
+
+
+def _seal_by_hand(key: str, expires_at: int, payload: list[object]) -> str:
+    """Version and expiry in the clear, as associated data; a random nonce; the sealed msgpack payload."""
+    header, nonce = b"\x02" + struct.pack(">Q", expires_at), os.urandom(12)
+    return _value(header + nonce + _cipher_by_hand(key).encrypt(nonce, msgspec.msgpack.encode(payload), header))
+
+
+def _open_by_hand(key: str, value: str) -> list[object]:
+    blob = _blob(value)
+    return msgspec.msgpack.decode(_cipher_by_hand(key).decrypt(blob[9:21], blob[21:], blob[:9]))
+
+
+def test_the_format_is_the_documented_one_and_bounded_even_with_a_leaked_key() -> None:
+    sealer = ClientSecrets(KEY)
+    value, record = sealer.mint("", 60, CONFIDENTIAL, now=1000.0)
+    tag, compressed, credentials = _open_by_hand(KEY, value)
+    assert credentials == {0: {"headers": {"X-Api-Key": MCP_KEY}, "authorization": OAUTH}}
+    assert MCP_KEY.encode() not in zlib.decompress(compressed)  # type: ignore[arg-type]
+    config = zlib.compress(msgspec.json.encode({"type": "realtime", "instructions": PROMPT}))
+    made = _seal_by_hand(KEY, 1060, [tag, config, {}])
+    expected = ClientSecret("", 1060, rt.SessionParams(type="realtime", instructions=PROMPT))
+    assert sealer.find(made, [""], now=1000.0) == expected
+    assert sealer.find(value, [""], now=1000.0) == record
+    # what only a leaked key could make: still refused, not a crash nor a 256 MiB inflation
+    bomb = zlib.compress(b" " * (4 << 20), 9)
+    for payload in (
+        [tag, bomb, {}],  # inflates past the bound
+        [tag, config, {3: {"headers": {"a": "b"}}}],  # credentials of a tool the config lacks
+        [tag, b"not zlib", {}],
+        [tag, config[:-4], {}],  # a stream cut short
+        [tag, zlib.compress(b'{"type": "realtime", "instructions": 7}'), {}],  # not a valid session config
+        ["not a payload"],
+    ):
+        assert sealer.find(_seal_by_hand(KEY, 1060, payload), [""], now=1000.0) is None, payload
 
 
 def test_a_config_too_large_to_present_is_refused_when_minting() -> None:
