@@ -29,7 +29,7 @@ from realtime_gw.server import (
 )
 from realtime_gw.server.auth import Access, HostAllowlist, HostPolicy
 from realtime_gw.server.client_secret_endpoint import client_secrets_endpoint
-from realtime_gw.server.client_secrets import ClientSecrets, signing_key
+from realtime_gw.server.client_secrets import ClientSecrets, sealing_key
 from realtime_gw.server.connections import GracefulServer, raise_open_files_limit, uvicorn_options
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.responder import build_responder
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlette:
     try:
         parse_port_range(config.webrtc_udp_ports)
-        client_secrets = ClientSecrets(signing_key(config.webrtc_client_secret_key, config.webrtc_client_secret_key_file))
+        client_secrets = ClientSecrets(sealing_key(config.webrtc_client_secret_key, config.webrtc_client_secret_key_file))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     hosts = HostPolicy(config.allowed_hosts, config.host)

@@ -128,9 +128,11 @@ class WebrtcSettings(RealtimeSettings, kw_only=True):
     webrtc_max_offer_bytes: int = 64 * 1024
     """Largest SDP offer (or multipart body) ``POST /v1/realtime/calls`` reads; above it: HTTP 413."""
     webrtc_client_secret_key: str | None = None
-    """Key that signs client secrets (``ek_…``, HMAC-SHA256; at least 16 characters): every gateway
-    process with the same key accepts the others' secrets, and they survive a restart. Unset: a random
-    key per process (its secrets work on it alone; a warning says so when the first is minted)."""
+    """Key that seals client secrets (``ek_…``: AES-256-GCM, keys derived with HKDF-SHA256; at least 16
+    characters): the app's browser holding a secret can neither read nor change the session config it
+    carries. Every gateway process with the same key accepts the others' secrets, and they survive a
+    restart. Unset: a random key per process (its secrets work on it alone; a warning says so when the
+    first is minted)."""
     webrtc_client_secret_key_file: str | None = None
     """File whose first line is ``webrtc_client_secret_key`` (a mounted secret), instead of setting it."""
     webrtc_input_prefetch_frames: int = 1

@@ -5,17 +5,26 @@ A browser or mobile app must not hold a deployment key; its backend mints a shor
 one and hands it over. The secret may start sessions (WebSocket or WebRTC call) until it expires;
 sessions outlive it. It carries a session config, applied when each session starts.
 
-Signed, not stored: a secret is ``ek_`` + base64url(version, HMAC-SHA256, zlib(expiry, owner tag,
-session config)), the MAC over everything after it, keyed by ``webrtc_client_secret_key``. Any gateway
-process with the same key accepts it (several front-ends, a restart); nothing is kept per secret. The
-owner tag is an HMAC of the deployment key that minted it (never the key): its sessions count against
-that key, and a key removed from the configuration takes its secrets with it. Without a configured
-signing key each process draws a random one (and says so once: its secrets work on it alone).
+Sealed, not stored: a secret is ``ek_`` + base64url(version, expiry, nonce, AES-256-GCM(owner tag,
+zlib(session config), its tools' credentials)). The holder (a browser) can neither read the config (it
+may carry the app's MCP ``headers``/``authorization`` and its instructions, as OpenAI's opaque secrets
+keep them) nor change it; the version byte and the expiry are in the clear and bound as associated data,
+so neither can be altered or swapped between secrets. Keys are derived from ``webrtc_client_secret_key``
+with HKDF-SHA256, one per purpose (the cipher key, the owner-tag key); each secret draws a random 96-bit
+nonce. Any gateway process with the same key accepts it (several front-ends, a restart); nothing is kept
+per secret. The owner tag is an HMAC of the deployment key that minted it (never the key): its sessions
+count against that key, and a key removed from the configuration takes its secrets with it. Without a
+configured key each process draws a random one (and says so once: its secrets work on it alone).
 
-The holder can read the config it carries (base64 and zlib, not encryption), as ``session.created``
-would show it anyway; it cannot change it or the expiry. MACs are compared in constant time; a secret
-longer than ``MAX_SECRET_CHARS`` (it must fit a WebSocket subprotocol header) is neither minted nor
-read, and decompression is bounded. ``log_hygiene`` redacts ``ek_…`` values (all base64url) from logs.
+Whatever fails (not base64url, a length or version that does not fit, a tag that does not verify, an
+expiry passed, an owner no longer configured) is the same ``None``, hence the same 401. The GCM tag is
+checked by OpenSSL in constant time, owner tags with ``hmac.compare_digest`` against every configured
+key. A secret longer than ``MAX_SECRET_CHARS`` (it must fit a WebSocket subprotocol header) is neither
+minted nor read, and decompression is bounded. The length of a secret follows the compressed size of its
+config (encryption hides content, not length); the tools' credentials (MCP ``headers`` and
+``authorization``) are kept out of the compressed part, so text an app mixes into a config cannot probe
+them through that length, as CRIME and BREACH probed TLS. ``log_hygiene`` redacts ``ek_…`` values (all
+base64url) from logs; neither keys nor configs are logged here.
 """
 
 from __future__ import annotations
@@ -25,21 +34,32 @@ import binascii
 import hashlib
 import hmac
 import logging
-import secrets
+import os
+import struct
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from realtime_gw.protocols import realtime as rt
 
 log = logging.getLogger(__name__)
 
 PREFIX = "ek_"
-VERSION = b"\x01"
-MAC_BYTES = 32
+VERSION = b"\x02"
+"""The sealed format (1 was the signed, readable one: refused, as nothing kept such secrets)."""
+_EXPIRY = struct.Struct(">Q")
+HEADER_BYTES = len(VERSION) + _EXPIRY.size
+"""Version and expiry, in the clear and authenticated as the cipher's associated data."""
+NONCE_BYTES = 12
+TAG_BYTES = 16
 OWNER_TAG_BYTES = 16
 MIN_KEY_CHARS = 16
 MAX_SECRET_CHARS = 7000
@@ -47,7 +67,9 @@ MAX_SECRET_CHARS = 7000
 WebSocket server reads up to 8 KiB. A session config that does not fit is refused at minting (set
 the rest with ``session.update`` once connected)."""
 MAX_PAYLOAD_BYTES = 256 * 1024
-"""What a secret's compressed payload may inflate to (the mint body's own bound)."""
+"""What a secret's compressed session config may inflate to (the mint body's own bound)."""
+_CIPHER_INFO = b"realtime-gw client secrets v2: AES-256-GCM key"
+_OWNER_INFO = b"realtime-gw client secrets v2: owner tag key"
 
 
 class SecretTooLarge(ValueError):
@@ -56,19 +78,50 @@ class SecretTooLarge(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ClientSecret:
-    owner: str
+    owner: str = field(repr=False)
     """The deployment key that minted it: its sessions count against that key's slots and rate."""
     expires_at: int
     """Wall clock (seconds since the epoch)."""
-    session: rt.SessionParams | None
+    session: rt.SessionParams | None = field(repr=False)
     """Applied to every session it starts, as a ``session.update`` before ``session.created``."""
 
 
 class _Payload(msgspec.Struct, array_like=True):
-    expires_at: int
     owner_tag: bytes
-    session_json: bytes
-    """The session config as JSON (b"" for none): decoded as a client's ``session.update`` is."""
+    session_zlib: bytes
+    """The session config as compressed JSON (b"" for none), less its tools' credentials."""
+    credentials: dict[int, dict[str, Any]]
+    """Tool index -> its ``CREDENTIAL_FIELDS``, not compressed."""
+
+
+CREDENTIAL_FIELDS = ("headers", "authorization")
+"""What a tool (an MCP server's) may hold that must not share a compression window with the rest."""
+
+
+def _split_credentials(session: rt.SessionParams) -> tuple[bytes, dict[int, dict[str, Any]]]:
+    """The config's JSON without its tools' credentials, and those credentials by tool index."""
+    config = msgspec.to_builtins(session)
+    credentials: dict[int, dict[str, Any]] = {}
+    for index, tool in enumerate(config.get("tools") or []):
+        if isinstance(tool, dict):
+            held = {name: tool.pop(name) for name in CREDENTIAL_FIELDS if name in tool}
+            if held:
+                credentials[index] = held
+    return msgspec.json.encode(config), credentials
+
+
+def _join_credentials(config_json: bytes, credentials: dict[int, dict[str, Any]]) -> rt.SessionParams:
+    """The config as minted, decoded as a client's ``session.update`` is; ``ValueError`` if the parts
+    do not fit (they were sealed together, so only with a leaked key)."""
+    if not credentials:
+        return _decode_session(config_json)
+    config = msgspec.json.decode(config_json)
+    tools = config.get("tools") if isinstance(config, dict) else None
+    for index, held in credentials.items():
+        if not isinstance(tools, list) or not 0 <= index < len(tools) or not isinstance(tools[index], dict):
+            raise ValueError("credentials of a tool the config does not have")
+        tools[index].update(held)
+    return _decode_session(msgspec.json.encode(config))
 
 
 _encode_payload = msgspec.msgpack.Encoder().encode
@@ -84,22 +137,25 @@ def _b64decode(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+def _derive(master: bytes, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(master)
+
+
 class ClientSecrets:
-    """Mints and verifies secrets with one signing key. ``key``: the configured
-    ``webrtc_client_secret_key`` (None: a random key for this process)."""
+    """Mints and opens secrets with one key. ``key``: the configured ``webrtc_client_secret_key``
+    (None: a random key for this process)."""
 
     def __init__(self, key: str | None = None) -> None:
         if key and len(key) < MIN_KEY_CHARS:
             raise ValueError(f"webrtc.client_secret_key must be at least {MIN_KEY_CHARS} characters")
         self.shared = bool(key)
-        self._key = hashlib.sha256(b"realtime-gw client secrets\0" + key.encode()).digest() if key else secrets.token_bytes(32)
+        master = key.encode() if key else os.urandom(32)
+        self._cipher = AESGCM(_derive(master, _CIPHER_INFO))
+        self._owner_key = _derive(master, _OWNER_INFO)
         self._warned = False
 
-    def _mac(self, body: bytes) -> bytes:
-        return hmac.new(self._key, VERSION + body, hashlib.sha256).digest()
-
     def _owner_tag(self, owner: str) -> bytes:
-        return hmac.new(self._key, b"owner\0" + owner.encode(), hashlib.sha256).digest()[:OWNER_TAG_BYTES]
+        return hmac.new(self._owner_key, owner.encode(), hashlib.sha256).digest()[:OWNER_TAG_BYTES]
 
     def mint(
         self, owner: str, seconds: int, session: rt.SessionParams | None, now: float | None = None
@@ -108,14 +164,17 @@ class ClientSecrets:
         if not self.shared and not self._warned:
             self._warned = True
             log.warning(
-                "client secrets are signed with a random key of this process: other gateway processes and "
+                "client secrets are sealed with a random key of this process: other gateway processes and "
                 "this one after a restart refuse them; set webrtc.client_secret_key (the same on every "
                 "front-end) to share them"
             )
         expires_at = int(time.time() if now is None else now) + seconds
-        session_json = msgspec.json.encode(session) if session is not None else b""
-        body = zlib.compress(_encode_payload(_Payload(expires_at, self._owner_tag(owner), session_json)), 9)
-        value = PREFIX + _b64encode(VERSION + self._mac(body) + body)
+        config_json, credentials = _split_credentials(session) if session is not None else (b"", {})
+        config_zlib = zlib.compress(config_json, 9) if config_json else b""
+        plain = _encode_payload(_Payload(self._owner_tag(owner), config_zlib, credentials))
+        header = VERSION + _EXPIRY.pack(expires_at)
+        nonce = os.urandom(NONCE_BYTES)
+        value = PREFIX + _b64encode(header + nonce + self._cipher.encrypt(nonce, plain, header))
         if len(value) > MAX_SECRET_CHARS:
             raise SecretTooLarge(
                 f"the session config makes the client secret {len(value)} characters long, over the "
@@ -124,37 +183,48 @@ class ClientSecrets:
         return value, ClientSecret(owner, expires_at, session)
 
     def find(self, value: str | None, owners: Sequence[str], now: float | None = None) -> ClientSecret | None:
-        """What ``value`` stands for if it is a secret signed with this key, unexpired, minted by one of
+        """What ``value`` stands for if it is a secret sealed with this key, unexpired, minted by one of
         ``owners`` (the configured keys; [""] for an open gateway), else None."""
         if not value or not value.startswith(PREFIX) or len(value) > MAX_SECRET_CHARS:
             return None
+        text = value[len(PREFIX) :]
         try:
-            blob = _b64decode(value[len(PREFIX) :])
+            blob = _b64decode(text)
         except (binascii.Error, ValueError):
             return None
-        version, mac, body = blob[:1], blob[1 : 1 + MAC_BYTES], blob[1 + MAC_BYTES :]
-        if version != VERSION or not hmac.compare_digest(mac, self._mac(body)):
+        if _b64encode(blob) != text:  # one spelling per secret (base64's spare bits are not a second)
             return None
-        try:  # signed by this key, so made here: still bounded, as a key may leak
-            inflater = zlib.decompressobj()
-            raw = inflater.decompress(body, MAX_PAYLOAD_BYTES)
-            if inflater.unconsumed_tail:
-                return None
-            payload = _decode_payload(raw)
-            session = _decode_session(payload.session_json) if payload.session_json else None
-        except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
+        if len(blob) < HEADER_BYTES + NONCE_BYTES + TAG_BYTES or blob[:1] != VERSION:
             return None
-        if payload.expires_at <= (time.time() if now is None else now):
+        nonce_end = HEADER_BYTES + NONCE_BYTES
+        header, nonce, sealed = blob[:HEADER_BYTES], blob[HEADER_BYTES:nonce_end], blob[nonce_end:]
+        try:
+            plain = self._cipher.decrypt(nonce, sealed, header)
+        except InvalidTag:
+            return None
+        (expires_at,) = _EXPIRY.unpack(header[len(VERSION) :])
+        try:  # sealed with this key, so made here: still bounded, as a key may leak
+            payload = _decode_payload(plain)
+            session = None
+            if payload.session_zlib:
+                inflater = zlib.decompressobj()
+                config_json = inflater.decompress(payload.session_zlib, MAX_PAYLOAD_BYTES)
+                if inflater.unconsumed_tail or not inflater.eof:  # over the bound, or cut short
+                    return None
+                session = _join_credentials(config_json, payload.credentials)
+        except (zlib.error, ValueError):  # msgspec's DecodeError and ValidationError are ValueErrors
+            return None
+        if expires_at <= (time.time() if now is None else now):
             return None
         owner = None
         for candidate in owners:  # every one compared: timing says nothing of which
             if hmac.compare_digest(payload.owner_tag, self._owner_tag(candidate)):
                 owner = candidate
-        return None if owner is None else ClientSecret(owner, payload.expires_at, session)
+        return None if owner is None else ClientSecret(owner, expires_at, session)
 
 
-def signing_key(key: str | None, key_file: str | None) -> str | None:
-    """The configured signing key: ``key``, else the first line of ``key_file`` (a mounted secret),
+def sealing_key(key: str | None, key_file: str | None) -> str | None:
+    """The configured key that seals secrets: ``key``, else the first line of ``key_file`` (a mounted secret),
     else None. Raises ``ValueError`` naming the setting when both are set or the file is unreadable."""
     if key and key_file:
         raise ValueError("set webrtc.client_secret_key or webrtc.client_secret_key_file, not both")

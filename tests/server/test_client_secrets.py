@@ -6,6 +6,7 @@ import base64
 import json
 import logging
 import os
+import struct
 import time
 import zlib
 from pathlib import Path
@@ -14,11 +15,14 @@ import httpx
 import msgspec
 import pytest
 import websockets
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from openai import AsyncOpenAI, AuthenticationError, BadRequestError
 
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.server.auth import Access
-from realtime_gw.server.client_secrets import ClientSecret, ClientSecrets, SecretTooLarge, signing_key
+from realtime_gw.server.client_secrets import ClientSecret, ClientSecrets, SecretTooLarge, sealing_key
 from realtime_gw.server.log_hygiene import redact
 from realtime_gw.testing.gateway import LiveServer
 
@@ -118,31 +122,169 @@ def test_front_ends_with_the_same_key_accept_each_others_secrets() -> None:
     assert _gateway(KEY, ["key-one"]).client_secret(value) is None
 
 
-def test_a_tampered_expired_or_oversized_secret_is_refused() -> None:
-    secrets_ = ClientSecrets(KEY)
-    value, _ = secrets_.mint("", 60, SESSION, now=1000.0)
-    assert secrets_.find(value, [""], now=1059.0) is not None
-    assert secrets_.find(value, [""], now=1060.0) is None  # expired
-    for i in range(3, len(value)):  # any character changed (the MAC, the payload): refused
+def _blob(value: str) -> bytes:
+    return base64.urlsafe_b64decode(value[3:] + "=" * (-len(value[3:]) % 4))
+
+
+def _value(blob: bytes) -> str:
+    return "ek_" + base64.urlsafe_b64encode(blob).decode().rstrip("=")
+
+
+def _readable(blob: bytes) -> list[bytes]:
+    """The bytes as they are, and whatever inflates from any offset (zlib, raw deflate or gzip)."""
+    found = [blob]
+    for start in range(len(blob)):
+        for wbits in (15, -15, 31):
+            try:
+                found.append(zlib.decompressobj(wbits).decompress(blob[start:], 1 << 20))
+            except zlib.error:
+                continue
+    return found
+
+
+MCP_KEY = "mcp-api-key-7f3a9c2e51d04b86"
+OAUTH = "oauth-access-token-b41d07e9c3"
+PROMPT = "You are the concierge of Hotel Miramar; the staff door code is 4417."
+CONFIDENTIAL = rt.SessionParams(
+    type="realtime",
+    instructions=PROMPT,
+    tools=[
+        {
+            "type": "mcp",
+            "server_label": "crm",
+            "server_url": "https://crm.example/mcp",
+            "headers": {"X-Api-Key": MCP_KEY},
+            "authorization": OAUTH,
+            "require_approval": "never",
+        }
+    ],
+)
+
+
+def test_the_holder_cannot_read_the_config_a_secret_carries() -> None:
+    sealer = ClientSecrets(KEY)
+    value, record = sealer.mint("key-one", 60, CONFIDENTIAL)
+    needles = [n.encode() for n in (MCP_KEY, OAUTH, PROMPT, "Miramar", "crm.example", "key-one")]
+    readable = _readable(_blob(value))
+    for needle in needles:
+        assert needle not in value.encode() and not any(needle in r for r in readable), needle
+    # the check sees through compression: the same config merely deflated is caught
+    deflated = _readable(b"\x01" + zlib.compress(msgspec.json.encode(CONFIDENTIAL), 9))
+    assert all(any(needle in r for r in deflated) for needle in needles[:5])
+    # a fresh nonce per secret: the same config twice gives two unrelated values, both good
+    again, _ = sealer.mint("key-one", 60, CONFIDENTIAL, now=time.time())
+    assert again != value and _blob(again)[9:21] != _blob(value)[9:21]
+    assert sealer.find(value, ["key-one"]) == sealer.find(again, ["key-one"]) == record
+    assert sealer.find(value, ["key-one"]).session.tools[0]["headers"] == {"X-Api-Key": MCP_KEY}  # type: ignore[union-attr,index]
+    assert MCP_KEY not in repr(record) and "key-one" not in repr(record)
+    assert CONFIDENTIAL.tools[0]["headers"] == {"X-Api-Key": MCP_KEY}  # type: ignore[index]  # not taken from it
+
+
+def test_text_mixed_into_a_config_cannot_probe_its_credentials_through_the_length() -> None:
+    """CRIME/BREACH: were the credentials compressed with the rest, an app's user whose text lands in
+    the instructions could learn them from how short the secret gets when a guess is right."""
+    sealer = ClientSecrets(KEY)
+    right, wrong = MCP_KEY, MCP_KEY[:12] + MCP_KEY[12:][::-1]  # same characters, same length
+
+    def typed(guess: str) -> rt.SessionParams:
+        return msgspec.structs.replace(CONFIDENTIAL, instructions="The caller's note: " + guess)
+
+    assert len(zlib.compress(msgspec.json.encode(typed(right)))) < len(zlib.compress(msgspec.json.encode(typed(wrong))))
+    assert len(sealer.mint("", 60, typed(right))[0]) == len(sealer.mint("", 60, typed(wrong))[0])
+
+
+def test_a_secret_changed_anywhere_is_refused() -> None:
+    sealer = ClientSecrets(KEY)
+    value, _ = sealer.mint("", 60, SESSION, now=1000.0)
+    blob = _blob(value)
+    assert sealer.find(value, [""], now=1000.0) is not None
+    for i in range(len(blob)):  # version, expiry, nonce, ciphertext, tag: any bit of any byte
+        for bit in (0x01, 0x80):
+            changed = blob[:i] + bytes([blob[i] ^ bit]) + blob[i + 1 :]
+            assert sealer.find(_value(changed), [""], now=1000.0) is None, (i, bit)
+    for i in range(3, len(value)):  # any character, base64's spare bits included
         changed = value[:i] + ("A" if value[i] != "A" else "B") + value[i + 1 :]
-        assert secrets_.find(changed, [""], now=1000.0) is None, i
-    for bad in (None, "", "ek_", "ek_!!!", "key-one", "ek_" + "A" * 9000, value + "AAAA"):
-        assert secrets_.find(bad, [""], now=1000.0) is None
-    # a longer life written into the payload: the MAC no longer matches
-    blob = base64.urlsafe_b64decode(value[3:] + "=" * (-len(value[3:]) % 4))
-    payload = msgspec.msgpack.decode(zlib.decompress(blob[33:]))
-    payload[0] += 3600
-    forged = blob[:33] + zlib.compress(msgspec.msgpack.encode(payload))
-    assert secrets_.find("ek_" + base64.urlsafe_b64encode(forged).decode().rstrip("="), [""], now=1000.0) is None
-    # a config too large for a browser to present is refused when minting, with the way out
+        assert sealer.find(changed, [""], now=1000.0) is None, i
+    for cut in (blob[:-1], blob[:37], blob[:9], blob + b"\0", b"\x01" + blob[1:]):  # the old format too
+        assert sealer.find(_value(cut), [""], now=1000.0) is None
+    for bad in (None, "", "ek_", "ek_!!!", "key-one", "ek_" + "A" * 9000, value + "AAAA", value + "="):
+        assert sealer.find(bad, [""], now=1000.0) is None
+
+
+def test_an_expiry_moved_or_swapped_is_refused() -> None:
+    sealer = ClientSecrets(KEY)
+    short, _ = sealer.mint("", 60, SESSION, now=1000.0)
+    long, _ = sealer.mint("", 7200, SESSION, now=1000.0)
+    assert sealer.find(short, [""], now=1059.0) is not None
+    assert sealer.find(short, [""], now=1060.0) is None  # expired
+    assert sealer.find(long, [""], now=1060.0) is not None
+    # the long one's expiry on the short one (and back): the associated data no longer matches
+    a, b = _blob(short), _blob(long)
+    assert sealer.find(_value(b[:9] + a[9:]), [""], now=1000.0) is None
+    assert sealer.find(_value(a[:9] + b[9:]), [""], now=1000.0) is None
+    later = a[:1] + struct.pack(">Q", struct.unpack(">Q", a[1:9])[0] + 3600) + a[9:]
+    assert sealer.find(_value(later), [""], now=1100.0) is None
+
+
+def test_only_the_same_key_opens_a_secret() -> None:
+    value, _ = ClientSecrets(KEY).mint("", 60, SESSION)
+    assert ClientSecrets(KEY).find(value, [""]) is not None
+    for other in (ClientSecrets(KEY + "!"), ClientSecrets("another key of the same length!"), ClientSecrets()):
+        assert other.find(value, [""]) is None
+    one, two = ClientSecrets(), ClientSecrets()  # random keys: each process its own
+    assert two.find(one.mint("", 60, None)[0], [""]) is None
+
+
+def _cipher_by_hand(key: str) -> AESGCM:
+    """The documented format's cipher, built with ``cryptography`` alone (as a holder of the key could)."""
+    info = b"realtime-gw client secrets v2: AES-256-GCM key"
+    return AESGCM(HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(key.encode()))
+
+
+def _seal_by_hand(key: str, expires_at: int, payload: list[object]) -> str:
+    """Version and expiry in the clear, as associated data; a random nonce; the sealed msgpack payload."""
+    header, nonce = b"\x02" + struct.pack(">Q", expires_at), os.urandom(12)
+    return _value(header + nonce + _cipher_by_hand(key).encrypt(nonce, msgspec.msgpack.encode(payload), header))
+
+
+def _open_by_hand(key: str, value: str) -> list[object]:
+    blob = _blob(value)
+    return msgspec.msgpack.decode(_cipher_by_hand(key).decrypt(blob[9:21], blob[21:], blob[:9]))
+
+
+def test_the_format_is_the_documented_one_and_bounded_even_with_a_leaked_key() -> None:
+    sealer = ClientSecrets(KEY)
+    value, record = sealer.mint("", 60, CONFIDENTIAL, now=1000.0)
+    tag, compressed, credentials = _open_by_hand(KEY, value)
+    assert credentials == {0: {"headers": {"X-Api-Key": MCP_KEY}, "authorization": OAUTH}}
+    assert MCP_KEY.encode() not in zlib.decompress(compressed)  # type: ignore[arg-type]
+    config = zlib.compress(msgspec.json.encode({"type": "realtime", "instructions": PROMPT}))
+    made = _seal_by_hand(KEY, 1060, [tag, config, {}])
+    expected = ClientSecret("", 1060, rt.SessionParams(type="realtime", instructions=PROMPT))
+    assert sealer.find(made, [""], now=1000.0) == expected
+    assert sealer.find(value, [""], now=1000.0) == record
+    # what only a leaked key could make: still refused, not a crash nor a 256 MiB inflation
+    bomb = zlib.compress(b" " * (4 << 20), 9)
+    for payload in (
+        [tag, bomb, {}],  # inflates past the bound
+        [tag, config, {3: {"headers": {"a": "b"}}}],  # credentials of a tool the config lacks
+        [tag, b"not zlib", {}],
+        [tag, config[:-4], {}],  # a stream cut short
+        [tag, zlib.compress(b'{"type": "realtime", "instructions": 7}'), {}],  # not a valid session config
+        ["not a payload"],
+    ):
+        assert sealer.find(_seal_by_hand(KEY, 1060, payload), [""], now=1000.0) is None, payload
+
+
+def test_a_config_too_large_to_present_is_refused_when_minting() -> None:
     huge = rt.SessionParams(type="realtime", instructions=os.urandom(6000).hex())
     with pytest.raises(SecretTooLarge, match="session.update"):
-        secrets_.mint("", 60, huge)
+        ClientSecrets(KEY).mint("", 60, huge)
     with pytest.raises(ValueError, match="16 characters"):
         ClientSecrets("short")
 
 
-def test_a_random_signing_key_is_warned_about_once(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_random_key_is_warned_about_once(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="realtime_gw.server.client_secrets"):
         shared = ClientSecrets(KEY)
         shared.mint("", 60, None)
@@ -153,15 +295,15 @@ def test_a_random_signing_key_is_warned_about_once(caplog: pytest.LogCaptureFixt
     assert not any(v in caplog.text for v in values)  # and no secret in it
 
 
-def test_the_signing_key_comes_from_its_setting_or_a_file(tmp_path: Path) -> None:
-    assert signing_key(None, None) is None and signing_key(KEY, None) == KEY
+def test_the_key_comes_from_its_setting_or_a_file(tmp_path: Path) -> None:
+    assert sealing_key(None, None) is None and sealing_key(KEY, None) == KEY
     path = tmp_path / "key"
     path.write_text(KEY + "\n")
-    assert signing_key(None, str(path)) == KEY
+    assert sealing_key(None, str(path)) == KEY
     with pytest.raises(ValueError, match="not both"):
-        signing_key(KEY, str(path))
+        sealing_key(KEY, str(path))
     with pytest.raises(ValueError, match="cannot read"):
-        signing_key(None, str(tmp_path / "missing"))
+        sealing_key(None, str(tmp_path / "missing"))
 
 
 def test_secrets_never_reach_the_log() -> None:
