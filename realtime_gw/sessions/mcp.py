@@ -208,11 +208,15 @@ class McpServers:
 
 
 
-def functions(used: UsedServers, taken: set[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """A response's listed MCP tools as function tools for the model, and which server each name is on."""
+def functions(
+    used: UsedServers, taken: set[str], first: str | None = None
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """A response's listed MCP tools as function tools for the model, and which server each name is on
+    (a name two servers list goes to the ``first`` server, the one a ``tool_choice`` forces, then to
+    the earlier one)."""
     tools: list[dict[str, Any]] = []
     names: dict[str, str] = {}
-    for server, _ in used.values():
+    for server, _ in sorted(used.values(), key=lambda s: s[0].label != first):
         for t in server.tools or []:
             if t["name"] in taken or t["name"] in names:
                 continue  # a function tool (or an earlier server) has that name
@@ -230,8 +234,8 @@ def listing(used: UsedServers) -> bool:
 def offer(r: LiveResponse) -> None:
     """The tools the model is offered this round: the function tools, then the listed MCP tools (a
     ``tool_choice`` forcing an MCP server without naming its tool: that server's tools only)."""
-    offered, r.mcp_names = functions(r.mcp_servers, {t["name"] for t in r.function_tools})
     label = forced_server(r.tool_choice)
+    offered, r.mcp_names = functions(r.mcp_servers, {t["name"] for t in r.function_tools}, label)
     if label is not None and r.tool_choice["name"] is None:  # type: ignore[index]
         r.tools = [t for t in offered if r.mcp_names[t["name"]] == label]
     else:

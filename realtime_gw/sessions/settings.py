@@ -376,7 +376,7 @@ def _mcp_choice(choice: dict[str, Any], tools: list[dict[str, Any]], param: str)
     that ``allowed_tools`` admits (whether the server lists it is known once it is listed: ``mcp.py``)."""
     servers = {t["server_label"]: t for t in tools if t["type"] == "mcp"}
     label, name = choice.get("server_label"), choice.get("name")
-    if label not in servers:
+    if not isinstance(label, str) or label not in servers:
         defined = ", ".join(f"'{s}'" for s in servers) or "none"
         raise SessionError(
             f"tool_choice names MCP server '{label}', which is not among the tools (MCP servers: {defined})",

@@ -163,3 +163,23 @@ def test_a_config_given_before_the_session_starts_is_listed_when_it_starts() -> 
     refused = RealtimeSession("sess_refused", Limits())  # the allow-list still applies
     (err,) = errors(refused.handle(rt.SessionUpdateEvent(session=rt.SessionParams(tools=[MCP])), 0.0))
     assert "not allowed" in err.error.message and refused.settings.tools == []
+
+
+def test_a_choice_reaches_the_server_it_names_when_another_lists_the_same_tool() -> None:
+    """Two servers list ``add``: the forced one's tool is the one offered and called (without a choice,
+    the earlier server's)."""
+    staging = {**MCP, "server_label": "staging", "headers": {"Authorization": "Bearer stage"}}
+    s, effects = mcp_session(tools=[MCP, staging], tool_choice={"type": "mcp", "server_label": "staging", "name": "add"})
+    for listing in of(effects, ListMcpTools):
+        s.handle(McpToolsListed(listing.item_id, TOOLS), 0.0)
+    say(s, "What is 2 and 3?")
+    start, _ = respond(s)
+    assert start.tool_choice == {"type": "function", "name": "add"}
+    (run,) = of(model_calls(s, start, ("add", json.dumps({"a": 2, "b": 3}))), CallMcpTool)
+    assert run.headers["Authorization"] == "Bearer stage"  # staging's call, not calc's
+
+
+def test_a_server_label_that_is_not_a_name_is_refused_as_a_bad_value() -> None:
+    s = listed_session()
+    (err,) = errors(update(s, tool_choice={"type": "mcp", "server_label": ["calc"]}))
+    assert err.error.param == "session.tool_choice.server_label" and err.error.code == "invalid_value"
