@@ -64,8 +64,17 @@ def flatten(doc: Mapping[str, Any], source: str = "config") -> dict[str, Any]:
     return out
 
 
+REMOVED = {
+    "max_client_secrets": "no longer a setting: client secrets are sealed, not stored; delete it",
+    "webrtc_max_client_secrets": "no longer a setting: client secrets are sealed, not stored; delete it",
+}
+"""Settings an earlier release had: a file that still sets one is told what became of it."""
+
+
 def _misplaced(key: str, section: Section | None) -> str:
     """Why ``key`` is refused where it is, and where it may be meant."""
+    if key in REMOVED:
+        return REMOVED[key]
     if key in FIELDS:
         return f"a flat name: write it at the top level, or as {_where(key)}"
     if section is None and key in BY_NAME:

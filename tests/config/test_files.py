@@ -58,6 +58,7 @@ def test_a_subsection_may_be_written_inline(tmp_path: Path) -> None:
         ("[tts.piper]\nvoice = 'joe'\n", r"\[tts.piper\] voice .* did you mean \[tts\] voice"),
         ("tts_device = 'cpu'\n[tts]\ndevice = 'cuda'\n", r"tts_device is set twice .*\[tts\] device"),
         ("server = 1\n", r"server is a section"),
+        ("[webrtc]\nmax_client_secrets = 64\n", r"max_client_secrets is no longer a setting: client secrets are sealed"),
     ],
 )
 def test_a_key_in_no_or_the_wrong_table_is_named(tmp_path: Path, text: str, message: str) -> None:
