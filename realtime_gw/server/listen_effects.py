@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,13 +151,16 @@ class Listening:
         finally:
             turn.stream.cancel()
 
-    def transcribe(self, e: Transcribe) -> Coroutine[Any, Any, None]:
+    def transcribe(self, e: Transcribe) -> asyncio.Task[None]:
         """A committed turn's transcript: its stream's, or (no stream heard it) its audio in one shot,
         after the session's earlier turns. Takes its place in the session's order at once (a later
-        turn's ``StartAsr`` may come before the returned coroutine runs)."""
+        turn's ``StartAsr`` may come before its task runs), and gives it up when its task ends, even
+        cancelled before it began (later turns never wait for it)."""
         earlier, mine = self._latest, asyncio.get_running_loop().create_future()
         self._latest = mine
-        return self._transcribe(e, earlier, mine)
+        task = self.spawn(self._transcribe(e, earlier, mine), f"asr-{e.item_id}")
+        task.add_done_callback(lambda _: mine.done() or mine.set_result(None))
+        return task
 
     async def _transcribe(
         self, e: Transcribe, earlier: asyncio.Future[None] | None, mine: asyncio.Future[None]

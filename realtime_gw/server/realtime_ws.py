@@ -221,7 +221,7 @@ class RealtimeConnection:
                 case OpenS2s() | S2sAudio() | S2sSilence():
                     self.s2s.run(e)
                 case Transcribe():
-                    self.spawn(self.listening.transcribe(e), f"asr-{e.item_id}")
+                    self.listening.transcribe(e)
                 case StartResponse():
                     self.responses[e.response_id] = self.spawn(self._respond(e), f"resp-{e.response_id}")
                 case CancelResponse():

@@ -93,13 +93,13 @@ async def test_the_next_turns_stream_opens_when_the_last_transcript_is_in(one_de
     first, second = synthesize(FIRST, 16000) * 2, synthesize(SECOND, 16000)
     listening.run(StartAsr("item_1", 16000))
     listening.run(FeedAsr("item_1", first))
-    box.spawn(listening.transcribe(Transcribe("item_1", first, 16000, streamed=True)), "t1")
+    listening.transcribe(Transcribe("item_1", first, 16000, streamed=True))
     listening.run(StartAsr("item_2", 16000))
     half = len(second) // 4 * 2  # on a sample boundary
     listening.run(FeedAsr("item_2", second[:half]))
     listening.run(FeedAsr("item_2", second[half:]))
     await wait_for(lambda: "item_2" in listening.streams, timeout=60.0)
-    await box.spawn(listening.transcribe(Transcribe("item_2", second, 16000, streamed=True)), "t2")
+    await listening.transcribe(Transcribe("item_2", second, 16000, streamed=True))
     assert box.outcomes() == [("TranscriptionDone", "item_1"), ("TranscriptionDone", "item_2")]
     assert "weather" in (box.done("item_1").text or "")
     assert "kitchen" in (box.done("item_2").text or "")
@@ -112,10 +112,10 @@ async def test_a_turn_committed_before_its_stream_opened_waits_for_the_last(one_
     first, second = synthesize(FIRST, 16000) * 2, synthesize(SECOND, 16000)
     listening.run(StartAsr("item_1", 16000))
     listening.run(FeedAsr("item_1", first))
-    box.spawn(listening.transcribe(Transcribe("item_1", first, 16000, streamed=True)), "t1")
+    listening.transcribe(Transcribe("item_1", first, 16000, streamed=True))
     listening.run(StartAsr("item_2", 16000))
     listening.run(FeedAsr("item_2", second))
-    box.spawn(listening.transcribe(Transcribe("item_2", second, 16000, streamed=True)), "t2")
+    listening.transcribe(Transcribe("item_2", second, 16000, streamed=True))
     await asyncio.wait_for(asyncio.gather(*box.tasks), 60.0)
     assert box.outcomes() == [("TranscriptionDone", "item_1"), ("TranscriptionDone", "item_2")]
     assert box.done("item_1").error is None and "weather" in (box.done("item_1").text or "")
@@ -137,7 +137,7 @@ async def test_audio_committed_far_faster_than_it_is_decoded_is_refused_past_a_b
     minute = bytes(2 * 100 * 60)  # a minute at 100 Hz: the bound is in audio seconds, not bytes
     turns = int(MAX_WAITING_AUDIO_S // 60)
     commits = [Transcribe(f"item_{i}", minute, 100) for i in range(turns + 1)]
-    waiting = [asyncio.create_task(listening.transcribe(t)) for t in commits]
+    waiting = [listening.transcribe(t) for t in commits]
     await asyncio.sleep(0.01)
     assert listening._waiting_s == turns * 60
     reason = f"asr: {turns * 60} s of this session's audio already wait for decoding"

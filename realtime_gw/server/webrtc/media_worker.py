@@ -176,6 +176,8 @@ async def serve(sock: socket.socket) -> None:
     reading, ending = asyncio.create_task(read()), asyncio.create_task(asked_to_end.wait())
     try:
         await asyncio.wait({reading, ending}, return_when=asyncio.FIRST_COMPLETED)
+        if reading.done() and not reading.cancelled() and (err := reading.exception()) is not None:
+            log.error("the gateway's messages could not be read; hanging up every call", exc_info=err)
     finally:
         for task in (reading, ending, figures):
             task.cancel()
