@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 from realtime_gw.models.contract import NoFreeSlot
-from realtime_gw.models.s2s.backend import MoshiBackend, MoshiState
+from realtime_gw.models.s2s.backend import MoshiBackend
 from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen, S2sSilence
+from tests.models.s2s.conversations import FRAME, noise_frames, talk
 from tests.models.waiting import wait_for
-
-FRAME = 1920
 
 
 @pytest.fixture(scope="module")
@@ -22,34 +21,10 @@ def backend() -> MoshiBackend:
     return MoshiBackend("tiny", slots=3, seed=7)
 
 
-def _audio(seed: int, frames: int) -> list[S2sAudio]:
-    rng = np.random.default_rng(seed)
-    pcm = (rng.standard_normal(frames * FRAME) * 4000).astype("<i2")
-    return [S2sAudio(pcm[i * FRAME : (i + 1) * FRAME].tobytes()) for i in range(frames)]
-
-
 def _run(backend: MoshiBackend, plan: dict[str, tuple[int, int, int]], steps: int) -> dict[str, list[S2sFrame]]:
-    """``plan``: name -> (seed, first step, last step): each conversation opens at its first step and is
-    released after its last; one frame of its own audio per step (its first frame at its first step)."""
-    states: dict[str, MoshiState] = {}
-    audio = {name: _audio(seed, steps) for name, (seed, _, _) in plan.items()}
-    frames: dict[str, list[S2sFrame]] = {name: [] for name in plan}
-    try:
-        for t in range(steps):
-            for name, (seed, first, _) in plan.items():
-                if t == first:
-                    states[name] = backend.open(S2sOpen(seed=seed))
-            work: list[tuple[Any, list[Any]]] = [(st, [audio[n][t - plan[n][1]]]) for n, st in states.items()]
-            for (n, _), result in zip(states.items(), backend.step(work), strict=True):
-                assert result.error is None
-                frames[n] += result.outputs
-            for name, (_, _, last) in plan.items():
-                if t == last:
-                    backend.release(states.pop(name))
-    finally:
-        for st in states.values():
-            backend.release(st)
-    return frames
+    """``plan``: name -> (seed, first step, last step); its audio is noise of the same seed."""
+    openings = {name: (S2sOpen(seed=seed), first, last) for name, (seed, first, last) in plan.items()}
+    return talk(backend, openings, steps, {name: noise_frames(seed, steps) for name, (seed, _, _) in plan.items()})
 
 
 def test_fp8_ring_kv_keeps_conversations_apart() -> None:
@@ -105,7 +80,7 @@ def test_the_first_frame_is_silence_and_padding(backend: MoshiBackend) -> None:
 def test_silence_forces_padding_and_quiet_then_lets_go(backend: MoshiBackend) -> None:
     st = backend.open(S2sOpen(seed=5))
     try:
-        audio = _audio(5, 12)
+        audio = noise_frames(5, 12)
         out: list[S2sFrame] = []
         for t in range(12):
             inputs: list[Any] = [audio[t]]
@@ -125,7 +100,7 @@ def test_silence_forces_padding_and_quiet_then_lets_go(backend: MoshiBackend) ->
 def test_several_frames_waiting_advance_one_per_step(backend: MoshiBackend) -> None:
     st = backend.open(S2sOpen(seed=2))
     try:
-        (r,) = backend.step([(st, _audio(2, 3))])
+        (r,) = backend.step([(st, noise_frames(2, 3))])
         assert [f.index for f in r.outputs] == [0] and backend.has_work(st)
         (r,) = backend.step([(st, [])])
         (r2,) = backend.step([(st, [])])
@@ -164,7 +139,7 @@ async def test_a_full_stage_refuses_a_conversation_at_once() -> None:
         with pytest.raises(NoFreeSlot):
             worker.submit(S2sOpen(seed=3))
         for stream in (first, second):
-            for a in _audio(1, 2):
+            for a in noise_frames(1, 2):
                 stream.push(a)
         frames = aiter(first)
         got = [await asyncio.wait_for(anext(frames), 30) for _ in range(2)]
@@ -194,7 +169,7 @@ async def test_in_the_gateway_every_conversation_steps_once_per_80_ms_tick() -> 
     try:
         opened = time.monotonic()
         talking, quiet = worker.submit(S2sOpen(seed=1)), worker.submit(S2sOpen(seed=2))
-        for a in _audio(1, 8):
+        for a in noise_frames(1, 8):
             talking.push(a)
 
         async def frames(stream: Any) -> list[tuple[float, S2sFrame]]:

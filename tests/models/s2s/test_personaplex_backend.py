@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -15,9 +14,9 @@ import soundfile
 from realtime_gw.models.s2s.personaplex import PersonaPlexBackend
 from realtime_gw.models.s2s.prompt import SILENCE_FRAMES
 from realtime_gw.models.s2s.voices import CODES_SUFFIX, integrated_loudness, normalized_sample
-from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen
+from realtime_gw.records.s2s import S2sFrame, S2sOpen
+from tests.models.s2s.conversations import FRAME, noise_frames, talk
 
-FRAME = 1920
 PERSONA = "You enjoy having a good conversation."
 
 
@@ -41,34 +40,9 @@ def backend(voices: Path) -> PersonaPlexBackend:
     return PersonaPlexBackend("tiny", slots=3, seed=7, voices_dir=str(voices), voice="ada")
 
 
-def _audio(seed: int, frames: int) -> list[S2sAudio]:
-    rng = np.random.default_rng(seed)
-    pcm = (rng.standard_normal(frames * FRAME) * 4000).astype("<i2")
-    return [S2sAudio(pcm[i * FRAME : (i + 1) * FRAME].tobytes()) for i in range(frames)]
-
-
 def _talk(backend: PersonaPlexBackend, plan: dict[str, tuple[S2sOpen, int, int]], steps: int) -> dict[str, list[S2sFrame]]:
-    """``plan``: name -> (opening, first step, last step): opened at its first step (its prompt prefilled
-    then, between two steps of the others), one frame of its audio per step, released after its last."""
-    states: dict[str, Any] = {}
-    frames: dict[str, list[S2sFrame]] = {name: [] for name in plan}
-    audio = {name: _audio(len(name), steps) for name in plan}
-    try:
-        for t in range(steps):
-            for name, (request, first, _) in plan.items():
-                if t == first:
-                    states[name] = backend.open(request)
-            work = [(st, [audio[n][t - plan[n][1]]]) for n, st in states.items()]
-            for n, result in zip(states, backend.step(work), strict=True):
-                assert result.error is None
-                frames[n] += result.outputs
-            for name, (_, _, last) in plan.items():
-                if t == last:
-                    backend.release(states.pop(name))
-    finally:
-        for st in states.values():
-            backend.release(st)
-    return frames
+    """``conversations.talk``, each conversation's audio noise seeded by its name's length."""
+    return talk(backend, plan, steps, {name: noise_frames(len(name), steps) for name in plan})
 
 
 def test_the_voices_are_listed_and_their_codes_kept_beside_the_samples(backend: PersonaPlexBackend, voices: Path) -> None:
@@ -171,7 +145,7 @@ def test_a_prefill_makes_the_next_step_late_by_its_time(backend: PersonaPlexBack
     from realtime_gw.models.s2s import backend as moshi_backend
 
     monkeypatch.setattr(moshi_backend, "FRAME_MS", 0)
-    audio = _audio(1, 2)
+    audio = noise_frames(1, 2)
     live = backend.open(S2sOpen(seed=1))
     try:
         new = backend.open(S2sOpen(seed=2, persona=PERSONA))
