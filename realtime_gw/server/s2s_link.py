@@ -56,8 +56,9 @@ ECHO_DEFAULTS = rt.SessionParams(
 )
 """Where a ``gateway-echo`` session starts (a ``session.update`` may change it): server VAD still
 commits and transcribes the user's turns, but the echo of what they say does not interrupt itself."""
-REOPEN_WAIT_S = 1.0
+REOPEN_WAIT_S = 2.0
 """How long a re-open waits for the slot its old stream frees (it frees at the stage's next step)."""
+REOPEN_POLL_S = 0.04
 AUDIO_ROOM_WAIT_S = 2.0
 """How long the pump holds the model's steps for a client whose outbox is over its audio high-water."""
 
@@ -200,9 +201,11 @@ class S2sLink:
                 self.stream = self.worker.submit(e.request)
             except NoFreeSlot as err:
                 left = deadline - loop.time()
-                if left <= 0 or not await self.worker.slot_freed(left):
+                if left <= 0:
                     await self.post(S2sRefused(str(err)))
                     return
+                # polled too: a stream cancelled before the stage opened it leaves without a notice
+                await self.worker.slot_freed(min(left, REOPEN_POLL_S))
                 continue
             await self.post(S2sOpened())
             self.spawn(self._pump(self.stream), "s2s")

@@ -41,6 +41,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     stop_server(server)
 
 
+@pytest.fixture(autouse=True)
+async def stage_free(server: LiveServer) -> None:
+    """Each test starts on an empty stage (two slots: a closed session frees its slot a moment later)."""
+    for _ in range(200):
+        if server.metric("realtime_gw_worker_active_requests", 'worker="s2s-personaplex"') == 0:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the sessions of the test before kept their slots on the stage")
+
+
 async def test_the_model_and_its_voices_are_listed_and_a_session_hears_it_speak(server: LiveServer) -> None:
     models = httpx.get(server.http + "/v1/models", headers={"Authorization": "Bearer test-key"}).json()
     [model] = [m for m in models["data"] if m["id"] == "personaplex"]
@@ -132,3 +142,19 @@ async def test_a_bad_voice_or_persona_is_refused_and_the_session_goes_on(server:
             pass
         assert kept.session.instructions == "You are Bo."  # type: ignore[union-attr]
         assert len(await asyncio.wait_for(first_reply(conn, 1), 15)) == STEP_BYTES  # the model still speaks
+
+
+async def test_a_reopen_on_a_full_stage_takes_its_own_slot(server: LiveServer) -> None:
+    """Both of the stage's two slots held: a session's new persona re-opens in the slot its old
+    stream frees, and a third session is still refused at once."""
+    client = AsyncOpenAI(base_url=server.http + "/v1", api_key="test-key")
+    async with client.realtime.connect(model="personaplex") as first, client.realtime.connect(model="personaplex") as second:
+        assert (await recv(first)).type == (await recv(second)).type == "session.created"
+        await second.session.update(session={"type": "realtime", "instructions": "You are Cy."})
+        while (updated := await recv(second)).type != "session.updated":
+            assert updated.type != "error", updated.error.message  # type: ignore[union-attr]
+        assert updated.session.instructions == "You are Cy."  # type: ignore[union-attr]
+        async with client.realtime.connect(model="personaplex") as third:
+            refused = await recv(third)
+            assert refused.type == "error" and refused.error.code == "server_busy"  # type: ignore[union-attr]
+        assert len(await asyncio.wait_for(first_reply(second, 1), 15)) == STEP_BYTES
