@@ -15,8 +15,10 @@ from realtime_gw.models.registry import accepted_voices
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.server.admission import Admission
 from realtime_gw.server.client_secrets import SecretTooLarge
+from realtime_gw.server.s2s_link import binding, prompt_refusal
 from realtime_gw.server.speech import bounded_body, openai_error
 from realtime_gw.sessions.mcp import check_allowed
+from realtime_gw.sessions.s2s import check_update
 from realtime_gw.sessions.settings import SessionError, SessionSettings, TextLimits, apply_session_update
 
 MIN_SECONDS, MAX_SECONDS, DEFAULT_SECONDS = 10, 7200, 600
@@ -51,6 +53,23 @@ def settings_of(
     return settings
 
 
+def config_settings(gateway: Any, session: rt.SessionParams | None) -> SessionSettings:
+    """The settings a client secret's or a call's session config gives a new session (``settings_of``);
+    raises ``SessionError``. A config naming a speech-to-speech model is checked as that model's
+    session would check it: its voices, its refusals, and its prompt against the stage's budget."""
+    cfg = gateway.config
+    model = session.model if session is not None and isinstance(session.model, str) else None
+    s2s = binding(gateway.workers.s2s, cfg, model)
+    voices = s2s.voices() if s2s is not None else accepted_voices(gateway.workers.tts.describe())
+    if s2s is not None and session is not None:
+        check_update(s2s, session)
+    limits = TextLimits(cfg.max_instructions_chars, cfg.max_tools)
+    settings = settings_of(session, voices, limits, tuple(cfg.mcp_allowed_urls))
+    if s2s is not None and (why := prompt_refusal(gateway.workers.s2s, s2s.request(settings))) is not None:
+        raise SessionError(f"Model '{s2s.spec.model}' cannot take this persona and voice: {why}", "invalid_value", "instructions")
+    return settings
+
+
 async def client_secrets_endpoint(request: Request) -> Response:
     gateway = request.app.state.gateway
     admission = Admission(gateway, "realtime")
@@ -82,20 +101,15 @@ async def client_secrets_endpoint(request: Request) -> Response:
             "invalid_value",
             "expires_after.seconds",
         )
-    cfg = gateway.config
-    voices = accepted_voices(gateway.workers.tts.describe())
     try:
-        limits = TextLimits(cfg.max_instructions_chars, cfg.max_tools)
-        settings = settings_of(parsed.session, voices, limits, tuple(cfg.mcp_allowed_urls))
+        settings = config_settings(gateway, parsed.session)
     except SessionError as e:
         return error_response(400, str(e), e.code, e.param and f"session.{e.param}")
     try:
         value, record = gateway.access.client_secrets.mint(admission.key, expires.seconds, parsed.session)
     except SecretTooLarge as e:
         return error_response(400, str(e), "invalid_value", "session")
-    model = (
-        parsed.session.model if parsed.session and isinstance(parsed.session.model, str) else "realtime-gw"
-    )
+    model = parsed.session.model if parsed.session and isinstance(parsed.session.model, str) else "realtime-gw"
     wire: dict[str, Any] = msgspec.to_builtins(settings.to_wire("sess_" + secrets.token_hex(8), model))
     wire.pop("id", None)
     return JSONResponse({"value": value, "expires_at": record.expires_at, "session": wire})

@@ -13,6 +13,12 @@ outbox is over its audio high-water (as the TTS pump does) but at most ``AUDIO_R
 reading meets the outbox's own bound instead of a backlog growing here; a worker fault, or the stream
 ending under a session that did not end it, is ``S2sFailed``. The connection cancels the stream when it ends, which frees the slot.
 
+A prompt (persona, voice) is checked against the stage before its stream is submitted (the stage's
+``admit``: PersonaPlex counts the persona's tokens and the voice's frames): one that does not fit is
+``S2sRefused(prompt=True)``. A re-open (``OpenS2s(reopen=True)``: a new prompt) that fits ends the old
+stream and submits the new one; the old one's slot frees at the stage's next step, so a full stage is
+waited on for ``REOPEN_WAIT_S`` (another session may take the slot first: then ``S2sRefused``).
+
 ``gateway-echo`` (``ECHO_MODEL``) is a diagnostic model every gateway serves, with no stage: its
 stream (``EchoStream``) answers each 20 ms step of the user's audio with that same audio, so a reply
 is what the user said, back through the session's normal output path (a response opens on the first
@@ -33,7 +39,7 @@ from realtime_gw.models.families import FAMILIES
 from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFault
 from realtime_gw.protocols import audio
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sSilence, S2sSpec
+from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen, S2sSilence, S2sSpec
 from realtime_gw.sessions.events import OpenS2s, S2sEffect, S2sFailed, S2sOpened, S2sRefused, unhandled
 from realtime_gw.sessions.live_s2s import DuplexModels
 from realtime_gw.sessions.s2s import ReplyRule, S2sBinding
@@ -50,6 +56,9 @@ ECHO_DEFAULTS = rt.SessionParams(
 )
 """Where a ``gateway-echo`` session starts (a ``session.update`` may change it): server VAD still
 commits and transcribes the user's turns, but the echo of what they say does not interrupt itself."""
+REOPEN_WAIT_S = 2.0
+"""How long a re-open waits for the slot its old stream frees (it frees at the stage's next step)."""
+REOPEN_POLL_S = 0.04
 AUDIO_ROOM_WAIT_S = 2.0
 """How long the pump holds the model's steps for a client whose outbox is over its audio high-water."""
 
@@ -100,6 +109,12 @@ class EchoStream:
     async def __aiter__(self) -> AsyncIterator[S2sFrame]:
         while (frame := await self._out.get()) is not None:
             yield frame
+
+
+def prompt_refusal(worker: StageWorker | None, request: S2sOpen) -> str | None:
+    """Why the stage cannot open ``request``'s prompt (persona, voice; its ``admit`` counts them), or None."""
+    admit = getattr(worker, "admit", None)
+    return admit(request) if admit is not None else None
 
 
 def unserved_model(worker: StageWorker | None, config: GatewayConfig, model: str | None) -> str | None:
@@ -160,6 +175,14 @@ class S2sLink:
         if self.worker is None:  # the stage went away: never bound in the first place
             self.post_now(S2sRefused("no speech-to-speech stage"))
             return
+        if (why := prompt_refusal(self.worker, e.request)) is not None:
+            self.post_now(S2sRefused(why, prompt=True))  # a stream that is open goes on
+            return
+        if e.reopen and self.stream is not None:
+            old, self.stream = self.stream, None
+            old.cancel()  # its pump stops: it is no longer the session's stream
+            self.spawn(self._reopen(e), "s2s-reopen")
+            return
         try:
             self.stream = self.worker.submit(e.request)
         except NoFreeSlot as err:  # reported, not decided: the session refuses itself
@@ -168,9 +191,31 @@ class S2sLink:
         self.post_now(S2sOpened())
         self.spawn(self._pump(self.stream), "s2s")
 
+    async def _reopen(self, e: OpenS2s) -> None:
+        """The new prompt's stream, in the slot the old one frees at the stage's next step."""
+        assert self.worker is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REOPEN_WAIT_S
+        while not self.closed:
+            try:
+                self.stream = self.worker.submit(e.request)
+            except NoFreeSlot as err:
+                left = deadline - loop.time()
+                if left <= 0:
+                    await self.post(S2sRefused(str(err)))
+                    return
+                # polled too: a stream cancelled before the stage opened it leaves without a notice
+                await self.worker.slot_freed(min(left, REOPEN_POLL_S))
+                continue
+            await self.post(S2sOpened())
+            self.spawn(self._pump(self.stream), "s2s")
+            return
+
     async def _pump(self, stream: Stream[Any] | EchoStream) -> None:
         try:
             async for frame in stream:
+                if stream is not self.stream:  # re-opened with a new prompt: this one is over
+                    return
                 await self.post(frame)
                 if not self.audio_room.is_set():
                     with contextlib.suppress(asyncio.TimeoutError):
@@ -179,7 +224,7 @@ class S2sLink:
             log.warning("speech-to-speech stream failed: %s", err)
             await self.post(S2sFailed(str(err)))
             return
-        if not self.closed:  # the worker stopped the stream (a shutdown): the model is gone
+        if not self.closed and stream is self.stream:  # the worker stopped it (a shutdown): the model is gone
             await self.post(S2sFailed("the speech-to-speech stream ended"))
 
     def close(self) -> None:

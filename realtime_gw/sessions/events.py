@@ -173,9 +173,11 @@ class S2sOpened:
 @dataclass(slots=True)
 class S2sRefused:
     """The speech-to-speech stage had no free slot for the session (``NoFreeSlot``): a duplex session
-    is refused at once, never queued."""
+    is refused at once, never queued. ``prompt``: it refused the opening's voice prompt and persona
+    instead (they do not fit the model's prompt budget); a stream that was open stays open."""
 
     reason: str
+    prompt: bool = False
 
 
 @dataclass(slots=True)
@@ -329,6 +331,10 @@ class OpenS2s:
     request: S2sOpen
     model: str
     """The model the session is bound to (``gateway-echo`` is served by the transport itself)."""
+    reopen: bool = False
+    """A new prompt (persona or voice) for a session whose stream is open: the transport checks the
+    prompt against the stage first (``S2sRefused(prompt=True)``, the old stream kept), then ends the old
+    stream and opens this one in its slot."""
 
 
 @dataclass(slots=True)

@@ -41,6 +41,7 @@ from realtime_gw.sessions.live_info import ExpiryWarning, start_notices
 from realtime_gw.sessions.live_s2s import DuplexModels, SpokenFace, spoken_notices, spoken_update
 from realtime_gw.sessions.live_transcripts import InputTranscripts
 from realtime_gw.sessions.realtime import RealtimeSession
+from realtime_gw.sessions.s2s import S2sBinding
 
 MAX_STARTUP_MESSAGES = 128
 MAX_APPEND_TOKENS = 500
@@ -205,13 +206,16 @@ class LiveSession(Delegating, SpokenFace):
         if self.duplex is not None:  # the model takes audio only: its stream opens first
             self.inner = RealtimeSession(self.id, limits, now, s2s=self.duplex)
             self.ids = self.fixture.ids = self.inner.ids
-            update = spoken_update(update)
+            update = spoken_update(update, self.duplex, config, limits.voices)
         elif isinstance(config.delegation, live.ResponsesDelegation):
             backend = checked_config(config.delegation.responses, None, limits.max_tools, limits.max_instructions_chars)
             config.delegation.responses = backend
             self.backend = Backend(backend, limits.model, self.unix_offset_s)
         self.started_at = now
-        effects = self.inner.start(now) + self.inner.handle(update, now)
+        if self.duplex is not None:  # its prompt (persona, voice) is in the stream's opening
+            effects = self.inner.handle(update, now) + self.inner.start(now)
+        else:
+            effects = self.inner.start(now) + self.inner.handle(update, now)
         problems = [e for e in effects if isinstance(e, Send) and isinstance(e.event, rt.ErrorEvent)]
         if problems:  # nothing of this start was run: a fresh machine for the next one
             self.inner, self.backend, self.duplex = RealtimeSession(self.id, limits, now), None, None
@@ -229,7 +233,7 @@ class LiveSession(Delegating, SpokenFace):
             status="active",
             audio=live.Audio(
                 format=audio.format or live.AudioPCM(rate=24000),
-                output=live.AudioOutput(voice=(audio.output.voice if audio.output else None) or "marin"),
+                output=live.AudioOutput(voice=(audio.output.voice if audio.output else None) or _default_voice(self.duplex)),
             ),
             delegation=config.delegation or live.ClientDelegation(),
             input=config.input,
@@ -240,7 +244,7 @@ class LiveSession(Delegating, SpokenFace):
         self.expiry = ExpiryWarning(now, self.max_session_s, self.resource.expires_at)
         started = live.SessionStartedEvent(session=self.resource, client_event_id=ev.event_id)
         if self.duplex is not None:  # started once the model's stream is open
-            self.announce = [started, *spoken_notices(self.duplex, config)]
+            self.announce = [started, *spoken_notices(self.duplex, config, limits.voices)]
             return self._outgoing(effects, now)
         return [self.ids.send(n) for n in (started, *start_notices(config, limits.model))] + self._outgoing(effects, now)
 
@@ -369,6 +373,11 @@ def _live_param(param: str | None) -> str | None:
     if param is None:
         return None
     return param.replace("session.audio.input.", "session.audio.").replace("session.audio.output.", "session.audio.")
+
+
+def _default_voice(duplex: S2sBinding | None) -> str:
+    """The voice a start that names none speaks in: a voice-prompted model's default, else marin."""
+    return (duplex.spec.default_voice if duplex is not None and duplex.takes_voice else None) or "marin"
 
 
 def realtime_update(config: live.SessionConfig, voices: frozenset[str]) -> rt.SessionUpdateEvent:

@@ -8,8 +8,13 @@ cascade's code; the face translates their events as it does the cascade's (``ses
 and ``session.output_transcript.delta`` placed on the output stream by ``live_wire.py``). What differs:
 
 - **Start.** The realtime configuration keeps the input format, server VAD that interrupts and
-  input transcription, and drops what the model cannot take (instructions, the ``delegate`` tool, a
-  voice). ``session.started`` waits for the model's stream to open (``S2sOpened``): a full stage refuses
+  input transcription, and drops what the model cannot take (the ``delegate`` tool; instructions and a
+  voice unless it takes a prompt). A model that takes a prompt (PersonaPlex) opens its stream with the
+  start's ``instructions`` as its persona and its ``audio.output.voice`` as its voice prompt (a name of
+  its voices; a stock OpenAI name, which clients send by default, is not applied and named in
+  ``settings_ignored``; any other name is refused naming its voices), as a ``/v1/realtime`` session
+  does (``s2s.py``).
+  ``session.started`` waits for the model's stream to open (``S2sOpened``): a full stage refuses
   the start (``error`` ``server_busy``, close 1013) and the session never started.
 - **What clients send by default** and the model cannot take (``instructions``, startup ``input``, a
   voice, a delegation and its backend's tools: pipecat's and LiveKit's GPT-Live clients send them with
@@ -71,38 +76,54 @@ def what_it_is(b: S2sBinding) -> str:
     )
 
 
-def spoken_update(update: rt.SessionUpdateEvent) -> rt.SessionUpdateEvent:
-    """The cascade's realtime configuration of a start, less what the model cannot take (its
-    instructions, the ``delegate`` tool, a TTS voice)."""
+def given_voice(config: live.SessionConfig) -> str | None:
+    voice = config.audio.output.voice if config.audio and config.audio.output else None
+    return voice.id if isinstance(voice, live.CustomVoice) else voice
+
+
+def prompt_voice(b: S2sBinding, config: live.SessionConfig, stock: frozenset[str]) -> str | None:
+    """The start's voice as the model's voice prompt; None: not applied (the model takes no voice, or
+    the start named a stock voice it does not have). Any other name is the model's to refuse."""
+    name = given_voice(config)
+    if not b.takes_voice or name is None or (name in stock and name not in b.spec.voices):
+        return None
+    return name
+
+
+def spoken_update(update: rt.SessionUpdateEvent, b: S2sBinding, config: live.SessionConfig, stock: frozenset[str]) -> rt.SessionUpdateEvent:
+    """The cascade's realtime configuration of a start, less what the model cannot take (the
+    ``delegate`` tool; the instructions and a TTS voice, unless they are its persona and voice
+    prompt). ``stock``: the voice names clients send by default (the gateway's TTS voices)."""
     session = update.session
-    session.instructions = session.tools = session.tool_choice = UNSET
+    session.tools = session.tool_choice = UNSET
+    session.instructions = (config.instructions or "").strip() if b.takes_persona else UNSET
     if session.audio not in (UNSET, None) and session.audio.output not in (UNSET, None):  # type: ignore[union-attr]
-        session.audio.output.voice = UNSET  # type: ignore[union-attr]
+        session.audio.output.voice = prompt_voice(b, config, stock) or UNSET  # type: ignore[union-attr]
     return update
 
 
-def ignored_settings(config: live.SessionConfig) -> list[str]:
+def ignored_settings(b: S2sBinding, config: live.SessionConfig, stock: frozenset[str]) -> list[str]:
     """The start's settings a speech-to-speech model does not apply."""
-    voice = config.audio.output.voice if config.audio and config.audio.output else None
+    voice = given_voice(config)
     delegation = config.delegation
     return [
         name
         for name, given in (
-            ("instructions", bool((config.instructions or "").strip())),
+            ("instructions", bool((config.instructions or "").strip()) and not b.takes_persona),
             ("input", bool(config.input)),
-            ("audio.output.voice", voice is not None),
+            ("audio.output.voice", voice is not None and prompt_voice(b, config, stock) is None),
             ("delegation", isinstance(delegation, live.ResponsesDelegation) or bool(delegation and delegation.acknowledgement_delay_ms)),
         )
         if given
     ]
 
 
-def spoken_notices(b: S2sBinding, config: live.SessionConfig) -> list[live.InfoEvent]:
+def spoken_notices(b: S2sBinding, config: live.SessionConfig, stock: frozenset[str]) -> list[live.InfoEvent]:
     mapped = live.InfoEvent(
         code="model_mapped",
         message=f"'{config.model}' runs on this gateway's speech-to-speech stage (model '{b.spec.model}': {b.capabilities}).",
     )
-    ignored = ignored_settings(config)
+    ignored = ignored_settings(b, config, stock)
     if not ignored:
         return [mapped]
     message = f"Accepted but not applied: {', '.join(ignored)}. {what_it_is(b)}: it hears audio and answers in its own voice."

@@ -136,7 +136,7 @@ class RealtimeSession:
         stream (with a speech-to-speech model, which takes no tools: once it is open)."""
         self.started = True
         if self.s2s is not None:
-            return self.s2s.start()
+            return self.s2s.start(self.settings)
         created = self.ids.send(rt.SessionCreatedEvent(session=self._wire()))
         return [created, *self.mcp.configure(self.settings.tools), *self._restart_vad()]
 
@@ -167,7 +167,8 @@ class RealtimeSession:
 
     # -- session -------------------------------------------------------------------------------------
     def _on_session_update(self, ev: rt.SessionUpdateEvent, now: float) -> list[Effect]:
-        new = apply_session_update(self.settings, ev.session, self.limits.voices, self.text_limits)
+        voices = self.s2s.binding.voices() if self.s2s is not None else self.limits.voices
+        new = apply_session_update(self.settings, ev.session, voices, self.text_limits)
         check_allowed(new.tools, self.limits.mcp_allowed_urls)  # before anything changes or connects
         self.mcp.check_choice(new.tool_choice, new.tools, "session.tool_choice")
         check_type_change(new, busy=self.responses.live is not None or bool(self.side.slots))
@@ -181,6 +182,8 @@ class RealtimeSession:
         # Setting turn detection again while VAD is unavailable is the client's way to retry it.
         retry = new.turn_detection is not old.turn_detection and not self.turns.vad_stream
         out: list[Effect] = [self.ids.send(rt.SessionUpdatedEvent(session=self._wire()))]
+        if self.s2s is not None and self.started:  # a new persona or voice: echoed once the stream has it
+            out = self.s2s.reprompt(new, out)
         out += self.mcp.configure(new.tools) if self.started else []
         return out + self._restart_vad() if toggled or reformatted or retry else out
 
@@ -399,12 +402,17 @@ def _clear_output(s: RealtimeSession, ev: rt.OutputAudioBufferClearEvent, now: f
 # -- a session bound to a speech-to-speech model (``s2s.py``) ---------------------------------------------
 def _s2s_opened(s: RealtimeSession, ev: S2sOpened, now: float) -> list[Effect]:
     assert s.s2s is not None
-    s.s2s.opened(now)
-    return [s.ids.send(rt.SessionCreatedEvent(session=s._wire())), *s._restart_vad()]
+    reopened = s.s2s.opened(s.settings)  # a re-open: the session.updated of the update that asked for it
+    return reopened if reopened is not None else [s.ids.send(rt.SessionCreatedEvent(session=s._wire())), *s._restart_vad()]
 
 
 def _s2s_refused(s: RealtimeSession, ev: S2sRefused, now: float) -> list[Effect]:
     model = s.s2s.spec.model if s.s2s is not None else s.limits.model
+    if ev.prompt and s.s2s is not None:  # the voice prompt and persona do not fit its budget
+        bad = s.error(f"Model '{model}' cannot take this persona and voice: {ev.reason}", "invalid_value", "session.instructions")
+        if s.s2s.prompt_refused(s.settings):  # a re-open: the old stream and its prompt go on
+            return [bad, s.ids.send(rt.SessionUpdatedEvent(session=s._wire()))]
+        return [bad, *s.close(), Close(1008, "speech-to-speech prompt refused")]
     busy = s.error(f"Model '{model}' has no free slot for a new session; retry later ({ev.reason})", "server_busy")
     return [busy, *s.close(), Close(1013, "speech-to-speech stage full")]
 

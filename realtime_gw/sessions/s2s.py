@@ -23,6 +23,19 @@ holds what does:
 - **Hold.** ``response.cancel``, a truncation of the live reply and barge-in cancel the response and
   force the model's own channels silent (``S2sSilence(True)``) without dropping its context; the end
   of the user's next turn (a VAD stop or a commit) releases it, so the model may answer.
+- **Prompt.** A model that takes a prompt (PersonaPlex: capabilities ``persona`` and ``voice_prompt``)
+  gets the session's ``instructions`` as its persona and ``audio.output.voice`` (a name of
+  ``S2sSpec.voices``, or ``{"id": name}``; ``default``: the stage's default voice) as its voice prompt.
+  Both are prefilled when the stream opens, so the stream opens at connect with what the session has
+  then (a client secret's or a call's config, GPT-Live's ``session.start``), and a later
+  ``session.update`` that changes either re-opens it (``OpenS2s(reopen=True)``): the old conversation
+  ends, a new one opens in its place with the new prompt, and the model's context starts over (a reply
+  being said is cancelled). That update's ``session.updated`` is sent once the new stream is open, so
+  everything after it is the new prompt's. A prompt the stage finds too long for its budget
+  (``max_prompt_frames``; it counts the persona's tokens) is refused there (``S2sRefused(prompt=True)``):
+  the old stream goes on, an ``error`` names the budget and a ``session.updated`` shows the prompt
+  still applied (the update's other settings stand). A persona with more words than the budget has
+  frames is refused here, before anything changes (each word is a token at least).
 - **Refusals.** What the model cannot take (instructions, tools, text input, ``response.create``,
   text-only output, another voice or speed) is refused with an error naming its capabilities.
 """
@@ -71,6 +84,24 @@ class S2sBinding:
     def capabilities(self) -> str:
         return ", ".join(self.spec.capabilities)
 
+    @property
+    def takes_persona(self) -> bool:
+        return "persona" in self.spec.capabilities
+
+    @property
+    def takes_voice(self) -> bool:
+        return "voice_prompt" in self.spec.capabilities
+
+    def voices(self) -> frozenset[str]:
+        """The names ``audio.output.voice`` may give (``default``: the stage's default voice)."""
+        return frozenset({*self.spec.voices, "default"}) if self.takes_voice else frozenset({"default"})
+
+    def request(self, settings: SessionSettings) -> S2sOpen:
+        """The opening of the session's stream: its seed, and the prompt its settings give."""
+        persona = settings.instructions.strip() if self.takes_persona else ""
+        voice = settings.voice if self.takes_voice and settings.voice != "default" else None
+        return S2sOpen(seed=self.seed, voice=voice, persona=persona or None)
+
 
 def refusal(b: S2sBinding, what: str, param: str | None, code: str = "unsupported_value") -> SessionError:
     """The error for something the model cannot take, naming what it can."""
@@ -86,8 +117,10 @@ def check_update(b: S2sBinding, p: rt.SessionParams) -> None:
     """Refuse the parts of a ``session.update`` the model cannot take; raises before anything changes."""
     if p.type == "transcription":
         raise refusal(b, "a change to a transcription session", "session.type")
-    if p.instructions not in (UNSET, None, ""):
+    if p.instructions not in (UNSET, None, "") and not b.takes_persona:
         raise refusal(b, "instructions", "session.instructions")
+    if b.takes_persona and isinstance(p.instructions, str):
+        check_persona(b, p.instructions)
     if p.prompt not in (UNSET, None):
         raise refusal(b, "a prompt", "session.prompt")
     if p.tools not in (UNSET, None) and p.tools:
@@ -102,10 +135,24 @@ def check_update(b: S2sBinding, p: rt.SessionParams) -> None:
     if out in (UNSET, None):
         return
     voice = out.voice.id if isinstance(out.voice, rt.VoiceId) else out.voice  # type: ignore[union-attr]
-    if voice not in (UNSET, None, "default"):
+    if voice not in (UNSET, None, "default") and not b.takes_voice:  # else checked as the model's voices
         raise refusal(b, f"voice '{voice}' (it speaks in its own voice)", "session.audio.output.voice")
     if out.speed not in (UNSET, None, 1.0):  # type: ignore[union-attr]
         raise refusal(b, "another speed", "session.audio.output.speed")
+
+
+def check_persona(b: S2sBinding, persona: str) -> None:
+    """Refuse a persona that cannot fit the prompt budget: every word is one token (one frame) at
+    least. The exact count (the model's tokenizer, with the voice prompt) is the stage's."""
+    words = len(persona.split())
+    if words > b.spec.max_prompt_frames:
+        raise SessionError(
+            f"The persona (instructions) of model '{b.spec.model}' is too long: {words} words, one 80 ms prompt "
+            f"frame each at least; its prompt budget is {b.spec.max_prompt_frames} frames for the voice prompt "
+            "and the persona together",
+            "string_above_max_length",
+            "session.instructions",
+        )
 
 
 class SpokenResponses(Responses):
@@ -200,16 +247,29 @@ class SpeechToSpeech:
         self.steps_out = 0
         self.finishing = False
         """The session is closing: the reply being said ends as it would, no new one opens."""
+        self.applied: tuple[S2sOpen, str, str] | None = None
+        """The opening of the stream that is open (or opening), with the instructions and voice it
+        came from (what a refused new prompt returns the settings to)."""
+        self.reopening: tuple[S2sOpen, str, str] | None = None
+        """A new prompt the transport is opening the stream with (``OpenS2s(reopen=True)``)."""
+        self.echoes: list[Effect] = []
+        """The ``session.updated`` of the updates that re-open: sent once the stream has their prompt."""
+        self.queued: SessionSettings | None = None
+        """Settings of a later prompt change, opened once the re-open under way has answered."""
+        self.queued_echoes: list[Effect] = []
 
     def capabilities(self) -> dict[str, Any]:
         """The session's additive ``capabilities``: what the model takes, its step and its context."""
         spec = self.spec
-        return {
+        out: dict[str, Any] = {
             "speech_to_speech": True,
             "model_capabilities": list(spec.capabilities),
             "chunk_period_ms": spec.frame_ms,
             "context_frames": spec.context_frames,
         }
+        if self.binding.takes_voice or self.binding.takes_persona:
+            out |= {"voices": list(spec.voices), "default_voice": spec.default_voice, "max_prompt_frames": spec.max_prompt_frames}
+        return out
 
     def check(self, event: object) -> None:
         """Refuse a client event the model cannot take (``SessionError``), before anything changes."""
@@ -226,12 +286,55 @@ class SpeechToSpeech:
         would, and no new reply opens, so the close waits for one reply at most."""
         self.finishing = True
 
-    def start(self) -> list[Effect]:
-        """The session connected: open its stream (nothing else happens before it is open)."""
-        return [OpenS2s(S2sOpen(seed=self.binding.seed), self.binding.spec.model)]
+    def start(self, settings: SessionSettings) -> list[Effect]:
+        """The session connected: open its stream, with the prompt its settings give (nothing else
+        happens before it is open)."""
+        self.applied = (self.binding.request(settings), settings.instructions, settings.voice)
+        return [OpenS2s(self.applied[0], self.binding.spec.model)]
 
-    def opened(self, now: float) -> None:
+    def reprompt(self, settings: SessionSettings, echo: list[Effect]) -> list[Effect]:
+        """After a ``session.update`` (``echo``: its ``session.updated``): a changed persona or voice
+        re-opens the stream with it, and the echo waits for the new stream, so from the echo on the
+        client hears the new prompt."""
+        if self.reopening is not None:  # one re-open at a time: the newest change goes next
+            self.queued = settings
+            self.queued_echoes += echo
+            return []
+        want = self.binding.request(settings)
+        if self.applied is None or want == self.applied[0]:
+            return echo
+        self.reopening = (want, settings.instructions, settings.voice)
+        self.echoes = echo
+        return [OpenS2s(want, self.binding.spec.model, reopen=True)]
+
+    def opened(self, settings: SessionSettings) -> list[Effect] | None:
+        """The stream is open. None: the first opening; else a re-open, whose new conversation
+        starts from nothing: a reply of the old one is cancelled, a hold of it lifted, and the
+        updates that asked for it are echoed."""
         self.open = True
+        if self.reopening is None:
+            return None
+        self.applied, self.reopening = self.reopening, None
+        r = self.responses
+        out = Responses.cancel(r, "client_cancelled") if r.live is not None else []  # no hold: a new stream
+        r.held = False  # the new conversation was never forced silent
+        self.waiting.clear()
+        self.quiet_ms = 0.0
+        self.from_model = audio.StreamingResampler(self.spec.native_rate, OUTPUT_RATE)
+        out += self.echoes
+        queued, echoes, self.queued, self.queued_echoes, self.echoes = self.queued, self.queued_echoes, None, [], []
+        return out + (self.reprompt(queued, echoes) if queued is not None else [])
+
+    def prompt_refused(self, settings: SessionSettings) -> bool:
+        """The stage refused a prompt (too long for its budget). True: it was a re-open, the old stream
+        goes on and ``settings`` are returned to its prompt (the refused updates' echoes give way to
+        one ``session.updated`` of that); False: the first opening (the session ends)."""
+        if self.reopening is None or self.applied is None:
+            return False
+        self.reopening = self.queued = None
+        self.echoes, self.queued_echoes = [], []
+        _, settings.instructions, settings.voice = self.applied
+        return True
 
     # -- input -----------------------------------------------------------------------------------------
     def hear(self, pcm: bytes, rate: int) -> list[Effect]:

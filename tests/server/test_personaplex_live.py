@@ -1,7 +1,11 @@
 """A live gateway with ``--s2s personaplex`` (tiny, random init) and a voice directory: ``/v1/models``
 lists the model, its capabilities and its voices, and a ``/v1/realtime`` session of model
 ``personaplex`` through the official ``openai`` SDK opens on the stage (its default voice prefilled)
-and hears the model speak, 80 ms a delta."""
+and hears the model speak, 80 ms a delta. A session's instructions are the model's persona: under one
+seed, the same persona gives the same first reply and another persona another (a tiny random model
+says something else as soon as its prompt differs); the SDK's usual flow (connect, then
+``session.update`` with instructions and a voice) re-opens the stream with them, and an unknown voice
+or a persona past the prompt budget is refused, the session going on."""
 
 from __future__ import annotations
 
@@ -11,9 +15,11 @@ from collections.abc import Iterator
 
 import httpx
 import numpy as np
+import openai
 import pytest
 import soundfile
 from openai import AsyncOpenAI
+from openai.resources.realtime.realtime import AsyncRealtimeConnection
 
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from tests.server.realtime_sdk_client import recv
@@ -33,6 +39,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     )  # fmt: skip
     yield server
     stop_server(server)
+
+
+@pytest.fixture(autouse=True)
+async def stage_free(server: LiveServer) -> None:
+    """Each test starts on an empty stage (two slots: a closed session frees its slot a moment later)."""
+    for _ in range(200):
+        if server.metric("realtime_gw_worker_active_requests", 'worker="s2s-personaplex"') == 0:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the sessions of the test before kept their slots on the stage")
 
 
 async def test_the_model_and_its_voices_are_listed_and_a_session_hears_it_speak(server: LiveServer) -> None:
@@ -60,3 +76,85 @@ async def test_the_model_and_its_voices_are_listed_and_a_session_hears_it_speak(
             await conn.input_audio_buffer.append(audio=silence)
             await asyncio.sleep(0.08)
         assert len(await asyncio.wait_for(listen, 1)) == STEP_BYTES
+
+
+async def first_reply(conn: AsyncRealtimeConnection, deltas: int = 3) -> bytes:
+    """The first ``deltas`` audio deltas of the first reply the model opens (no audio is sent: the
+    stage hears silence at every step, so the model's input is the same in every session)."""
+    out = b""
+    for _ in range(deltas):
+        while (event := await recv(conn)).type != "response.output_audio.delta":
+            assert event.type != "error", event
+        out += base64.b64decode(event.delta)
+    return out
+
+
+async def persona_reply(server: LiveServer, persona: str) -> bytes:
+    """The first reply of a session whose client secret gives ``persona`` (the stream opens with it)."""
+    minter = AsyncOpenAI(base_url=server.http + "/v1", api_key="test-key")
+    secret = await minter.realtime.client_secrets.create(session={"type": "realtime", "model": "personaplex", "instructions": persona})
+    assert secret.session.instructions == persona  # type: ignore[union-attr]
+    client = AsyncOpenAI(base_url=server.http + "/v1", api_key=secret.value)
+    async with client.realtime.connect(model="personaplex", extra_query={"seed": "5"}) as conn:
+        created = await recv(conn)
+        assert created.type == "session.created" and created.session.instructions == persona  # type: ignore[union-attr]
+        return await asyncio.wait_for(first_reply(conn), 15)
+
+
+async def test_the_persona_reaches_the_model(server: LiveServer) -> None:
+    """By a client secret (the stream opens with it) and by the SDK's usual flow (connect, then
+    ``session.update``: the stream re-opens with it, and ``session.updated`` comes once it has)."""
+    ada = await persona_reply(server, "You are Ada.")
+    bo = await persona_reply(server, "You are Bo, a pirate.")
+    assert len(ada) == len(bo) == 3 * STEP_BYTES
+    assert bo != ada  # another persona: another prompt prefilled, another reply
+    client = AsyncOpenAI(base_url=server.http + "/v1", api_key="test-key")
+    async with client.realtime.connect(model="personaplex", extra_query={"seed": "5"}) as conn:
+        created = await recv(conn)
+        assert created.type == "session.created" and created.session.instructions == ""  # type: ignore[union-attr]
+        await conn.session.update(session={"type": "realtime", "instructions": "You are Ada.", "audio": {"output": {"voice": "ada"}}})
+        while (updated := await recv(conn)).type != "session.updated":  # the first stream may speak meanwhile
+            assert updated.type != "error", updated
+        assert updated.session.instructions == "You are Ada." and updated.session.audio.output.voice == "ada"  # type: ignore[union-attr]
+        assert await asyncio.wait_for(first_reply(conn), 15) == ada  # the same prompt and seed: the same reply
+
+
+async def test_a_bad_voice_or_persona_is_refused_and_the_session_goes_on(server: LiveServer) -> None:
+    client = AsyncOpenAI(base_url=server.http + "/v1", api_key="test-key")
+    for session, named in (({"audio": {"output": {"voice": "marin"}}}, "ada"), ({"instructions": "Extraordinary " * 10}, "frames")):
+        with pytest.raises(openai.BadRequestError, match=named):  # a client secret's config: refused when minted
+            await client.realtime.client_secrets.create(session={"type": "realtime", "model": "personaplex", **session})  # type: ignore[arg-type]
+    async with client.realtime.connect(model="personaplex") as conn:
+        assert (await recv(conn)).type == "session.created"
+        await conn.session.update(session={"type": "realtime", "instructions": "You are Bo."})
+        while (updated := await recv(conn)).type != "session.updated":
+            assert updated.type != "error", updated
+        await conn.session.update(session={"type": "realtime", "audio": {"output": {"voice": "marin"}}})
+        while (refused := await recv(conn)).type != "error":
+            pass
+        assert refused.error.param == "session.audio.output.voice" and "ada" in refused.error.message  # type: ignore[union-attr]
+        # ten words fit the budget in words, not in this model's tokens (a byte each): the stage refuses it
+        await conn.session.update(session={"type": "realtime", "instructions": " ".join(["Extraordinary"] * 10)})
+        while (refused := await recv(conn)).type != "error":
+            pass
+        assert refused.error.param == "session.instructions" and "frames" in refused.error.message  # type: ignore[union-attr]
+        while (kept := await recv(conn)).type != "session.updated":
+            pass
+        assert kept.session.instructions == "You are Bo."  # type: ignore[union-attr]
+        assert len(await asyncio.wait_for(first_reply(conn, 1), 15)) == STEP_BYTES  # the model still speaks
+
+
+async def test_a_reopen_on_a_full_stage_takes_its_own_slot(server: LiveServer) -> None:
+    """Both of the stage's two slots held: a session's new persona re-opens in the slot its old
+    stream frees, and a third session is still refused at once."""
+    client = AsyncOpenAI(base_url=server.http + "/v1", api_key="test-key")
+    async with client.realtime.connect(model="personaplex") as first, client.realtime.connect(model="personaplex") as second:
+        assert (await recv(first)).type == (await recv(second)).type == "session.created"
+        await second.session.update(session={"type": "realtime", "instructions": "You are Cy."})
+        while (updated := await recv(second)).type != "session.updated":
+            assert updated.type != "error", updated.error.message  # type: ignore[union-attr]
+        assert updated.session.instructions == "You are Cy."  # type: ignore[union-attr]
+        async with client.realtime.connect(model="personaplex") as third:
+            refused = await recv(third)
+            assert refused.type == "error" and refused.error.code == "server_busy"  # type: ignore[union-attr]
+        assert len(await asyncio.wait_for(first_reply(second, 1), 15)) == STEP_BYTES

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sSilence, S2sSpec
+from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen, S2sSilence, S2sSpec
 from realtime_gw.sessions.events import (
     AudioDelivered,
     AwaitDelivery,
@@ -53,7 +53,7 @@ class Model:
 def bound(manual: bool = False, spec: S2sSpec = SPEC, **update: Any) -> tuple[RealtimeSession, list[Any]]:
     """An opened session bound to ``spec``; the effects of its opening."""
     s = RealtimeSession("sess_s2s", Limits(voices=frozenset({"default", "marin"}), model="moshi"), 0.0, s2s=S2sBinding(spec, RULE))
-    assert s.start(0.0) == [OpenS2s(request=s.s2s.start()[0].request, model=spec.model)]  # type: ignore[union-attr]
+    assert s.start(0.0) == [OpenS2s(request=S2sOpen(), model=spec.model)]
     opened = s.handle(S2sOpened(), 0.0)
     if manual:
         update = {"audio": {"input": {"turn_detection": None}}, **update}

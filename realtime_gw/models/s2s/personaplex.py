@@ -102,6 +102,17 @@ class PersonaPlexBackend(MoshiBackend):
             )
         return frames, published
 
+    def check(self, request: object) -> str | None:
+        """The stage's check at submit (``StagePlan.admit``, on the event loop: it only tokenizes and
+        reads the voice store): why a conversation's prompt cannot open, or None."""
+        if not isinstance(request, S2sOpen):
+            return None  # refused by ``open`` as any backend refuses a wrong request
+        try:
+            self.prompt(request)
+        except ValueError as e:
+            return str(e)
+        return None
+
     def open(self, request: S2sOpen) -> MoshiState:
         if not isinstance(request, S2sOpen):
             raise TypeError(f"expected S2sOpen, got {type(request).__name__}")
@@ -119,4 +130,7 @@ class PersonaPlexBackend(MoshiBackend):
 
 def from_config(config: GatewayConfig) -> StagePlan:
     backend = build_moshi(config, PersonaPlexBackend, voices_dir=config.s2s_voices_dir, voice=config.s2s_voice)
-    return stage_plan(config, backend)
+    assert isinstance(backend, PersonaPlexBackend)
+    plan = stage_plan(config, backend)
+    plan.admit = backend.check  # a prompt that does not fit is refused at submit, not as a fault of the stream
+    return plan

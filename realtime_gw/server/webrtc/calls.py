@@ -17,10 +17,9 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
 
-from realtime_gw.models.registry import accepted_voices
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.server.admission import Admission
-from realtime_gw.server.client_secret_endpoint import error_response, settings_of
+from realtime_gw.server.client_secret_endpoint import config_settings, error_response
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.realtime_ws import open_session
 from realtime_gw.server.speech import bounded_body
@@ -29,7 +28,7 @@ from realtime_gw.server.webrtc.ice import HostCandidates, parse_port_range
 from realtime_gw.server.webrtc.media_pool import MediaPool, MediaWorkerLost
 from realtime_gw.server.webrtc.metrics import MediaLedger
 from realtime_gw.server.webrtc.peer import Peer
-from realtime_gw.sessions.settings import SessionError, TextLimits
+from realtime_gw.sessions.settings import SessionError
 
 CORS_HEADERS = "authorization, content-type, x-openai-agents-sdk, openai-beta"
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -123,9 +122,7 @@ async def create_call(request: Request) -> Response:
     try:
         sdp, session_params = await _offer(request, gateway.config.webrtc_max_offer_bytes)
         if session_params is not None:
-            voices = accepted_voices(gateway.workers.tts.describe())
-            limits = TextLimits(gateway.config.max_instructions_chars, gateway.config.max_tools)
-            settings_of(session_params, voices, limits, tuple(gateway.config.mcp_allowed_urls))  # refused here, not after the answer
+            config_settings(gateway, session_params)  # refused here, not after the answer
     except OfferError as e:
         return error_response(e.status, str(e), e.code)
     except SessionError as e:

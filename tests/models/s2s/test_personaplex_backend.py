@@ -130,6 +130,16 @@ def test_an_unknown_voice_or_a_prompt_past_the_context_is_refused(backend: Perso
     assert backend.engine.free_slots == free  # nothing held
 
 
+def test_the_stages_check_at_submit_names_what_does_not_fit(backend: PersonaPlexBackend) -> None:
+    """``StagePlan.admit``: the transport asks before it submits (a refusal, not a fault of the stream)."""
+    free = backend.engine.free_slots
+    assert backend.check(S2sOpen(voice="bo", persona="You are Bo.")) is None
+    assert "this model's voices: ada, bo" in (backend.check(S2sOpen(voice="nobody")) or "")
+    assert "context holds 97" in (backend.check(S2sOpen(persona="Extraordinary " * 10)) or "")
+    assert backend.check(object()) is None  # not a conversation's opening: ``open`` refuses it
+    assert backend.engine.free_slots == free
+
+
 def test_voice_samples_are_brought_to_minus_24_lufs(tmp_path: Path) -> None:
     rate = 48000
     t = np.arange(rate * 3) / rate
