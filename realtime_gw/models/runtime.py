@@ -100,6 +100,16 @@ WORKER_RESTARTS = Counter(
 )
 
 
+def take_opening(opening: list[Stream[Any]], freed: SlotFreed) -> list[Stream[Any]]:
+    """Empty ``opening`` (the requests waiting to open): those not cancelled meanwhile. The cancelled
+    ones' places are free, and a ``slot_freed`` waiter hears it."""
+    to_open = [s for s in opening if not s.cancelled]
+    if len(to_open) < len(opening):
+        freed.notify()
+    opening.clear()
+    return to_open
+
+
 class StageWorker:
     """Queue in, per-request result streams out, one batched backend step per iteration. It admits at
     most ``max_active`` requests, and never more than a backend with fixed slots holds (its ``describe``)."""
@@ -231,8 +241,7 @@ class StageWorker:
     async def _schedule(self) -> None:
         while True:
             await tick_due(self.lockstep, bool(self._active or self._opening))
-            to_open = self._launching = [s for s in self._opening if not s.cancelled]
-            self._opening.clear()
+            to_open = self._launching = take_opening(self._opening, self._slot_freed)
             to_release = [s for s in self._active if s.cancelled or s.finished]
             if to_release:
                 self._active = [s for s in self._active if not (s.cancelled or s.finished)]
@@ -249,8 +258,7 @@ class StageWorker:
                 self._wake_event.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake_event.wait(), self.max_wait_s)
-                to_open += [s for s in self._opening if not s.cancelled]
-                self._opening.clear()
+                to_open += take_opening(self._opening, self._slot_freed)
                 runnable = [s for s in self._active if s._runnable(self.backend)]
             self._rr += 1
             batch = pick(runnable, self.max_batch, self._rr)

@@ -58,7 +58,6 @@ ECHO_DEFAULTS = rt.SessionParams(
 commits and transcribes the user's turns, but the echo of what they say does not interrupt itself."""
 REOPEN_WAIT_S = 2.0
 """How long a re-open waits for the slot its old stream frees (it frees at the stage's next step)."""
-REOPEN_POLL_S = 0.04
 AUDIO_ROOM_WAIT_S = 2.0
 """How long the pump holds the model's steps for a client whose outbox is over its audio high-water."""
 
@@ -204,8 +203,7 @@ class S2sLink:
                 if left <= 0:
                     await self.post(S2sRefused(str(err)))
                     return
-                # polled too: a stream cancelled before the stage opened it leaves without a notice
-                await self.worker.slot_freed(min(left, REOPEN_POLL_S))
+                await self.worker.slot_freed(left)
                 continue
             await self.post(S2sOpened())
             self.spawn(self._pump(self.stream), "s2s")

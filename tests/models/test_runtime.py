@@ -202,6 +202,16 @@ async def test_slot_freed_wakes_a_waiter_when_a_request_leaves(start_worker: Any
     assert not await w.slot_freed(0.01)  # nothing left since: a bounded wait, False
 
 
+async def test_a_request_cancelled_before_it_opened_frees_its_place_for_a_waiter(start_worker: Any) -> None:
+    w = await start_worker(Toy(), max_active=1, max_backlog=2)
+    waiter = asyncio.create_task(w.slot_freed(5.0))
+    await asyncio.sleep(0.01)  # the worker's loop idle, the waiter waiting
+    s = w.submit(Req(n=None))
+    s.cancel()  # before the worker's loop ran again: it never opens, and its place is free at once
+    assert await asyncio.wait_for(waiter, 1.0)
+    assert await w.submit(Req(n=1)).collect() == [1]
+
+
 async def test_a_request_being_opened_keeps_its_slot(start_worker: Any) -> None:
     """While an iteration opens a request, that request holds its slot: a submit meanwhile is refused at
     once (``NoFreeSlot``), never admitted and then failed by a full backend."""
