@@ -71,6 +71,8 @@ class LiveSession(Delegating, SpokenFace):
         """The speech-to-speech models a start may name (``live_s2s.py``); ``duplex``: the one it named."""
         self.duplex = None
         self.announce = []
+        self.held: list[live.ClientEvent] = []
+        """What the client sent while the model's stream opened: answered after ``session.started``."""
         self.ids = self.inner.ids
         self.max_session_s = max_session_s
         self.unix_offset_s = unix_offset_s
@@ -123,6 +125,9 @@ class LiveSession(Delegating, SpokenFace):
         if isinstance(event, live.Unsupported):
             why = f"'{event.type}' is not supported by this gateway (see its protocol notes)"
             return [self.error(why, "unsupported_event", "type", event.event_id)]
+        if isinstance(event, live.ClientEvent) and self.announce:
+            self.held.append(event)
+            return []
         if isinstance(event, live.ClientEvent):
             try:
                 out = self._client(event, now)

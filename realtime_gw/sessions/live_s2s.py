@@ -147,6 +147,8 @@ class SpokenFace:
     duplex: S2sBinding | None
     announce: list[live.ServerEvent]
     """``session.started`` and its notices, held until the model's stream is open."""
+    held: list[live.ClientEvent]
+    """What the client sent while the stream opened (``LiveSession.handle`` holds it)."""
 
     def clock_ms(self, now: float) -> int:
         raise NotImplementedError
@@ -160,7 +162,11 @@ class SpokenFace:
     def _spoken_opened(self, ev: S2sOpened, now: float) -> list[Effect]:
         """The model's stream is open: the session has started."""
         announce, self.announce = self.announce, []
-        return [*(self.ids.send(e) for e in announce), *self._outgoing(self.inner.handle(ev, now), now)]
+        out = [*(self.ids.send(e) for e in announce), *self._outgoing(self.inner.handle(ev, now), now)]
+        held, self.held = self.held, []
+        for event in held:  # sent while the stream opened: answered now, in order
+            out += self.handle(event, now)
+        return out
 
     def _spoken_command(self, ev: live.ClientEvent, now: float) -> list[Effect] | None:
         """A command a session on a speech-to-speech model answers differently (None: as any session)."""

@@ -201,3 +201,17 @@ def test_a_close_lets_the_reply_being_said_end_and_opens_no_new_one() -> None:
     closing = s.handle(AudioDelivered(wait.response_id, wait.epoch), 1.4)
     assert kinds(closing)[-1] == "session.closed" and sent(closing)[-1].client_event_id == "bye"
     assert [e.code for e in closing if isinstance(e, Close)] == [1000]
+
+
+def test_what_the_client_sends_while_the_stream_opens_is_answered_after_session_started() -> None:
+    """A client that sends at once after session.start (a context append, a close) hears session.started
+    first: nothing is answered before the session it belongs to has started."""
+    s = LiveSession("sess_eager", Limits(voices=frozenset({"default"})), 0.0, 600.0, 1.8e9, MODELS)
+    client(s, {"type": "session.start", "event_id": "go", "session": {"model": "moshi"}}, 0.0)
+    early = client(s, {"type": "session.commentary.append", "event_id": "c1", "content": "Hello."}, 0.01)
+    early += client(s, {"type": "session.close", "event_id": "bye"}, 0.02)
+    assert kinds(early) == []  # held, not answered before the start
+    out = s.handle(S2sOpened(), 0.05)
+    types = kinds(out, LiveWire())
+    assert types[0] == "session.started" and len(types) > 1
+    assert types.index("session.started") < min(i for i, t in enumerate(types) if t != "session.started")
