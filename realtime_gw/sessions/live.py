@@ -60,6 +60,29 @@ def approx_tokens(text: str) -> int:
     return -(-len(text) // 4)
 
 
+def session_resource(
+    session_id: str, config: live.SessionConfig, expires_at: int, duplex: S2sBinding | None
+) -> live.SessionResource:
+    """The started session as ``session.started`` describes it: the start's config, with what the
+    gateway chose where it named nothing (PCM at 24 kHz, the voice, client delegation)."""
+    audio = config.audio or live.Audio()
+    return live.SessionResource(
+        id=session_id,
+        expires_at=expires_at,
+        model=config.model,
+        status="active",
+        audio=live.Audio(
+            format=audio.format or live.AudioPCM(rate=24000),
+            output=live.AudioOutput(voice=(audio.output.voice if audio.output else None) or _default_voice(duplex)),
+        ),
+        delegation=config.delegation or live.ClientDelegation(),
+        input=config.input,
+        instructions=config.instructions,
+        safety_identifier=config.safety_identifier,
+        store=config.store,
+    )
+
+
 class LiveSession(Delegating, SpokenFace):
     def __init__(
         self, session_id: str, limits: Limits, now: float, max_session_s: float, unix_offset_s: float = 0.0,
@@ -230,22 +253,7 @@ class LiveSession(Delegating, SpokenFace):
             raise LiveError(error.error.message, error.error.code or "invalid_value", _live_param(error.error.param))
         for message in (config.input or []) if self.duplex is None else []:  # the model takes no text
             effects += self.inner.handle(rt.ConversationItemCreateEvent(item=_history_item(message)), now)
-        audio = config.audio or live.Audio()
-        self.resource = live.SessionResource(
-            id=self.id,
-            expires_at=int(self.unix_offset_s + now + self.max_session_s),
-            model=config.model,
-            status="active",
-            audio=live.Audio(
-                format=audio.format or live.AudioPCM(rate=24000),
-                output=live.AudioOutput(voice=(audio.output.voice if audio.output else None) or _default_voice(self.duplex)),
-            ),
-            delegation=config.delegation or live.ClientDelegation(),
-            input=config.input,
-            instructions=config.instructions,
-            safety_identifier=config.safety_identifier,
-            store=config.store,
-        )
+        self.resource = session_resource(self.id, config, int(self.unix_offset_s + now + self.max_session_s), self.duplex)
         self.expiry = ExpiryWarning(now, self.max_session_s, self.resource.expires_at)
         started = live.SessionStartedEvent(session=self.resource, client_event_id=ev.event_id)
         if self.duplex is not None:  # started once the model's stream is open
