@@ -110,13 +110,16 @@ class PersonaPlexBackend(MoshiBackend):
         try:
             self.prompt(request)
         except ValueError as e:
-            return str(e)
+            return f"{self.name}: {e}"
         return None
 
     def open(self, request: S2sOpen) -> MoshiState:
         if not isinstance(request, S2sOpen):
             raise TypeError(f"expected S2sOpen, got {type(request).__name__}")
-        frames, voice = self.prompt(request)
+        try:
+            frames, voice = self.prompt(request)
+        except ValueError as e:  # named as every backend's refusal is
+            raise ValueError(f"{self.name}: {e}") from None
         start = time.perf_counter()
         state = self._hold(self._seed_of(request), lambda seed: self.engine.open_prompted(seed, frames, voice))
         if self.engine.device.type == "cuda":
