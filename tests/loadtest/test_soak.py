@@ -1,4 +1,4 @@
-"""A short soak in `make test`: 60 s, 20 voice users + 4 robots (robots only where the socket answers).
+"""A short soak in `make test`: 45 s, 20 voice users + 4 robots (robots only where the socket answers).
 
 `loadtest/load/soak.py` starts its own server, runs locust headless and fails on memory growth, leaked
 sessions, or a lost/duplicated frame; this test runs it and checks its verdict and report.
@@ -19,7 +19,7 @@ def test_short_soak_passes() -> None:
     proc = subprocess.run(
         [
             sys.executable, "-m", "loadtest.load.soak",
-            "--duration", "60", "--users", "20", "--robots", "4", "--spawn-rate", "10",
+            "--duration", "45", "--users", "20", "--robots", "4", "--spawn-rate", "10",
             "--out-dir", str(out),
         ],
         capture_output=True, text=True, timeout=280, cwd=ROOT,
