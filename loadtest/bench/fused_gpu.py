@@ -140,9 +140,9 @@ def check_tiles(run: Run) -> dict[str, Any]:
             want = {"gate_up": torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:],
                     "down": x.float() + a.float() @ wd.float().T}  # fmt: skip
             calls = {
-                "gate_up": (lambda t, x=x, w=wgu, nw=nw: gemm.linear_with(t, x, w, norm=nw, glu=gemm.ACT_SILU),
+                "gate_up": (lambda t, x=x, w=wgu, nw=nw: gemm.linear(x, w, norm=nw, glu=gemm.ACT_SILU, tiles=t),
                             (m, inter, hidden)),
-                "down": (lambda t, a=a, w=wd, x=x: gemm.linear_with(t, a, w, residual=x), (m, hidden, inter)),
+                "down": (lambda t, a=a, w=wd, x=x: gemm.linear(a, w, residual=x, tiles=t), (m, hidden, inter)),
             }
             for name, (call, shape) in calls.items():
                 errs = {}

@@ -244,6 +244,7 @@ def linear(
     gather: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    tiles: Tiles | None = None,
 ) -> torch.Tensor:
     """``x (M, K)`` (rows may be strided) or, with ``gather``, rows ``gather (M,)`` of the table ``x``,
     times ``w (N, K).T``.
@@ -251,30 +252,8 @@ def linear(
     ``norm``: RMSNorm of each row first, times ``norm`` (``(K,)``, or ``(groups, K)``: group = row //
     ``rows_per_group``), plus ``norm_shift`` (same layout) when given. Epilogue: ``+ bias``; then
     ``residual + y`` (``residual + gate * y`` with ``gate (groups, N)``), or with ``glu`` (ACT_SILU /
-    ACT_GELU_TANH) ``act(y[:, :N/2]) * y[:, N/2:]`` over a fused gate|up ``w``. Tiles: the fastest of
-    ``candidates`` for this shape, measured on its first call (``TUNER``)."""
-    return linear_with(None, x, w, bias, norm=norm, norm_shift=norm_shift, eps=eps, rows_per_group=rows_per_group,
-                       residual=residual, gate=gate, glu=glu, gather=gather, out=out, out_dtype=out_dtype)  # fmt: skip
-
-
-def linear_with(
-    tiles: Tiles | None,
-    x: torch.Tensor,
-    w: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    norm: torch.Tensor | None = None,
-    norm_shift: torch.Tensor | None = None,
-    eps: float = 1e-6,
-    rows_per_group: int = 1,
-    residual: torch.Tensor | None = None,
-    gate: torch.Tensor | None = None,
-    glu: int = 0,
-    gather: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """``linear`` with the given ``tiles`` (None: the tuner's choice)."""
+    ACT_GELU_TANH) ``act(y[:, :N/2]) * y[:, N/2:]`` over a fused gate|up ``w``. ``tiles``: these (None: the
+    fastest of ``candidates`` for this shape, measured on its first call, ``TUNER``)."""
     n_rows_w, k = w.shape
     assert w.is_contiguous() and x.stride(-1) == 1
     m = gather.shape[0] if gather is not None else x.shape[0]

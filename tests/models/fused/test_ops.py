@@ -36,20 +36,18 @@ def _check_linear(m: int, k: int, tiles: gemm.Tiles | None, tol: float = ATOL) -
     )
     per_row = torch.arange(m * groups) // m
     normed = F.rms_norm(x, (k,), None, 1e-6) * nw[per_row] + shift[per_row]
-    got = gemm.linear_with(
-        tiles, x, w, b, norm=nw, norm_shift=shift, rows_per_group=m, residual=res, gate=gate
-    )
+    got = gemm.linear(x, w, b, norm=nw, norm_shift=shift, rows_per_group=m, residual=res, gate=gate, tiles=tiles)
     torch.testing.assert_close(got, res + gate[per_row] * F.linear(normed, w, b), atol=tol, rtol=tol)
-    got = gemm.linear_with(tiles, x, w, norm=nw[0], eps=1e-5)
+    got = gemm.linear(x, w, norm=nw[0], eps=1e-5, tiles=tiles)
     torch.testing.assert_close(got, F.linear(F.rms_norm(x, (k,), nw[0], 1e-5), w), atol=tol, rtol=tol)
     for act, ref in ((ops.ACT_SILU, F.silu), (ops.ACT_GELU_TANH, lambda t: F.gelu(t, approximate="tanh"))):
         gu = F.linear(x, w, b)
-        got = gemm.linear_with(tiles, x, w, b, glu=act)
+        got = gemm.linear(x, w, b, glu=act, tiles=tiles)
         torch.testing.assert_close(got, ref(gu[:, : n // 2]) * gu[:, n // 2 :], atol=tol, rtol=tol)
     table, idx = _rand(50, k, seed=7), torch.tensor([3, 49, 0, 3] * m)[: m * groups]
     rows = torch.stack([idx, idx], 1)[:, 1]  # a strided index column, as a frame's codes
     torch.testing.assert_close(
-        gemm.linear_with(tiles, table, w, b, gather=rows), F.linear(table[idx], w, b), atol=tol, rtol=tol
+        gemm.linear(table, w, b, gather=rows, tiles=tiles), F.linear(table[idx], w, b), atol=tol, rtol=tol
     )
 
 
