@@ -29,7 +29,7 @@ from realtime_gw.server import (
 )
 from realtime_gw.server.auth import Access, HostAllowlist, HostPolicy
 from realtime_gw.server.client_secret_endpoint import client_secrets_endpoint
-from realtime_gw.server.client_secrets import ClientSecrets, sealing_key
+from realtime_gw.server.client_secrets import ClientSecrets, configured_keys, reloading_on_hangup
 from realtime_gw.server.connections import GracefulServer, raise_open_files_limit, uvicorn_options
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.responder import build_responder
@@ -44,7 +44,13 @@ log = logging.getLogger(__name__)
 def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlette:
     try:
         parse_port_range(config.webrtc_udp_ports)
-        client_secrets = ClientSecrets(sealing_key(config.webrtc_client_secret_key, config.webrtc_client_secret_key_file))
+        client_secrets = ClientSecrets(
+            *configured_keys(
+                config.webrtc_client_secret_key,
+                config.webrtc_client_secret_previous_keys,
+                config.webrtc_client_secret_key_file,
+            )
+        )
     except ValueError as e:
         raise ConfigError(str(e)) from None
     hosts = HostPolicy(config.allowed_hosts, config.host)
@@ -71,9 +77,16 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         await gateway.workers.start(warmup=config.warmup)
         await voices.restore_voices(gateway)
         loop_lag = asyncio.create_task(metrics.watch_event_loop(), name="event-loop-lag")
+        key_file = config.webrtc_client_secret_key_file
+        reloading = (
+            reloading_on_hangup(client_secrets, config.webrtc_client_secret_previous_keys, key_file)
+            if key_file
+            else contextlib.nullcontext()
+        )
         log.info("gateway ready on %s:%s", config.host, config.port)
         try:
-            yield
+            with reloading:
+                yield
         finally:
             loop_lag.cancel()
             # at once: each waits (bounded) for its media worker to close the call

@@ -132,9 +132,17 @@ class WebrtcSettings(RealtimeSettings, kw_only=True):
     characters): the app's browser holding a secret can neither read nor change the session config it
     carries. Every gateway process with the same key accepts the others' secrets, and they survive a
     restart. Unset: a random key per process (its secrets work on it alone; a warning says so when the
-    first is minted)."""
+    first is minted). To rotate it, see ``webrtc_client_secret_previous_keys``."""
     webrtc_client_secret_key_file: str | None = None
-    """File whose first line is ``webrtc_client_secret_key`` (a mounted secret), instead of setting it."""
+    """File of client secret keys (a mounted secret), instead of setting ``webrtc_client_secret_key``: its
+    first line seals, later lines (previous keys) only open secrets until they expire; blank lines are
+    skipped. Re-read on SIGHUP without a restart (a file that cannot be read or holds a bad key is
+    logged and the keys in use stay)."""
+    webrtc_client_secret_previous_keys: list[str] = msgspec.field(default_factory=list)
+    """Previous client secret keys (at least 16 characters each): they no longer seal, but still open the
+    secrets they sealed until those expire (a rotation without refusing secrets that apps hold). Each
+    secret names its key by a derived id, so opening tries one key however many are listed. Needs a
+    sealing key (``webrtc_client_secret_key`` or the key file)."""
     webrtc_input_prefetch_frames: int = 1
     """Frames of a caller's audio aiortc's receive jitter buffer holds before decoding the oldest (aiortc's
     own default: 4, 80 ms of Opus). The gateway never plays the caller's audio, it only needs it in

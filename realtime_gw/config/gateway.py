@@ -424,5 +424,11 @@ class GatewayConfig(S2sSettings, kw_only=True, forbid_unknown_fields=True):
             )
 
 
-SECRETS = ("api_key", "api_keys", "responder_api_key", "webrtc_client_secret_key")
+SECRETS = (
+    "api_key",
+    "api_keys",
+    "responder_api_key",
+    "webrtc_client_secret_key",
+    "webrtc_client_secret_previous_keys",
+)
 """Fields that are credentials: never sent to stage actors, never printed by ``config --show``."""

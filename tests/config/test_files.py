@@ -84,9 +84,13 @@ def test_to_toml_reads_back_to_the_same_config(tmp_path: Path) -> None:
 
 
 def test_credentials_are_shown_only_when_asked(tmp_path: Path) -> None:
-    cfg = GatewayConfig(api_key="k-123", api_keys=["k-456"], responder_api_key="sk-789")
+    cfg = GatewayConfig(
+        api_key="k-123", api_keys=["k-456"], responder_api_key="sk-789",
+        webrtc_client_secret_key="seal-key-0123456789", webrtc_client_secret_previous_keys=["open-key-0123456789"],
+    )  # fmt: skip
     hidden = to_toml(cfg)
-    assert "k-123" not in hidden and "k-456" not in hidden and "sk-789" not in hidden
+    for credential in ("k-123", "k-456", "sk-789", "seal-key-0123456789", "open-key-0123456789"):
+        assert credential not in hidden
     assert "# api_key = (set, not shown" in hidden
     assert roundtrip(cfg, tmp_path, secrets=True) == cfg
 

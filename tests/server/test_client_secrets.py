@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
 import struct
 import time
 import zlib
-from pathlib import Path
 
 import httpx
 import msgspec
@@ -22,9 +20,11 @@ from openai import AsyncOpenAI, AuthenticationError, BadRequestError
 
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.server.auth import Access
-from realtime_gw.server.client_secrets import ClientSecret, ClientSecrets, SecretTooLarge, sealing_key
+from realtime_gw.server.client_secrets import ClientSecret, ClientSecrets, SecretTooLarge, key_id
 from realtime_gw.server.log_hygiene import redact
 from realtime_gw.testing.gateway import LiveServer
+from tests.server.sealed_secrets import blob_of as _blob
+from tests.server.sealed_secrets import value_of as _value
 
 
 async def mint(server: LiveServer, **kwargs: object) -> str:
@@ -122,14 +122,6 @@ def test_front_ends_with_the_same_key_accept_each_others_secrets() -> None:
     assert _gateway(KEY, ["key-one"]).client_secret(value) is None
 
 
-def _blob(value: str) -> bytes:
-    return base64.urlsafe_b64decode(value[3:] + "=" * (-len(value[3:]) % 4))
-
-
-def _value(blob: bytes) -> str:
-    return "ek_" + base64.urlsafe_b64encode(blob).decode().rstrip("=")
-
-
 def _readable(blob: bytes) -> list[bytes]:
     """The bytes as they are, and whatever inflates from any offset (zlib, raw deflate or gzip)."""
     found = [blob]
@@ -173,7 +165,7 @@ def test_the_holder_cannot_read_the_config_a_secret_carries() -> None:
     assert all(any(needle in r for r in deflated) for needle in needles[:5])
     # a fresh nonce per secret: the same config twice gives two unrelated values, both good
     again, _ = sealer.mint("key-one", 60, CONFIDENTIAL, now=time.time())
-    assert again != value and _blob(again)[9:21] != _blob(value)[9:21]
+    assert again != value and _blob(again)[17:29] != _blob(value)[17:29]
     assert sealer.find(value, ["key-one"]) == sealer.find(again, ["key-one"]) == record
     assert sealer.find(value, ["key-one"]).session.tools[0]["headers"] == {"X-Api-Key": MCP_KEY}  # type: ignore[union-attr,index]
     assert MCP_KEY not in repr(record) and "key-one" not in repr(record)
@@ -198,14 +190,14 @@ def test_a_secret_changed_anywhere_is_refused() -> None:
     value, _ = sealer.mint("", 60, SESSION, now=1000.0)
     blob = _blob(value)
     assert sealer.find(value, [""], now=1000.0) is not None
-    for i in range(len(blob)):  # version, expiry, nonce, ciphertext, tag: any bit of any byte
+    for i in range(len(blob)):  # version, key id, expiry, nonce, ciphertext, tag: any bit of any byte
         for bit in (0x01, 0x80):
             changed = blob[:i] + bytes([blob[i] ^ bit]) + blob[i + 1 :]
             assert sealer.find(_value(changed), [""], now=1000.0) is None, (i, bit)
     for i in range(3, len(value)):  # any character, base64's spare bits included
         changed = value[:i] + ("A" if value[i] != "A" else "B") + value[i + 1 :]
         assert sealer.find(changed, [""], now=1000.0) is None, i
-    for cut in (blob[:-1], blob[:37], blob[:9], blob + b"\0", b"\x01" + blob[1:]):  # the old format too
+    for cut in (blob[:-1], blob[:45], blob[:17], blob + b"\0", b"\x01" + blob[1:], b"\x02" + blob[1:]):  # old formats too
         assert sealer.find(_value(cut), [""], now=1000.0) is None
     for bad in (None, "", "ek_", "ek_!!!", "key-one", "ek_" + "A" * 9000, value + "AAAA", value + "="):
         assert sealer.find(bad, [""], now=1000.0) is None
@@ -220,9 +212,9 @@ def test_an_expiry_moved_or_swapped_is_refused() -> None:
     assert sealer.find(long, [""], now=1060.0) is not None
     # the long one's expiry on the short one (and back): the associated data no longer matches
     a, b = _blob(short), _blob(long)
-    assert sealer.find(_value(b[:9] + a[9:]), [""], now=1000.0) is None
-    assert sealer.find(_value(a[:9] + b[9:]), [""], now=1000.0) is None
-    later = a[:1] + struct.pack(">Q", struct.unpack(">Q", a[1:9])[0] + 3600) + a[9:]
+    assert sealer.find(_value(b[:17] + a[17:]), [""], now=1000.0) is None
+    assert sealer.find(_value(a[:17] + b[17:]), [""], now=1000.0) is None
+    later = a[:9] + struct.pack(">Q", struct.unpack(">Q", a[9:17])[0] + 3600) + a[17:]
     assert sealer.find(_value(later), [""], now=1100.0) is None
 
 
@@ -235,26 +227,31 @@ def test_only_the_same_key_opens_a_secret() -> None:
     assert two.find(one.mint("", 60, None)[0], [""]) is None
 
 
-def _cipher_by_hand(key: str) -> AESGCM:
+def _hkdf(key: str, info: bytes, length: int = 32) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=info).derive(key.encode())
+
+
+def _cipher_by_hand(key: str, version: int = 3) -> AESGCM:
     """The documented format's cipher, built with ``cryptography`` alone (as a holder of the key could)."""
-    info = b"realtime-gw client secrets v2: AES-256-GCM key"
-    return AESGCM(HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(key.encode()))
+    return AESGCM(_hkdf(key, b"realtime-gw client secrets v%d: AES-256-GCM key" % version))
 
 
 def _seal_by_hand(key: str, expires_at: int, payload: list[object]) -> str:
-    """Version and expiry in the clear, as associated data; a random nonce; the sealed msgpack payload."""
-    header, nonce = b"\x02" + struct.pack(">Q", expires_at), os.urandom(12)
+    """Version, key id and expiry in the clear, as associated data; a random nonce; the sealed msgpack payload."""
+    id_of_key = _hkdf(key, b"realtime-gw client secrets v3: key id", 8)
+    header, nonce = b"\x03" + id_of_key + struct.pack(">Q", expires_at), os.urandom(12)
     return _value(header + nonce + _cipher_by_hand(key).encrypt(nonce, msgspec.msgpack.encode(payload), header))
 
 
 def _open_by_hand(key: str, value: str) -> list[object]:
     blob = _blob(value)
-    return msgspec.msgpack.decode(_cipher_by_hand(key).decrypt(blob[9:21], blob[21:], blob[:9]))
+    return msgspec.msgpack.decode(_cipher_by_hand(key).decrypt(blob[17:29], blob[29:], blob[:17]))
 
 
 def test_the_format_is_the_documented_one_and_bounded_even_with_a_leaked_key() -> None:
     sealer = ClientSecrets(KEY)
     value, record = sealer.mint("", 60, CONFIDENTIAL, now=1000.0)
+    assert _blob(value)[:9] == b"\x03" + key_id(KEY) and key_id(KEY) == _hkdf(KEY, b"realtime-gw client secrets v3: key id", 8)
     tag, compressed, credentials = _open_by_hand(KEY, value)
     assert credentials == {0: {"headers": {"X-Api-Key": MCP_KEY}, "authorization": OAUTH}}
     assert MCP_KEY.encode() not in zlib.decompress(compressed)  # type: ignore[arg-type]
@@ -274,6 +271,10 @@ def test_the_format_is_the_documented_one_and_bounded_even_with_a_leaked_key() -
         ["not a payload"],
     ):
         assert sealer.find(_seal_by_hand(KEY, 1060, payload), [""], now=1000.0) is None, payload
+    # the format before key ids (version 2: version and expiry as associated data), even with the same key
+    header, nonce = b"\x02" + struct.pack(">Q", 1060), os.urandom(12)
+    sealed = _cipher_by_hand(KEY, version=2).encrypt(nonce, msgspec.msgpack.encode([tag, config, {}]), header)
+    assert sealer.find(_value(header + nonce + sealed), [""], now=1000.0) is None
 
 
 def test_a_config_too_large_to_present_is_refused_when_minting() -> None:
@@ -293,17 +294,6 @@ def test_a_random_key_is_warned_about_once(caplog: pytest.LogCaptureFixture) -> 
         values = [alone.mint("", 60, None)[0] for _ in range(3)]
     assert len([r for r in caplog.records if "random key" in r.getMessage()]) == 1
     assert not any(v in caplog.text for v in values)  # and no secret in it
-
-
-def test_the_key_comes_from_its_setting_or_a_file(tmp_path: Path) -> None:
-    assert sealing_key(None, None) is None and sealing_key(KEY, None) == KEY
-    path = tmp_path / "key"
-    path.write_text(KEY + "\n")
-    assert sealing_key(None, str(path)) == KEY
-    with pytest.raises(ValueError, match="not both"):
-        sealing_key(KEY, str(path))
-    with pytest.raises(ValueError, match="cannot read"):
-        sealing_key(None, str(tmp_path / "missing"))
 
 
 def test_secrets_never_reach_the_log() -> None:
