@@ -16,9 +16,10 @@ and quiet frames are dropped from the head of an input more than ``input_allowan
 (``realtime_gw_s2s_dropped_input_frames_total``). Without it (tests, tools) a conversation steps only
 on a frame it was given.
 
-Slots stay packed: batch buckets cover slots ``[0, B)``, so when conversations leave from the low slots
-the ones above are moved down (``SlotEngine.exchange``: whole slot rows, nothing of a conversation changes
-but its row) before the next step, which then runs at the bucket of the live count.
+Slots stay packed: batch buckets (powers of two to 32, then 40, 48, 56, 64, ...: ``engine.py``) cover
+slots ``[0, B)``, so when conversations leave from the low slots the ones above are moved down
+(``SlotEngine.exchange``: whole slot rows, nothing of a conversation changes but its row) before the next
+step, which then runs at the bucket of the live count.
 
 Lateness is against the lockstep's deadlines (``lockstep.frame_lateness``): the worker tells the backend
 when the frame each iteration steps was due (``tick``, before the iteration's opens), and a frame is late by
@@ -37,6 +38,7 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,12 +130,14 @@ class MoshiBackend:
         lockstep: bool = False,
         input_allowance: int = 2,
         kv_dtype: str = "model",
+        batch_buckets: Sequence[int] = (),
     ) -> None:
         """``seed``: the stage's seed (a conversation opened without one gets ``seed + n`` for the n-th
         opened; None = random). Temperatures <= 0 are greedy. ``checkpoint``: weights already loaded.
         ``lockstep``: every live conversation steps at every step, on silence when it has no frame;
         ``input_allowance``: frames of its input that may wait before quiet ones are dropped;
-        ``kv_dtype``: the temporal transformer's ring K/V, ``model`` (the LM's dtype) or ``fp8``."""
+        ``kv_dtype``: the temporal transformer's ring K/V, ``model`` (the LM's dtype) or ``fp8``;
+        ``batch_buckets``: the engine's batch sizes with a CUDA graph (empty: ``kernels.fine_buckets``)."""
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"s2s_kv_dtype must be one of {sorted(KV_DTYPES)}, not {kv_dtype!r}")
         if slots < 1:
@@ -150,6 +154,7 @@ class MoshiBackend:
             ck.weights, ck.mimi, ck.shape, slots,
             text=Sampler(text_temperature, text_top_k), audio=Sampler(temperature, top_k),
             cuda_graphs=cuda_graphs, user_lead=self.user_lead, kv_dtype=KV_DTYPES[kv_dtype],
+            batch_buckets=batch_buckets,
         )  # fmt: skip
         shape = ck.shape
         self.spec = S2sSpec(
@@ -171,6 +176,7 @@ class MoshiBackend:
             "lm_dtype": str(self.engine.lm.dtype).removeprefix("torch."),
             "kv_dtype": str(self.engine.lm.ring.k_ring[0].dtype).removeprefix("torch."),
             "slots": slots,
+            "batch_buckets": self.engine.batch_buckets,
             "text": ck.text.name,
             "sampling": {"temperature": temperature, "top_k": top_k, "text_temperature": text_temperature,
                          "text_top_k": text_top_k},  # fmt: skip
@@ -239,7 +245,10 @@ class MoshiBackend:
         """Every CUDA graph bucket, then one real conversation of a few frames of low noise."""
         start = time.perf_counter()
         self._warming = True
+        cuda = self.engine.device.type == "cuda"
+        reserved = torch.cuda.memory_reserved(self.engine.device) if cuda else 0
         graphs_s = self.engine.capture_all()
+        graphs_gib = (torch.cuda.memory_reserved(self.engine.device) - reserved) / 2**30 if cuda else 0.0
         state = self.open(S2sOpen(seed=0))
         rng = np.random.default_rng(0)
         try:
@@ -253,7 +262,8 @@ class MoshiBackend:
             self._warming = False
         self.warmup_report = {
             "seconds": warmup_seconds(start), "slots": self.slots, "graphs": self.engine.graph_count,
-            "graph_capture_s": round(graphs_s, 3), "frames": frames, **self.info,
+            "graph_capture_s": round(graphs_s, 3), "graph_memory_gib": round(graphs_gib, 2), "frames": frames,
+            **self.info,
         }  # fmt: skip
 
     def describe(self) -> BackendInfo:
@@ -361,6 +371,7 @@ def build_moshi(config: GatewayConfig, cls: type[MoshiBackend] = MoshiBackend, *
         lockstep=True,
         input_allowance=max(0, round(config.s2s_input_slack_ms / FRAME_MS)),
         kv_dtype=config.s2s_kv_dtype,
+        batch_buckets=config.s2s_batch_buckets,
         **extra,
     )
 

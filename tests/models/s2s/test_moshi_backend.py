@@ -250,3 +250,33 @@ async def test_in_the_gateway_a_frame_after_a_step_that_ran_over_is_late_too() -
         assert after - observed >= 6
     finally:
         await worker.stop()
+
+
+def test_a_conversation_says_the_same_whatever_batch_bucket_it_runs_in() -> None:
+    """Buckets that are not powers of two (``s2s_batch_buckets``; here 1, 3 and the 5 slots): ``a`` runs
+    at 3, then 5 as others join, then 3 once the ones above the live count are packed down, then 1 when
+    it is packed itself; it and ``e`` (moved from slot 4 to 0) say what they say alone (bucket 1)."""
+    from realtime_gw.config import GatewayConfig
+    from realtime_gw.models.s2s.backend import build_moshi
+
+    fine = build_moshi(GatewayConfig(s2s="moshi", s2s_slots=5, s2s_batch_buckets=[1, 3]))
+    assert fine.engine.batch_buckets == [1, 3, 5] and fine.info["batch_buckets"] == [1, 3, 5]
+    assert MoshiBackend("tiny", slots=48, seed=7).engine.batch_buckets[-3:] == [32, 40, 48]  # default: fine_buckets
+    ran: list[int] = []
+    frame = fine.engine._frame
+
+    def recorded(b: int, length: int) -> None:
+        ran.append(b)
+        frame(b, length)
+
+    alone = {n: _run(fine, {n: (seed, 0, steps - 1)}, steps)[n] for n, seed, steps in (("a", 11, 12), ("e", 15, 9))}
+    fine.engine._frame = recorded  # type: ignore[method-assign]
+    plan = {"b": (12, 0, 3), "a": (11, 0, 11), "c": (13, 1, 8), "d": (14, 2, 5), "e": (15, 2, 10)}
+    crowded = _run(fine, plan, 12)
+    assert ran == [3, 3, 5, 5, 5, 5, 3, 3, 3, 3, 3, 1]
+    for name in ("a", "e"):
+        assert [f.text_token for f in crowded[name]] == [f.text_token for f in alone[name]]
+        got, want = (np.frombuffer(b"".join(f.pcm for f in fs), "<i2").astype(int) for fs in (crowded[name], alone[name]))
+        assert np.abs(got - want).max() <= 2  # a batched conv may round a float differently (1 LSB)
+    with pytest.raises(ValueError, match="positive batch sizes"):
+        MoshiBackend("tiny", slots=2, batch_buckets=[0])
