@@ -12,10 +12,13 @@ Prints JSON (also to ``--json``):
   and sampled), and the tiny shape on the device vs on the CPU (greedy, float32): fractions of equal
   tokens (text + the model's codes) and the largest PCM difference;
 - ``warmup``: the stage's warm-up as the gateway runs it (``MoshiBackend.warmup``: every (batch, length)
-  bucket's CUDA graph captured, then a short conversation);
+  bucket's CUDA graph captured, then a short conversation): graphs, capture seconds, the memory the
+  captures reserved (``graph_memory_gib``), the batch buckets;
 - ``steps``: per batch (``--batches``) x KV fill (``--fills``: the fraction of the 3000-frame context the
   conversations have seen; 1.0 = past the whole context, the ring full) the host-measured step time
-  (upload, replay, download, sync) p50 / p99 / max;
+  (upload, replay, download, sync) p50 / p99 / max, and the batch bucket it ran in (``bucket``: the
+  stage's, powers of two to 32 then 40, 48, 56, 64; ``--batch-buckets`` as ``s2s_batch_buckets``, e.g.
+  ``1 2 4 8 16 32 64`` for powers of two alone, whose 48 runs as 64);
 - ``largest_batch``: the largest batch whose p99 step at the fullest fill stays <= 80 ms and <= 40 ms;
 - ``session_start``: with ``batch - 1`` full-context conversations live, a new one opened: open + its
   first step (silence: the model's acoustic delay) and the second (its first voiced frame), in ms;
@@ -34,6 +37,7 @@ prefill itself and open + prefill + the first step, with ``batch - 1`` full-cont
     python3 -m loadtest.bench.s2s_gpu --json s2s.json                                   # on a CUDA machine
     python3 -m loadtest.bench.s2s_gpu --config personaplex --json personaplex.json      # PersonaPlex 7B
     python3 -m loadtest.bench.s2s_gpu --json s2s_fp8.json --kv-dtype fp8                # the ring K/V in FP8
+    python3 -m loadtest.bench.s2s_gpu --json s2s_48.json --batches 32 40 48 56 64 --fills 1 0.5  # the fine buckets
     python3 -m loadtest.bench.s2s_gpu --config tiny --device cpu --batches 1 2 --fills 0 1 --steps 3   # dry run
 """
 
@@ -52,6 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from realtime_gw.models.kernels import bucket_for
 from realtime_gw.models.s2s.backend import MoshiBackend
 from realtime_gw.models.s2s.checkpoint import random_checkpoint
 from realtime_gw.models.s2s.engine import MoshiEngine
@@ -228,7 +233,8 @@ def bench_steps(
             positions = max(0, int(fill * context)) if fill < 1.0 else 10 * context
             set_fill(eng, slots, positions)
             time_steps(eng, slots, pcm, 2)  # caches warm (graphs were captured up front)
-            row = {"batch": b, "fill": fill, **stats(time_steps(eng, slots, pcm, args.steps))}
+            bucket = bucket_for(eng.batch_buckets, b)
+            row = {"batch": b, "bucket": bucket, "fill": fill, **stats(time_steps(eng, slots, pcm, args.steps))}
             log(f"steps: {json.dumps(row)}")
             rows.append(row)
             progress(rows)
@@ -292,6 +298,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--budget-s", type=float, default=180.0, help="stop starting cells after this")
     p.add_argument("--no-check", action="store_true")
     p.add_argument("--kv-dtype", default="model", choices=["model", "fp8"], help="the ring K/V (s2s_kv_dtype)")
+    p.add_argument("--batch-buckets", type=int, nargs="*", default=[],
+                   help="batch sizes with a CUDA graph (s2s_batch_buckets; none: the stage's default)")  # fmt: skip
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     t0 = time.perf_counter()
@@ -325,11 +333,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # the stage as the gateway builds it (published sampling), warmed up as at start: every graph captured
     cls = PersonaPlexBackend if family == "personaplex" else MoshiBackend
     backend = cls(config=shape_name, device=args.device, slots=slots, checkpoint=ck, cuda_graphs=cuda,
-                  kv_dtype=args.kv_dtype)  # fmt: skip
+                  kv_dtype=args.kv_dtype, batch_buckets=args.batch_buckets)  # fmt: skip
     backend.warmup()
     eng = backend.engine
     report = backend.warmup_report
-    result["warmup"] = {k: report[k] for k in ("seconds", "graphs", "graph_capture_s", "frames")}
+    result["warmup"] = {k: report[k] for k in ("seconds", "graphs", "graph_capture_s", "graph_memory_gib", "frames", "batch_buckets")}
     log(f"warm-up: {json.dumps(result['warmup'])}")
     t = time.perf_counter()
     result["steps"] = bench_steps(eng, args, deadline, lambda rows: save({**result, "steps": rows}, args.json))

@@ -395,6 +395,11 @@ class S2sSettings(RaySettings, kw_only=True):
     s2s_slots: int = 4
     """Conversations held at once (each holds a slot, its ring KV, for its whole life); one more is
     refused at once. loadtest/bench/s2s_gpu.py measures how many keep the 80 ms step on a GPU."""
+    s2s_batch_buckets: list[int] = msgspec.field(default_factory=list)
+    """Batch sizes with a CUDA graph (one per KV-length bucket, captured at start); live conversations run
+    padded to the next one (`s2s_slots` is always one). Empty: powers of two to 32, then four per doubling
+    (40, 48, 56, 64, 80, ...), since at a full context a padded row costs as much as a live one; 64 slots
+    then take 70 graphs (49 with powers of two alone)."""
     s2s_seed: int | None = None
     """Sampling seed of a conversation opened without one: this plus the count of conversations opened
     before it; unset = random."""

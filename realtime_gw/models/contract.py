@@ -11,6 +11,10 @@ Backend contract (see ``Backend``):
   answers it from the value its child reported after the last iteration.
 - ``warmup()``: one real inference, so ``/readyz`` means the model really runs; it fills the report
   ``describe`` gives.
+- ``tick(due)`` (optional, ``Ticked``): a stage stepped on a lockstep clock (``models/lockstep.py``) is
+  told, before each iteration, when the frame that iteration steps was due (``time.monotonic()``), and
+  times its outputs against that deadline: whatever delayed the step (the last one, the thread, an
+  ``open`` before it) counts.
 - ``describe() -> BackendInfo``: what the backend is, as a plain record (voices, rates, slots, the
   policy's spec, the warm-up report). The server reads only this record, never attributes of the
   object: the record crosses a process boundary (``process_backend``) and Ray (``remote``) as it is.
@@ -27,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
@@ -107,6 +111,13 @@ class Backend(Protocol[S]):
     def describe(self) -> BackendInfo: ...
 
 
+@runtime_checkable
+class Ticked(Protocol):
+    """A backend that times its outputs against the lockstep's deadlines (``Iteration.due``)."""
+
+    def tick(self, due: float) -> None: ...
+
+
 def warmup_seconds(start: float) -> float:
     """A warm-up report's ``seconds``: the time since ``start`` (``time.perf_counter``), rounded."""
     return round(time.perf_counter() - start, 3)
@@ -143,6 +154,9 @@ class Iteration:
     max_batch: int = 1
     """A new request joins this very step when it can run and the batch has room (a one-shot request
     then answers in one iteration, not two)."""
+    due: float | None = None
+    """A lockstep worker's iteration: when the frame it steps was due (``lockstep.Tick.due``, on
+    ``time.monotonic()``), told to a ``Ticked`` backend before anything runs; None: no clock."""
 
 
 @dataclass(slots=True)
@@ -167,6 +181,8 @@ class IterationResult:
 def run_iteration(backend: Backend[Any], it: Iteration) -> IterationResult:
     """Release, open, then one batched step: the executing half of a worker iteration, run next to
     the backend (the worker's thread, or the child process of a hosted backend)."""
+    if it.due is not None and isinstance(backend, Ticked):
+        backend.tick(it.due)  # before the opens: a prompt prefilled there delays this step's frames
     for state in it.release:
         _release_quietly(backend, state)
     out = IterationResult()

@@ -351,6 +351,26 @@ def pow2_buckets(limit: int, start: int) -> list[int]:
     return [*out, limit]
 
 
+def fine_buckets(limit: int, fine_from: int = 32, per_doubling: int = 4) -> list[int]:
+    """Powers of two up to ``fine_from``, then ``per_doubling`` evenly spaced sizes in each doubling above
+    it, then ``limit`` itself: [1, 2, 4, 8, 16, 32, 40, 48, 56, 64, 80, ...]. For a step whose time grows
+    with the batch (attention over a long context), a batch pays at most ~1/``per_doubling`` of a
+    doubling in padding above ``fine_from``, not up to half of it."""
+    out = pow2_buckets(min(limit, fine_from), 1)[:-1]
+    low = fine_from
+    while low < limit:
+        out += [low + low * i // per_doubling for i in range(per_doubling)]
+        low *= 2
+    return sorted({b for b in out if b < limit}) + [limit]
+
+
+def chosen_buckets(chosen: Sequence[int], limit: int) -> list[int]:
+    """The batch buckets a setting names, up to ``limit`` (the slots): those below it, and ``limit``."""
+    if any(b < 1 for b in chosen):
+        raise ValueError(f"batch buckets must be positive batch sizes, got {list(chosen)}")
+    return sorted({b for b in chosen if b < limit} | {limit})
+
+
 def bucket_for(buckets: Sequence[int], n: int) -> int:
     """The smallest of the (ascending) ``buckets`` that holds ``n``."""
     i = bisect.bisect_left(buckets, n)

@@ -13,6 +13,13 @@ frames), the frames missed are skipped and counted, never run back to back to ca
 run every conversation faster than real time, and each of its listeners would hear a rush after the gap.
 The clock stops when the last conversation leaves; the next one starts it again.
 
+**A frame's lateness is against this clock.** The step of frame n has its frame to run in: its audio is
+due when the next step is (``due + frame``), and ``frame_lateness`` is how long after that it was ready.
+So a step that starts late (the last one ran over, the worker's thread was busy, a prompt's prefill ran
+before it) makes its frame late by as much as a step that runs long, and the frame after a stall is late
+by the whole gap its listeners heard (the step is timed from the oldest frame not yet run, the first of
+those skipped).
+
 **A user's audio that is late gets silence; it is not waited for.** At its tick each conversation
 takes its oldest waiting frame; with none waiting (the client's audio is late, or it sends only while
 the user speaks) the model hears one frame of silence, as a phone line's packet-loss concealment would:
@@ -44,6 +51,9 @@ class Tick:
     """How long after its deadline it started (0: on time)."""
     skipped: int
     """Whole frames missed just before it (never run)."""
+    due: float
+    """When the oldest frame not yet run was due: this step's deadline, or with frames skipped, the first
+    skipped one's (what its listeners waited from)."""
 
 
 class Lockstep:
@@ -89,7 +99,13 @@ class Lockstep:
         behind = max(0.0, now - due)
         skipped = int(behind // self.frame_s)
         self.frame += skipped + 1
-        return Tick(late_s=behind - skipped * self.frame_s, skipped=skipped)
+        return Tick(late_s=behind - skipped * self.frame_s, skipped=skipped, due=due)
+
+
+def frame_lateness(due: float, ready: float, frame_s: float) -> float:
+    """How late the frame of a step due at ``due`` (``Tick.due``) was when its audio was ``ready``: it had
+    its frame to run, so it was due with the next step (0: on time)."""
+    return max(0.0, ready - due - frame_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,7 @@ class BackendHost:
             open=wire.open,
             work=[(self.states[i], inputs) for i, inputs in wire.work],
             max_batch=wire.max_batch,
+            due=wire.due,
         )
         result = run_iteration(self.backend, it)
         stepped = [i for i, _ in wire.work]
@@ -341,6 +342,7 @@ class ProcessBackend:
             open=it.open,
             work=[(h.id, inputs) for h, inputs in it.work],
             max_batch=it.max_batch,
+            due=it.due,
         )
         result, has_work = self._call("iterate", wire)
         handles = [h for h, _ in it.work]

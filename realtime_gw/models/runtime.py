@@ -43,7 +43,7 @@ from realtime_gw.models.contract import (
     unreleased,
 )
 from realtime_gw.models.device_clock import DeviceClock
-from realtime_gw.models.lockstep import Lockstep
+from realtime_gw.models.lockstep import Lockstep, Tick
 from realtime_gw.models.step_timing import StepRun
 from realtime_gw.models.stream import SlotFreed, Stream
 
@@ -274,7 +274,7 @@ class StageWorker:
                 s.pending = []
             self._wake_event.clear()
             if self.lockstep is not None and (batch or to_open):
-                tick_started(self.name, self.lockstep)
+                it.due = tick_started(self.name, self.lockstep).due
             step = StepRun(self.name, batch, to_open, self.pacing, self.clock, it)
             running: Future[IterationResult] = self._thread.submit(step.run, self._iterate, it)
             try:
@@ -419,10 +419,13 @@ async def tick_due(lockstep: Lockstep | None, live: bool) -> None:
     await asyncio.sleep(lockstep.wait_s(time.monotonic()))
 
 
-def tick_started(worker: str, lockstep: Lockstep) -> None:
+def tick_started(worker: str, lockstep: Lockstep) -> Tick:
+    """A step of the lockstep starts now: how late it starts is counted; its ``due`` goes to the backend
+    with the iteration (its frames' lateness is measured from the same deadline)."""
     tick = lockstep.begin(time.monotonic())
     TICK_LATENESS.labels(worker).observe(tick.late_s)
     TICKS_SKIPPED.labels(worker).inc(tick.skipped)
+    return tick
 
 
 def pick(runnable: list[Stream[Any]], max_batch: int, iteration: int) -> list[Stream[Any]]:

@@ -47,7 +47,9 @@ class S2sFrame(msgspec.Struct, frozen=True, kw_only=True):
     padding: bool
     """The text token was padding (or end-of-padding) rather than a word piece."""
     late_ms: float = 0.0
-    """How far behind its 80 ms budget the batched step that made it ran (0 if on time)."""
+    """How long after its deadline on the stage's 80 ms lockstep its audio was ready: the step that made
+    it was due at a tick and had until the next (0: on time, or a stage not in lockstep). A late start
+    (the step before ran over, the stage was busy, a prompt's prefill) counts as much as a long step."""
 
 
 class S2sSpec(msgspec.Struct, frozen=True):

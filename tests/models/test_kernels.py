@@ -14,6 +14,8 @@ from realtime_gw.models.kernels import (
     attend,
     bucket_for,
     cat_bias,
+    chosen_buckets,
+    fine_buckets,
     fuse_linears,
     linear_add,
     pow2_buckets,
@@ -146,6 +148,29 @@ def test_buckets() -> None:
     assert [bucket_for((1, 2, 4, 8), n) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
     with pytest.raises(ValueError, match="exceeds the largest bucket 8"):
         bucket_for((1, 2, 4, 8), 9)
+
+
+def test_fine_buckets_split_each_doubling_above_32_in_four() -> None:
+    """Above 32 a batch runs with at most a fifth of its rows padding (up to half with powers of two):
+    48 conversations run as 48, not 64."""
+    assert fine_buckets(64) == [1, 2, 4, 8, 16, 32, 40, 48, 56, 64]
+    assert fine_buckets(128)[-5:] == [64, 80, 96, 112, 128]
+    assert fine_buckets(100)[-4:] == [64, 80, 96, 100]  # the slots are always a bucket
+    assert fine_buckets(32) == pow2_buckets(32, 1) and fine_buckets(6) == [1, 2, 4, 6] and fine_buckets(1) == [1]
+    assert fine_buckets(64, fine_from=16, per_doubling=2) == [1, 2, 4, 8, 16, 24, 32, 48, 64]
+    assert [bucket_for(fine_buckets(64), n) for n in (17, 33, 41, 48, 49, 57)] == [32, 40, 48, 48, 56, 64]
+    for limit in range(1, 300):
+        buckets = fine_buckets(limit)
+        assert buckets == sorted(set(buckets)) and buckets[-1] == limit and buckets[0] == 1
+        assert all(b / a <= 2 for a, b in zip(buckets, buckets[1:], strict=False))
+        assert all((b - a) / b <= 0.2 for a, b in zip(buckets, buckets[1:], strict=False) if a >= 32)
+
+
+def test_chosen_buckets_stop_at_the_slots() -> None:
+    assert chosen_buckets([1, 2, 4, 8, 16, 32, 64], 48) == [1, 2, 4, 8, 16, 32, 48]
+    assert chosen_buckets([48, 1, 24], 64) == [1, 24, 48, 64]
+    with pytest.raises(ValueError, match="positive batch sizes"):
+        chosen_buckets([0, 4], 8)
 
 
 def test_graph_capture_refuses_a_cpu_device_before_running_anything() -> None:

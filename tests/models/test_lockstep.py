@@ -8,7 +8,7 @@ from collections import deque
 
 import pytest
 
-from realtime_gw.models.lockstep import MAX_BEHIND_FRAMES, Lockstep, Taken, take_frame
+from realtime_gw.models.lockstep import MAX_BEHIND_FRAMES, Lockstep, Taken, frame_lateness, take_frame
 from realtime_gw.records.s2s import S2sAudio, S2sSilence
 
 F = 0.08
@@ -56,6 +56,45 @@ def test_missed_frames_are_skipped_not_made_up_in_a_burst() -> None:
     assert skipped == 3 and late == pytest.approx(0.03)  # this step is the 0.32 frame's
     assert clock.due == pytest.approx(0.40)
     assert clock.wait_s(0.36) == pytest.approx(0.04)  # no catch-up step right after it
+
+
+def frames_late(clock: Lockstep, steps: list[tuple[float, float]]) -> list[float]:
+    """Steps that start and end at the given times (the worker's thread): each frame's lateness, ms."""
+    out = []
+    for start, end in steps:
+        tick = clock.begin(start)
+        out.append(round(frame_lateness(tick.due, end, F) * 1000, 3))
+    return out
+
+
+def test_a_frame_is_late_by_what_delayed_it_not_only_by_its_own_step() -> None:
+    """Its audio is due a frame after its tick: a long step, a late start after a step that ran over, and
+    a start delayed by a busy thread all count; a short step that started late is on time."""
+    clock = Lockstep(F)
+    clock.start(0.0)
+    late = frames_late(clock, [
+        (0.0, 0.05),  # on time
+        (0.08, 0.19),  # ran 110 ms: 30 ms late
+        (0.19, 0.25),  # only 60 ms, but it could start only when the last one ended: 10 ms late
+        (0.24, 0.30),  # on its tick again
+        (0.36, 0.39),  # the thread was busy: it started 40 ms late and ran 30 ms, on time
+        (0.43, 0.50),  # started 30 ms late (busy) and ran 70 ms: 20 ms late
+    ])  # fmt: skip
+    assert late == [0.0, 30.0, 10.0, 0.0, 0.0, 20.0]
+
+
+def test_the_frame_after_a_stall_is_late_by_the_whole_gap() -> None:
+    """The frames in the stall are skipped; the next one is timed from the first of them (when its
+    listeners' audio stopped), not from its own later tick."""
+    clock = Lockstep(F)
+    clock.start(0.0)
+    tick = clock.begin(0.0)
+    assert tick.due == 0.0
+    tick = clock.begin(0.35)  # frames due at 0.08, 0.16, 0.24 passed
+    assert tick.skipped == 3 and tick.due == pytest.approx(0.08)
+    assert frame_lateness(tick.due, 0.37, F) == pytest.approx(0.21)
+    tick = clock.begin(0.40)
+    assert tick.due == pytest.approx(0.40) and frame_lateness(tick.due, 0.43, F) == 0.0
 
 
 def test_the_clock_stops_with_the_last_conversation_and_starts_with_the_next() -> None:

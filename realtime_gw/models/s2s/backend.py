@@ -16,13 +16,20 @@ and quiet frames are dropped from the head of an input more than ``input_allowan
 (``realtime_gw_s2s_dropped_input_frames_total``). Without it (tests, tools) a conversation steps only
 on a frame it was given.
 
-Slots stay packed: batch buckets cover slots ``[0, B)``, so when conversations leave from the low slots
-the ones above are moved down (``SlotEngine.exchange``: whole slot rows, nothing of a conversation changes
-but its row) before the next step, which then runs at the bucket of the live count.
+Slots stay packed: batch buckets (powers of two to 32, then 40, 48, 56, 64, ...: ``engine.py``) cover
+slots ``[0, B)``, so when conversations leave from the low slots the ones above are moved down
+(``SlotEngine.exchange``: whole slot rows, nothing of a conversation changes but its row) before the next
+step, which then runs at the bucket of the live count.
 
-Lateness: a step that takes longer than the frame (80 ms) makes every conversation in it late by the
-excess (work done on the worker's thread before it, a PersonaPlex prompt's prefill at open, counts in); each frame carries it (``late_ms``) and the stage counts and times it
-(``realtime_gw_s2s_late_steps_total``, ``realtime_gw_s2s_step_lateness_seconds``).
+Lateness is against the lockstep's deadlines (``lockstep.frame_lateness``): the worker tells the backend
+when the frame each iteration steps was due (``tick``, before the iteration's opens), and a frame is late by
+how long after the next tick its audio was ready. So everything that delayed it counts: a step that ran
+long, a step that started late because the one before ran over or the worker's thread was busy, a
+PersonaPlex prompt prefilled at open in the same iteration, a stall (the frame after it is late by the
+whole gap). Each frame carries it (``late_ms``; 0 outside a lockstep: no schedule to be late against) and
+the stage counts and times it (``realtime_gw_s2s_late_steps_total``,
+``realtime_gw_s2s_step_lateness_seconds``); how late each step *started* is the worker's
+``realtime_gw_worker_tick_lateness_seconds``, on the same clock.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +51,7 @@ from realtime_gw.models.contract import END_OF_INPUT, BackendInfo, NoFreeSlot, S
 from realtime_gw.models.families import StagePlan
 from realtime_gw.models.fp8 import FP8
 from realtime_gw.models.kernels import bucket_for
-from realtime_gw.models.lockstep import MAX_BEHIND_FRAMES, take_frame
+from realtime_gw.models.lockstep import MAX_BEHIND_FRAMES, frame_lateness, take_frame
 from realtime_gw.models.s2s.checkpoint import MoshiCheckpoint, load
 from realtime_gw.models.s2s.config import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, describe_shape
 from realtime_gw.models.s2s.engine import MoshiEngine
@@ -54,11 +62,13 @@ from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen, S2sSilence, S2s
 log = logging.getLogger(__name__)
 
 S2S_LATE_STEPS = Counter(
-    "realtime_gw_s2s_late_steps_total", "Speech-to-speech steps that took longer than their 80 ms frame"
+    "realtime_gw_s2s_late_steps_total",
+    "Speech-to-speech steps whose frames were ready after their lockstep deadline (the next tick)",
 )
 S2S_STEP_LATENESS = Histogram(
     "realtime_gw_s2s_step_lateness_seconds",
-    "How far a speech-to-speech step ran past its 80 ms frame (0 when on time)",
+    "How long after its lockstep deadline (its tick + 80 ms) a speech-to-speech step's frames were ready "
+    "(0 when on time): a late start and a long step both count",
     buckets=(0.0, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64),
 )
 S2S_CONCEALED = Counter(
@@ -120,12 +130,14 @@ class MoshiBackend:
         lockstep: bool = False,
         input_allowance: int = 2,
         kv_dtype: str = "model",
+        batch_buckets: Sequence[int] = (),
     ) -> None:
         """``seed``: the stage's seed (a conversation opened without one gets ``seed + n`` for the n-th
         opened; None = random). Temperatures <= 0 are greedy. ``checkpoint``: weights already loaded.
         ``lockstep``: every live conversation steps at every step, on silence when it has no frame;
         ``input_allowance``: frames of its input that may wait before quiet ones are dropped;
-        ``kv_dtype``: the temporal transformer's ring K/V, ``model`` (the LM's dtype) or ``fp8``."""
+        ``kv_dtype``: the temporal transformer's ring K/V, ``model`` (the LM's dtype) or ``fp8``;
+        ``batch_buckets``: the engine's batch sizes with a CUDA graph (empty: ``kernels.fine_buckets``)."""
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"s2s_kv_dtype must be one of {sorted(KV_DTYPES)}, not {kv_dtype!r}")
         if slots < 1:
@@ -142,6 +154,7 @@ class MoshiBackend:
             ck.weights, ck.mimi, ck.shape, slots,
             text=Sampler(text_temperature, text_top_k), audio=Sampler(temperature, top_k),
             cuda_graphs=cuda_graphs, user_lead=self.user_lead, kv_dtype=KV_DTYPES[kv_dtype],
+            batch_buckets=batch_buckets,
         )  # fmt: skip
         shape = ck.shape
         self.spec = S2sSpec(
@@ -149,8 +162,8 @@ class MoshiBackend:
             text_padding_ids=shape.padding_ids, capabilities=self.capabilities,
         )  # fmt: skip
         self.late_steps = 0
-        self._before_step_s = 0.0
-        """Worker-thread time spent since the last step (a prompt's prefill): the next step is late by it."""
+        self._due: float | None = None
+        """When the frame of the iteration under way was due (``tick``); None: not in a lockstep."""
         self._holders: dict[int, MoshiState] = {}
         """The open conversation in each slot (packing moves them between slots)."""
         self._warming = False
@@ -163,6 +176,7 @@ class MoshiBackend:
             "lm_dtype": str(self.engine.lm.dtype).removeprefix("torch."),
             "kv_dtype": str(self.engine.lm.ring.k_ring[0].dtype).removeprefix("torch."),
             "slots": slots,
+            "batch_buckets": self.engine.batch_buckets,
             "text": ck.text.name,
             "sampling": {"temperature": temperature, "top_k": top_k, "text_temperature": text_temperature,
                          "text_top_k": text_top_k},  # fmt: skip
@@ -192,6 +206,10 @@ class MoshiBackend:
         self._opened += 1
         return state
 
+    def tick(self, due: float) -> None:
+        """The lockstep worker's iteration that follows steps the frame due at ``due`` (``Ticked``)."""
+        self._due = due
+
     def has_work(self, state: MoshiState) -> bool:
         live = not (state.released or state.done)
         return live and (self.lockstep or state.audio_pending > 0 or state.ended)
@@ -214,6 +232,7 @@ class MoshiBackend:
         if run:
             self._pack()
             self._run(run, results)
+        self._due = None  # told again before the next iteration
         return [results[i] for i in range(len(work))]
 
     def release(self, state: MoshiState) -> None:
@@ -226,7 +245,10 @@ class MoshiBackend:
         """Every CUDA graph bucket, then one real conversation of a few frames of low noise."""
         start = time.perf_counter()
         self._warming = True
+        cuda = self.engine.device.type == "cuda"
+        reserved = torch.cuda.memory_reserved(self.engine.device) if cuda else 0
         graphs_s = self.engine.capture_all()
+        graphs_gib = (torch.cuda.memory_reserved(self.engine.device) - reserved) / 2**30 if cuda else 0.0
         state = self.open(S2sOpen(seed=0))
         rng = np.random.default_rng(0)
         try:
@@ -240,7 +262,8 @@ class MoshiBackend:
             self._warming = False
         self.warmup_report = {
             "seconds": warmup_seconds(start), "slots": self.slots, "graphs": self.engine.graph_count,
-            "graph_capture_s": round(graphs_s, 3), "frames": frames, **self.info,
+            "graph_capture_s": round(graphs_s, 3), "graph_memory_gib": round(graphs_gib, 2), "frames": frames,
+            **self.info,
         }  # fmt: skip
 
     def describe(self) -> BackendInfo:
@@ -309,10 +332,8 @@ class MoshiBackend:
 
     def _run(self, run: list[tuple[int, MoshiState, bytes]], results: dict[int, StepResult]) -> None:
         pcm = np.frombuffer(b"".join(p for _, _, p in run), dtype="<i2").reshape(len(run), FRAME_SAMPLES)
-        t0 = time.perf_counter()
         frames, valid, out = self.engine.step([s.slot for _, s, _ in run], pcm, [s.silent for _, s, _ in run])
-        late_s = max(0.0, time.perf_counter() - t0 + self._before_step_s - FRAME_MS / 1000)
-        self._before_step_s = 0.0
+        late_s = 0.0 if self._due is None else frame_lateness(self._due, time.monotonic(), FRAME_MS / 1000)
         if not self._warming:
             S2S_STEP_LATENESS.observe(late_s)
             if late_s > 0:
@@ -350,6 +371,7 @@ def build_moshi(config: GatewayConfig, cls: type[MoshiBackend] = MoshiBackend, *
         lockstep=True,
         input_allowance=max(0, round(config.s2s_input_slack_ms / FRAME_MS)),
         kv_dtype=config.s2s_kv_dtype,
+        batch_buckets=config.s2s_batch_buckets,
         **extra,
     )
 

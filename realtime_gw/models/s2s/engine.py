@@ -7,6 +7,12 @@ is the LM, its ``decoder`` the Mimi decoder; it owns the slots, the batch bucket
 length buckets (ring columns read: ``min(steps + 1, context + 1)``) and one CUDA graph per (batch,
 length) bucket for the whole frame; the only host sync per step is the copy of tokens and PCM back.
 
+Batch buckets: powers of two up to 32, then four per doubling (40, 48, 56, 64, 80, ...: ``kernels.fine_buckets``),
+or the ones ``s2s_batch_buckets`` names. At a full context the step's time grows with the batch (every row
+reads its 3000-frame ring), and a padded row costs as much as a live one: with powers of two, 48
+conversations would run as 64. Each batch bucket is one graph per length bucket (7 at the 3000-frame
+context), captured at warm-up into one shared memory pool: 64 slots take 10 x 7 = 70 graphs instead of 7 x 7 = 49.
+
 A slot's first step has no complete frame yet (the model's acoustic delay): its PCM is silence and its
 text the padding id. PersonaPlex (``user_lead = 1``) opens a slot with its prompt (``prompt.py``): the
 slot is reset and prefilled at once, so its first step already continues the prompt. While a slot is silent (``S2sSilence``) its PCM is zeros (the decoder still runs
@@ -21,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from realtime_gw.models.kernels import chosen_buckets, fine_buckets
 from realtime_gw.models.s2s.config import SAMPLE_RATE, MoshiShape
 from realtime_gw.models.s2s.lm import MoshiLmRuntime
 from realtime_gw.models.s2s.prompt import SINE_AMPLITUDE, SINE_HZ, VoiceEmbeddings, prefill
@@ -51,7 +58,10 @@ class MoshiEngine(MovableSlotEngine):
         cuda_graphs: bool | None = None,
         user_lead: int = 0,
         kv_dtype: torch.dtype | None = None,
+        batch_buckets: Sequence[int] = (),
     ) -> None:
+        """``batch_buckets``: the batch sizes with a graph (up to ``slots``, which is always one); empty:
+        ``fine_buckets``."""
         self.shape = shape
         self.lm = MoshiLmRuntime(weights, shape, slots, text, audio, user_lead, kv_dtype)
         self.encoder = StreamingMimiEncoder(mimi, slots, shape.own_q)
@@ -60,6 +70,7 @@ class MoshiEngine(MovableSlotEngine):
             self.lm, decoder, slots, max_positions=self.lm.columns, num_codebooks=shape.own_q + 1,
             device=self.lm.device, cuda_graphs=cuda_graphs,
         )  # fmt: skip
+        self.batch_buckets = chosen_buckets(batch_buckets, slots) if batch_buckets else fine_buckets(slots)
         pin = self.device.type == "cuda"
         self.h_in = torch.zeros(slots, self.hop, dtype=torch.int16, pin_memory=pin)
         self.d_in = torch.zeros(slots, self.hop, dtype=torch.int16, device=self.device)

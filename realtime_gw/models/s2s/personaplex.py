@@ -125,9 +125,7 @@ class PersonaPlexBackend(MoshiBackend):
         if self.engine.device.type == "cuda":
             torch.cuda.synchronize(self.engine.device)
         elapsed = time.perf_counter() - start
-        self.prompt_ms = elapsed * 1000
-        if not self._warming:
-            self._before_step_s += elapsed  # the conversations already live wait for it
+        self.prompt_ms = elapsed * 1000  # in a lockstep iteration, before its step: its frames wait for it
         return state
 
 

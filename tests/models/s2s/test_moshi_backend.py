@@ -188,3 +188,95 @@ async def test_in_the_gateway_every_conversation_steps_once_per_80_ms_tick() -> 
         assert worker.lockstep is not None and worker.lockstep.running
     finally:
         await worker.stop()
+
+
+def test_a_frame_is_late_against_the_tick_it_was_due_at(backend: MoshiBackend) -> None:
+    """The worker tells the backend when an iteration's frame was due (``tick``); the frame is late by how
+    long after the next tick its audio was ready. No tick (not in a lockstep): no deadline, never late."""
+    import time
+
+    from realtime_gw.models.s2s.backend import S2S_LATE_STEPS
+
+    st = backend.open(S2sOpen(seed=4))
+    try:
+        audio = noise_frames(4, 3)
+        late_steps, counted = backend.late_steps, S2S_LATE_STEPS._value.get()
+        backend.tick(time.monotonic() - 0.5)  # its step should have started 500 ms ago
+        (r,) = backend.step([(st, [audio[0]])])
+        assert r.outputs[0].late_ms >= 420.0
+        assert backend.late_steps == late_steps + 1 and S2S_LATE_STEPS._value.get() == counted + 1
+        backend.tick(time.monotonic() + 10)  # due in the future: on time
+        (r,) = backend.step([(st, [audio[1]])])
+        assert r.outputs[0].late_ms == 0.0
+        (r,) = backend.step([(st, [audio[2]])])  # the tick is the iteration's own: not told, not timed
+        assert r.outputs[0].late_ms == 0.0 and backend.late_steps == late_steps + 1
+    finally:
+        backend.release(st)
+
+
+async def test_in_the_gateway_a_frame_after_a_step_that_ran_over_is_late_too() -> None:
+    """One step stalls 250 ms on the worker's thread: its frame is late by the excess, and so is the next
+    one, which could start only when the stall ended (a step-duration measure would call it on time)."""
+    import asyncio
+    import time
+
+    from realtime_gw.config import GatewayConfig
+    from realtime_gw.models.registry import build_stage
+    from realtime_gw.models.s2s.backend import S2S_STEP_LATENESS
+
+    worker = build_stage("s2s", GatewayConfig(s2s="moshi", s2s_slots=1, warmup=False))
+    engine = worker.backend.engine  # type: ignore[attr-defined]
+    step, calls = engine.step, []
+
+    def stalling_step(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 4:  # frame 3
+            time.sleep(0.25)
+        return step(*args)
+
+    engine.step = stalling_step
+    observed = sum(s.value for s in S2S_STEP_LATENESS.collect()[0].samples if s.name.endswith("_count"))
+    await worker.start(warmup=False)
+    try:
+        stream = worker.submit(S2sOpen(seed=1))
+        for a in noise_frames(1, 6):
+            stream.push(a)
+        frames = aiter(stream)
+        got = [await asyncio.wait_for(anext(frames), 30) for _ in range(6)]
+        assert [f.index for f in got] == list(range(6))
+        # frame 3 ran >= 250 ms from its tick; frame 4's tick came 80 ms after 3's, its step ran after the stall
+        assert got[3].late_ms >= 170.0 and got[4].late_ms >= 85.0, [f.late_ms for f in got]
+        after = sum(s.value for s in S2S_STEP_LATENESS.collect()[0].samples if s.name.endswith("_count"))
+        assert after - observed >= 6
+    finally:
+        await worker.stop()
+
+
+def test_a_conversation_says_the_same_whatever_batch_bucket_it_runs_in() -> None:
+    """Buckets that are not powers of two (``s2s_batch_buckets``; here 1, 3 and the 5 slots): ``a`` runs
+    at 3, then 5 as others join, then 3 once the ones above the live count are packed down, then 1 when
+    it is packed itself; it and ``e`` (moved from slot 4 to 0) say what they say alone (bucket 1)."""
+    from realtime_gw.config import GatewayConfig
+    from realtime_gw.models.s2s.backend import build_moshi
+
+    fine = build_moshi(GatewayConfig(s2s="moshi", s2s_slots=5, s2s_batch_buckets=[1, 3]))
+    assert fine.engine.batch_buckets == [1, 3, 5] and fine.info["batch_buckets"] == [1, 3, 5]
+    assert MoshiBackend("tiny", slots=48, seed=7).engine.batch_buckets[-3:] == [32, 40, 48]  # default: fine_buckets
+    ran: list[int] = []
+    frame = fine.engine._frame
+
+    def recorded(b: int, length: int) -> None:
+        ran.append(b)
+        frame(b, length)
+
+    alone = {n: _run(fine, {n: (seed, 0, steps - 1)}, steps)[n] for n, seed, steps in (("a", 11, 12), ("e", 15, 9))}
+    fine.engine._frame = recorded  # type: ignore[method-assign]
+    plan = {"b": (12, 0, 3), "a": (11, 0, 11), "c": (13, 1, 8), "d": (14, 2, 5), "e": (15, 2, 10)}
+    crowded = _run(fine, plan, 12)
+    assert ran == [3, 3, 5, 5, 5, 5, 3, 3, 3, 3, 3, 1]
+    for name in ("a", "e"):
+        assert [f.text_token for f in crowded[name]] == [f.text_token for f in alone[name]]
+        got, want = (np.frombuffer(b"".join(f.pcm for f in fs), "<i2").astype(int) for fs in (crowded[name], alone[name]))
+        assert np.abs(got - want).max() <= 2  # a batched conv may round a float differently (1 LSB)
+    with pytest.raises(ValueError, match="positive batch sizes"):
+        MoshiBackend("tiny", slots=2, batch_buckets=[0])

@@ -149,22 +149,28 @@ def test_voice_samples_are_brought_to_minus_24_lufs(tmp_path: Path) -> None:
     assert integrated_loudness(normalized_sample(tmp_path / "v.wav"), 24000) == pytest.approx(-24.0, abs=0.1)
 
 
-def test_a_prefill_makes_the_next_step_late_by_its_time(backend: PersonaPlexBackend, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The prefill runs on the worker's thread between two steps: the conversations already live wait for
-    it, so it counts in the next step's lateness (here against a 0 ms frame: every step is late)."""
-    from realtime_gw.models.s2s import backend as moshi_backend
+def test_a_prefill_makes_the_frames_of_its_iteration_late_by_its_time(backend: PersonaPlexBackend) -> None:
+    """The prefill runs at open, on the worker's thread, in the iteration whose step follows: the
+    conversations already live wait for it, so their frames are late by it (here the iteration's frame
+    was due a whole frame ago: its audio was due as it began)."""
+    import time
 
-    monkeypatch.setattr(moshi_backend, "FRAME_MS", 0)
+    from realtime_gw.models.contract import Iteration, run_iteration
+
     audio = noise_frames(1, 2)
     live = backend.open(S2sOpen(seed=1))
+    opened = None
     try:
-        new = backend.open(S2sOpen(seed=2, persona=PERSONA))
-        try:
-            prefill_ms = backend.prompt_ms
-            first = backend.step([(live, [audio[0]]), (new, [audio[0]])])
-            assert prefill_ms > 0 and first[0].outputs[0].late_ms >= prefill_ms
-            assert backend._before_step_s == 0.0  # counted once
-        finally:
-            backend.release(new)
+        began = time.monotonic()
+        it = Iteration(open=[(S2sOpen(seed=2, persona=PERSONA), [audio[1]])], work=[(live, [audio[0]])],
+                       max_batch=2, due=began - 0.08)  # fmt: skip
+        out = run_iteration(backend, it)
+        opened = out.opened[0].state
+        prefill_ms = backend.prompt_ms
+        assert out.opened[0].joined and prefill_ms > 0
+        assert all(r.outputs[0].late_ms >= prefill_ms for r in out.results), [r.outputs for r in out.results]
+        assert out.results[0].outputs[0].late_ms <= (time.monotonic() - began) * 1000
     finally:
-        backend.release(live)
+        for st in (live, opened):
+            if st is not None:
+                backend.release(st)
