@@ -159,6 +159,7 @@ class StageWorker:
         self._stranded = 0  # slots an abandoned step (a hung thread) may hold until it returns
         self._orphans: list[Any] = []
         """States no stream owns any more (left by an abandoned step), released at the next iteration."""
+        self._step: tuple[Future[IterationResult], Iteration] | None = None  # the step being awaited
         self._wake_event = asyncio.Event()  # bound to a loop at its first wait, in ``_schedule``
         self._slot_freed = SlotFreed()
         self._task: asyncio.Task[None] | None = None
@@ -199,10 +200,12 @@ class StageWorker:
             # and the states die with the child.
             await asyncio.to_thread(self.backend.close)  # type: ignore[attr-defined]
         else:
-            release = asyncio.get_running_loop().run_in_executor(self._thread, self._iterate, Iteration(held))
-            with contextlib.suppress(Exception):  # bounded: a hung step keeps the thread (and its states)
-                await asyncio.wait_for(release, self.step_timeout_s)
-        self._thread.shutdown(wait=False, cancel_futures=True)
+            # Queued on the worker's one thread, so it runs after the step under way (if any) returns.
+            step, iterate = self._step, self._iterate
+            final = self._thread.submit(lambda: iterate(Iteration(release=still_held(step, held))))
+            # Bounded: past it, a hung step keeps the thread, and its states go back if it returns.
+            await asyncio.wait({asyncio.wrap_future(final)}, timeout=self.step_timeout_s)
+        self._thread.shutdown(wait=False)  # the final release is not cancelled
 
     def wake(self) -> None:
         self._wake_event.set()
@@ -277,9 +280,12 @@ class StageWorker:
                 tick_started(self.name, self.lockstep)
             step = StepRun(self.name, batch, to_open, self.pacing, self.clock, it)
             running: Future[IterationResult] = self._thread.submit(step.run, self._iterate, it)
+            self._step = (running, it)  # if the worker stops now, its states go back after this step
             try:
                 result = await step.wait(running, self.step_timeout_s)
+                self._step = None
             except asyncio.TimeoutError:
+                self._step = None
                 step.abandon()
                 reason = f"{self.name}: step exceeded {self.step_timeout_s:g} s"
                 await self._restart(reason, to_open, abandoned=(running, it))
@@ -288,6 +294,7 @@ class StageWorker:
                 step.withdraw(running)
                 if isinstance(e, asyncio.CancelledError):
                     raise
+                self._step = None
                 log.exception("worker %s failed", self.name)
                 await self._restart(
                     f"{self.name}: worker failed ({type(e).__name__})", to_open, abandoned=None
@@ -399,14 +406,31 @@ class StageWorker:
     def _adopt_orphans(self, running: Future[IterationResult], it: Iteration) -> None:
         """An abandoned step finally returned: the states it still holds go back at the next iteration."""
         self._stranded -= len(it.work) + len(it.open)
-        try:
-            result = running.result()
-        except BaseException:  # died: run_iteration already freed the states it had opened
-            self._orphans += [st for st, _ in it.work]
-        else:
-            self._orphans += unreleased(it, result)
+        self._orphans += left_open(running, it)
         self._slot_freed.notify()
         self.wake()
+
+
+def left_open(running: Future[IterationResult], it: Iteration) -> list[Any]:
+    """The states an ended step leaves open: never run (cancelled before its thread began it), those it
+    was to release and to step; died, those it was stepping (``run_iteration`` freed those it opened);
+    returned, those its iteration did not finish (it released the rest)."""
+    if running.cancelled():
+        return list(it.release) + [st for st, _ in it.work]
+    if running.exception() is not None:
+        return [st for st, _ in it.work]
+    return unreleased(it, running.result())
+
+
+def still_held(step: tuple[Future[IterationResult], Iteration] | None, held: list[Any]) -> list[Any]:
+    """On the worker's thread as it stops, after the step under way then (``step``, if any) ended: what
+    is left to release, each state once: ``held`` (the open streams' states and the orphans) except
+    those the step was using, and what the step left open."""
+    if step is None:
+        return held
+    running, it = step
+    in_step = {id(st) for st, _ in it.work}
+    return [st for st in held if id(st) not in in_step] + left_open(running, it)
 
 
 async def tick_due(lockstep: Lockstep | None, live: bool) -> None:
