@@ -11,6 +11,10 @@ are ready: at each tick every live stream is in the one batched step (``models/l
 
 ``Stream.close_input`` delivers ``END_OF_INPUT`` as a final input item. Workers sharing a device may share
 its clock (``device_clock``): then each step waits for its turn on the device, earliest deadline first.
+
+``stop`` releases each state exactly once, never while a step that uses it runs: on the worker's thread,
+after the step under way (``still_held``), and a step abandoned earlier gives its states back when it
+returns (``release_now``).
 """
 
 from __future__ import annotations
@@ -164,6 +168,7 @@ class StageWorker:
         self._slot_freed = SlotFreed()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        self._closed = False  # stopped, its final release queued: orphans go back at once
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"worker-{self.name}")
         self._rr = 0  # iteration counter, for round-robin order
         self._last_batch = 0
@@ -200,12 +205,9 @@ class StageWorker:
             # and the states die with the child.
             await asyncio.to_thread(self.backend.close)  # type: ignore[attr-defined]
         else:
-            # Queued on the worker's one thread, so it runs after the step under way (if any) returns.
-            step, iterate = self._step, self._iterate
-            final = self._thread.submit(lambda: iterate(Iteration(release=still_held(step, held))))
-            # Bounded: past it, a hung step keeps the thread, and its states go back if it returns.
-            await asyncio.wait({asyncio.wrap_future(final)}, timeout=self.step_timeout_s)
-        self._thread.shutdown(wait=False)  # the final release is not cancelled
+            await release_at_stop(self._thread, self._iterate, self._step, held, self.step_timeout_s)
+        self._closed = True
+        self._orphans = release_now(self._thread, self._iterate, self._orphans, self._stranded)
 
     def wake(self) -> None:
         self._wake_event.set()
@@ -283,9 +285,7 @@ class StageWorker:
             self._step = (running, it)  # if the worker stops now, its states go back after this step
             try:
                 result = await step.wait(running, self.step_timeout_s)
-                self._step = None
             except asyncio.TimeoutError:
-                self._step = None
                 step.abandon()
                 reason = f"{self.name}: step exceeded {self.step_timeout_s:g} s"
                 await self._restart(reason, to_open, abandoned=(running, it))
@@ -294,7 +294,6 @@ class StageWorker:
                 step.withdraw(running)
                 if isinstance(e, asyncio.CancelledError):
                     raise
-                self._step = None
                 log.exception("worker %s failed", self.name)
                 await self._restart(
                     f"{self.name}: worker failed ({type(e).__name__})", to_open, abandoned=None
@@ -311,6 +310,7 @@ class StageWorker:
         step: StepRun,
     ) -> None:
         """Route an iteration's outcome to its streams (on the event loop)."""
+        self._step = None
         if result.step_seconds is not None:
             WORKER_STEP_SECONDS.labels(self.name).observe(result.step_seconds)
         if result.step_failed:
@@ -357,6 +357,7 @@ class StageWorker:
         afresh, so every state it held is gone and every slot is free. A thread cannot be killed: a hung
         one is abandoned, the states it is using are released when (if) its step returns, and there is
         no new warm-up meanwhile (it would compete with the hung step for slots)."""
+        self._step = None  # its states go back here, or when it returns (abandoned)
         WORKER_ERRORS.labels(self.name).inc()
         WORKER_RESTARTS.labels(self.name).inc()
         self.restarts += 1
@@ -407,6 +408,8 @@ class StageWorker:
         """An abandoned step finally returned: the states it still holds go back at the next iteration."""
         self._stranded -= len(it.work) + len(it.open)
         self._orphans += left_open(running, it)
+        if self._closed:  # stopped: no iteration comes
+            self._orphans = release_now(self._thread, self._iterate, self._orphans, self._stranded)
         self._slot_freed.notify()
         self.wake()
 
@@ -431,6 +434,35 @@ def still_held(step: tuple[Future[IterationResult], Iteration] | None, held: lis
     running, it = step
     in_step = {id(st) for st, _ in it.work}
     return [st for st in held if id(st) not in in_step] + left_open(running, it)
+
+
+async def release_at_stop(
+    thread: ThreadPoolExecutor,
+    iterate: Callable[[Iteration], IterationResult],
+    step: tuple[Future[IterationResult], Iteration] | None,
+    held: list[Any],
+    timeout_s: float,
+) -> None:
+    """A stopping worker's last release (``still_held``), queued on its one thread, so it runs after the
+    step under way (if any) returns. Waited for ``timeout_s`` at most: past it, a hung step keeps the
+    thread, and the release still runs (it is not cancelled) if the step returns."""
+    final = thread.submit(lambda: iterate(Iteration(release=still_held(step, held))))
+    await asyncio.wait({asyncio.wrap_future(final)}, timeout=timeout_s)
+
+
+def release_now(
+    thread: ThreadPoolExecutor,
+    iterate: Callable[[Iteration], IterationResult],
+    orphans: list[Any],
+    stranded: int,
+) -> list[Any]:
+    """A stopped worker's orphans go back on its thread at once (no iteration comes; what is queued there
+    runs first); the thread ends once no abandoned step may return any more. The orphans left: none."""
+    if orphans:
+        thread.submit(iterate, Iteration(release=orphans))
+    if not stranded:
+        thread.shutdown(wait=False)
+    return []
 
 
 async def tick_due(lockstep: Lockstep | None, live: bool) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from realtime_gw.models.runtime import StageWorker
+import pytest
+
+from realtime_gw.models.runtime import StageWorker, WorkerFault
 from tests.models.toy_backends import BlockingToy, Req
 from tests.models.waiting import wait_for
 
@@ -50,5 +52,24 @@ async def test_stop_during_the_step_that_opens_requests_releases_what_it_opened(
     worker.submit(Req(n=1))
     worker.submit(Req(n=None))
     await stop_during_blocked_step(toy, worker)
+    assert len(toy.opened) == 2
+    assert_each_released_once(toy)
+
+
+async def test_a_step_abandoned_before_stop_gives_its_states_back_when_it_returns() -> None:
+    # Step 2 hangs past the deadline: the worker abandons it and restarts; it is stopped while the step
+    # still holds both states, which go back when the step returns.
+    toy = BlockingToy(block_at=2)
+    worker = StageWorker(toy, step_timeout_s=0.2, max_backlog=4)
+    await worker.start(warmup=False)
+    streams = [worker.submit(Req(n=None)), worker.submit(Req(n=None))]
+    for s in streams:
+        with pytest.raises(WorkerFault, match="exceeded"):
+            await s.collect()
+    await wait_for(lambda: worker.ready)
+    await asyncio.wait_for(worker.stop(), 2.0)
+    assert toy.released == []
+    toy.go.set()
+    await wait_for(lambda: len(toy.released) == 2, timeout=2.0)
     assert len(toy.opened) == 2
     assert_each_released_once(toy)
