@@ -4,10 +4,12 @@ a CUDA-graph replay."""
 
 from __future__ import annotations
 
+from statistics import median
 from typing import Any
 
-import numpy as np
 import torch
+
+from realtime_gw.models.fused.tuning import replay_ms
 
 KINDS = (
     ("attention", ("fmha", "flash", "attention", "cudnn", "sdpa", "efficient")),
@@ -25,24 +27,11 @@ def kind_of(name: str) -> str:
     return "elementwise/norm"
 
 
-def replay_ms(graph: Any, reps: int = 20) -> float:
-    """Median ms of ``reps`` replays of a captured CUDA graph (CUDA events around each)."""
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times))
-
-
 def graph_ms(fn: Any, reps: int = 20, warmup_runs: int = 1) -> float:
     """Median ms of one CUDA-graph replay of ``fn`` (captured after ``warmup_runs`` plain calls)."""
     from realtime_gw.models.kernels import GraphCapture
 
-    return replay_ms(GraphCapture("cuda").capture(fn, warmup_runs=warmup_runs), reps)
+    return replay_ms(GraphCapture("cuda").capture(fn, warmup_runs=warmup_runs), reps, median)
 
 
 def kernels(fn: Any, top: int = 12) -> dict[str, Any]:

@@ -34,12 +34,13 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import numpy as np
 import torch
 
-from loadtest.bench.kernel_profile import replay_ms
+from realtime_gw.models.fused.tuning import replay_ms
 from realtime_gw.models.kernels import GraphCapture
 from realtime_gw.models.runtime import StageWorker
 from realtime_gw.models.speech.codec.engine import LoadedModels, load_models
@@ -86,7 +87,7 @@ def time_graph(g: Any, iters: int = 100) -> float:
     for _ in range(10):
         g.replay()
     torch.cuda.synchronize()
-    return replay_ms(g, iters)
+    return replay_ms(g, iters, median)
 
 
 # -- phase 1: checks --------------------------------------------------------------------------------------

@@ -14,12 +14,14 @@ import argparse
 import json
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import torch
 
-from loadtest.bench.kernel_profile import kernels, replay_ms
+from loadtest.bench.kernel_profile import kernels
 from loadtest.bench.policy_gpu import CAMERAS, load_pi0, request
+from realtime_gw.models.fused.tuning import replay_ms
 from realtime_gw.models.policy.pi0_fast import FastPi0Runner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +67,7 @@ def compiled_prefix(runner: FastPi0Runner, b: int, flops: float) -> dict[str, An
         float((a.float() - r.float()).abs().max()) for a, r in zip(got, ref, strict=True)
     )
     graph = GraphCapture("cuda").capture(lambda: fn(cache, batch))
-    ms = replay_ms(graph)
+    ms = replay_ms(graph, 20, median)
     row.update({"prefix_ms": round(ms, 3), "tflops": round(flops / ms / 1e9, 1)})
     row.update(kernels(lambda: fn(cache, batch)))
     return row
@@ -91,7 +93,7 @@ def main() -> None:
         prepared = [runner.prepare(request(i)) for i in range(b)]
         runner.run(prepared, None)  # stages real inputs (masks included) in the staging rows
         graph = runner.slots.graph("prefix", b)
-        ms = replay_ms(graph)
+        ms = replay_ms(graph, 20, median)
         flops = prefix_flops(model.config, b, len(CAMERAS), spec.max_prompt_tokens)
         row = {
             "prefix_ms": round(ms, 3),

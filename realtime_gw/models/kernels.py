@@ -2,7 +2,10 @@
 
 One copy of each: fused projections, grouped-query attention (a fused kernel or two GEMMs), rotary
 tables in roll form, additive masks in attention's folded row order, CUDA-graph capture into one pool,
-and bucket lookup. Norms, K/V writes and MLP shapes differ per architecture and stay in their files.
+and bucket lookup; of a decode layer (``layers_at_positions``'s duck type), the part after the QKV
+projection that every such layer shares (``rope_attend``: rotary, K/V write, attention) and the SwiGLU
+MLP (``gated_mlp``: Moshi's and the Qwen3 talker's). Norms, K/V writes, residual scales and the other MLP
+shapes differ per architecture and stay in their files.
 
 Decisions where the copies had drifted apart:
 - Attention folds the query heads that share a KV head into the query axis **query-major** (row
@@ -56,6 +59,21 @@ def linear_add(residual: torch.Tensor, x: torch.Tensor, w: Weight, b: torch.Tens
         return residual + linear(x, w, b)
     d = residual.shape[-1]
     return torch.addmm(residual.reshape(-1, d), x.reshape(-1, x.shape[-1]), w.t()).view(residual.shape)
+
+
+def gated_mlp(
+    x: torch.Tensor,
+    w_in: torch.Tensor,
+    w_out: torch.Tensor,
+    residual: torch.Tensor,
+    b_in: torch.Tensor | None = None,
+    b_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``residual + linear_out(silu(a) * b)``, ``[a, b] = linear_in(x)``: SwiGLU with its gate and up
+    projections as one GEMM (Qwen3's gate|up, Moshi's ``ActivationGating``)."""
+    h = F.linear(x, w_in, b_in)
+    half = h.shape[-1] // 2
+    return linear_add(residual, F.silu(h[..., :half]) * h[..., half:], w_out, b_out)
 
 
 def qkv_heads(
@@ -191,6 +209,26 @@ def attend(
     else:
         out = _attend_gemm(qf, k, v, mask, scale)
     return out.view(b, kvh, s, g, d).transpose(1, 2).reshape(b, s, h * d)
+
+
+def rope_attend(
+    qk: torch.Tensor,
+    v: torch.Tensor,
+    heads: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    write: Callable[[torch.Tensor, torch.Tensor], None],
+    keys: torch.Tensor | ScaledKv,
+    values: torch.Tensor | ScaledKv,
+    mask: torch.Tensor | KeyMask | None,
+    scale: float,
+) -> torch.Tensor:
+    """A decode layer's attention after its QKV projection (``qkv_heads``, and its q/k norms if any):
+    rotary on the query and key heads ``qk (B, S, heads + KV, D)``, the new K/V ``(B, KV, S, D)`` stored
+    by ``write`` before attention reads ``keys``/``values`` -> ``(B, S, heads * D)``."""
+    qk = apply_rope(qk, cos, sin)
+    write(qk[:, :, heads:].transpose(1, 2), v.transpose(1, 2))
+    return attend(qk[:, :, :heads], keys, values, mask, scale)
 
 
 def _attend_gemm(

@@ -11,6 +11,10 @@ are ready: at each tick every live stream is in the one batched step (``models/l
 
 ``Stream.close_input`` delivers ``END_OF_INPUT`` as a final input item. Workers sharing a device may share
 its clock (``device_clock``): then each step waits for its turn on the device, earliest deadline first.
+
+``stop`` releases each state exactly once, never while a step that uses it runs: on the worker's thread,
+after the step under way (``still_held``), and a step abandoned earlier gives its states back when it
+returns (``release_now``).
 """
 
 from __future__ import annotations
@@ -159,10 +163,12 @@ class StageWorker:
         self._stranded = 0  # slots an abandoned step (a hung thread) may hold until it returns
         self._orphans: list[Any] = []
         """States no stream owns any more (left by an abandoned step), released at the next iteration."""
+        self._step: tuple[Future[IterationResult], Iteration] | None = None  # the step being awaited
         self._wake_event = asyncio.Event()  # bound to a loop at its first wait, in ``_schedule``
         self._slot_freed = SlotFreed()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        self._closed = False  # stopped, its final release queued: orphans go back at once
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"worker-{self.name}")
         self._rr = 0  # iteration counter, for round-robin order
         self._last_batch = 0
@@ -199,10 +205,9 @@ class StageWorker:
             # and the states die with the child.
             await asyncio.to_thread(self.backend.close)  # type: ignore[attr-defined]
         else:
-            release = asyncio.get_running_loop().run_in_executor(self._thread, self._iterate, Iteration(held))
-            with contextlib.suppress(Exception):  # bounded: a hung step keeps the thread (and its states)
-                await asyncio.wait_for(release, self.step_timeout_s)
-        self._thread.shutdown(wait=False, cancel_futures=True)
+            await release_at_stop(self._thread, self._iterate, self._step, held, self.step_timeout_s)
+        self._closed = True
+        self._orphans = release_now(self._thread, self._iterate, self._orphans, self._stranded)
 
     def wake(self) -> None:
         self._wake_event.set()
@@ -277,6 +282,7 @@ class StageWorker:
                 it.due = tick_started(self.name, self.lockstep).due
             step = StepRun(self.name, batch, to_open, self.pacing, self.clock, it)
             running: Future[IterationResult] = self._thread.submit(step.run, self._iterate, it)
+            self._step = (running, it)  # if the worker stops now, its states go back after this step
             try:
                 result = await step.wait(running, self.step_timeout_s)
             except asyncio.TimeoutError:
@@ -304,6 +310,7 @@ class StageWorker:
         step: StepRun,
     ) -> None:
         """Route an iteration's outcome to its streams (on the event loop)."""
+        self._step = None
         if result.step_seconds is not None:
             WORKER_STEP_SECONDS.labels(self.name).observe(result.step_seconds)
         if result.step_failed:
@@ -350,6 +357,7 @@ class StageWorker:
         afresh, so every state it held is gone and every slot is free. A thread cannot be killed: a hung
         one is abandoned, the states it is using are released when (if) its step returns, and there is
         no new warm-up meanwhile (it would compete with the hung step for slots)."""
+        self._step = None  # its states go back here, or when it returns (abandoned)
         WORKER_ERRORS.labels(self.name).inc()
         WORKER_RESTARTS.labels(self.name).inc()
         self.restarts += 1
@@ -399,14 +407,62 @@ class StageWorker:
     def _adopt_orphans(self, running: Future[IterationResult], it: Iteration) -> None:
         """An abandoned step finally returned: the states it still holds go back at the next iteration."""
         self._stranded -= len(it.work) + len(it.open)
-        try:
-            result = running.result()
-        except BaseException:  # died: run_iteration already freed the states it had opened
-            self._orphans += [st for st, _ in it.work]
-        else:
-            self._orphans += unreleased(it, result)
+        self._orphans += left_open(running, it)
+        if self._closed:  # stopped: no iteration comes
+            self._orphans = release_now(self._thread, self._iterate, self._orphans, self._stranded)
         self._slot_freed.notify()
         self.wake()
+
+
+def left_open(running: Future[IterationResult], it: Iteration) -> list[Any]:
+    """The states an ended step leaves open: never run (cancelled before its thread began it), those it
+    was to release and to step; died, those it was stepping (``run_iteration`` freed those it opened);
+    returned, those its iteration did not finish (it released the rest)."""
+    if running.cancelled():
+        return list(it.release) + [st for st, _ in it.work]
+    if running.exception() is not None:
+        return [st for st, _ in it.work]
+    return unreleased(it, running.result())
+
+
+def still_held(step: tuple[Future[IterationResult], Iteration] | None, held: list[Any]) -> list[Any]:
+    """On the worker's thread as it stops, after the step under way then (``step``, if any) ended: what
+    is left to release, each state once: ``held`` (the open streams' states and the orphans) except
+    those the step was using, and what the step left open."""
+    if step is None:
+        return held
+    running, it = step
+    in_step = {id(st) for st, _ in it.work}
+    return [st for st in held if id(st) not in in_step] + left_open(running, it)
+
+
+async def release_at_stop(
+    thread: ThreadPoolExecutor,
+    iterate: Callable[[Iteration], IterationResult],
+    step: tuple[Future[IterationResult], Iteration] | None,
+    held: list[Any],
+    timeout_s: float,
+) -> None:
+    """A stopping worker's last release (``still_held``), queued on its one thread, so it runs after the
+    step under way (if any) returns. Waited for ``timeout_s`` at most: past it, a hung step keeps the
+    thread, and the release still runs (it is not cancelled) if the step returns."""
+    final = thread.submit(lambda: iterate(Iteration(release=still_held(step, held))))
+    await asyncio.wait({asyncio.wrap_future(final)}, timeout=timeout_s)
+
+
+def release_now(
+    thread: ThreadPoolExecutor,
+    iterate: Callable[[Iteration], IterationResult],
+    orphans: list[Any],
+    stranded: int,
+) -> list[Any]:
+    """A stopped worker's orphans go back on its thread at once (no iteration comes; what is queued there
+    runs first); the thread ends once no abandoned step may return any more. The orphans left: none."""
+    if orphans:
+        thread.submit(iterate, Iteration(release=orphans))
+    if not stranded:
+        thread.shutdown(wait=False)
+    return []
 
 
 async def tick_due(lockstep: Lockstep | None, live: bool) -> None:

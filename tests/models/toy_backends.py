@@ -164,3 +164,36 @@ class TimedToy(Toy):
         results = super().step(work)
         self.log.append((self.name, start, time.monotonic()))
         return results
+
+
+class BlockingToy(Toy):
+    """``Toy`` whose step number ``block_at`` (1 = the first) waits for ``go``, with ``stepping`` set
+    while it waits; it counts each state's releases and notes any release of a state while a step that
+    uses it runs."""
+
+    name = "blocking-toy"
+
+    def __init__(self, block_at: int) -> None:
+        super().__init__()
+        self.block_at = block_at
+        self.stepping = threading.Event()
+        self.go = threading.Event()
+        self.in_step: set[int] = set()
+        self.releases: dict[int, int] = {}
+        self.released_mid_step: list[St] = []
+
+    def step(self, work: list[tuple[St, list[Any]]]) -> list[StepResult]:
+        self.in_step = {id(st) for st, _ in work}
+        try:
+            if len(self.batches) + 1 == self.block_at:
+                self.stepping.set()
+                self.go.wait(5.0)
+            return super().step(work)
+        finally:
+            self.in_step = set()
+
+    def release(self, state: St) -> None:
+        if id(state) in self.in_step:
+            self.released_mid_step.append(state)
+        self.releases[id(state)] = self.releases.get(id(state), 0) + 1
+        super().release(state)

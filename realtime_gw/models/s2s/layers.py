@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from realtime_gw.models.kernels import apply_rope, attend, linear_add, qkv_heads
+from realtime_gw.models.kernels import attend, gated_mlp, linear_add, qkv_heads, rope_attend
 from realtime_gw.models.s2s.config import MoshiShape
 from realtime_gw.models.s2s.sampling import Sampler
 
@@ -41,13 +41,6 @@ class RmsNormF32:
         xf = x.float()
         var = self.eps + torch.mean(xf * xf, dim=-1, keepdim=True)
         return (xf * (self.alpha.float().view(-1) * torch.rsqrt(var))).to(x.dtype)
-
-
-def gated_mlp(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """``residual + ActivationGating(x)`` with SiLU: ``linear_out(silu(a) * b)``, ``[a, b] = linear_in(x)``."""
-    h = F.linear(x, w_in)
-    half = h.shape[-1] // 2
-    return linear_add(residual, F.silu(h[..., :half]) * h[..., half:], w_out, None)
 
 
 def deinterleave_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -103,9 +96,7 @@ class TemporalLayer:
         mask_add: torch.Tensor,
     ) -> torch.Tensor:
         qk, v = qkv_heads(self.norm1(x), self.w_qkv, None, self.heads, self.heads)
-        qk = apply_rope(qk, cos, sin)
-        write(qk[:, :, self.heads :].transpose(1, 2), v.transpose(1, 2))
-        o = attend(qk[:, :, : self.heads], keys, values, mask_add, self.head_dim**-0.5)
+        o = rope_attend(qk, v, self.heads, cos, sin, write, keys, values, mask_add, self.head_dim**-0.5)
         x = linear_add(x, o, self.w_o, None)
         return gated_mlp(self.norm2(x), self.w_in, self.w_out, x)
 

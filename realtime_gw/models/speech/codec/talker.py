@@ -29,13 +29,13 @@ from torch import nn
 from realtime_gw.models.kernels import (
     KeyMask,
     additive_mask,
-    apply_rope,
-    attend,
     fuse_linears,
+    gated_mlp,
     layers_at_positions,
     layers_over_span,
     linear_add,
     qkv_heads,
+    rope_attend,
     rope_cos_sin,
 )
 from realtime_gw.models.speech.codec.spec import CodecSpec
@@ -112,13 +112,10 @@ class FusedQwen3Layer:
         h = F.rms_norm(x, (hidden,), self.ln1, self.eps)
         qk, v = qkv_heads(h, self.w_qkv, self.b_qkv, self.heads, self.kv_heads)
         qk = F.rms_norm(qk, (self.head_dim,), None, self.qk_eps) * self.qk_norm
-        qk = apply_rope(qk, cos, sin)
-        write(qk[:, :, self.heads :].transpose(1, 2), v.transpose(1, 2))
-        o = attend(qk[:, :, : self.heads], keys, values, mask_add, self.scale)
+        o = rope_attend(qk, v, self.heads, cos, sin, write, keys, values, mask_add, self.scale)
         x = linear_add(x, o, self.w_o, self.b_o)
-        gu = F.linear(F.rms_norm(x, (hidden,), self.ln2, self.eps), self.w_gate_up, self.b_gate_up)
-        gate, up = gu.chunk(2, dim=-1)
-        return linear_add(x, F.silu(gate) * up, self.w_down, self.b_down)
+        h = F.rms_norm(x, (hidden,), self.ln2, self.eps)
+        return gated_mlp(h, self.w_gate_up, self.w_down, x, self.b_gate_up, self.b_down)
 
 
 class CodecTalker(nn.Module):

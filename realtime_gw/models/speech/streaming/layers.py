@@ -23,11 +23,10 @@ from realtime_gw.models.fp8 import FP8
 from realtime_gw.models.kernels import (
     KeyMask,
     additive_mask,
-    apply_rope,
-    attend,
     fuse_linears,
     layers_at_positions,
     qkv_heads,
+    rope_attend,
     rope_cos_sin,
 )
 
@@ -298,9 +297,7 @@ class FusedScaledLayer:
         mask_add: torch.Tensor,
     ) -> torch.Tensor:
         qk, v = qkv_heads(self.ln1(x), self.w_qkv, self.b_qkv, self.heads, self.kv_heads)
-        qk = apply_rope(qk, cos, sin)
-        write(qk[:, :, self.heads :].transpose(1, 2), v.transpose(1, 2))
-        o = attend(qk[:, :, : self.heads], keys, values, mask_add, self.scale)
+        o = rope_attend(qk, v, self.heads, cos, sin, write, keys, values, mask_add, self.scale)
         x = torch.addcmul(x, self.o_proj(o), self.ls1)
         return torch.addcmul(x, self.mlp(self.ln2(x)), self.ls2)
 
