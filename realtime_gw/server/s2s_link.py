@@ -63,17 +63,21 @@ AUDIO_ROOM_WAIT_S = 2.0
 
 
 def binding(
-    worker: StageWorker | None, config: GatewayConfig, model: str | None, seed: int | None = None
+    worker: StageWorker | None,
+    config: GatewayConfig,
+    model: str | None,
+    seed: int | None = None,
+    own_voices: Callable[[str], frozenset[str]] | None = None,
 ) -> S2sBinding | None:
-    """The stage a session of ``model`` is bound to (with the model's sampling ``seed``), or None (a
-    cascaded session)."""
+    """The stage a session of ``model`` is bound to (with the model's sampling ``seed``, and the custom
+    voices of that model ``own_voices`` gives, by the stage's model name), or None (a cascaded session)."""
     rule = ReplyRule(config.s2s_reply_end_ms, config.s2s_silence_dbfs)
     if model == ECHO_MODEL:
         return S2sBinding(ECHO_SPEC, rule, seed)
     spec = worker.describe().s2s if worker is not None else None
     if spec is None or model not in (spec.model, config.s2s):
         return None
-    return S2sBinding(spec, rule, seed)
+    return S2sBinding(spec, rule, seed, own_voices(spec.model) if own_voices is not None else frozenset())
 
 
 class EchoStream:
@@ -108,6 +112,16 @@ class EchoStream:
     async def __aiter__(self) -> AsyncIterator[S2sFrame]:
         while (frame := await self._out.get()) is not None:
             yield frame
+
+
+def session_seed(raw: str) -> int | None:
+    """A session's ``?seed=`` (its speech-to-speech model's sampling seed): None when absent; ValueError
+    unless a non-negative integer of at most 10 digits (taken mod 2^32)."""
+    if raw == "":
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 10):
+        raise ValueError("seed must be a non-negative integer")
+    return int(raw) & 0xFFFFFFFF
 
 
 def prompt_refusal(worker: StageWorker | None, request: S2sOpen) -> str | None:

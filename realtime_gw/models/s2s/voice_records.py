@@ -37,6 +37,9 @@ VOICE_RECORDS = (VoiceRegistration, VoiceRemoval)
 VOICE_FRAMES_PER_STEP = 8
 """Frames of a voice sample encoded per stage step (0.64 s of audio)."""
 SAMPLE_RATE = 24000
+QUIETEST_SAMPLE_DBFS = -60.0
+"""A sample quieter than this (RMS) is refused at submit: its loudness could not be measured (BS.1770's
+absolute gate is -70 LUFS), so it could not be brought to the prompt's level."""
 
 
 @dataclass(eq=False)
@@ -72,12 +75,15 @@ class VoiceRegistrar:
                     f"recording of the voice), not {request.kind!r} voices")  # fmt: skip
         if request.codes:
             return self._check_codes(request)
-        seconds = len(request.sample) // 4 / SAMPLE_RATE
-        frames = -(-(len(request.sample) // 4) // self.engine.hop)
+        pcm = np.frombuffer(request.sample, "<f4")
+        frames = -(-len(pcm) // self.engine.hop)
         if frames > self.max_voice_frames:
             most = self.max_voice_frames * self.engine.hop / SAMPLE_RATE
-            return (f"the voice sample lasts {seconds:.1f} s; this model's context holds a voice prompt of "
-                    f"at most {most:.1f} s")  # fmt: skip
+            return (f"the voice sample lasts {len(pcm) / SAMPLE_RATE:.1f} s; this model's context holds a "
+                    f"voice prompt of at most {most:.1f} s")  # fmt: skip
+        rms = float(np.sqrt(np.mean(np.square(pcm, dtype=np.float64)))) if len(pcm) else 0.0
+        if rms <= 10 ** (QUIETEST_SAMPLE_DBFS / 20):
+            return f"the voice sample is silent or too quiet (below {QUIETEST_SAMPLE_DBFS:g} dBFS)"
         return None
 
     def _check_codes(self, request: VoiceRegistration) -> str | None:

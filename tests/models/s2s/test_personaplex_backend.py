@@ -237,6 +237,8 @@ def test_a_voice_the_stage_cannot_make_is_refused_at_submit(backend: PersonaPlex
     assert "another codec" in (backend.check(VoiceRegistration("voice_x", "audio_sample", codes=codes, card=7)) or "")
     bad = ((shape.card,) * shape.own_q,)
     assert "outside" in (backend.check(VoiceRegistration("voice_x", "audio_sample", codes=bad, card=shape.card)) or "")
+    quiet = np.full(2400, 1e-4, np.float32).tobytes()
+    assert "too quiet" in (backend.check(VoiceRegistration("voice_x", "audio_sample", sample=quiet)) or "")
     with pytest.raises(ValueError, match="silent"):
         backend.open(VoiceRegistration("voice_x", "audio_sample", sample=bytes(4 * 2400)))
 
