@@ -15,6 +15,7 @@ import asyncio
 import base64
 import io
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -25,6 +26,8 @@ from openai import AsyncOpenAI
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
 from openai.types.audio import Voice
 
+from realtime_gw.protocols.voices import VoiceObject
+from realtime_gw.server.voice_library import StoredVoice, VoiceLibrary, owner_of
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from tests.server.realtime_sdk_client import recv
 from tests.server.sdk_events import validate
@@ -32,17 +35,29 @@ from tests.server.webrtc.caller import Caller, call
 
 STEP_BYTES = 1920 * 2
 OTHER_KEY = "other-key"
+KEPT_VOICE = "voice_" + "7" * 24
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``--voices-dir`` holding a PersonaPlex voice a previous run made for ``test-key`` (its codes: the
+    tiny codec's card 64, 8 codebooks), which the gateway registers with the stage at start."""
+    root = tmp_path_factory.mktemp("library")
+    lib = VoiceLibrary.open(str(root), 10)
+    kept = VoiceObject(id=KEPT_VOICE, created_at=1, name="Kept", type="audio_sample", model="personaplex")
+    lib.put_voice(StoredVoice(kept, owner_of("test-key"), None, (), ((5, 9, 13, 17, 21, 25, 29, 33),) * 6, 64))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, library: Path) -> Iterator[LiveServer]:
     voices = tmp_path_factory.mktemp("voices")
     t = np.arange(12000) / 24000
     soundfile.write(str(voices / "ada.wav"), (0.1 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24000)
     server = start_server(
         "--policy", "none", "--tts", "tone", "--api-key", "test-key", "--s2s", "personaplex",
         "--s2s-config", "tiny", "--s2s-slots", "2", "--s2s-voices-dir", str(voices), "--s2s-voice", "ada",
-        "--api-keys", OTHER_KEY,
+        "--api-keys", OTHER_KEY, "--voices-dir", str(library),
         name="personaplex",
     )  # fmt: skip
     yield server
@@ -179,7 +194,7 @@ def _sample_wav(seconds: float = 1.0) -> bytes:
     return buf.getvalue()
 
 
-async def test_a_voice_made_from_a_sample_is_the_models_voice_prompt_for_its_key_only(server: LiveServer) -> None:
+async def test_a_voice_made_from_a_sample_is_the_models_voice_prompt_for_its_key_only(server: LiveServer, library: Path) -> None:
     client = AsyncOpenAI(base_url=server.http + "/v1", api_key="test-key", max_retries=0)
     other = AsyncOpenAI(base_url=server.http + "/v1", api_key=OTHER_KEY, max_retries=0)
     consent = await client.audio.voice_consents.create(recording=("me.wav", _sample_wav()), name="me", language="en-US")
@@ -188,7 +203,8 @@ async def test_a_voice_made_from_a_sample_is_the_models_voice_prompt_for_its_key
     )
     voice = Voice.model_validate(made.http_response.json())  # every field of the SDK's type, and ours
     assert voice.type == "audio_sample" and voice.name == "Ann" and made.http_response.json()["model"] == "personaplex"
-    for key, want in ((client, [voice.id]), (other, [])):
+    assert (library / "voices" / f"{voice.id}.json").stat().st_mode & 0o777 == 0o600  # its codes, for a restart
+    for key, want in ((client, [KEPT_VOICE, voice.id]), (other, [])):
         page = await key.get("/audio/voices", cast_to=object, options={"params": {"model": "personaplex"}})
         assert [v["id"] for v in page["data"]] == want  # type: ignore[index]
     assert (await client.get("/audio/voices", cast_to=object, options={"params": {"model": ""}}))["data"] == []  # type: ignore[index]
@@ -247,3 +263,17 @@ async def test_a_webrtc_call_carries_its_persona_to_the_model(server: LiveServer
             if (event := await recv(conn)).type == "response.output_audio_transcript.delta":
                 pieces.append(event.delta)
     assert pieces == ada
+
+
+async def test_a_voice_kept_from_a_previous_run_is_registered_at_start(server: LiveServer) -> None:
+    """Its codes go back to the stage (nothing encoded): a session of its key opens with it (the stage's
+    own check at submit knows it), another key's is refused."""
+    client = AsyncOpenAI(base_url=server.http + "/v1", api_key="test-key", max_retries=0)
+    kept = {"type": "realtime", "model": "personaplex", "audio": {"output": {"voice": {"id": KEPT_VOICE}}}}
+    secret = await client.realtime.client_secrets.create(session=kept)  # type: ignore[arg-type]
+    async with AsyncOpenAI(base_url=server.http + "/v1", api_key=secret.value).realtime.connect(model="personaplex") as conn:
+        created = await recv(conn)
+        assert created.type == "session.created" and created.session.audio.output.voice == KEPT_VOICE  # type: ignore[union-attr]
+        assert len(await asyncio.wait_for(first_reply(conn, 1), 15)) == STEP_BYTES
+    with pytest.raises(openai.BadRequestError, match="voice"):
+        await AsyncOpenAI(base_url=server.http + "/v1", api_key=OTHER_KEY, max_retries=0).realtime.client_secrets.create(session=kept)  # type: ignore[arg-type]
