@@ -138,14 +138,16 @@ def unserved_model(worker: StageWorker | None, config: GatewayConfig, model: str
     return f"Model '{model}' is a speech-to-speech model this gateway does not serve (start it with --s2s {model})"
 
 
-def duplex_models(worker: StageWorker | None, config: GatewayConfig) -> DuplexModels:
-    """What a GPT-Live ``session.start`` may name: the stage's model (by the names ``binding`` takes),
-    and the speech-to-speech families this gateway does not serve."""
+def duplex_models(
+    worker: StageWorker | None, config: GatewayConfig, own_voices: Callable[[str], frozenset[str]] | None = None
+) -> DuplexModels:
+    """What a GPT-Live ``session.start`` may name: the stage's model (by the names ``binding`` takes,
+    with the key's ``own_voices`` of it), and the speech-to-speech families this gateway does not serve."""
     spec = worker.describe().s2s if worker is not None else None
     if spec is None:
         return DuplexModels(unserved=S2S_FAMILIES)
     names = frozenset({spec.model, config.s2s})
-    return DuplexModels(binding(worker, config, spec.model), names, S2S_FAMILIES - names)
+    return DuplexModels(binding(worker, config, spec.model, own_voices=own_voices), names, S2S_FAMILIES - names)
 
 
 class S2sLink:
