@@ -6,9 +6,9 @@ A registration's sample (float32 mono at 24 kHz, as ``protocols.voices`` decodes
 to -24 LUFS (``voices.normalized``, as a sample of ``--s2s-voices-dir``) and encoded by the stage's own
 Mimi into codes, one frame per 80 ms, the codes a sample of the voice directory gets at start-up.
 Conversations hold the engine's encoder slots, so a voice is encoded in an encoder of its own
-(``MoshiEngine.voice_encoder``), ``VOICE_FRAMES_PER_STEP`` frames per stage step: a registration adds a
-bounded time to each step of the conversations live meanwhile (counted as their lateness) instead of
-one stall of the whole sample. One voice is encoded at a time; others wait their turn.
+(``MoshiEngine.voice_encoder``), a few frames per stage step (up to ``VOICE_FRAMES_PER_STEP``, none
+started past ``VOICE_STEP_BUDGET_S``): a registration adds a bounded time to each step of the
+conversations live meanwhile (counted as their lateness) instead of one stall of the whole sample. One voice is encoded at a time; others wait their turn.
 
 The answer (``VoiceAdded``) carries the codes and the codec's card: the server keeps them
 (``server/voice_library.py``, files 0600) and registers them again after a restart, so nothing is
@@ -20,6 +20,7 @@ Custom voices live beside the directory's (``VoicePrompts.custom``) but are not 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,10 @@ from realtime_gw.records.voice import VoiceAdded, VoiceRegistration, VoiceRemova
 
 VOICE_RECORDS = (VoiceRegistration, VoiceRemoval)
 VOICE_FRAMES_PER_STEP = 8
-"""Frames of a voice sample encoded per stage step (0.64 s of audio)."""
+"""Most frames of a voice sample encoded per stage step (0.64 s of audio)."""
+VOICE_STEP_BUDGET_S = 0.010
+"""Encoding time per step after which no further frame is started (at least one frame a step): what a
+registration adds to each step of the conversations, whatever the hardware encodes a frame in."""
 SAMPLE_RATE = 24000
 QUIETEST_SAMPLE_DBFS = -60.0
 """A sample quieter than this (RMS) is refused at submit: its loudness could not be measured (BS.1770's
@@ -139,9 +143,11 @@ class VoiceRegistrar:
         assert job.pcm is not None
         encoder, device = self.engine.voice_encoder(), self.engine.device
         active = torch.ones(1, dtype=torch.bool, device=device)
-        start = len(job.codes)
-        chunk = torch.from_numpy(job.pcm[start : start + VOICE_FRAMES_PER_STEP]).to(device)
-        job.codes += [encoder.step(1, frame[None], active)[0].cpu().numpy() for frame in chunk]
+        start, began = len(job.codes), time.perf_counter()
+        for frame in torch.from_numpy(job.pcm[start : start + VOICE_FRAMES_PER_STEP]).to(device):
+            job.codes.append(encoder.step(1, frame[None], active)[0].cpu().numpy())  # the copy syncs
+            if time.perf_counter() - began >= VOICE_STEP_BUDGET_S:
+                break
         if len(job.codes) == len(job.pcm):
             codes = np.stack(job.codes).astype(np.int64)
             self.store.custom[job.voice_id] = codes

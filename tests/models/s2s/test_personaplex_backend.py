@@ -213,7 +213,7 @@ def test_a_voice_made_while_conversations_talk_is_encoded_as_the_directory_s(bac
     [added] = outputs
     assert isinstance(added, VoiceAdded) and added.voice_id == "voice_ann" and added.card == backend.checkpoint.shape.card
     frames = -(-len(pcm) // FRAME)
-    assert steps == -(-frames // VOICE_FRAMES_PER_STEP) and len(added.codes) == frames
+    assert -(-frames // VOICE_FRAMES_PER_STEP) <= steps <= frames and len(added.codes) == frames
     assert np.array_equal(np.array(added.codes), backend.engine.encode_voice(normalized(pcm)))  # slot 0's, at start
     assert backend.spec.voices == ("ada", "bo")  # never listed: only the key that made it may name it
     request = S2sOpen(seed=3, voice="voice_ann")
