@@ -37,6 +37,9 @@ class VoiceObject(msgspec.Struct, kw_only=True):
     type: Literal["audio_sample", "prompt"]
     object: Literal["audio.voice"] = "audio.voice"
     prompt: str | None = None
+    model: str | None = None
+    """This gateway's: the speech-to-speech model whose voice prompt it is (``personaplex``: named by its
+    id in ``audio.output.voice`` of that model's realtime sessions); None: a voice of the TTS stage."""
 
 
 class VoiceDeleted(msgspec.Struct, kw_only=True):

@@ -111,7 +111,8 @@ VOICE_KINDS = ("audio_sample", "prompt")
 @dataclass(slots=True)
 class VoiceRegistration:
     """Asks the TTS stage to add a custom voice at run time, named ``voice_id`` (then a ``TtsRequest``'s
-    ``voice``). Answered by one ``VoiceAdded``; a backend that cannot make ``kind`` refuses it."""
+    ``voice``), or a speech-to-speech stage that takes voice prompts (then an ``S2sOpen``'s ``voice``).
+    Answered by one ``VoiceAdded``; a backend that cannot make ``kind`` refuses it."""
 
     voice_id: str
     kind: str
@@ -123,14 +124,22 @@ class VoiceRegistration:
     vector: tuple[float, ...] = ()
     """``audio_sample``: the x-vector a previous registration computed (a restart), so nothing is computed
     again; empty: compute it from ``sample``."""
+    codes: tuple[tuple[int, ...], ...] = ()
+    """A speech-to-speech stage's voice prompt (PersonaPlex): the codec codes, one row per 80 ms frame, a
+    previous registration computed (a restart); empty: encode ``sample``."""
+    card: int = 0
+    """The codec card ``codes`` were made with (a stage of another codec refuses them)."""
 
 
 @dataclass(slots=True)
 class VoiceAdded:
-    """A registered voice; ``vector`` is what the server keeps to register it again after a restart."""
+    """A registered voice: what the server keeps to register it again after a restart (a TTS stage's
+    x-vector ``vector``, or a speech-to-speech stage's voice prompt ``codes`` of codec card ``card``)."""
 
     voice_id: str
     vector: tuple[float, ...] = ()
+    codes: tuple[tuple[int, ...], ...] = ()
+    card: int = 0
 
 
 @dataclass(slots=True)

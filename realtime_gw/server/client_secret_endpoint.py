@@ -53,13 +53,14 @@ def settings_of(
     return settings
 
 
-def config_settings(gateway: Any, session: rt.SessionParams | None) -> SessionSettings:
-    """The settings a client secret's or a call's session config gives a new session (``settings_of``);
-    raises ``SessionError``. A config naming a speech-to-speech model is checked as that model's
-    session would check it: its voices, its refusals, and its prompt against the stage's budget."""
+def config_settings(gateway: Any, session: rt.SessionParams | None, key: str | None = None) -> SessionSettings:
+    """The settings a client secret's or a call's session config gives a new session of ``key``
+    (``settings_of``); raises ``SessionError``. A config naming a speech-to-speech model is checked as
+    that model's session would check it: its voices (the key's own too), its refusals, and its prompt
+    against the stage's budget."""
     cfg = gateway.config
     model = session.model if session is not None and isinstance(session.model, str) else None
-    s2s = binding(gateway.workers.s2s, cfg, model)
+    s2s = binding(gateway.workers.s2s, cfg, model, own_voices=gateway.s2s_voices_of(key))
     voices = s2s.voices() if s2s is not None else accepted_voices(gateway.workers.tts.describe())
     if s2s is not None and session is not None:
         check_update(s2s, session)
@@ -102,7 +103,7 @@ async def client_secrets_endpoint(request: Request) -> Response:
             "expires_after.seconds",
         )
     try:
-        settings = config_settings(gateway, parsed.session)
+        settings = config_settings(gateway, parsed.session, admission.key)
     except SessionError as e:
         return error_response(400, str(e), e.code, e.param and f"session.{e.param}")
     try:

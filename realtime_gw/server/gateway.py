@@ -5,6 +5,7 @@ and live session counts. Built once by ``app.create_app``; handlers reach it as
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from realtime_gw.config import GatewayConfig
@@ -36,3 +37,8 @@ class Gateway:
         custom voices' ids."""
         own = self.voices.usable_ids(owner_of(key)) if key is not None else frozenset()
         return accepted_voices(self.workers.tts.describe()) | own
+
+    def s2s_voices_of(self, key: str | None) -> Callable[[str], frozenset[str]]:
+        """The custom voices ``key`` made for a speech-to-speech model, by the model's name (``binding``)."""
+        owner = owner_of(key) if key is not None else None
+        return lambda model: self.voices.usable_ids(owner, model) if owner is not None else frozenset()

@@ -100,6 +100,6 @@ async def live_endpoint(ws: WebSocket) -> None:
         now,
         gateway.config.realtime_max_session_s or NO_LIMIT_S,
         unix_offset_s=time.time() - now,
-        duplex_models=duplex_models(gateway.workers.s2s, gateway.config),
+        duplex_models=duplex_models(gateway.workers.s2s, gateway.config, gateway.s2s_voices_of(admission.key)),
     )
     await serve_admitted(ws, admission, LiveConnection(ws, gateway, session))

@@ -42,7 +42,14 @@ from realtime_gw.server.mcp_client import McpRequests
 from realtime_gw.server.metrics import FRAME_LATENESS, TTFA
 from realtime_gw.server.outbox import Notice, Outbox, OutboxFull, Outgoing
 from realtime_gw.server.realtime_input import Channel, ClientInput, FromClient
-from realtime_gw.server.s2s_link import ECHO_DEFAULTS, ECHO_SPEC, S2sLink, binding, unserved_model
+from realtime_gw.server.s2s_link import (
+    ECHO_DEFAULTS,
+    ECHO_SPEC,
+    S2sLink,
+    binding,
+    session_seed,
+    unserved_model,
+)
 from realtime_gw.sessions.events import (
     AskTurn,
     AwaitDelivery,
@@ -426,7 +433,7 @@ def open_session(
     configs = [c for c in (secret and secret.session, extra) if c is not None]
     model = model or next((c.model for c in reversed(configs) if isinstance(c.model, str)), None) or "realtime-gw"
     # a transcription session only listens: it never takes a speech-to-speech model's slot
-    s2s = None if transcription else binding(gateway.workers.s2s, gateway.config, model, seed)
+    s2s = None if transcription else binding(gateway.workers.s2s, gateway.config, model, seed, gateway.s2s_voices_of(key))
     limits = session_limits(gateway, model, key)
     session = RealtimeSession("sess_" + secrets.token_hex(8), limits, time.monotonic(), duplex, transcription, s2s)
     if s2s is not None and s2s.spec is ECHO_SPEC:  # the user's own voice comes back: it does not interrupt it
@@ -449,16 +456,22 @@ async def realtime_endpoint(ws: WebSocket) -> None:
     asked = ws.query_params.get("duplex") in ("1", "true")
     duplex = asked or ws.scope["path"].rstrip("/").endswith("/duplex")
     transcription = ws.query_params.get("intent") == "transcription"  # OpenAI's transcription sessions
-    model, seed = ws.query_params.get("model"), ws.query_params.get("seed", "")
-    why = unserved_model(gateway.workers.s2s, gateway.config, model)
-    if why is not None or not (seed == "" or (seed.isascii() and seed.isdigit() and len(seed) <= 10)):  # refused at connect, as an unknown model is
-        error = rt.error_event(why or "seed must be a non-negative integer", code="invalid_value", param="model" if why else "seed")
+    model, seed = ws.query_params.get("model"), None
+    refusal: tuple[str, str, str] | None = None  # (message, param, close reason): refused at connect
+    if (why := unserved_model(gateway.workers.s2s, gateway.config, model)) is not None:
+        refusal = (why, "model", "model not served")
+    else:
+        try:
+            seed = session_seed(ws.query_params.get("seed", ""))
+        except ValueError as e:
+            refusal = (str(e), "seed", "bad seed")
+    if refusal is not None:
         admission.leave()
-        await ws.send_text(rt.encode_server_event(error).decode())
-        await ws.close(code=1008, reason="model not served" if why else "bad seed")
+        await ws.send_text(rt.encode_server_event(rt.error_event(refusal[0], code="invalid_value", param=refusal[1])).decode())
+        await ws.close(code=1008, reason=refusal[2])
         return
     session = open_session(
-        gateway, model, admission.key, admission.secret, duplex=duplex, transcription=transcription, seed=int(seed) & 0xFFFFFFFF if seed else None
+        gateway, model, admission.key, admission.secret, duplex=duplex, transcription=transcription, seed=seed
     )
     await serve_admitted(ws, admission, RealtimeConnection(ws, gateway, session))
 

@@ -63,17 +63,21 @@ AUDIO_ROOM_WAIT_S = 2.0
 
 
 def binding(
-    worker: StageWorker | None, config: GatewayConfig, model: str | None, seed: int | None = None
+    worker: StageWorker | None,
+    config: GatewayConfig,
+    model: str | None,
+    seed: int | None = None,
+    own_voices: Callable[[str], frozenset[str]] | None = None,
 ) -> S2sBinding | None:
-    """The stage a session of ``model`` is bound to (with the model's sampling ``seed``), or None (a
-    cascaded session)."""
+    """The stage a session of ``model`` is bound to (with the model's sampling ``seed``, and the custom
+    voices of that model ``own_voices`` gives, by the stage's model name), or None (a cascaded session)."""
     rule = ReplyRule(config.s2s_reply_end_ms, config.s2s_silence_dbfs)
     if model == ECHO_MODEL:
         return S2sBinding(ECHO_SPEC, rule, seed)
     spec = worker.describe().s2s if worker is not None else None
     if spec is None or model not in (spec.model, config.s2s):
         return None
-    return S2sBinding(spec, rule, seed)
+    return S2sBinding(spec, rule, seed, own_voices(spec.model) if own_voices is not None else frozenset())
 
 
 class EchoStream:
@@ -110,6 +114,16 @@ class EchoStream:
             yield frame
 
 
+def session_seed(raw: str) -> int | None:
+    """A session's ``?seed=`` (its speech-to-speech model's sampling seed): None when absent; ValueError
+    unless a non-negative integer of at most 10 digits (taken mod 2^32)."""
+    if raw == "":
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 10):
+        raise ValueError("seed must be a non-negative integer")
+    return int(raw) & 0xFFFFFFFF
+
+
 def prompt_refusal(worker: StageWorker | None, request: S2sOpen) -> str | None:
     """Why the stage cannot open ``request``'s prompt (persona, voice; its ``admit`` counts them), or None."""
     admit = getattr(worker, "admit", None)
@@ -124,14 +138,16 @@ def unserved_model(worker: StageWorker | None, config: GatewayConfig, model: str
     return f"Model '{model}' is a speech-to-speech model this gateway does not serve (start it with --s2s {model})"
 
 
-def duplex_models(worker: StageWorker | None, config: GatewayConfig) -> DuplexModels:
-    """What a GPT-Live ``session.start`` may name: the stage's model (by the names ``binding`` takes),
-    and the speech-to-speech families this gateway does not serve."""
+def duplex_models(
+    worker: StageWorker | None, config: GatewayConfig, own_voices: Callable[[str], frozenset[str]] | None = None
+) -> DuplexModels:
+    """What a GPT-Live ``session.start`` may name: the stage's model (by the names ``binding`` takes,
+    with the key's ``own_voices`` of it), and the speech-to-speech families this gateway does not serve."""
     spec = worker.describe().s2s if worker is not None else None
     if spec is None:
         return DuplexModels(unserved=S2S_FAMILIES)
     names = frozenset({spec.model, config.s2s})
-    return DuplexModels(binding(worker, config, spec.model), names, S2S_FAMILIES - names)
+    return DuplexModels(binding(worker, config, spec.model, own_voices=own_voices), names, S2S_FAMILIES - names)
 
 
 class S2sLink:

@@ -2,8 +2,9 @@
 
 Each belongs to the API key that made it (kept as a SHA-256 digest of the key, never the key) and is seen
 by that key only. With ``voices_dir`` set they persist there, one JSON file per voice (``voices/ID.json``:
-the voice object, its owner, its consent, and what the TTS stage computed from the sample: the x-vector,
-so a restart registers it again without the recording) and per consent (``consents/ID.json`` and the
+the voice object, its owner, its consent, and what its stage computed from the sample: the TTS stage's
+x-vector, or a speech-to-speech stage's voice prompt codes (``VoiceObject.model``), so a restart registers
+it again without the recording) and per consent (``consents/ID.json`` and the
 recording as uploaded, ``consents/ID.audio``), files 0600 in directories 0700, each written to a temporary
 name and renamed into place. Voice samples are not kept. Without ``voices_dir`` they live in memory for
 the process's life (a voice sample is biometric data: the operator opts in to keeping it on disk).
@@ -42,8 +43,13 @@ class StoredVoice:
     consent: str | None = None
     vector: tuple[float, ...] = ()
     """``audio_sample``: the x-vector the TTS stage computed (registered again after a restart)."""
+    codes: tuple[tuple[int, ...], ...] = ()
+    card: int = 0
+    """A speech-to-speech model's voice (``voice.model``): the codec codes its stage computed, and the
+    codec's card (registered again after a restart)."""
     usable: bool = False
-    """Registered with this process's TTS stage (not stored: a restart registers again)."""
+    """Registered with this process's stage (the TTS stage, or ``voice.model``'s; not stored: a restart
+    registers again)."""
 
 
 @dataclass
@@ -72,7 +78,9 @@ class VoiceLibrary:
             try:
                 raw = json.loads(path.read_text())
                 v = StoredVoice(msgspec.convert(raw["voice"], VoiceObject), raw["owner"], raw.get("consent"),
-                                tuple(float(x) for x in raw.get("vector", ())))  # fmt: skip
+                                tuple(float(x) for x in raw.get("vector", ())),
+                                tuple(tuple(int(c) for c in row) for row in raw.get("codes", ())),
+                                int(raw.get("card", 0)))  # fmt: skip
             except (OSError, ValueError, KeyError, TypeError, msgspec.ValidationError) as e:
                 log.warning("voices: skipping unreadable %s: %s", path.name, e)
                 continue
@@ -97,9 +105,11 @@ class VoiceLibrary:
         v = self.voices.get(voice_id)
         return v if v is not None and v.owner == owner else None
 
-    def usable_ids(self, owner: str) -> frozenset[str]:
-        """The owner's voices the TTS stage speaks (what ``voice`` may name besides the built-in ones)."""
-        return frozenset(v.voice.id for v in self.voices.values() if v.owner == owner and v.usable)
+    def usable_ids(self, owner: str, model: str | None = None) -> frozenset[str]:
+        """The owner's voices the TTS stage speaks (``model`` None), or the speech-to-speech ``model``'s
+        stage (what ``voice`` may name besides the built-in ones)."""
+        return frozenset(v.voice.id for v in self.voices.values()
+                         if v.owner == owner and v.usable and v.voice.model == model)  # fmt: skip
 
     def consents_of(self, owner: str) -> list[StoredConsent]:
         return sorted((c for c in self.consents.values() if c.owner == owner),
@@ -122,6 +132,7 @@ class VoiceLibrary:
         assert VOICE_ID.fullmatch(v.voice.id)
         self._write(f"voices/{v.voice.id}.json", json.dumps({
             "voice": msgspec.to_builtins(v.voice), "owner": v.owner, "consent": v.consent, "vector": list(v.vector),
+            "codes": [list(row) for row in v.codes], "card": v.card,
         }).encode())  # fmt: skip
         self.voices[v.voice.id] = v
 
@@ -154,4 +165,6 @@ class VoiceLibrary:
 
 def stored_voice_record(v: StoredVoice) -> dict[str, Any]:
     """What a registration of ``v`` needs beyond its id and kind (see ``records.voice.VoiceRegistration``)."""
+    if v.voice.model is not None:
+        return {"codes": v.codes, "card": v.card}
     return {"description": v.voice.prompt or ""} if v.voice.type == "prompt" else {"vector": v.vector}

@@ -7,6 +7,13 @@ with a ``VoiceAdded``, which the library keeps (``voice_library``). A TTS model 
 refuses it before anything is computed (its ``BackendInfo.voice_kinds``). At start-up every stored voice
 is registered again (``restore_voices``); ``voice: {"id": ...}`` in speech and realtime then names it,
 for the key that made it only.
+
+A create request whose ``model`` names the speech-to-speech stage's model (``personaplex``: a model
+whose voice is a voice prompt) makes that model's voice instead: the same consent and sample checks,
+then the ``VoiceRegistration`` goes to the speech-to-speech worker, which encodes the sample into the
+model's voice prompt (``models/s2s/voice_records.py``) and answers with its codes, kept like an
+x-vector. The voice object says its ``model``; ``audio.output.voice: {"id": ...}`` of that model's
+realtime sessions names it (the key's own only); ``GET ?model=`` lists one model's voices.
 """
 
 from __future__ import annotations
@@ -21,11 +28,12 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from realtime_gw.models.runtime import NoFreeSlot, RequestRefused, WorkerFault
+from realtime_gw.models.runtime import NoFreeSlot, RequestRefused, StageWorker, WorkerFault
 from realtime_gw.protocols import voices as pv
 from realtime_gw.records.voice import VoiceAdded, VoiceRegistration, VoiceRemoval
 from realtime_gw.server import auth
 from realtime_gw.server.gateway import Gateway
+from realtime_gw.server.s2s_link import S2S_FAMILIES, binding
 from realtime_gw.server.speech import bounded_body, openai_error
 from realtime_gw.server.voice_library import (
     StoredConsent,
@@ -122,10 +130,37 @@ def _limit(request: Request) -> tuple[str | None, int]:
     return request.query_params.get("after"), int(raw)
 
 
-# -- the TTS stage ----------------------------------------------------------------------------------------
-async def _register(gateway: Gateway, record: VoiceRegistration | VoiceRemoval) -> VoiceAdded | None:
-    """The TTS stage's answer to a voice record (None for a removal)."""
-    stream = gateway.workers.tts.submit(record)
+# -- the stages ------------------------------------------------------------------------------------------
+def _s2s_model(gateway: Gateway, model: str | None) -> str | None:
+    """The speech-to-speech model a create request's ``model`` names (its voices are voice prompts), None
+    for the TTS stage (no model, or another name, such as OpenAI's ``auto``); a 400 for a
+    speech-to-speech model that takes no voice or is not served."""
+    if not model:
+        return None
+    bound = binding(gateway.workers.s2s, gateway.config, model)
+    if bound is not None and bound.takes_voice:
+        return bound.spec.model
+    if bound is not None:
+        raise pv.VoiceInputError(f"Model '{model}' takes no voice prompt (capabilities: {bound.capabilities})",
+                                 "model", "unsupported_value")  # fmt: skip
+    if model in S2S_FAMILIES:
+        raise pv.VoiceInputError(f"Model '{model}' is a speech-to-speech model this gateway does not serve",
+                                 "model", "unsupported_value")  # fmt: skip
+    return None
+
+
+def _stage(gateway: Gateway, model: str | None) -> StageWorker | None:
+    """The worker that makes and speaks a voice of ``model`` (None: the TTS stage), or None if this
+    gateway does not serve that model now."""
+    if model is None:
+        return gateway.workers.tts  # type: ignore[no-any-return]
+    bound = binding(gateway.workers.s2s, gateway.config, model)
+    return gateway.workers.s2s if bound is not None and bound.takes_voice else None
+
+
+async def _register(worker: StageWorker, record: VoiceRegistration | VoiceRemoval) -> VoiceAdded | None:
+    """The stage's answer to a voice record (None for a removal)."""
+    stream = worker.submit(record)
     try:
         outputs = [x async for x in stream]
     finally:
@@ -135,19 +170,21 @@ async def _register(gateway: Gateway, record: VoiceRegistration | VoiceRemoval) 
 
 
 async def restore_voices(gateway: Gateway) -> None:
-    """Register every stored voice of a kind this TTS model makes (from what it computed before: nothing is
-    computed again); others stay listed but cannot be spoken (speech names why)."""
+    """Register every stored voice of a kind this TTS model makes, and every voice of the speech-to-speech
+    model served (from what they computed before: nothing is computed again); others stay listed but
+    cannot be spoken (speech names why)."""
     if not gateway.voices.voices:
         return
     kinds = gateway.workers.tts.describe().voice_kinds
     ok = 0
     for v in list(gateway.voices.voices.values()):
-        if v.voice.type not in kinds:
+        worker = _stage(gateway, v.voice.model)
+        if worker is None or (v.voice.model is None and v.voice.type not in kinds):
             continue
         try:
-            await _register(gateway, VoiceRegistration(v.voice.id, v.voice.type, **stored_voice_record(v)))
+            await _register(worker, VoiceRegistration(v.voice.id, v.voice.type, **stored_voice_record(v)))
         except (NoFreeSlot, WorkerFault) as e:
-            log.warning("voices: %s cannot be spoken by this TTS model: %s", v.voice.id, e)
+            log.warning("voices: %s cannot be spoken by %s: %s", v.voice.id, worker.name, e)
             continue
         v.usable = True
         ok += 1
@@ -162,14 +199,21 @@ async def voices_endpoint(request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
     if request.method == "GET":
         after, limit = _limit(request)
-        return JSONResponse(pv.page([v.voice for v in gateway.voices.voices_of(owner)], after, limit))
+        voices = [v.voice for v in gateway.voices.voices_of(owner)]
+        if "model" in request.query_params:  # one model's voices (the TTS stage's: ``model=``)
+            voices = [v for v in voices if (v.model or "") == request.query_params["model"]]
+        return JSONResponse(pv.page(voices, after, limit))
     form = await _form(request)
     name = pv.check_name(_text(form, "name"))
     kind = _text(form, "type") or "audio_sample"
     if kind not in KIND_WORDS:
         raise pv.VoiceInputError("type must be 'audio_sample' or 'prompt'", "type")
+    model = _s2s_model(gateway, _text(form, "model"))
+    if model is not None and kind != "audio_sample":
+        raise pv.VoiceInputError(f"Model '{model}' makes voices from audio samples only (its voice is a voice "
+                                 "prompt: a recording of the voice)", "type", "unsupported_voice_type")  # fmt: skip
     info = gateway.workers.tts.describe()
-    if kind not in info.voice_kinds:
+    if model is None and kind not in info.voice_kinds:
         raise pv.VoiceInputError(f"this server's TTS model ({info.name}) cannot {KIND_WORDS[kind]}", "type",
                                  "unsupported_voice_type")  # fmt: skip
     if len(gateway.voices.voices_of(owner)) >= gateway.voices.max_per_key:
@@ -189,20 +233,22 @@ async def voices_endpoint(request: Request) -> Response:
         sample = await asyncio.to_thread(lambda: pv.check_sample(pv.decode_recording(data)))
         prompt = None
         record = VoiceRegistration(voice_id, kind, sample=sample)
+    worker = _stage(gateway, model)
+    assert worker is not None  # ``_s2s_model`` named a model served now
     try:
-        added = await _register(gateway, record)
+        added = await _register(worker, record)
     except NoFreeSlot as e:
         return openai_error(503, str(e), code="server_busy")
     except RequestRefused as e:
         return openai_error(400, str(e), param="prompt" if kind == "prompt" else "audio_sample")
     except WorkerFault as e:
-        log.warning("voices: the TTS stage failed to make a voice: %s", e)
+        log.warning("voices: %s failed to make a voice: %s", worker.name, e)
         return openai_error(500, f"Making the voice failed: {e}", code="server_error")
     assert added is not None
-    obj = pv.VoiceObject(id=voice_id, created_at=int(time.time()), name=name, type=kind, prompt=prompt)  # type: ignore[arg-type]
-    stored = StoredVoice(obj, owner, consent, added.vector, usable=True)
+    obj = pv.VoiceObject(id=voice_id, created_at=int(time.time()), name=name, type=kind, prompt=prompt, model=model)  # type: ignore[arg-type]
+    stored = StoredVoice(obj, owner, consent, added.vector, added.codes, added.card, usable=True)
     await asyncio.to_thread(gateway.voices.put_voice, stored)
-    log.info("voices: made %s (%s)", voice_id, kind)
+    log.info("voices: made %s (%s%s)", voice_id, kind, f", {model}" if model else "")
     return _json(obj)
 
 
@@ -217,11 +263,12 @@ async def voice_endpoint(request: Request) -> Response:
     if request.method == "GET":
         return _json(stored.voice)
     await asyncio.to_thread(gateway.voices.drop_voice, voice_id)
-    if stored.usable:
+    worker = _stage(gateway, stored.voice.model)
+    if stored.usable and worker is not None:
         try:
-            await _register(gateway, VoiceRemoval(voice_id))
+            await _register(worker, VoiceRemoval(voice_id))
         except (NoFreeSlot, WorkerFault) as e:  # it is no longer listed, so no key can name it
-            log.warning("voices: the TTS stage kept %s: %s", voice_id, e)
+            log.warning("voices: %s kept %s: %s", worker.name, voice_id, e)
     return _json(pv.VoiceDeleted(id=voice_id))
 
 

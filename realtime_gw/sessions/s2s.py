@@ -79,6 +79,8 @@ class S2sBinding:
     rule: ReplyRule = field(default_factory=ReplyRule)
     seed: int | None = None
     """The model's sampling seed for this session (None: the stage's)."""
+    own_voices: frozenset[str] = frozenset()
+    """The session's API key's own voices of this model (``/v1/audio/voices``), named by id."""
 
     @property
     def capabilities(self) -> str:
@@ -94,7 +96,7 @@ class S2sBinding:
 
     def voices(self) -> frozenset[str]:
         """The names ``audio.output.voice`` may give (``default``: the stage's default voice)."""
-        return frozenset({*self.spec.voices, "default"}) if self.takes_voice else frozenset({"default"})
+        return frozenset({*self.spec.voices, *self.own_voices, "default"}) if self.takes_voice else frozenset({"default"})
 
     def request(self, settings: SessionSettings) -> S2sOpen:
         """The opening of the session's stream: its seed, and the prompt its settings give."""

@@ -5,13 +5,17 @@ and hears the model speak, 80 ms a delta. A session's instructions are the model
 seed, the same persona gives the same first reply and another persona another (a tiny random model
 says something else as soon as its prompt differs); the SDK's usual flow (connect, then
 ``session.update`` with instructions and a voice) re-opens the stream with them, and an unknown voice
-or a persona past the prompt budget is refused, the session going on."""
+or a persona past the prompt budget is refused, the session going on. A voice made from a sample through
+``/v1/audio/voices`` (``model: personaplex``) is that model's voice prompt, for its API key only; a
+WebRTC call carries its persona in the call's ``session`` part to the model as the WebSocket does."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import io
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -20,21 +24,40 @@ import pytest
 import soundfile
 from openai import AsyncOpenAI
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
+from openai.types.audio import Voice
 
+from realtime_gw.protocols.voices import VoiceObject
+from realtime_gw.server.voice_library import StoredVoice, VoiceLibrary, owner_of
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from tests.server.realtime_sdk_client import recv
+from tests.server.sdk_events import validate
+from tests.server.webrtc.caller import Caller, call
 
 STEP_BYTES = 1920 * 2
+OTHER_KEY = "other-key"
+KEPT_VOICE = "voice_" + "7" * 24
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``--voices-dir`` holding a PersonaPlex voice a previous run made for ``test-key`` (its codes: the
+    tiny codec's card 64, 8 codebooks), which the gateway registers with the stage at start."""
+    root = tmp_path_factory.mktemp("library")
+    lib = VoiceLibrary.open(str(root), 10)
+    kept = VoiceObject(id=KEPT_VOICE, created_at=1, name="Kept", type="audio_sample", model="personaplex")
+    lib.put_voice(StoredVoice(kept, owner_of("test-key"), None, (), ((5, 9, 13, 17, 21, 25, 29, 33),) * 6, 64))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, library: Path) -> Iterator[LiveServer]:
     voices = tmp_path_factory.mktemp("voices")
     t = np.arange(12000) / 24000
     soundfile.write(str(voices / "ada.wav"), (0.1 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24000)
     server = start_server(
         "--policy", "none", "--tts", "tone", "--api-key", "test-key", "--s2s", "personaplex",
         "--s2s-config", "tiny", "--s2s-slots", "2", "--s2s-voices-dir", str(voices), "--s2s-voice", "ada",
+        "--api-keys", OTHER_KEY, "--voices-dir", str(library),
         name="personaplex",
     )  # fmt: skip
     yield server
@@ -89,10 +112,13 @@ async def first_reply(conn: AsyncRealtimeConnection, deltas: int = 3) -> bytes:
     return out
 
 
-async def persona_reply(server: LiveServer, persona: str) -> bytes:
-    """The first reply of a session whose client secret gives ``persona`` (the stream opens with it)."""
+async def persona_reply(server: LiveServer, persona: str, voice: str | dict[str, str] = "ada") -> bytes:
+    """The first reply of a session whose client secret gives ``persona`` and ``voice`` (the stream opens
+    with them)."""
     minter = AsyncOpenAI(base_url=server.http + "/v1", api_key="test-key")
-    secret = await minter.realtime.client_secrets.create(session={"type": "realtime", "model": "personaplex", "instructions": persona})
+    secret = await minter.realtime.client_secrets.create(session={
+        "type": "realtime", "model": "personaplex", "instructions": persona, "audio": {"output": {"voice": voice}},  # type: ignore[typeddict-item]
+    })  # fmt: skip
     assert secret.session.instructions == persona  # type: ignore[union-attr]
     client = AsyncOpenAI(base_url=server.http + "/v1", api_key=secret.value)
     async with client.realtime.connect(model="personaplex", extra_query={"seed": "5"}) as conn:
@@ -158,3 +184,96 @@ async def test_a_reopen_on_a_full_stage_takes_its_own_slot(server: LiveServer) -
             refused = await recv(third)
             assert refused.type == "error" and refused.error.code == "server_busy"  # type: ignore[union-attr]
         assert len(await asyncio.wait_for(first_reply(second, 1), 15)) == STEP_BYTES
+
+
+def _sample_wav(seconds: float = 1.0) -> bytes:
+    """A voice sample as a client uploads it: a WAV file at 16 kHz (the gateway resamples it)."""
+    t = np.arange(int(16000 * seconds)) / 16000
+    buf = io.BytesIO()
+    soundfile.write(buf, (0.2 * np.sin(2 * np.pi * (140 + 30 * np.sin(5 * t)) * t)).astype(np.float32), 16000, format="WAV")
+    return buf.getvalue()
+
+
+async def test_a_voice_made_from_a_sample_is_the_models_voice_prompt_for_its_key_only(server: LiveServer, library: Path) -> None:
+    client = AsyncOpenAI(base_url=server.http + "/v1", api_key="test-key", max_retries=0)
+    other = AsyncOpenAI(base_url=server.http + "/v1", api_key=OTHER_KEY, max_retries=0)
+    consent = await client.audio.voice_consents.create(recording=("me.wav", _sample_wav()), name="me", language="en-US")
+    made = await client.audio.voices.with_raw_response.create(
+        audio_sample=("ann.wav", _sample_wav()), consent=consent.id, name="Ann", extra_body={"model": "personaplex"}
+    )
+    voice = Voice.model_validate(made.http_response.json())  # every field of the SDK's type, and ours
+    assert voice.type == "audio_sample" and voice.name == "Ann" and made.http_response.json()["model"] == "personaplex"
+    assert (library / "voices" / f"{voice.id}.json").stat().st_mode & 0o777 == 0o600  # its codes, for a restart
+    for key, want in ((client, [KEPT_VOICE, voice.id]), (other, [])):
+        page = await key.get("/audio/voices", cast_to=object, options={"params": {"model": "personaplex"}})
+        assert [v["id"] for v in page["data"]] == want  # type: ignore[index]
+    assert (await client.get("/audio/voices", cast_to=object, options={"params": {"model": ""}}))["data"] == []  # type: ignore[index]
+    # the voice is the model's: another voice prompt, another reply under the same seed and persona
+    assert await persona_reply(server, "You are Ann.", {"id": voice.id}) != await persona_reply(server, "You are Ann.")
+    with pytest.raises(openai.BadRequestError, match="voice"):  # another key cannot name it
+        await other.realtime.client_secrets.create(session={"type": "realtime", "model": "personaplex", "audio": {"output": {"voice": {"id": voice.id}}}})  # type: ignore[typeddict-item]
+    with pytest.raises(openai.BadRequestError, match="audio samples only"):
+        await client.audio.voices.create(name="x", prompt="A warm voice.", type="prompt", model="personaplex")
+    with pytest.raises(openai.BadRequestError, match="at most 6.8 s"):  # the tiny model's context
+        await client.audio.voices.create(audio_sample=("long.wav", _sample_wav(8)), consent=consent.id, name="Long", extra_body={"model": "personaplex"})
+    assert (await client.audio.voices.delete(voice.id)).deleted
+    with pytest.raises(openai.BadRequestError, match="voice"):
+        await client.realtime.client_secrets.create(session={"type": "realtime", "model": "personaplex", "audio": {"output": {"voice": {"id": voice.id}}}})  # type: ignore[typeddict-item]
+
+
+TRANSCRIPT_DELTAS = 4
+
+
+async def call_reply(server: LiveServer, persona: str) -> list[str]:
+    """The first text pieces of the model's first reply in a WebRTC call whose ``session`` part gives
+    ``persona`` (the microphone is silent: the model hears the same in every call)."""
+    caller = Caller(parse=validate)
+    try:
+        session = {"type": "realtime", "model": "personaplex", "instructions": persona}
+        resp = await call(server, caller, multipart=True, session=session, seed=5)
+        assert resp.status_code == 201, resp.text
+        created = await caller.wait_for(lambda e: e.type == "session.created", 15)
+        assert created.session.model == "personaplex" and created.session.instructions == persona
+        first = (await caller.wait_for(lambda e: e.type == "response.created", 15)).response.id
+
+        def pieces() -> list[str]:
+            return [e.delta for _, e in caller.events
+                    if e.type == "response.output_audio_transcript.delta" and e.response_id == first]  # fmt: skip
+
+        await caller.wait_for(lambda e: len(pieces()) >= TRANSCRIPT_DELTAS, 15)
+        await caller.wait_for(lambda e: e.type == "output_audio_buffer.started", 15)  # its voice is on the track
+        return pieces()[:TRANSCRIPT_DELTAS]
+    finally:
+        await caller.close()
+
+
+async def test_a_webrtc_call_carries_its_persona_to_the_model(server: LiveServer) -> None:
+    """An aiortc call of model ``personaplex`` with its persona in the call's ``session`` part: the same
+    persona and seed say what a WebSocket session says; another persona says something else."""
+    ada, bo = await call_reply(server, "You are Ada."), await call_reply(server, "You are Bo, a pirate.")
+    assert ada != bo
+    client = AsyncOpenAI(base_url=server.http + "/v1", api_key="test-key")
+    async with client.realtime.connect(model="personaplex", extra_query={"seed": "5"}) as conn:
+        assert (await recv(conn)).type == "session.created"
+        await conn.session.update(session={"type": "realtime", "instructions": "You are Ada."})
+        while (event := await recv(conn)).type != "session.updated":
+            assert event.type != "error", event
+        pieces: list[str] = []
+        while len(pieces) < TRANSCRIPT_DELTAS:
+            if (event := await recv(conn)).type == "response.output_audio_transcript.delta":
+                pieces.append(event.delta)
+    assert pieces == ada
+
+
+async def test_a_voice_kept_from_a_previous_run_is_registered_at_start(server: LiveServer) -> None:
+    """Its codes go back to the stage (nothing encoded): a session of its key opens with it (the stage's
+    own check at submit knows it), another key's is refused."""
+    client = AsyncOpenAI(base_url=server.http + "/v1", api_key="test-key", max_retries=0)
+    kept = {"type": "realtime", "model": "personaplex", "audio": {"output": {"voice": {"id": KEPT_VOICE}}}}
+    secret = await client.realtime.client_secrets.create(session=kept)  # type: ignore[arg-type]
+    async with AsyncOpenAI(base_url=server.http + "/v1", api_key=secret.value).realtime.connect(model="personaplex") as conn:
+        created = await recv(conn)
+        assert created.type == "session.created" and created.session.audio.output.voice == KEPT_VOICE  # type: ignore[union-attr]
+        assert len(await asyncio.wait_for(first_reply(conn, 1), 15)) == STEP_BYTES
+    with pytest.raises(openai.BadRequestError, match="voice"):
+        await AsyncOpenAI(base_url=server.http + "/v1", api_key=OTHER_KEY, max_retries=0).realtime.client_secrets.create(session=kept)  # type: ignore[arg-type]

@@ -7,7 +7,13 @@ import stat
 from pathlib import Path
 
 from realtime_gw.protocols.voices import ConsentObject, VoiceObject
-from realtime_gw.server.voice_library import StoredConsent, StoredVoice, VoiceLibrary, owner_of
+from realtime_gw.server.voice_library import (
+    StoredConsent,
+    StoredVoice,
+    VoiceLibrary,
+    owner_of,
+    stored_voice_record,
+)
 
 
 def test_round_trip_and_scoping(tmp_path: Path) -> None:
@@ -37,3 +43,17 @@ def test_unreadable_files_are_skipped(tmp_path: Path) -> None:
     (tmp_path / "voices").mkdir()
     (tmp_path / "voices" / "voice_x.json").write_text("{not json")
     assert VoiceLibrary.open(str(tmp_path), 10).voices == {}
+
+
+def test_a_speech_to_speech_voice_keeps_its_codes_and_is_that_model_s_only(tmp_path: Path) -> None:
+    lib = VoiceLibrary.open(str(tmp_path), 10)
+    a = owner_of("key-a")
+    tts = VoiceObject(id="voice_" + "3" * 24, created_at=7, name="t", type="audio_sample")
+    s2s = VoiceObject(id="voice_" + "4" * 24, created_at=8, name="p", type="audio_sample", model="personaplex")
+    lib.put_voice(StoredVoice(tts, a, None, (0.5,), usable=True))
+    lib.put_voice(StoredVoice(s2s, a, None, (), ((1, 2), (3, 4)), 2048, usable=True))
+    assert lib.usable_ids(a) == {tts.id} and lib.usable_ids(a, "personaplex") == {s2s.id}
+    got = VoiceLibrary.open(str(tmp_path), 10).voice(a, s2s.id)
+    assert got is not None and got.voice == s2s and got.codes == ((1, 2), (3, 4)) and got.card == 2048
+    assert stored_voice_record(got) == {"codes": ((1, 2), (3, 4)), "card": 2048}
+    assert stat.S_IMODE(os.stat(tmp_path / "voices" / f"{s2s.id}.json").st_mode) == 0o600

@@ -63,6 +63,18 @@ def test_a_model_without_custom_voices_refuses_both_kinds() -> None:
     assert prompt.status_code == 400 and prompt.json()["error"]["code"] == "unsupported_voice_type"
 
 
+def test_a_speech_to_speech_model_this_gateway_does_not_serve_is_refused() -> None:
+    """``model`` names the model a voice is for: a speech-to-speech one must be served (and take a
+    voice: ``gateway-echo`` takes none); another name (OpenAI's ``auto``) is the TTS stage's."""
+    c = _client()
+    consent = _consent(c).json()  # type: ignore[attr-defined]
+    for model, said in (("personaplex", "does not serve"), ("gateway-echo", "takes no voice prompt"), ("auto", "cannot clone voices")):
+        r = c.post("/v1/audio/voices", headers=AUTH, files={"audio_sample": ("s.wav", _wav())},
+                   data={"name": "v", "consent": consent["id"], "model": model})  # fmt: skip
+        assert r.status_code == 400 and said in r.json()["error"]["message"], r.json()
+        assert r.json()["error"]["param"] == ("type" if model == "auto" else "model")
+
+
 def test_bad_bodies() -> None:
     c = _client()
     assert c.get("/v1/audio/voices", headers={"Authorization": "Bearer nope"}).status_code == 401

@@ -62,3 +62,13 @@ def test_a_persona_past_the_budget_is_refused_at_start() -> None:
     [error] = sent(out)
     assert error.type == "error" and "40 frames" in error.error.message
     assert [e for e in out if isinstance(e, OpenS2s)] == []
+
+
+def test_a_voice_the_key_made_for_the_model_is_its_voice_prompt() -> None:
+    """A voice of ``/v1/audio/voices`` made for the model (``S2sBinding.own_voices``), by its id."""
+    own = DuplexModels(S2sBinding(SPEC, ReplyRule(), 3, frozenset({"voice_" + "a" * 24})), frozenset({"personaplex"}))
+    s = LiveSession("sess_live_own", Limits(voices=frozenset({"default"})), 0.0, 600.0, 1.8e9, own)
+    out = client(s, {"type": "session.start", "session": {"model": "personaplex", "audio": {"output": {"voice": {"id": "voice_" + "a" * 24}}}}}, 0.0)
+    assert [e.request.voice for e in out if isinstance(e, OpenS2s)] == ["voice_" + "a" * 24]
+    _, refused = start(audio={"output": {"voice": {"id": "voice_" + "a" * 24}}})  # another key's binding
+    assert [e for e in refused if isinstance(e, OpenS2s)] == []

@@ -79,6 +79,8 @@ class MoshiEngine(MovableSlotEngine):
         self.h_valid = torch.zeros(slots, dtype=torch.bool, pin_memory=pin)
         self.d_valid = torch.zeros(slots, dtype=torch.bool, device=self.device)
         self._seeds: dict[int, int] = {}
+        self._mimi = mimi
+        self._voice_encoder: StreamingMimiEncoder | None = None
         self.lm.silence_codes.copy_(self._steady_codes(torch.zeros(self.hop, device=self.device)))
 
     @torch.no_grad()
@@ -119,6 +121,14 @@ class MoshiEngine(MovableSlotEngine):
         codes = [self.encoder.step(1, x[f], active)[0] for f in range(frames)]
         self.encoder.reset(idx)
         return torch.stack(codes).cpu().numpy().astype(np.int64)
+
+    def voice_encoder(self) -> StreamingMimiEncoder:
+        """A one-slot Mimi encoder of the voices' own (built at first use, sharing the codec): a voice
+        registered while conversations hold the slots is encoded there, a few frames per step, with
+        the codes slot 0's encoder gives at start (``encode_voice``)."""
+        if self._voice_encoder is None:
+            self._voice_encoder = StreamingMimiEncoder(self._mimi, 1, self.shape.own_q)
+        return self._voice_encoder
 
     @torch.no_grad()
     def open_prompted(self, seed: int, frames: np.ndarray, voice: VoiceEmbeddings | None = None) -> int:

@@ -11,7 +11,10 @@ conversation then steps with every other in the batch, as Moshi's do.
 Voices (``voices.py``): the samples of ``--s2s-voices-dir``, encoded once into Mimi codes; a conversation
 names one (``S2sOpen.voice``) or gets ``--s2s-voice`` (unset: no voice prompt). ``S2sSpec`` lists the
 voices and the prompt's room (``max_prompt_frames``): a voice and persona longer than the context are
-refused at open with a clear error, as is an unknown voice.
+refused at open with a clear error, as is an unknown voice. Voices are also made at run time from an
+uploaded sample (``voice_records``: a ``VoiceRegistration`` submitted to this stage, encoded here a few
+frames per step) and named by their id; a persona is tokenized once per text (the check at submit and
+the opening share it).
 
 The prompt's silence and sine frames are the published Mimi's codes (``SILENCE_TOKENS``/``SINE_TOKENS``)
 when the weights are a published checkpoint (card 2048, 8 codebooks), else this codec's own codes of a
@@ -25,6 +28,7 @@ attends 3000.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -33,6 +37,7 @@ import numpy as np
 import torch
 
 from realtime_gw.config import GatewayConfig
+from realtime_gw.models.contract import StepResult
 from realtime_gw.models.families import StagePlan
 from realtime_gw.models.s2s.backend import CAPABILITIES, MoshiBackend, MoshiState, build_moshi, stage_plan
 from realtime_gw.models.s2s.prompt import (
@@ -42,8 +47,10 @@ from realtime_gw.models.s2s.prompt import (
     prompt_frames,
     system_text,
 )
+from realtime_gw.models.s2s.voice_records import VOICE_RECORDS, VoiceJob, VoiceRegistrar
 from realtime_gw.models.s2s.voices import VoicePrompts
 from realtime_gw.records.s2s import S2sOpen
+from realtime_gw.records.voice import VoiceRegistration, VoiceRemoval
 
 PROMPT_CAPABILITIES = (*CAPABILITIES, "voice_prompt", "persona")
 
@@ -81,6 +88,10 @@ class PersonaPlexBackend(MoshiBackend):
         )
         self.info.update(voices=list(self.voices.names()), default_voice=voice,
                          prompt_codes="published" if published else "this codec's")  # fmt: skip
+        self.registrar = VoiceRegistrar(self.engine, ck.shape, self.voices, self.spec.max_prompt_frames)
+        self._persona_tokens = functools.lru_cache(maxsize=64)(self._tokenize)
+        """A persona's tokens, made once: the check at submit and the opening on the worker's thread
+        (and a client secret's check) read the same (``lru_cache`` is safe across the two threads)."""
         self.prompt(S2sOpen())  # the default voice fits the context: a setting error at start otherwise
 
     def prompt(self, request: S2sOpen) -> tuple[np.ndarray, VoiceEmbeddings | None]:
@@ -92,7 +103,7 @@ class PersonaPlexBackend(MoshiBackend):
         if published is not None:  # its codes are in its embeddings: placeholders here
             voice = np.zeros((published.frames, len(self.silence)), np.int64)
         persona = request.persona or ""
-        tokens = self.checkpoint.text.encode(system_text(persona), self.checkpoint.shape.text_card) if persona.strip() else []
+        tokens = self._persona_tokens(persona) if persona.strip() else ()
         frames = prompt_frames(voice, tokens, self.silence, self.sine)
         if len(frames) > self.spec.max_prompt_frames:
             raise ValueError(
@@ -102,9 +113,16 @@ class PersonaPlexBackend(MoshiBackend):
             )
         return frames, published
 
+    def _tokenize(self, persona: str) -> tuple[int, ...]:
+        return tuple(self.checkpoint.text.encode(system_text(persona), self.checkpoint.shape.text_card))
+
     def check(self, request: object) -> str | None:
         """The stage's check at submit (``StagePlan.admit``, on the event loop: it only tokenizes and
-        reads the voice store): why a conversation's prompt cannot open, or None."""
+        reads the voice store): why a conversation's prompt cannot open, or a voice record cannot be
+        made (``voice_records``), or None."""
+        if isinstance(request, VOICE_RECORDS):
+            why = self.registrar.check(request)
+            return None if why is None else f"{self.name}: {why}"
         if not isinstance(request, S2sOpen):
             return None  # refused by ``open`` as any backend refuses a wrong request
         try:
@@ -113,7 +131,13 @@ class PersonaPlexBackend(MoshiBackend):
             return f"{self.name}: {e}"
         return None
 
-    def open(self, request: S2sOpen) -> MoshiState:
+    def open(self, request: S2sOpen | VoiceRegistration | VoiceRemoval) -> MoshiState | VoiceJob:  # type: ignore[override]
+        if isinstance(request, VOICE_RECORDS):
+            start = time.perf_counter()
+            job = self.registrar.open(request)  # the sample's loudness, on this thread: the next step waits
+            if self._holders and not self._warming:
+                self._before_step_s += time.perf_counter() - start
+            return job
         if not isinstance(request, S2sOpen):
             raise TypeError(f"expected S2sOpen, got {type(request).__name__}")
         try:
@@ -127,6 +151,29 @@ class PersonaPlexBackend(MoshiBackend):
         elapsed = time.perf_counter() - start
         self.prompt_ms = elapsed * 1000  # in a lockstep iteration, before its step: its frames wait for it
         return state
+
+    def has_work(self, state: MoshiState | VoiceJob) -> bool:  # type: ignore[override]
+        return isinstance(state, VoiceJob) or super().has_work(state)
+
+    def release(self, state: MoshiState | VoiceJob) -> None:  # type: ignore[override]
+        if isinstance(state, VoiceJob):
+            self.registrar.release(state)
+        else:
+            super().release(state)
+
+    def step(self, work: list[tuple[Any, list[Any]]]) -> list[StepResult]:
+        """The conversations' step; before it, the voice records' (a few frames of a voice encoded: the
+        conversations' step is late by their time)."""
+        jobs = [i for i, (state, _) in enumerate(work) if isinstance(state, VoiceJob)]
+        if not jobs:
+            return super().step(work)
+        start = time.perf_counter()
+        answers = dict(zip(jobs, self.registrar.step([work[i][0] for i in jobs]), strict=True))
+        rest = [w for i, w in enumerate(work) if i not in answers]
+        if rest and not self._warming:
+            self._before_step_s += time.perf_counter() - start
+        stepped = iter(super().step(rest) if rest else [])
+        return [answers[i] if i in answers else next(stepped) for i in range(len(work))]
 
 
 def from_config(config: GatewayConfig) -> StagePlan:

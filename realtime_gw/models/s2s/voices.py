@@ -19,6 +19,7 @@ a ``.pt`` and a sample takes the ``.pt`` (NVIDIA's own prompt state).
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import re
@@ -79,12 +80,32 @@ def _shelf_and_highpass(rate: int) -> list[tuple[tuple[float, float, float], tup
     return out  # type: ignore[return-value]
 
 
+IMPULSE_S = 0.7
+"""The K-weighting's impulse response kept (its slowest pole, the 38 Hz high pass, has decayed by e^-167)."""
+
+
+@functools.lru_cache(maxsize=8)
+def _k_weighting_response(rate: int) -> np.ndarray:
+    """The K-weighting filters' impulse response: the filters run as one FFT convolution, not sample by
+    sample in Python (a voice registered while conversations run must not hold the stage's thread)."""
+    h = np.zeros(max(1024, int(IMPULSE_S * rate)))
+    h[0] = 1.0
+    for b, a in _shelf_and_highpass(rate):
+        h = _biquad(h, b, a)
+    return h
+
+
+def k_weighted(x: np.ndarray, rate: int) -> np.ndarray:
+    """``x`` through the K-weighting filters (``lfilter`` of each biquad, from rest)."""
+    h = _k_weighting_response(rate)
+    n = 1 << int(len(x) + len(h) - 1).bit_length()
+    return np.fft.irfft(np.fft.rfft(x.astype(np.float64), n) * np.fft.rfft(h, n), n)[: len(x)]
+
+
 def integrated_loudness(x: np.ndarray, rate: int) -> float:
     """Mono integrated loudness (LUFS): K-weighting, 400 ms blocks at 75% overlap, the absolute gate at
     -70 LUFS and the relative gate 10 LU below (``pyloudnorm.Meter.integrated_loudness``)."""
-    y = x.astype(np.float64)
-    for b, a in _shelf_and_highpass(rate):
-        y = _biquad(y, b, a)
+    y = k_weighted(x, rate)
     block, hop = int(0.4 * rate), int(0.1 * rate)
     starts = range(0, max(len(y) - block, 0) + 1, hop)
     z = np.array([np.mean(y[s : s + block] ** 2) for s in starts])
@@ -108,11 +129,19 @@ def normalized_sample(path: Path) -> np.ndarray:
     mono = pcm.mean(axis=1)
     if rate != RATE:
         mono = soxr.resample(mono, rate, RATE).astype(np.float32)
+    try:
+        return normalized(mono)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def normalized(mono: np.ndarray) -> np.ndarray:
+    """Mono float PCM at 24 kHz brought to -24 LUFS; ValueError when empty or silent."""
     if not len(mono):
-        raise ValueError(f"{path}: an empty voice sample")
+        raise ValueError("an empty voice sample")
     loudness = integrated_loudness(mono, RATE)
     if not np.isfinite(loudness):
-        raise ValueError(f"{path}: the voice sample is silent")
+        raise ValueError("the voice sample is silent")
     return (mono * 10 ** ((TARGET_LUFS - loudness) / 20)).astype(np.float32)
 
 
@@ -121,6 +150,10 @@ class VoicePrompts:
     """Voice name -> its prompt."""
 
     codes: dict[str, Voice] = field(default_factory=dict)
+    """The voice directory's (listed: every session may name them)."""
+    custom: dict[str, np.ndarray] = field(default_factory=dict)
+    """Made at run time (``voice_records``): named by their id, by the API key that made them only (the
+    gateway checks), so never listed."""
 
     @classmethod
     def open(cls, root: str | Path, encode: Callable[[np.ndarray], np.ndarray], shape: MoshiShape) -> VoicePrompts:
@@ -146,10 +179,13 @@ class VoicePrompts:
         return tuple(sorted(self.codes))
 
     def prompt(self, name: str) -> Voice:
-        if name not in self.codes:
+        voice = self.codes.get(name)
+        if voice is None:
+            voice = self.custom.get(name)
+        if voice is None:
             have = ", ".join(self.names()) or "none"
             raise ValueError(f"unknown voice {name!r}; this model's voices: {have}")
-        return self.codes[name]
+        return voice
 
 
 def frames(voice: Voice) -> int:

@@ -22,6 +22,7 @@ from realtime_gw.server.admission import Admission
 from realtime_gw.server.client_secret_endpoint import config_settings, error_response
 from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.realtime_ws import open_session
+from realtime_gw.server.s2s_link import session_seed
 from realtime_gw.server.speech import bounded_body
 from realtime_gw.server.webrtc.call import Call, CallConnection, CallMedia
 from realtime_gw.server.webrtc.ice import HostCandidates, parse_port_range
@@ -120,9 +121,13 @@ async def create_call(request: Request) -> Response:
     if refusal is not None:
         return error_response(refusal.status, refusal.message, refusal.code)
     try:
+        seed = session_seed(request.query_params.get("seed", ""))
+    except ValueError as e:
+        return error_response(400, str(e), "invalid_value", "seed")
+    try:
         sdp, session_params = await _offer(request, gateway.config.webrtc_max_offer_bytes)
         if session_params is not None:
-            config_settings(gateway, session_params)  # refused here, not after the answer
+            config_settings(gateway, session_params, admission.key)  # refused here, not after the answer
     except OfferError as e:
         return error_response(e.status, str(e), e.code)
     except SessionError as e:
@@ -131,7 +136,7 @@ async def create_call(request: Request) -> Response:
     if refusal is not None:
         return error_response(refusal.status, refusal.message, refusal.code)
     try:
-        call = await _answer(request, gateway, sdp, session_params, admission)
+        call = await _answer(request, gateway, sdp, session_params, admission, seed)
     except MediaWorkerLost as e:
         admission.leave()
         return error_response(503, f"the call's media worker failed ({e}); try again", "server_error")
@@ -151,6 +156,7 @@ async def _answer(
     sdp: str,
     session_params: rt.SessionParams | None,
     admission: Admission,
+    seed: int | None = None,
 ) -> Call:
     config = gateway.config
     call_id = "rtc_" + secrets.token_hex(12)
@@ -173,6 +179,7 @@ async def _answer(
             admission.secret,
             session_params,
             transcription=request.query_params.get("intent") == "transcription",
+            seed=seed,
         )
     except BaseException:
         await media.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,8 +14,10 @@ import soundfile
 
 from realtime_gw.models.s2s.personaplex import PersonaPlexBackend
 from realtime_gw.models.s2s.prompt import SILENCE_FRAMES
-from realtime_gw.models.s2s.voices import CODES_SUFFIX, integrated_loudness, normalized_sample
+from realtime_gw.models.s2s.voice_records import VOICE_FRAMES_PER_STEP
+from realtime_gw.models.s2s.voices import CODES_SUFFIX, integrated_loudness, normalized, normalized_sample
 from realtime_gw.records.s2s import S2sFrame, S2sOpen
+from realtime_gw.records.voice import VoiceAdded, VoiceRegistration, VoiceRemoval
 from tests.models.s2s.conversations import FRAME, noise_frames, talk
 
 PERSONA = "You enjoy having a good conversation."
@@ -174,3 +177,85 @@ def test_a_prefill_makes_the_frames_of_its_iteration_late_by_its_time(backend: P
         for st in (live, opened):
             if st is not None:
                 backend.release(st)
+
+
+def _registered(
+    backend: PersonaPlexBackend, record: VoiceRegistration | VoiceRemoval, live: Any = None, said: list[S2sFrame] | None = None
+) -> tuple[list[Any], int]:
+    """Step ``record`` on the stage (beside the ``live`` conversation, hearing noise seeded 1, what it
+    says into ``said``) until it is answered: (its outputs, the steps it took)."""
+    job = backend.open(record)
+    audio = noise_frames(1, 100)
+    try:
+        for steps in range(1, 100):
+            results = backend.step([(job, []), *([(live, [audio[steps - 1]])] if live else [])])
+            assert all(r.error is None for r in results)
+            if live is not None and said is not None:
+                said += results[1].outputs
+            if results[0].done:
+                return results[0].outputs, steps
+    finally:
+        backend.release(job)
+    raise AssertionError("the voice record was never answered")
+
+
+def test_a_voice_made_while_conversations_talk_is_encoded_as_the_directory_s(backend: PersonaPlexBackend) -> None:
+    """A ``VoiceRegistration`` (``/v1/audio/voices`` with ``model: personaplex``): encoded a few frames a
+    step in the voices' own encoder, it gets the codes a sample of the voice directory gets at start,
+    the conversation live meanwhile says what it says alone, and the voice then opens a conversation."""
+    rng = np.random.default_rng(5)
+    t = np.arange(int(24000 * 1.5)) / 24000
+    pcm = (0.2 * np.sin(2 * np.pi * 170 * t) + 0.02 * rng.standard_normal(len(t))).astype(np.float32)
+    talk_alone = S2sOpen(seed=21, persona=PERSONA)
+    alone = _talk(backend, {"a": (talk_alone, 0, 5)}, 6)["a"]
+    live = backend.open(talk_alone)
+    said: list[S2sFrame] = []
+    try:
+        outputs, steps = _registered(backend, VoiceRegistration("voice_ann", "audio_sample", sample=pcm.tobytes()), live, said)
+        said += [backend.step([(live, [noise_frames(1, 6)[i]])])[0].outputs[0] for i in range(steps, 6)]
+    finally:
+        backend.release(live)
+    assert [f.text_token for f in said] == [f.text_token for f in alone]
+    [added] = outputs
+    assert isinstance(added, VoiceAdded) and added.voice_id == "voice_ann" and added.card == backend.checkpoint.shape.card
+    frames = -(-len(pcm) // FRAME)
+    assert -(-frames // VOICE_FRAMES_PER_STEP) <= steps <= frames and len(added.codes) == frames
+    assert np.array_equal(np.array(added.codes), backend.engine.encode_voice(normalized(pcm)))  # slot 0's, at start
+    assert backend.spec.voices == ("ada", "bo")  # never listed: only the key that made it may name it
+    request = S2sOpen(seed=3, voice="voice_ann")
+    assert backend.check(request) is None
+    assert len(backend.prompt(request)[0]) == frames + 2 * SILENCE_FRAMES
+    assert "voice_ann" not in (backend.check(S2sOpen(voice="nobody")) or "")
+    # a restart registers the codes again: nothing is encoded; a removal forgets it
+    again, steps = _registered(backend, VoiceRegistration("voice_bis", "audio_sample", codes=added.codes, card=added.card))
+    assert steps == 1 and again[0].codes == added.codes
+    for voice_id in ("voice_ann", "voice_bis"):
+        assert _registered(backend, VoiceRemoval(voice_id)) == ([], 1)
+        assert "unknown voice" in (backend.check(S2sOpen(voice=voice_id)) or "")
+
+
+def test_a_voice_the_stage_cannot_make_is_refused_at_submit(backend: PersonaPlexBackend) -> None:
+    shape = backend.checkpoint.shape
+    long = np.full(24000 * 8, 0.1, np.float32).tobytes()  # 8 s: the tiny context holds 6.8 s of voice
+    assert "at most 6.8 s" in (backend.check(VoiceRegistration("voice_x", "audio_sample", sample=long)) or "")
+    assert "audio samples only" in (backend.check(VoiceRegistration("voice_x", "prompt", description="warm")) or "")
+    codes = ((1,) * shape.own_q,) * 3
+    assert "another codec" in (backend.check(VoiceRegistration("voice_x", "audio_sample", codes=codes, card=7)) or "")
+    bad = ((shape.card,) * shape.own_q,)
+    assert "outside" in (backend.check(VoiceRegistration("voice_x", "audio_sample", codes=bad, card=shape.card)) or "")
+    quiet = np.full(2400, 1e-4, np.float32).tobytes()
+    assert "too quiet" in (backend.check(VoiceRegistration("voice_x", "audio_sample", sample=quiet)) or "")
+    with pytest.raises(ValueError, match="silent"):
+        backend.open(VoiceRegistration("voice_x", "audio_sample", sample=bytes(4 * 2400)))
+
+
+def test_a_persona_is_tokenized_once_per_opening(backend: PersonaPlexBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check at submit and the opening on the worker's thread read one tokenization."""
+    text = backend.checkpoint.text
+    calls: list[str] = []
+    encode = text.encode
+    monkeypatch.setattr(text, "encode", lambda s, card: calls.append(s) or encode(s, card))
+    request = S2sOpen(seed=4, persona="You are Dee, a lighthouse keeper.")
+    assert backend.check(request) is None
+    backend.release(backend.open(request))
+    assert calls == ["<system> You are Dee, a lighthouse keeper. <system>"]

@@ -142,11 +142,12 @@ class Caller:
 
 async def call(server: LiveServer, caller: Caller, key: str = "test-key", multipart: bool = False,
                session: dict[str, Any] | None = None, max_message_size: int | None = None,
-               intent: str | None = None) -> httpx.Response:  # fmt: skip
-    """POST the caller's offer (``intent``: ``?intent=``); on 201, connect with the answer."""
+               intent: str | None = None, seed: int | None = None) -> httpx.Response:  # fmt: skip
+    """POST the caller's offer (``intent``: ``?intent=``; ``seed``: ``?seed=``, a speech-to-speech model's
+    sampling seed); on 201, connect with the answer."""
     sdp = await caller.offer(max_message_size)
     headers = {"Authorization": f"Bearer {key}"}
-    params = {"intent": intent} if intent else None
+    params = {k: v for k, v in (("intent", intent), ("seed", None if seed is None else str(seed))) if v} or None
     async with httpx.AsyncClient(base_url=server.http, timeout=30, params=params) as http:
         if multipart:
             files: dict[str, Any] = {"sdp": (None, sdp)}
