@@ -133,11 +133,8 @@ class PersonaPlexBackend(MoshiBackend):
 
     def open(self, request: S2sOpen | VoiceRegistration | VoiceRemoval) -> MoshiState | VoiceJob:  # type: ignore[override]
         if isinstance(request, VOICE_RECORDS):
-            start = time.perf_counter()
-            job = self.registrar.open(request)  # the sample's loudness, on this thread: the next step waits
-            if self._holders and not self._warming:
-                self._before_step_s += time.perf_counter() - start
-            return job
+            # the sample's loudness, on this thread: the next step waits (its frames' lateness shows it)
+            return self.registrar.open(request)
         if not isinstance(request, S2sOpen):
             raise TypeError(f"expected S2sOpen, got {type(request).__name__}")
         try:
@@ -163,15 +160,12 @@ class PersonaPlexBackend(MoshiBackend):
 
     def step(self, work: list[tuple[Any, list[Any]]]) -> list[StepResult]:
         """The conversations' step; before it, the voice records' (a few frames of a voice encoded: the
-        conversations' step is late by their time)."""
+        conversations' frames are late by their time, as measured against the tick)."""
         jobs = [i for i, (state, _) in enumerate(work) if isinstance(state, VoiceJob)]
         if not jobs:
             return super().step(work)
-        start = time.perf_counter()
         answers = dict(zip(jobs, self.registrar.step([work[i][0] for i in jobs]), strict=True))
         rest = [w for i, w in enumerate(work) if i not in answers]
-        if rest and not self._warming:
-            self._before_step_s += time.perf_counter() - start
         stepped = iter(super().step(rest) if rest else [])
         return [answers[i] if i in answers else next(stepped) for i in range(len(work))]
 
