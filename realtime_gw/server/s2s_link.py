@@ -122,6 +122,13 @@ def prompt_refusal(worker: StageWorker | None, request: S2sOpen) -> str | None:
     return admit(request) if admit is not None else None
 
 
+async def checked_prompt(worker: StageWorker | RemoteStage | None, request: S2sOpen) -> str | None:
+    """``prompt_refusal``, also of a stage served by Ray actors (the actor checks: one round trip)."""
+    if isinstance(worker, RemoteStage):
+        return await worker.check(request)
+    return prompt_refusal(worker, request)
+
+
 def unserved_model(worker: StageWorker | None, config: GatewayConfig, model: str | None) -> str | None:
     """Why a session of ``model`` cannot be served: a speech-to-speech family this gateway was not
     started with (None: it can)."""
@@ -204,7 +211,7 @@ class S2sLink:
         prompt is checked by the actor (it holds the tokenizer and the voice store), and the session is
         told "open" once a replica holds its conversation, or "full" (``S2sRefused``) when none has a
         slot, never a stream that fails later. Each answer is one round trip to the actor."""
-        if (why := await stage.check(e.request)) is not None:
+        if (why := await checked_prompt(stage, e.request)) is not None:
             await self.post(S2sRefused(why, prompt=True))  # a stream that is open goes on
             return
         reopen = e.reopen and self.stream is not None

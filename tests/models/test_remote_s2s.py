@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -20,9 +21,12 @@ from realtime_gw.models.remote.client import RemoteStage
 from realtime_gw.models.remote.metrics import REMOTE_DELIVERY
 from realtime_gw.models.remote.settings import stage_settings
 from realtime_gw.models.runtime import NoFreeSlot, Stream
+from realtime_gw.protocols import realtime as rt
 from realtime_gw.records.s2s import S2sFrame, S2sOpen, S2sSilence
+from realtime_gw.server.client_secret_endpoint import config_settings
 from realtime_gw.server.s2s_link import S2sLink
 from realtime_gw.sessions.events import OpenS2s, S2sOpened, S2sRefused
+from realtime_gw.sessions.settings import SessionError
 from tests.models.remote_fakes import Cluster, LocalActor
 from tests.models.waiting import wait_for
 
@@ -208,6 +212,10 @@ async def test_a_persona_crosses_the_wire_and_one_that_does_not_fit_keeps_the_op
     other = Session(stage)
     other.open(S2sOpen(seed=3))
     assert isinstance(await other.answer(), S2sOpened)
+    gateway = SimpleNamespace(config=PERSONAPLEX, workers=SimpleNamespace(s2s=stage))
+    long = rt.SessionParams(model="personaplex", instructions="Extraordinary " * 10)
+    with pytest.raises(SessionError, match="context holds"):  # a client secret's too: refused at mint
+        await config_settings(gateway, long)
     full = Session(stage)  # two slots, both held
     full.open(S2sOpen(seed=4))
     busy = await full.answer()
