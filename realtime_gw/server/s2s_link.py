@@ -65,6 +65,9 @@ commits and transcribes the user's turns, but the echo of what they say does not
 REOPEN_WAIT_S = 2.0
 """How long a re-open waits for the slot its old stream frees (it frees at the stage's next step)."""
 AUDIO_ROOM_WAIT_S = 2.0
+OPEN_ANSWER_S = 5.0
+"""How long an open on a stage served by Ray actors waits for a replica's answer (one that hangs) before
+the session is refused as by a full stage."""
 """How long the pump holds the model's steps for a client whose outbox is over its audio high-water."""
 
 
@@ -224,7 +227,10 @@ class S2sLink:
         """The request's stream, holding a slot (``NoFreeSlot``: none is free)."""
         assert self.worker is not None
         if isinstance(self.worker, RemoteStage):
-            return await self.worker.open_stream(request)
+            try:
+                return await asyncio.wait_for(self.worker.open_stream(request), OPEN_ANSWER_S)
+            except asyncio.TimeoutError:  # the stream it submitted is cancelled with the wait
+                raise NoFreeSlot(f"{self.worker.name}: no replica answered within {OPEN_ANSWER_S:g} s") from None
         return self.worker.submit(request)
 
     async def _open_stream(self, e: OpenS2s, wait_s: float) -> None:

@@ -23,6 +23,7 @@ from realtime_gw.models.remote.settings import stage_settings
 from realtime_gw.models.runtime import NoFreeSlot, Stream
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.records.s2s import S2sFrame, S2sOpen, S2sSilence
+from realtime_gw.server import s2s_link
 from realtime_gw.server.client_secret_endpoint import config_settings
 from realtime_gw.server.s2s_link import S2sLink
 from realtime_gw.sessions.events import OpenS2s, S2sOpened, S2sRefused
@@ -226,3 +227,21 @@ async def test_a_persona_crosses_the_wire_and_one_that_does_not_fit_keeps_the_op
     for s in (session, other, full):
         for task in s.tasks:
             task.cancel()
+
+
+async def test_an_open_no_replica_answers_is_refused_in_time(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(s2s_link, "OPEN_ANSWER_S", 0.3)
+    actor = s2s_actor(cluster)
+    stage = await front_end(cluster, actor)
+
+    async def hung(frontend_id: str, msg: Any) -> None:
+        await asyncio.Event().wait()
+
+    actor.target.send = hung  # type: ignore[method-assign]  # the actor takes the call and never answers
+    session = Session(stage)
+    session.open(S2sOpen(seed=1))
+    refused = await session.answer()
+    assert isinstance(refused, S2sRefused) and not refused.prompt and "no replica answered" in refused.reason
+    assert session.link.stream is None
