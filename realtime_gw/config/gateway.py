@@ -350,7 +350,10 @@ class RaySettings(OpenpiSettings, kw_only=True):
     SECTION: ClassVar[str] = "ray"
     remote_stages: str = ""
     """Comma-separated stages served by Ray actors shared by every front-end of the cluster: any of
-    ``tts``, ``asr``, ``vad``, ``turn``, ``policy`` (e.g. "tts,policy"); the others stay in process."""
+    ``tts``, ``asr``, ``vad``, ``turn``, ``policy``, ``s2s`` (e.g. "tts,policy"); the others stay in
+    process. ``s2s``: one actor steps the conversations of every front-end in its 80 ms lockstep; a
+    session is answered open or full as by a local stage, one round trip later; the stage's metrics
+    (late steps, concealed frames) are the actor's, not the front-end's."""
     ray_address: str = ""
     """Ray cluster to join (e.g. "10.0.0.5:6379", or "auto"); used only when ``remote_stages`` names a
     stage. Needs the ``ray`` extra; without remote stages Ray is never imported."""

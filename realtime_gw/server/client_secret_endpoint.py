@@ -15,7 +15,7 @@ from realtime_gw.models.registry import accepted_voices
 from realtime_gw.protocols import realtime as rt
 from realtime_gw.server.admission import Admission
 from realtime_gw.server.client_secrets import SecretTooLarge
-from realtime_gw.server.s2s_link import binding, prompt_refusal
+from realtime_gw.server.s2s_link import binding, checked_prompt
 from realtime_gw.server.speech import bounded_body, openai_error
 from realtime_gw.sessions.mcp import check_allowed
 from realtime_gw.sessions.s2s import check_update
@@ -53,7 +53,7 @@ def settings_of(
     return settings
 
 
-def config_settings(gateway: Any, session: rt.SessionParams | None, key: str | None = None) -> SessionSettings:
+async def config_settings(gateway: Any, session: rt.SessionParams | None, key: str | None = None) -> SessionSettings:
     """The settings a client secret's or a call's session config gives a new session of ``key``
     (``settings_of``); raises ``SessionError``. A config naming a speech-to-speech model is checked as
     that model's session would check it: its voices (the key's own too), its refusals, and its prompt
@@ -66,7 +66,7 @@ def config_settings(gateway: Any, session: rt.SessionParams | None, key: str | N
         check_update(s2s, session)
     limits = TextLimits(cfg.max_instructions_chars, cfg.max_tools)
     settings = settings_of(session, voices, limits, tuple(cfg.mcp_allowed_urls))
-    if s2s is not None and (why := prompt_refusal(gateway.workers.s2s, s2s.request(settings))) is not None:
+    if s2s is not None and (why := await checked_prompt(gateway.workers.s2s, s2s.request(settings))) is not None:
         raise SessionError(f"Model '{s2s.spec.model}' cannot take this persona and voice: {why}", "invalid_value", "instructions")
     return settings
 
@@ -103,7 +103,7 @@ async def client_secrets_endpoint(request: Request) -> Response:
             "expires_after.seconds",
         )
     try:
-        settings = config_settings(gateway, parsed.session, admission.key)
+        settings = await config_settings(gateway, parsed.session, admission.key)
     except SessionError as e:
         return error_response(400, str(e), e.code, e.param and f"session.{e.param}")
     try:

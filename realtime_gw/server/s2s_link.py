@@ -19,6 +19,11 @@ A prompt (persona, voice) is checked against the stage before its stream is subm
 stream and submits the new one; the old one's slot frees at the stage's next step, so a full stage is
 waited on for ``REOPEN_WAIT_S`` (another session may take the slot first: then ``S2sRefused``).
 
+A stage served by Ray actors (``remote_stages = "s2s"``, ``models/remote``) answers the same way, one round
+trip later: the actor checks the prompt (it holds the tokenizer and the voice store), and the session hears
+``S2sOpened`` once a replica holds its conversation, or ``S2sRefused`` when none has a slot
+(``RemoteStage.open_stream``), never a stream that fails later.
+
 ``gateway-echo`` (``ECHO_MODEL``) is a diagnostic model every gateway serves, with no stage: its
 stream (``EchoStream``) answers each 20 ms step of the user's audio with that same audio, so a reply
 is what the user said, back through the session's normal output path (a response opens on the first
@@ -36,6 +41,7 @@ from typing import Any
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.families import FAMILIES
+from realtime_gw.models.remote.client import RemoteStage
 from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFault
 from realtime_gw.protocols import audio
 from realtime_gw.protocols import realtime as rt
@@ -59,6 +65,9 @@ commits and transcribes the user's turns, but the echo of what they say does not
 REOPEN_WAIT_S = 2.0
 """How long a re-open waits for the slot its old stream frees (it frees at the stage's next step)."""
 AUDIO_ROOM_WAIT_S = 2.0
+OPEN_ANSWER_S = 5.0
+"""How long an open on a stage served by Ray actors waits for a replica's answer (one that hangs) before
+the session is refused as by a full stage."""
 """How long the pump holds the model's steps for a client whose outbox is over its audio high-water."""
 
 
@@ -130,6 +139,13 @@ def prompt_refusal(worker: StageWorker | None, request: S2sOpen) -> str | None:
     return admit(request) if admit is not None else None
 
 
+async def checked_prompt(worker: StageWorker | RemoteStage | None, request: S2sOpen) -> str | None:
+    """``prompt_refusal``, also of a stage served by Ray actors (the actor checks: one round trip)."""
+    if isinstance(worker, RemoteStage):
+        return await worker.check(request)
+    return prompt_refusal(worker, request)
+
+
 def unserved_model(worker: StageWorker | None, config: GatewayConfig, model: str | None) -> str | None:
     """Why a session of ``model`` cannot be served: a speech-to-speech family this gateway was not
     started with (None: it can)."""
@@ -190,13 +206,16 @@ class S2sLink:
         if self.worker is None:  # the stage went away: never bound in the first place
             self.post_now(S2sRefused("no speech-to-speech stage"))
             return
+        if isinstance(self.worker, RemoteStage):  # its answers come over the wire
+            self.spawn(self._open_remote(e, self.worker), "s2s-open")
+            return
         if (why := prompt_refusal(self.worker, e.request)) is not None:
             self.post_now(S2sRefused(why, prompt=True))  # a stream that is open goes on
             return
         if e.reopen and self.stream is not None:
             old, self.stream = self.stream, None
             old.cancel()  # its pump stops: it is no longer the session's stream
-            self.spawn(self._reopen(e), "s2s-reopen")
+            self.spawn(self._open_stream(e, REOPEN_WAIT_S), "s2s-reopen")
             return
         try:
             self.stream = self.worker.submit(e.request)
@@ -206,14 +225,39 @@ class S2sLink:
         self.post_now(S2sOpened())
         self.spawn(self._pump(self.stream), "s2s")
 
-    async def _reopen(self, e: OpenS2s) -> None:
-        """The new prompt's stream, in the slot the old one frees at the stage's next step."""
+    async def _open_remote(self, e: OpenS2s, stage: RemoteStage) -> None:
+        """``_open`` on a stage served by Ray actors (``remote_stages``), answered as a local stage's: the
+        prompt is checked by the actor (it holds the tokenizer and the voice store), and the session is
+        told "open" once a replica holds its conversation, or "full" (``S2sRefused``) when none has a
+        slot, never a stream that fails later. Each answer is one round trip to the actor."""
+        if (why := await checked_prompt(stage, e.request)) is not None:
+            await self.post(S2sRefused(why, prompt=True))  # a stream that is open goes on
+            return
+        reopen = e.reopen and self.stream is not None
+        if reopen and self.stream is not None:
+            old, self.stream = self.stream, None
+            old.cancel()
+        await self._open_stream(e, REOPEN_WAIT_S if reopen else 0.0)
+
+    async def _submit(self, request: S2sOpen) -> Stream[Any]:
+        """The request's stream, holding a slot (``NoFreeSlot``: none is free)."""
+        assert self.worker is not None
+        if isinstance(self.worker, RemoteStage):
+            try:
+                return await asyncio.wait_for(self.worker.open_stream(request), OPEN_ANSWER_S)
+            except asyncio.TimeoutError:  # the stream it submitted is cancelled with the wait
+                raise NoFreeSlot(f"{self.worker.name}: no replica answered within {OPEN_ANSWER_S:g} s") from None
+        return self.worker.submit(request)
+
+    async def _open_stream(self, e: OpenS2s, wait_s: float) -> None:
+        """The stream, waiting up to ``wait_s`` for a slot (a re-open: the one its old stream frees at
+        the stage's next step), then ``S2sOpened``, or ``S2sRefused`` when none came."""
         assert self.worker is not None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + REOPEN_WAIT_S
+        deadline = loop.time() + wait_s
         while not self.closed:
             try:
-                self.stream = self.worker.submit(e.request)
+                stream = await self._submit(e.request)
             except NoFreeSlot as err:
                 left = deadline - loop.time()
                 if left <= 0:
@@ -221,6 +265,10 @@ class S2sLink:
                     return
                 await self.worker.slot_freed(left)
                 continue
+            if self.closed:
+                stream.cancel()
+                return
+            self.stream = stream
             await self.post(S2sOpened())
             self.spawn(self._pump(self.stream), "s2s")
             return

@@ -33,8 +33,10 @@ def toy_stage(
 
 
 class LocalActor:
-    def __init__(self, build: Callable[[str, GatewayConfig], StageWorker], config: GatewayConfig) -> None:
-        self._make = lambda: StageActor(build, "tts", config)  # the toy stage in the TTS role
+    def __init__(
+        self, build: Callable[[str, GatewayConfig], StageWorker], config: GatewayConfig, role: str = "tts"
+    ) -> None:
+        self._make = lambda: StageActor(build, role, config)  # the toy stage: in the TTS role
         self.target = self._make()
         self._in_flight: set[asyncio.Future[Any]] = set()
         self._killed: set[asyncio.Future[Any]] = set()

@@ -13,9 +13,10 @@ import msgspec
 import pytest
 
 from realtime_gw.config import ConfigError, GatewayConfig
-from realtime_gw.models.remote import client as remote_client
+from realtime_gw.models.remote import replica as remote_replica
 from realtime_gw.models.remote.actor import EXPIRED_KEEP_LEASES, StageActor
-from realtime_gw.models.remote.client import POLLS, RemoteStage, _Entry
+from realtime_gw.models.remote.client import POLLS, RemoteStage
+from realtime_gw.models.remote.replica import Entry
 from realtime_gw.models.remote.settings import SECRETS, actor_config, stage_settings
 from realtime_gw.models.remote.wire import Batch, Load
 from realtime_gw.models.runtime import (
@@ -131,7 +132,7 @@ async def test_a_restarted_replica_is_routed_to_once_up_not_after_the_grace_for_
 async def test_a_restarted_replica_too_slow_to_answer_pings_is_polled_all_the_same(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(remote_client, "PINGS", 2)
+    monkeypatch.setattr(remote_replica, "PINGS", 2)
     stage, replicas = await cluster.serve()
     await replicas[0].kill(restart=True, restarting_s=0.3)  # calls made meanwhile fail: polls too
 
@@ -232,7 +233,7 @@ async def test_crossing_poll_answers_are_applied_in_the_actors_order() -> None:
     stage = RemoteStage("toy", [object()])  # never started: answers are handed in directly
     replica = stage.replicas[0]
     s: Stream[Any] = Stream(stage, Req(), 64)  # type: ignore[arg-type]
-    stage._entries[1] = _Entry(1, s, replica, opened=True, confirmed=True)
+    stage._entries[1] = Entry(1, s, replica, opened=True, confirmed=True)
     load = Load(ready=True, free_slots=1, max_active=1)
 
     def answer(seq: int, outputs: list[int], done: bool = False, record: int = 1) -> Batch:

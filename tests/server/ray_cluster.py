@@ -14,9 +14,13 @@ from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 NAMESPACE = "realtime_gw_test"
 
 FRONT_END_FLAGS = (
-    "--tts", "tone", "--policy", "noop", "--remote-stages", "tts,policy", "--ray-namespace", NAMESPACE,
+    "--tts", "tone", "--policy", "noop", "--s2s", "moshi", "--s2s-slots", "2",
+    "--remote-stages", "tts,policy,s2s", "--ray-namespace", NAMESPACE,
     "--ray-num-cpus", "0.5", "--cpu-backends-in-process", "--openpi-idle-timeout-s", "60",
+    "--s2s-reply-end-ms", "80", "--s2s-silence-dbfs", "0",
 )  # fmt: skip
+"""Tone TTS, the no-op policy and a tiny random Moshi (two slots) in actors; a Moshi reply ends at its
+first padding step (as in tests/server/test_s2s_live.py)."""
 
 
 @contextlib.contextmanager

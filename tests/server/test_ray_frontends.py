@@ -1,11 +1,14 @@
-"""Two gateway front-ends (separate processes, different ports) share one remote TTS actor (tone) and
-one remote policy actor (noop) on a local Ray cluster: openai-SDK voice turns and openpi-client robots
-through both at once; the TTS actor killed mid-response; the policy actor killed under busy robots; a
-third front-end with other TTS settings refused; a front-end killed with its stream open."""
+"""Two gateway front-ends (separate processes, different ports) share one remote TTS actor (tone), one
+remote policy actor (noop) and one remote speech-to-speech actor (tiny random Moshi) on a local Ray
+cluster: openai-SDK voice turns and openpi-client robots through both at once; duplex sessions of both
+front-ends stepped by the one Moshi actor, a third refused at once; the TTS actor killed mid-response;
+the policy actor killed under busy robots; a third front-end with other TTS settings refused; a
+front-end killed with its streams open."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import signal
 import threading
@@ -16,6 +19,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from openai import AsyncOpenAI
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import InvalidStatus
 
@@ -29,9 +33,12 @@ from tests.server.ray_cluster import (
     stop_front_ends,
 )
 from tests.server.realtime_sdk_client import audio_of, collect_until, connect, is_done, recv, text_turn
+from tests.server.s2s_call import STEP_BYTES, call
 
 pytest.importorskip("ray")
 
+SEED = 3
+"""Silent input under this seed: the tiny Moshi's first reply is nine text steps (test_s2s_live.py)."""
 LONG_TEXT = "This reply is long enough to be cut in the middle by a worker that dies. " * 4
 API_KEY = "test-key"
 """The front-ends' key (the SDK helper sends it); it must never reach an actor."""
@@ -98,6 +105,38 @@ async def test_voice_and_robots_through_both_front_ends_at_once(front_ends: list
         assert server.metric("realtime_gw_remote_worker_frontends", 'worker="remote-policy"') == 2
         slots = server.metric("realtime_gw_remote_worker_free_slots", 'worker="remote-tts"')
         assert slots > 0
+
+
+async def test_duplex_sessions_of_both_front_ends_share_one_moshi_actor_and_a_third_is_refused(
+    front_ends: list[LiveServer],
+) -> None:
+    s2s = stage_actor("s2s")
+    async with call(front_ends[0], SEED) as one, call(front_ends[1], SEED) as two:
+        load = await s2s.load.remote()
+        assert (load.active, load.frontends) == (2, 2)
+        started = time.monotonic()
+        client = AsyncOpenAI(base_url=front_ends[0].http + "/v1", api_key=API_KEY)
+        async with client.realtime.connect(model="moshi") as third:  # both slots are held
+            refused = await recv(third)
+        assert refused.type == "error" and refused.error.code == "server_busy", refused
+        assert "no free slot" in refused.error.message
+        assert time.monotonic() - started < 2.0  # at once, never queued
+        done = await asyncio.gather(*(c.wait(lambda e: e.type == "response.done") for c in (one, two)))
+    for c, d in zip((one, two), done, strict=True):
+        assert d.response.status == "completed"
+        deltas = c.of("response.output_audio.delta", d.response.id)
+        assert len(deltas) >= 2 and {len(base64.b64decode(x.delta)) for x in deltas} == {STEP_BYTES}
+        at = c.times("response.output_audio.delta", d.response.id)[1:]
+        span = at[-1] - at[0]  # one 80 ms step each ~80 ms, through the Ray hop both ways
+        assert 0.5 * 0.08 * (len(at) - 1) <= span <= 2.0 * 0.08 * (len(at) - 1), at
+        # the same seed, the same silence, two front-ends: the same words from the one actor
+    assert [p.delta for p in one.of("response.output_audio_transcript.delta", done[0].response.id)] == [
+        p.delta for p in two.of("response.output_audio_transcript.delta", done[1].response.id)
+    ]
+    started = time.monotonic()
+    while (await s2s.load.remote()).active:  # the sessions ended: their slots are back
+        assert time.monotonic() - started < 2.0, "ended sessions still hold their slots on the s2s actor"
+        await asyncio.sleep(0.05)
 
 
 async def test_killing_the_tts_actor_fails_each_response_once_and_serves_again(
@@ -197,9 +236,12 @@ async def test_actors_hold_no_api_key_and_a_front_end_with_other_stage_settings_
 
 
 async def test_a_killed_front_end_frees_its_slots_on_the_actor(front_ends: list[LiveServer]) -> None:
-    tts = stage_actor("tts")
+    tts, s2s = stage_actor("tts"), stage_actor("s2s")
     victim = front_ends[1]
-    async with connect(victim) as conn:
+    duplex = AsyncOpenAI(base_url=victim.http + "/v1", api_key=API_KEY).realtime.connect(model="moshi")
+    async with connect(victim) as conn, duplex as call_conn:
+        assert (await recv(call_conn)).type == "session.created"
+        assert (await s2s.load.remote()).active == 1
         await conn.conversation.item.create(
             item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": LONG_TEXT}]}
         )
@@ -215,6 +257,9 @@ async def test_a_killed_front_end_frees_its_slots_on_the_actor(front_ends: list[
     freed = time.monotonic() - killed_at
     print(f"dead front-end's slot freed after {freed:.2f} s")
     assert load.frontends == 1
+    while (await s2s.load.remote()).active:  # the duplex conversation's slot too
+        assert time.monotonic() - killed_at < 3.0, "the dead front-end's conversation still holds its slot"
+        await asyncio.sleep(0.05)
     policy = stage_actor("policy")
     while (await policy.load.remote()).frontends != 1:  # its lease there ends as well
         assert time.monotonic() - killed_at < 3.0, "the dead front-end is still a client of the policy"

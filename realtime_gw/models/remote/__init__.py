@@ -2,7 +2,9 @@
 "Deployment on Ray").
 
 - ``actor.StageActor``: the actor; hosts the ordinary ``StageWorker`` for one role.
-- ``client.RemoteStage``: the front-end's proxy, with ``StageWorker``'s ``submit(request) -> Stream``.
+- ``client.RemoteStage``: the front-end's proxy, with ``StageWorker``'s ``submit(request) -> Stream``
+  (and ``open_stream``, answered once a replica holds the stream: duplex conversations); ``replica``: its
+  view of each replica; ``metrics``: what it exports of them.
 - ``wire``: the two messages per front-end and step; ``routing``: actor names, placement, replica choice;
   ``settings``: the config an actor gets (no secrets) and the stage settings front-ends must share.
 

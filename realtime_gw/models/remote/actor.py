@@ -134,7 +134,17 @@ class StageActor:
             self.worker.max_backlog,
             self.worker.describe(),
             stage_settings(self.role, self.config),
+            admits=self.worker.admit is not None,
         )
+
+    async def admit(self, request: Any) -> str | None:
+        """Why the hosted worker would refuse ``request`` at submit (its ``admit``: the check needs what
+        only the actor holds, e.g. PersonaPlex's tokenizer and voice store), or None. A front-end asks
+        before it gives up what the request replaces (a session's new prompt: the old conversation goes
+        on when the new one does not fit)."""
+        await self._ready()
+        admit = self.worker.admit
+        return None if admit is None else admit(request)
 
     async def send(self, frontend_id: str, msg: Outbound) -> list[tuple[int, str]]:
         """Apply a front-end's changes; answers the opens refused for want of a slot (the front-end

@@ -17,7 +17,7 @@ from typing import Any
 from realtime_gw.config import ConfigError, GatewayConfig
 from realtime_gw.models.remote.settings import SECRET_ENV, actor_config
 
-ROLES = ("tts", "asr", "vad", "turn", "policy")
+ROLES = ("tts", "asr", "vad", "turn", "policy", "s2s")
 
 INLINE_BYTES = 8 * 1024 * 1024
 """Ray passes objects up to this size inside the call's gRPC reply (its default: 100 KiB) instead of
@@ -35,11 +35,14 @@ def remote_roles(config: GatewayConfig) -> list[str]:
         raise ConfigError(f"remote_stages: unknown stage(s) {unknown}; choose from {list(ROLES)}")
     if "policy" in roles and config.policy == "none":
         raise ConfigError("remote_stages names policy but policy=none")
+    if "s2s" in roles and config.s2s == "none":
+        raise ConfigError("remote_stages names s2s but s2s=none")
     return roles
 
 
 def stage_device(role: str, config: GatewayConfig) -> str:
-    return {"tts": config.tts_device, "policy": config.policy_device}.get(role, "cpu")
+    devices = {"tts": config.tts_device, "policy": config.policy_device, "s2s": config.s2s_device}
+    return devices.get(role, "cpu")
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ STAGE_SETTINGS = {
     "vad": ("workers", "vad"),
     "turn": ("workers",),
     "policy": ("workers", "policy", "robot", "openpi.max_sessions"),
+    "s2s": ("workers", "s2s", "realtime.s2s_input_slack_ms"),
 }
 """Which config sections (with their subsections) or single settings build each role's worker
 (``registry.build_stage`` and its factories read no others): the settings every front-end sharing that

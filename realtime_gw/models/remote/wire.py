@@ -78,3 +78,6 @@ class Described:
     settings: dict[str, Any] = field(default_factory=dict)
     """The stage's config fields the actor was built with (``settings.stage_settings``: no secrets);
     a front-end whose own differ refuses to start."""
+    admits: bool = False
+    """The hosted worker checks each request at submit (its ``admit``: PersonaPlex's prompt budget);
+    a front-end may ask it first (``StageActor.admit``)."""

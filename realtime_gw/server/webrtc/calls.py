@@ -127,7 +127,7 @@ async def create_call(request: Request) -> Response:
     try:
         sdp, session_params = await _offer(request, gateway.config.webrtc_max_offer_bytes)
         if session_params is not None:
-            config_settings(gateway, session_params, admission.key)  # refused here, not after the answer
+            await config_settings(gateway, session_params, admission.key)  # refused here, not after the answer
     except OfferError as e:
         return error_response(e.status, str(e), e.code)
     except SessionError as e:
