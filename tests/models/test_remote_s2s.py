@@ -213,7 +213,9 @@ async def test_a_persona_crosses_the_wire_and_one_that_does_not_fit_keeps_the_op
     other = Session(stage)
     other.open(S2sOpen(seed=3))
     assert isinstance(await other.answer(), S2sOpened)
-    gateway = SimpleNamespace(config=PERSONAPLEX, workers=SimpleNamespace(s2s=stage))
+    gateway = SimpleNamespace(
+        config=PERSONAPLEX, workers=SimpleNamespace(s2s=stage), s2s_voices_of=lambda key: lambda model: frozenset()
+    )
     long = rt.SessionParams(model="personaplex", instructions="Extraordinary " * 10)
     with pytest.raises(SessionError, match="context holds"):  # a client secret's too: refused at mint
         await config_settings(gateway, long)
