@@ -74,26 +74,27 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
         log_hygiene.install()  # here: after uvicorn has configured its loggers
         if config.gil_switch_interval_ms:
             sys.setswitchinterval(config.gil_switch_interval_ms / 1000)
-        await gateway.workers.start(warmup=config.warmup)
-        await voices.restore_voices(gateway)
-        loop_lag = asyncio.create_task(metrics.watch_event_loop(), name="event-loop-lag")
         key_file = config.webrtc_client_secret_key_file
+        # from the start: a SIGHUP of a rolling key rotation must not kill a gateway still warming up
         reloading = (
             reloading_on_hangup(client_secrets, config.webrtc_client_secret_previous_keys, key_file)
             if key_file
             else contextlib.nullcontext()
         )
-        log.info("gateway ready on %s:%s", config.host, config.port)
-        try:
-            with reloading:
+        with reloading:
+            await gateway.workers.start(warmup=config.warmup)
+            await voices.restore_voices(gateway)
+            loop_lag = asyncio.create_task(metrics.watch_event_loop(), name="event-loop-lag")
+            log.info("gateway ready on %s:%s", config.host, config.port)
+            try:
                 yield
-        finally:
-            loop_lag.cancel()
-            # at once: each waits (bounded) for its media worker to close the call
-            await asyncio.gather(*(call.hangup() for call in list(app.state.calls.values())))
-            if app.state.media_pool is not None:
-                await app.state.media_pool.stop()
-            await gateway.workers.stop()
+            finally:
+                loop_lag.cancel()
+                # at once: each waits (bounded) for its media worker to close the call
+                await asyncio.gather(*(call.hangup() for call in list(app.state.calls.values())))
+                if app.state.media_pool is not None:
+                    await app.state.media_pool.stop()
+                await gateway.workers.stop()
 
     routes: list[BaseRoute] = [
         Route("/healthz", ops.healthz),

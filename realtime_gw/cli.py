@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import typing
 from typing import Any
@@ -124,6 +125,10 @@ def serve(args: argparse.Namespace) -> None:
     from realtime_gw.app import serve as serve_app
 
     config = effective_config(args)
+    if config.webrtc_client_secret_key_file and hasattr(signal, "SIGHUP"):
+        # a fleet's key rotation sends SIGHUP: until the app takes it (re-reads the key file), it is ignored,
+        # not the default that ends the process (a gateway still loading its models would die)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

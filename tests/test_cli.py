@@ -100,3 +100,26 @@ def test_config_show_refuses_a_bad_file_with_its_message(tmp_path: Path) -> None
         main(["config", "--show", "--config", str(bad)])
     with pytest.raises(SystemExit, match=r"tts_config 'tiny' is not a shape of tts 'qwen3'"):
         main(["config", "--show", "--tts", "qwen3", "--tts-config", "tiny"])
+
+
+@pytest.mark.parametrize("key_file", [True, False])
+def test_serve_ignores_a_hangup_until_the_app_rereads_its_key_file(
+    key_file: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet's key rotation sends SIGHUP to every gateway: one still loading its models must not die of
+    it (the default action); without a key file the signal keeps its default meaning."""
+    import signal
+
+    import realtime_gw.app as app_module
+
+    keys = tmp_path / "keys"
+    keys.write_text("k" * 32 + "\n")
+    seen: list[object] = []
+    monkeypatch.setattr(app_module, "create_app", lambda config: None)
+    monkeypatch.setattr(app_module, "serve", lambda app, config: seen.append(signal.getsignal(signal.SIGHUP)))
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        main(["serve", "--tts", "tone", "--policy", "none", *(["--webrtc-client-secret-key-file", str(keys)] if key_file else [])])
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert seen == [signal.SIG_IGN if key_file else signal.SIG_DFL]

@@ -65,10 +65,10 @@ commits and transcribes the user's turns, but the echo of what they say does not
 REOPEN_WAIT_S = 2.0
 """How long a re-open waits for the slot its old stream frees (it frees at the stage's next step)."""
 AUDIO_ROOM_WAIT_S = 2.0
+"""How long the pump holds the model's steps for a client whose outbox is over its audio high-water."""
 OPEN_ANSWER_S = 5.0
 """How long an open on a stage served by Ray actors waits for a replica's answer (one that hangs) before
 the session is refused as by a full stage."""
-"""How long the pump holds the model's steps for a client whose outbox is over its audio high-water."""
 
 
 def binding(

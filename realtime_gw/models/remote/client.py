@@ -40,6 +40,9 @@ POLL_S = 0.2
 POLLS = 2
 """Polls in flight per replica: one waits at the actor while the other's answer travels, so results
 wait for no round trip."""
+ADMIT_ANSWER_S = 5.0
+"""Longest a submit-time check waits for a replica (one restarting may warm up for minutes): past it the
+check passes, and the open that follows meets the fault or the refusal."""
 
 
 class RemoteStage:
@@ -165,8 +168,8 @@ class RemoteStage:
         that follows meets the fault)."""
         if not self.admits or not (ready := [r for r in self.replicas if r.ready]):
             return None
-        try:
-            why: str | None = await ready[0].actor.admit.remote(request)
+        try:  # bounded: a replica restarting may warm up for minutes before it answers
+            why: str | None = await asyncio.wait_for(ready[0].actor.admit.remote(request), ADMIT_ANSWER_S)
         except Exception as e:
             log.warning("%s replica %d: admit failed: %s", self.name, ready[0].index, e)
             return None
