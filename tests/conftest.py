@@ -9,6 +9,11 @@ Tiers are markers set at collection from what a test uses, so nobody marks tests
 - ``gpu``: needs CUDA (skipped without it);
 - ``slow``: the long runs (fuzzing, soak, long conversations, model compiles), listed in ``SLOW``.
 ``make check`` runs what none of these mark; ``make test`` runs everything.
+
+Gateways the tests boot pass ``--no-cpu-backend-spare``: the warm spare child (a second pocketsphinx and
+Piper, ~2 CPU-s built in the background right after /readyz, beside the module's first tests) only serves
+once a step is killed, and the tests that kill one keep it (test_isolation, test_faults' stuck ASR step;
+the soak runs the default config).
 """
 
 from __future__ import annotations
@@ -84,7 +89,7 @@ def voice_server() -> Iterator[LiveServer]:
     """The embedded CPU models (Piper, pocketsphinx, Silero) with the echo responder."""
     server = start_server(
         "--policy", "none", "--api-key", "test-key", "--max-input-buffer-bytes", "2000000",
-        "--tts-deterministic", name="voice",
+        "--tts-deterministic", "--no-cpu-backend-spare", name="voice",
     )  # fmt: skip
     yield server
     stop_server(server)
@@ -93,7 +98,9 @@ def voice_server() -> Iterator[LiveServer]:
 @pytest.fixture(scope="session")
 def tone_server() -> Iterator[LiveServer]:
     """Cheap sine TTS and a session limit of 2, for gateway-level behaviour."""
-    server = start_server("--policy", "none", "--tts", "tone", "--max-sessions", "2", name="tone")
+    server = start_server(
+        "--policy", "none", "--tts", "tone", "--max-sessions", "2", "--no-cpu-backend-spare", name="tone"
+    )
     yield server
     stop_server(server)
 

@@ -35,7 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     server = start_server(
         "--policy", "none", "--tts", "tone", "--api-key", "test-key", "--s2s", "personaplex",
         "--s2s-config", "tiny", "--s2s-slots", "2", "--s2s-voices-dir", str(voices), "--s2s-voice", "ada",
-        name="personaplex",
+        "--no-cpu-backend-spare", name="personaplex",
     )  # fmt: skip
     yield server
     stop_server(server)

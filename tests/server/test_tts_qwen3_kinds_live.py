@@ -30,7 +30,7 @@ def design_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
     server = start_server(
         "--policy", "none", "--api-key", "test-key", "--tts", "qwen3", "--tts-path", str(ckpt),
         "--tts-instructions", BRIGHT, "--tts-voice-design", json.dumps([f"narrator={WARM}"]),
-        name="qwen3-design",
+        "--no-cpu-backend-spare", name="qwen3-design",
     )  # fmt: skip
     yield server
     stop_server(server)
@@ -42,6 +42,7 @@ def clone_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
     wav = FIXTURES / "qwen3_tts_tiny_clone.wav"
     server = start_server(
         "--policy", "none", "--api-key", "test-key", "--tts", "qwen3", "--tts-path", str(ckpt),
+        "--no-cpu-backend-spare",
         "--tts-voice-clone", f"anna={wav}", "--tts-voice-clone", f"bob={wav}:Hi.", name="qwen3-clone",
     )  # fmt: skip
     yield server
