@@ -13,7 +13,8 @@ Tiers are markers set at collection from what a test uses, so nobody marks tests
 Gateways the tests boot pass ``--no-cpu-backend-spare``: the warm spare child (a second pocketsphinx and
 Piper, ~2 CPU-s built in the background right after /readyz, beside the module's first tests) only serves
 once a step is killed, and the tests that kill one keep it (test_isolation, test_faults' stuck ASR step;
-the soak runs the default config).
+the soak runs the default config). Gateways of tests that run no model and time nothing (sockets, keys,
+the robot CLI) also skip warm-up (``--no-warmup``).
 """
 
 from __future__ import annotations
