@@ -63,26 +63,34 @@ SLOW = {
 conversations, compiles, a Ray cluster), or 5 s and more for a test that boots no gateway."""
 
 LONGEST_FIRST = [
-    "tests/server/test_isolation.py",
     "tests/server/test_transcriptions_live.py",
+    "tests/server/test_isolation.py",
     "tests/server/test_tts_qwen3_kinds_live.py",
     "tests/loadtest/test_soak.py",
     "tests/server/test_tts_backends.py",
     "tests/server/test_faults.py",
-    "tests/server/test_s2s_live.py",
-    "tests/server/test_ray_frontends.py",
     "tests/models/policy/test_pi0_fast.py",
+    "tests/server/test_ray_frontends.py",
     "tests/server/test_voices_live.py",
-    "tests/server/webrtc/test_calls.py",
+    "tests/server/test_s2s_live.py",
     "tests/models/policy/test_compile_cache.py",
+    "tests/server/webrtc/test_calls.py",
     "tests/server/test_live_sdk.py",
-    "tests/web/test_browser.py",
     "tests/server/test_realtime_sdk.py",
+    "tests/frameworks/test_livekit_live.py",
+    "tests/frameworks/test_pipecat_live.py",
+    "tests/web/test_browser.py",
+    "tests/models/fused/test_qwen3_frame.py",
+    "tests/web/test_agents_sdk.py",
     "tests/models/speech/test_tts_qwen3_kinds.py",
-    "tests/server/test_long_conversation.py",
+    "tests/server/test_duplex_live.py",
+    "tests/server/test_listener.py",
+    "tests/models/fused/test_pi0_expert.py",
+    "tests/models/speech/test_tts_qwen3.py",
 ]
-"""The files that take longest (20-150 s each on two cores), longest first: spread over several workers,
-they start first so that no worker is left with a long file at the end."""
+"""The files that take longest (15-155 s each on two cores), longest first: spread over several workers,
+they start first so that no worker is left with a long file at the end (what follows them is a few
+seconds a file)."""
 
 
 @pytest.fixture(scope="session")
