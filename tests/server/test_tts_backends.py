@@ -21,7 +21,7 @@ from tests.server.realtime_sdk_client import FRAME_BYTES, collect_until, connect
 # Its gateways are reached through ``request.getfixturevalue``, which collection cannot see.
 pytestmark = pytest.mark.live
 
-TEXT = "Please open the door for me. I would like a cup of coffee."
+TEXT = "Please open the door for me. Thank you."
 
 
 @pytest.fixture(scope="module")
