@@ -9,6 +9,12 @@ Tiers are markers set at collection from what a test uses, so nobody marks tests
 - ``gpu``: needs CUDA (skipped without it);
 - ``slow``: the long runs (fuzzing, soak, long conversations, model compiles), listed in ``SLOW``.
 ``make check`` runs what none of these mark; ``make test`` runs everything.
+
+Gateways the tests boot pass ``--no-cpu-backend-spare``: the warm spare child (a second pocketsphinx and
+Piper, ~2 CPU-s built in the background right after /readyz, beside the module's first tests) only serves
+once a step is killed, and the tests that kill one keep it (test_isolation, test_faults' stuck ASR step;
+the soak runs the default config). Gateways of tests that run no model and time nothing (sockets, keys,
+the robot CLI) also skip warm-up (``--no-warmup``).
 """
 
 from __future__ import annotations
@@ -57,26 +63,34 @@ SLOW = {
 conversations, compiles, a Ray cluster), or 5 s and more for a test that boots no gateway."""
 
 LONGEST_FIRST = [
-    "tests/server/test_isolation.py",
     "tests/server/test_transcriptions_live.py",
+    "tests/server/test_isolation.py",
     "tests/server/test_tts_qwen3_kinds_live.py",
     "tests/loadtest/test_soak.py",
     "tests/server/test_tts_backends.py",
     "tests/server/test_faults.py",
-    "tests/server/test_s2s_live.py",
-    "tests/server/test_ray_frontends.py",
     "tests/models/policy/test_pi0_fast.py",
+    "tests/server/test_ray_frontends.py",
     "tests/server/test_voices_live.py",
-    "tests/server/webrtc/test_calls.py",
+    "tests/server/test_s2s_live.py",
     "tests/models/policy/test_compile_cache.py",
+    "tests/server/webrtc/test_calls.py",
     "tests/server/test_live_sdk.py",
-    "tests/web/test_browser.py",
     "tests/server/test_realtime_sdk.py",
+    "tests/frameworks/test_livekit_live.py",
+    "tests/frameworks/test_pipecat_live.py",
+    "tests/web/test_browser.py",
+    "tests/models/fused/test_qwen3_frame.py",
+    "tests/web/test_agents_sdk.py",
     "tests/models/speech/test_tts_qwen3_kinds.py",
-    "tests/server/test_long_conversation.py",
+    "tests/server/test_duplex_live.py",
+    "tests/server/test_listener.py",
+    "tests/models/fused/test_pi0_expert.py",
+    "tests/models/speech/test_tts_qwen3.py",
 ]
-"""The files that take longest (20-150 s each on two cores), longest first: spread over several workers,
-they start first so that no worker is left with a long file at the end."""
+"""The files that take longest (15-155 s each on two cores), longest first: spread over several workers,
+they start first so that no worker is left with a long file at the end (what follows them is a few
+seconds a file)."""
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +98,7 @@ def voice_server() -> Iterator[LiveServer]:
     """The embedded CPU models (Piper, pocketsphinx, Silero) with the echo responder."""
     server = start_server(
         "--policy", "none", "--api-key", "test-key", "--max-input-buffer-bytes", "2000000",
-        "--tts-deterministic", name="voice",
+        "--tts-deterministic", "--no-cpu-backend-spare", name="voice",
     )  # fmt: skip
     yield server
     stop_server(server)
@@ -93,7 +107,9 @@ def voice_server() -> Iterator[LiveServer]:
 @pytest.fixture(scope="session")
 def tone_server() -> Iterator[LiveServer]:
     """Cheap sine TTS and a session limit of 2, for gateway-level behaviour."""
-    server = start_server("--policy", "none", "--tts", "tone", "--max-sessions", "2", name="tone")
+    server = start_server(
+        "--policy", "none", "--tts", "tone", "--max-sessions", "2", "--no-cpu-backend-spare", name="tone"
+    )
     yield server
     stop_server(server)
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
-from tests.conftest import boots_a_gateway
+from tests.conftest import LONGEST_FIRST, ROOT, SLOW, boots_a_gateway
 from tests.server.openpi_harness import serve
 from tests.server.ray_cluster import start_front_ends
 
@@ -69,3 +69,10 @@ def test_every_test_using_a_shared_gateway_is_live(request: pytest.FixtureReques
     assert not unmarked
     mine = request.node
     assert mine.get_closest_marker("live") is None and mine.get_closest_marker("slow") is None
+
+
+def test_the_files_named_for_order_and_tiers_exist() -> None:
+    """A renamed or split file drops out of ``LONGEST_FIRST`` or ``SLOW`` without a word otherwise."""
+    missing = [entry for entry in [*LONGEST_FIRST, *SLOW] if not (ROOT / entry.split("::")[0]).is_file()]
+    assert not missing
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)

@@ -83,7 +83,9 @@ HAS_NOOP = "noop" in typing.get_args(typing.get_type_hints(GatewayConfig)["polic
 def robot_server() -> Iterator[LiveServer]:
     if not HAS_NOOP:
         pytest.skip("this server has no noop policy to run a robot socket cheaply")
-    server = start_server("--policy", "noop", "--tts", "tone", name="robot-cli")
+    server = start_server(
+        "--policy", "noop", "--tts", "tone", "--no-cpu-backend-spare", "--no-warmup", name="robot-cli"
+    )
     yield server
     stop_server(server)
 

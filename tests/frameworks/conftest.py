@@ -22,7 +22,7 @@ def chat() -> Iterator[ChatServer]:
 def gateway(chat: ChatServer) -> Iterator[LiveServer]:
     server = start_server(
         "--policy", "none", "--tts", "tone", "--responder", "openai", "--responder-url", chat.url,
-        "--responder-model", "local-llm", "--max-sessions", "8", name="frameworks",
+        "--responder-model", "local-llm", "--max-sessions", "8", "--no-cpu-backend-spare", name="frameworks",
     )  # fmt: skip
     yield server
     stop_server(server)
@@ -33,7 +33,7 @@ def duplex_gateway() -> Iterator[LiveServer]:
     """A gateway serving a tiny random-init Moshi on its speech-to-speech stage (GPT-Live on the model)."""
     server = start_server(
         "--policy", "none", "--tts", "tone", "--s2s", "moshi", "--s2s-config", "tiny", "--s2s-slots", "2",
-        name="frameworks-duplex",
+        "--no-cpu-backend-spare", name="frameworks-duplex",
     )  # fmt: skip
     yield server
     stop_server(server)

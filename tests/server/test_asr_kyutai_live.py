@@ -21,7 +21,7 @@ def kyutai_server() -> Iterator[LiveServer]:
     server = start_server(
         "--policy", "none", "--tts", "tone", "--api-key", "test-key",
         "--asr", "kyutai", "--asr-config", "tiny", "--asr-max-batch", "2", "--asr-flush-s", "0.3",
-        name="kyutai",
+        "--no-cpu-backend-spare", name="kyutai",
     )  # fmt: skip
     yield server
     stop_server(server)

@@ -64,8 +64,9 @@ async def wait_until(predicate: Any, timeout: float, what: str) -> None:
 def faulty_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, LiveServer]]:
     fault = request.param
     server = start_server(
-        "--policy", "none", "--tts", "tone", "--audio-lead-ms", "0", "--worker-step-timeout-s", "1",
-        "--fault-injection", json.dumps([f"tts:{fault}"]), name=f"fault-{fault.split('@')[0]}",
+        "--policy", "none", "--tts", "tone", "--no-cpu-backend-spare", "--audio-lead-ms", "0",
+        "--worker-step-timeout-s", "1", "--fault-injection", json.dumps([f"tts:{fault}"]),
+        name=f"fault-{fault.split('@')[0]}",
     )  # fmt: skip
     yield fault, server
     stop_server(server)
@@ -100,7 +101,8 @@ def test_a_speech_request_failing_before_any_audio_gets_an_error_status() -> Non
     """``POST /v1/audio/speech`` sends its status with the first audio: a stream that fails before any
     (the worker's first step raises) is a 500 with the reason, not a 200 with an empty body."""
     server = start_server(
-        "--policy", "none", "--tts", "tone", "--fault-injection", json.dumps(["tts:raise@1"]), name="speech-fault",
+        "--policy", "none", "--tts", "tone", "--no-cpu-backend-spare",
+        "--fault-injection", json.dumps(["tts:raise@1"]), name="speech-fault",
     )  # fmt: skip
     try:
         url, headers = server.http + "/v1/audio/speech", {"Authorization": "Bearer test-key"}
@@ -117,7 +119,8 @@ def test_a_speech_request_failing_before_any_audio_gets_an_error_status() -> Non
 @pytest.fixture
 def tone_no_pacing() -> Iterator[LiveServer]:
     server = start_server(
-        "--policy", "none", "--tts", "tone", "--audio-lead-ms", "0", "--send-timeout-s", "1", name="stall",
+        "--policy", "none", "--tts", "tone", "--audio-lead-ms", "0", "--send-timeout-s", "1",
+        "--no-cpu-backend-spare", name="stall",
     )  # fmt: skip
     yield server
     stop_server(server)

@@ -32,7 +32,8 @@ def guarded() -> Iterator[LiveServer]:
     server = start_server(
         "--policy", "none", "--tts", "tone", "--handshake-timeout-s", str(HANDSHAKE_TIMEOUT_S),
         "--max-connections-per-client", str(PER_CLIENT), "--max-header-bytes", "16384", "--max-frame-bytes", "65536",
-        "--allowed-hosts", '["gw.example", "*.corp.example"]', name="guarded",
+        "--allowed-hosts", '["gw.example", "*.corp.example"]', "--no-cpu-backend-spare", "--no-warmup",
+        name="guarded",
     )  # fmt: skip
     yield server
     stop_server(server)
@@ -83,7 +84,7 @@ async def test_deflate_when_turned_on_inflates_only_up_to_the_frame_cap() -> Non
     inflate past the socket's cap, not inflated to the end."""
     server = start_server(
         "--policy", "none", "--tts", "tone", "--ws-per-message-deflate", "--max-frame-bytes", "65536",
-        name="deflate",
+        "--no-cpu-backend-spare", "--no-warmup", name="deflate",
     )  # fmt: skip
     try:
         async with websockets.connect(server.ws + "/v1/realtime", compression="deflate") as ws:

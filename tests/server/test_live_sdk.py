@@ -57,7 +57,7 @@ def gateway() -> Iterator[tuple[ChatServer, LiveServer]]:
     with running_chat_server(voice_front) as chat:
         server = start_server(
             "--policy", "none", "--api-key", "test-key", "--responder", "openai", "--responder-url", chat.url,
-            "--tts-deterministic", name="live",
+            "--tts-deterministic", "--no-cpu-backend-spare", name="live",
         )  # fmt: skip
         yield chat, server
         stop_server(server)

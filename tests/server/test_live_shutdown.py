@@ -10,7 +10,10 @@ from tests.server.live_sdk_client import Heard, listen, live_session
 
 
 async def test_shutdown_closes_live_sessions_with_session_closed() -> None:
-    server = start_server("--policy", "none", "--api-key", "test-key", "--tts", "tone", name="live-shutdown")
+    server = start_server(
+        "--policy", "none", "--api-key", "test-key", "--tts", "tone", "--no-cpu-backend-spare",
+        name="live-shutdown",
+    )  # fmt: skip
     try:
         async with live_session(server) as first, live_session(server) as second:
             stopping = asyncio.create_task(asyncio.to_thread(stop_server, server))

@@ -26,7 +26,7 @@ def chat_and_gateway() -> Iterator[tuple[ChatServer, LiveServer]]:
     with running_chat_server() as chat:
         gateway = start_server(
             "--policy", "none", "--tts", "tone", "--responder", "openai", "--responder-url", chat.url,
-            "--responder-context-tokens", str(CONTEXT_TOKENS), name="long-call",
+            "--responder-context-tokens", str(CONTEXT_TOKENS), "--no-cpu-backend-spare", name="long-call",
         )  # fmt: skip
         yield chat, gateway
         stop_server(gateway)

@@ -58,7 +58,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, library: Path) -> Iterator[
         "--policy", "none", "--tts", "tone", "--api-key", "test-key", "--s2s", "personaplex",
         "--s2s-config", "tiny", "--s2s-slots", "2", "--s2s-voices-dir", str(voices), "--s2s-voice", "ada",
         "--api-keys", OTHER_KEY, "--voices-dir", str(library),
-        name="personaplex",
+        "--no-cpu-backend-spare", name="personaplex",
     )  # fmt: skip
     yield server
     stop_server(server)

@@ -27,7 +27,7 @@ def bounded() -> Iterator[LiveServer]:
     server = start_server(
         "--policy", "none", "--tts", "tone", "--max-conversation-items", "20000",
         "--realtime-idle-timeout-s", str(IDLE_S), "--input-audio-rate-factor", str(RATE_FACTOR),
-        "--input-audio-burst-s", str(BURST_S), name="bounded",
+        "--input-audio-burst-s", str(BURST_S), "--no-cpu-backend-spare", name="bounded",
     )  # fmt: skip
     yield server
     stop_server(server)

@@ -36,7 +36,7 @@ def peers() -> Iterator[tuple[ChatServer, McpTestServer, LiveServer]]:
             "--mcp-allowed-urls", mcp.url, "--mcp-allowed-urls", closed_url(),
             "--mcp-timeout-s", str(TIMEOUT_S), "--mcp-max-result-chars", str(MAX_RESULT_CHARS),
             "--mcp-approval-timeout-s", str(APPROVAL_TIMEOUT_S),
-            name="realtime-mcp",
+            "--no-cpu-backend-spare", name="realtime-mcp",
         )  # fmt: skip
         yield chat, mcp, gateway
         stop_server(gateway)

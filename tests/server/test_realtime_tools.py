@@ -30,7 +30,7 @@ def chat_and_gateway() -> Iterator[tuple[ChatServer, LiveServer]]:
     with running_chat_server() as chat:
         gateway = start_server(
             "--policy", "none", "--tts", "tone", "--responder", "openai", "--responder-url", chat.url,
-            name="realtime-tools",
+            "--no-cpu-backend-spare", name="realtime-tools",
         )  # fmt: skip
         yield chat, gateway
         stop_server(gateway)

@@ -38,7 +38,7 @@ def chat_and_gateway() -> Iterator[tuple[ChatServer, LiveServer]]:
     with running_chat_server(slow_reply) as chat:
         gateway = start_server(
             "--policy", "none", "--responder", "openai", "--responder-url", chat.url,
-            "--responder-model", "local-llm", name="responder",
+            "--responder-model", "local-llm", "--no-cpu-backend-spare", name="responder",
         )  # fmt: skip
         yield chat, gateway
         stop_server(gateway)

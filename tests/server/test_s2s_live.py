@@ -39,7 +39,7 @@ def s2s_server() -> Iterator[LiveServer]:
     server = start_server(
         "--policy", "none", "--tts", "tone", "--api-key", "test-key",
         "--s2s", "moshi", "--s2s-config", "tiny", "--s2s-slots", "2",
-        "--s2s-reply-end-ms", "80", "--s2s-silence-dbfs", "0", name="s2s",
+        "--s2s-reply-end-ms", "80", "--s2s-silence-dbfs", "0", "--no-cpu-backend-spare", name="s2s",
     )  # fmt: skip
     yield server
     stop_server(server)

@@ -17,7 +17,8 @@ from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 def secured() -> Iterator[LiveServer]:
     server = start_server(
         "--policy", "none", "--tts", "tone", "--api-keys", '["key-one", "key-two"]', "--max-sessions-per-key", "1",
-        "--allowed-origins", '["https://app.example"]', name="secured",
+        "--allowed-origins", '["https://app.example"]', "--no-cpu-backend-spare", "--no-warmup",
+        name="secured",
     )  # fmt: skip
     yield server
     stop_server(server)
@@ -84,7 +85,7 @@ async def test_session_start_rate_per_key() -> None:
     or HTTP 429 (OpenPI), and another key is not affected."""
     server = start_server(
         "--policy", "noop", "--tts", "tone", "--api-keys", '["key-one", "key-two"]',
-        "--session-starts-per-key-per-min", "2", name="rate",
+        "--session-starts-per-key-per-min", "2", "--no-cpu-backend-spare", "--no-warmup", name="rate",
     )  # fmt: skip
     try:
         url = server.ws + "/v1/realtime"

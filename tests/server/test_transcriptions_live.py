@@ -44,7 +44,7 @@ MAX_FILE_BYTES = 3_000_000 if LONG_FILE_S <= 120 else int(LONG_FILE_S * RATE * 2
 def server() -> Iterator[LiveServer]:
     server = start_server(
         "--policy", "none", "--tts-deterministic", "--transcription-max-file-bytes", str(MAX_FILE_BYTES),
-        "--transcription-max-audio-s", str(MAX_AUDIO_S), name="transcriptions",
+        "--transcription-max-audio-s", str(MAX_AUDIO_S), "--no-cpu-backend-spare", name="transcriptions",
     )  # fmt: skip
     yield server
     stop_server(server)

@@ -21,13 +21,14 @@ from tests.server.realtime_sdk_client import FRAME_BYTES, collect_until, connect
 # Its gateways are reached through ``request.getfixturevalue``, which collection cannot see.
 pytestmark = pytest.mark.live
 
-TEXT = "Please open the door for me. I would like a cup of coffee."
+TEXT = "Please open the door for me. Thank you."
 
 
 @pytest.fixture(scope="module")
 def codec_server() -> Iterator[LiveServer]:
     server = start_server(
-        "--policy", "none", "--api-key", "test-key", "--tts", "codec", "--tts-config", "tiny", name="codec",
+        "--policy", "none", "--api-key", "test-key", "--tts", "codec", "--tts-config", "tiny",
+        "--no-cpu-backend-spare", name="codec",
     )  # fmt: skip
     yield server
     stop_server(server)
@@ -44,7 +45,7 @@ def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
     )
     server = start_server(
         "--policy", "none", "--api-key", "test-key", "--tts", "qwen3", "--tts-path", str(ckpt),
-        "--tts-voice", "ryan", name="qwen3",
+        "--tts-voice", "ryan", "--no-cpu-backend-spare", name="qwen3",
     )  # fmt: skip
     yield server
     stop_server(server)

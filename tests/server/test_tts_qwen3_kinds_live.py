@@ -30,7 +30,7 @@ def design_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
     server = start_server(
         "--policy", "none", "--api-key", "test-key", "--tts", "qwen3", "--tts-path", str(ckpt),
         "--tts-instructions", BRIGHT, "--tts-voice-design", json.dumps([f"narrator={WARM}"]),
-        name="qwen3-design",
+        "--no-cpu-backend-spare", name="qwen3-design",
     )  # fmt: skip
     yield server
     stop_server(server)
@@ -42,10 +42,18 @@ def clone_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
     wav = FIXTURES / "qwen3_tts_tiny_clone.wav"
     server = start_server(
         "--policy", "none", "--api-key", "test-key", "--tts", "qwen3", "--tts-path", str(ckpt),
+        "--no-cpu-backend-spare",
         "--tts-voice-clone", f"anna={wav}", "--tts-voice-clone", f"bob={wav}:Hi.", name="qwen3-clone",
     )  # fmt: skip
     yield server
     stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def warm_pcm(design_server: LiveServer) -> bytes:
+    """The audio of ``TEXT`` in the voice ``WARM`` describes (greedy: every request for it gives these
+    bytes), rendered once for the tests that compare other ways of asking for that voice with it."""
+    return _pcm(design_server, instructions=WARM)
 
 
 def _speech(server: LiveServer, **body: object) -> httpx.Response:
@@ -64,14 +72,13 @@ def _pcm(server: LiveServer, **body: object) -> bytes:
     return resp.content
 
 
-def test_speech_instructions_describe_the_voice(design_server: LiveServer) -> None:
+def test_speech_instructions_describe_the_voice(design_server: LiveServer, warm_pcm: bytes) -> None:
     """``instructions`` is the voice: a named design speaks as its description given inline; another
     description, or none (the server's ``--tts-instructions``), speaks differently."""
-    warm = _pcm(design_server, instructions=WARM)
-    assert _pcm(design_server, voice="narrator") == warm
-    assert _pcm(design_server, voice="alloy", instructions=WARM) == warm
+    assert _pcm(design_server, voice="narrator") == warm_pcm
+    assert _pcm(design_server, voice="alloy", instructions=WARM) == warm_pcm
     bright = _pcm(design_server)
-    assert bright != warm
+    assert bright != warm_pcm
     assert _pcm(design_server, instructions=BRIGHT) == bright
 
 
@@ -90,7 +97,7 @@ def test_instructions_past_the_models_token_limit_are_a_400(design_server: LiveS
     assert _pcm(design_server, instructions=WARM)
 
 
-async def test_speech_socket_takes_instructions(design_server: LiveServer) -> None:
+async def test_speech_socket_takes_instructions(design_server: LiveServer, warm_pcm: bytes) -> None:
     """The speech WebSocket's ``session.config`` carries ``instructions`` as the HTTP body does: one
     sentence, one segment, the same audio."""
     headers = {"Authorization": "Bearer test-key"}
@@ -109,7 +116,7 @@ async def test_speech_socket_takes_instructions(design_server: LiveServer) -> No
                 break
             else:
                 assert json.loads(msg)["type"] == "audio.start", msg
-    assert b"".join(frames) == _pcm(design_server, instructions=WARM)
+    assert b"".join(frames) == warm_pcm
 
 
 async def test_realtime_speaks_a_designed_voice(design_server: LiveServer) -> None:
@@ -122,14 +129,16 @@ async def test_realtime_speaks_a_designed_voice(design_server: LiveServer) -> No
     assert sizes and all(s == FRAME_BYTES for s in sizes[:-1])
 
 
-async def test_a_voice_designed_through_the_api_speaks_as_its_prompt(design_server: LiveServer) -> None:
+async def test_a_voice_designed_through_the_api_speaks_as_its_prompt(
+    design_server: LiveServer, warm_pcm: bytes
+) -> None:
     """``client.audio.voices.create(type="prompt")``: ``voice: {"id": ...}`` then speaks as that description
     given as ``instructions``; this checkpoint cannot clone, and says so."""
     c = AsyncOpenAI(base_url=design_server.http + "/v1", api_key="test-key", max_retries=0, timeout=120)
     raw = await c.audio.voices.with_raw_response.create(name="Warm", prompt=WARM, type="prompt")
     voice = Voice.model_validate(raw.http_response.json())
     assert voice.type == "prompt" and voice.prompt == WARM
-    assert _pcm(design_server, voice={"id": voice.id}) == _pcm(design_server, instructions=WARM)  # type: ignore[arg-type]
+    assert _pcm(design_server, voice={"id": voice.id}) == warm_pcm  # type: ignore[arg-type]
     consent = await c.audio.voice_consents.create(recording=CLONE_WAV.open("rb"), name="n", language="en")
     with pytest.raises(openai.BadRequestError, match="cannot clone voices"):
         await c.audio.voices.create(audio_sample=CLONE_WAV.open("rb"), consent=consent.id, name="x")

@@ -23,7 +23,7 @@ CHUNK_MS = 80
 def torch_vad_server() -> Iterator[LiveServer]:
     server = start_server(
         "--policy", "none", "--tts", "tone", "--api-key", "test-key", "--vad-device", "cpu",
-        "--vad-max-batch", "4", name="vad-torch",
+        "--vad-max-batch", "4", "--no-cpu-backend-spare", name="vad-torch",
     )  # fmt: skip
     yield server
     stop_server(server)

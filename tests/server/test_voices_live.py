@@ -41,7 +41,7 @@ class Base:
         return start_server(
             "--policy", "none", "--api-key", "test-key", "--api-keys", OTHER_KEY, "--tts", "qwen3",
             "--tts-path", str(self.ckpt), "--tts-voice-clone", f"anna={CLONE_WAV}",
-            "--voices-dir", str(self.voices_dir), name="qwen3-voices",
+            "--voices-dir", str(self.voices_dir), "--no-cpu-backend-spare", name="qwen3-voices",
         )  # fmt: skip
 
     def restart(self) -> None:

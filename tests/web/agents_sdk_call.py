@@ -134,7 +134,7 @@ def main(bundle: Path, out: Path, flags: list[str]) -> None:
     origin = f"http://127.0.0.1:{page_port}"
     gateway = start_server(
         "--policy", "none", "--api-key", "test-key", "--tts-deterministic", "--host", "127.0.0.1",
-        "--allowed-origins", origin, *flags, name="agents-sdk",
+        "--allowed-origins", origin, *flags, "--no-cpu-backend-spare", name="agents-sdk",
     )  # fmt: skip
     driver = None
     try:

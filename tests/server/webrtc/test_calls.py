@@ -36,7 +36,8 @@ def in_process_server() -> Iterator[LiveServer]:
     """The voice gateway with calls' media on its own event loop (the default: in worker processes)."""
     server = start_server(
         "--policy", "none", "--api-key", "test-key", "--max-input-buffer-bytes", "2000000",
-        "--tts-deterministic", "--webrtc-media-workers", "0", name="media-in-process",
+        "--tts-deterministic", "--webrtc-media-workers", "0", "--no-cpu-backend-spare",
+        name="media-in-process",
     )  # fmt: skip
     yield server
     stop_server(server)
