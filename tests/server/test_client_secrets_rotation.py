@@ -146,7 +146,7 @@ def rotating_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
     key_file.write_text(OLD + "\n")
     server = start_server(
         "--policy", "none", "--tts", "tone", "--api-key", "test-key",
-        "--webrtc-client-secret-key-file", str(key_file), name="rotating",
+        "--webrtc-client-secret-key-file", str(key_file), "--no-warmup", "--no-cpu-backend-spare", name="rotating",
     )  # fmt: skip
     yield server, key_file
     stop_server(server)
