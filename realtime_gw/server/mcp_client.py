@@ -18,9 +18,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx2
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.sessions.events import CallMcpTool, ListMcpTools, McpCallDone, McpToolsListed
@@ -60,6 +57,10 @@ class McpRequests:
 
     @asynccontextmanager
     async def _session(self, url: str, headers: dict[str, str]) -> Any:
+        # on first use: the package is half of the gateway's import time, and most gateways call no MCP server
+        from mcp.client.session import ClientSession
+        from mcp.client.streamable_http import streamable_http_client
+
         if url.rstrip("/") not in self.allowed:
             raise PermissionError(f"MCP server URL '{url}' is not allowed by this gateway")
         async with (
@@ -131,6 +132,12 @@ class McpRequests:
         return text
 
 
+def _mcp_error() -> type[BaseException]:
+    from mcp.shared.exceptions import MCPError  # loaded by then: only a request that ran can fail
+
+    return MCPError
+
+
 def failure(err: BaseException, timeout_s: float) -> dict[str, Any]:
     """An exception as a ``RealtimeMcp*Error`` shape (its message never carries request headers)."""
     while inner := getattr(err, "exceptions", None):
@@ -140,7 +147,7 @@ def failure(err: BaseException, timeout_s: float) -> dict[str, Any]:
             "type": "tool_execution_error",
             "message": f"the MCP server did not answer within {timeout_s:g} s",
         }
-    if isinstance(err, MCPError):
+    if isinstance(err, _mcp_error()):
         return {"type": "protocol_error", "code": err.code, "message": err.message}
     if isinstance(err, httpx2.HTTPStatusError):
         return {

@@ -7,6 +7,8 @@ the SDK's models (``recv``)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +19,7 @@ from openai.types.responses import ToolChoiceMcp
 
 from realtime_gw.testing.gateway import LiveServer, free_port, start_server, stop_server
 from tests.chat_server import ChatServer, Reply, ToolCallReply, call_when_asked, running_chat_server
+from tests.conftest import ROOT
 from tests.mcp_server import McpTestServer, running_mcp_server
 from tests.server.sdk_events import validate
 from tests.server.test_realtime_tools import recv, text_session, until_done, user_text
@@ -333,3 +336,11 @@ async def test_a_calls_session_part_lists_its_mcp_servers_on_the_data_channel(
         assert [t.name for t in listed.item.tools] == ["add", "explode", "nap", "shout"]
     finally:
         await caller.close()
+
+
+def test_the_mcp_package_loads_on_the_first_request_not_with_the_app() -> None:
+    """Half of the gateway's import time; most gateways never call an MCP server."""
+    code = "import sys, realtime_gw.app\nprint('mcp loaded:', 'mcp' in sys.modules)\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "mcp loaded: False" in done.stdout, done.stdout
