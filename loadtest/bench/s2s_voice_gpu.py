@@ -4,8 +4,9 @@ a registration costs the conversations live meanwhile, at the published 7B shape
 The stage as the gateway builds it (``PersonaPlexBackend``, published sampling, CUDA graphs, warmed up),
 ``--batch`` conversations live (opened without a voice prompt), each stepped with a frame of noise per
 step through the backend's own ``step`` (host-measured: upload, replay, download, sync). Then a
-``VoiceRegistration`` of a ``--sample-s`` synthetic voice sample is opened between two steps (its
-loudness normalization: ``open_ms``) and stepped beside them until answered (a few frames encoded per
+``VoiceRegistration`` of a ``--sample-s`` synthetic voice sample, normalized as the gateway does in a
+thread (``normalize_ms``, off the stage), is opened between two steps (framing only: ``open_ms``) and
+stepped beside them until answered (a few frames encoded per
 step in the voices' own Mimi encoder: up to ``VOICE_FRAMES_PER_STEP``, none started past
 ``VOICE_STEP_BUDGET_S``).
 
@@ -16,8 +17,8 @@ Prints JSON (also to ``--json``, written as it comes):
 - ``check``: the registration's codes vs the same sample encoded the start-up way
   (``MoshiEngine.encode_voice``, slot 0's encoder, once the conversations have left): the fraction of
   equal codes (1.0 expected) and the frame counts;
-- ``voice_session_start``: a conversation opened with the new voice (open + prompt prefill + its first
-  step), ms, with ``batch - 1`` conversations live.
+- ``voice_session_start``: a conversation opened with the new voice (its codes carried by the opening:
+  open + prompt prefill + its first step), ms, with ``batch - 1`` conversations live.
 
     python3 -m loadtest.bench.s2s_voice_gpu --json voice.json                                   # on a CUDA machine
     python3 -m loadtest.bench.s2s_voice_gpu --config tiny --device cpu --batch 2 --sample-s 1 --steps 4   # dry run
@@ -39,7 +40,8 @@ from realtime_gw.models.s2s.checkpoint import random_checkpoint
 from realtime_gw.models.s2s.personaplex import PersonaPlexBackend
 from realtime_gw.models.s2s.voice_records import VOICE_FRAMES_PER_STEP, VOICE_STEP_BUDGET_S, VoiceJob
 from realtime_gw.models.s2s.voices import normalized
-from realtime_gw.records.s2s import S2sAudio, S2sOpen
+from realtime_gw.protocols.voices import prompt_sample
+from realtime_gw.records.s2s import S2sAudio, S2sOpen, VoiceCodes
 from realtime_gw.records.voice import VoiceAdded, VoiceRegistration
 
 FRAME = 1920
@@ -122,7 +124,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     save(result, args.json)
     pcm = voice_sample(args.sample_s)
     start = time.perf_counter()
-    job = backend.open(VoiceRegistration("voice_bench", "audio_sample", sample=pcm.tobytes()))
+    sample = prompt_sample(pcm)  # the gateway's part, in a thread beside the upload's decoding
+    result["normalize_ms"] = round((time.perf_counter() - start) * 1e3, 3)
+    start = time.perf_counter()
+    job = backend.open(VoiceRegistration("voice_bench", "audio_sample", sample=sample))
     result["open_ms"] = round((time.perf_counter() - start) * 1e3, 3)
     assert isinstance(job, VoiceJob)
     during: list[float] = []
@@ -142,7 +147,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if added is not None:
         backend.release(live.pop())
         start = time.perf_counter()
-        state = backend.open(S2sOpen(seed=99, voice="voice_bench", persona="You enjoy having a good conversation."))
+        state = backend.open(S2sOpen(seed=99, voice="voice_bench", persona="You enjoy having a good conversation.",
+                                     custom_voice=VoiceCodes(added.codes, added.card)))  # fmt: skip
         backend.step([(state, frame), *((s, frame) for s in live)])
         result["voice_session_start_ms"] = round((time.perf_counter() - start) * 1e3, 3)
         live.append(state)

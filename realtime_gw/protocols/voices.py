@@ -15,6 +15,8 @@ import numpy as np
 import soundfile
 import soxr
 
+from realtime_gw.protocols import loudness
+
 VOICE_RATE = 24000
 """The rate a recording is decoded to (a Base checkpoint's speaker encoder listens at 24 kHz)."""
 MAX_UPLOAD_BYTES = 10 * 1024 * 1024
@@ -167,3 +169,13 @@ def check_sample(audio: np.ndarray, param: str = "audio_sample") -> bytes:
     if not np.isfinite(audio).all() or float(np.abs(audio).max()) == 0.0:
         raise VoiceInputError(f"{param}: the recording is silent", param)
     return np.ascontiguousarray(audio, dtype="<f4").tobytes()
+
+
+def prompt_sample(audio: np.ndarray, param: str = "audio_sample") -> bytes:
+    """``check_sample``, then brought to a voice prompt's loudness (-24 LUFS: ``loudness.normalized``): what
+    a speech-to-speech stage encodes. CPU work of a few hundred ms for a long sample: call it in a thread."""
+    checked = np.frombuffer(check_sample(audio, param), "<f4")
+    try:
+        return np.ascontiguousarray(loudness.normalized(checked), dtype="<f4").tobytes()
+    except ValueError as e:  # silent once K-weighted: nothing to bring to the prompt's level
+        raise VoiceInputError(f"{param}: {e}", param) from None

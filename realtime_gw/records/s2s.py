@@ -6,13 +6,26 @@ from __future__ import annotations
 import msgspec
 
 
+class VoiceCodes(msgspec.Struct, frozen=True):
+    """A voice prompt made at run time (``/v1/audio/voices`` with a speech-to-speech model): the codec codes
+    its stage encoded from the sample, one row per 80 ms frame, and that codec's card. The front-end's voice
+    library keeps them; the stage keeps nothing, so any replica of it can open a conversation with them."""
+
+    codes: tuple[tuple[int, ...], ...]
+    card: int
+
+
 class S2sOpen(msgspec.Struct, frozen=True, kw_only=True):
     """Open one duplex conversation on the speech-to-speech stage (it holds a slot for its whole life)."""
 
     seed: int | None = None
     """Sampling seed (None: from the stage's seed setting / random)."""
     voice: str | None = None
-    """PersonaPlex: a voice of ``S2sSpec.voices`` (None: ``S2sSpec.default_voice``); Moshi: must be None."""
+    """PersonaPlex: a voice of ``S2sSpec.voices`` (None: ``S2sSpec.default_voice``), or the id of a custom
+    voice (then ``custom_voice`` holds it); Moshi: must be None."""
+    custom_voice: VoiceCodes | None = None
+    """The codes of ``voice`` when it is a custom voice: the gateway fills them from its library for the
+    API key that made the voice (a client never gives them)."""
     persona: str | None = None
     """PersonaPlex: its text persona, a session's ``instructions`` (None or blank: none); Moshi: must be
     None. Both are prefilled when the conversation opens: changing them means opening another."""
@@ -74,3 +87,6 @@ class S2sSpec(msgspec.Struct, frozen=True):
     """The voice of a conversation opened without one (None: no voice prompt)."""
     max_prompt_frames: int = 0
     """Frames a voice prompt and a persona may take together (0: the model takes no prompt)."""
+    voice_card: int = 0
+    """The codec card of its voice prompts' codes: a custom voice (``VoiceCodes``) of another card was made by
+    another codec and is refused (0: the model takes no voice prompt)."""

@@ -111,30 +111,28 @@ VOICE_KINDS = ("audio_sample", "prompt")
 @dataclass(slots=True)
 class VoiceRegistration:
     """Asks the TTS stage to add a custom voice at run time, named ``voice_id`` (then a ``TtsRequest``'s
-    ``voice``), or a speech-to-speech stage that takes voice prompts (then an ``S2sOpen``'s ``voice``).
-    Answered by one ``VoiceAdded``; a backend that cannot make ``kind`` refuses it."""
+    ``voice``), or a speech-to-speech stage that takes voice prompts to encode one (it keeps nothing: an
+    ``S2sOpen`` names the voice and carries the answer's codes). Answered by one ``VoiceAdded``; a backend
+    that cannot make ``kind`` refuses it."""
 
     voice_id: str
     kind: str
     """``audio_sample``: cloned from ``sample``; ``prompt``: designed from ``description``."""
     sample: bytes = b""
-    """``audio_sample``: the recording as float32 mono samples at 24 kHz (``protocols.voices``)."""
+    """``audio_sample``: the recording as float32 mono samples at 24 kHz (``protocols.voices``; for a
+    speech-to-speech stage, already brought to its prompt's loudness: ``protocols.voices.prompt_sample``)."""
     description: str = ""
     """``prompt``: the voice in words."""
     vector: tuple[float, ...] = ()
     """``audio_sample``: the x-vector a previous registration computed (a restart), so nothing is computed
     again; empty: compute it from ``sample``."""
-    codes: tuple[tuple[int, ...], ...] = ()
-    """A speech-to-speech stage's voice prompt (PersonaPlex): the codec codes, one row per 80 ms frame, a
-    previous registration computed (a restart); empty: encode ``sample``."""
-    card: int = 0
-    """The codec card ``codes`` were made with (a stage of another codec refuses them)."""
 
 
 @dataclass(slots=True)
 class VoiceAdded:
-    """A registered voice: what the server keeps to register it again after a restart (a TTS stage's
-    x-vector ``vector``, or a speech-to-speech stage's voice prompt ``codes`` of codec card ``card``)."""
+    """A registered voice: what the server keeps (a TTS stage's x-vector ``vector``, registered again after
+    a restart; or a speech-to-speech stage's voice prompt ``codes`` of codec card ``card``, which an opening
+    that names the voice carries: ``records.s2s.VoiceCodes``)."""
 
     voice_id: str
     vector: tuple[float, ...] = ()

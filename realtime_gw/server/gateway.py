@@ -5,11 +5,12 @@ and live session counts. Built once by ``app.create_app``; handlers reach it as
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.registry import Workers, accepted_voices
+from realtime_gw.records.s2s import VoiceCodes
 from realtime_gw.server.auth import Access
 from realtime_gw.server.responder import Responder
 from realtime_gw.server.voice_library import VoiceLibrary, owner_of
@@ -38,7 +39,8 @@ class Gateway:
         own = self.voices.usable_ids(owner_of(key)) if key is not None else frozenset()
         return accepted_voices(self.workers.tts.describe()) | own
 
-    def s2s_voices_of(self, key: str | None) -> Callable[[str], frozenset[str]]:
-        """The custom voices ``key`` made for a speech-to-speech model, by the model's name (``binding``)."""
+    def s2s_voices_of(self, key: str | None) -> Callable[[str], Mapping[str, VoiceCodes]]:
+        """The custom voices ``key`` made for a speech-to-speech model, by the model's name (``binding``):
+        each id's codes, which an opening that names it carries to the stage."""
         owner = owner_of(key) if key is not None else None
-        return lambda model: self.voices.usable_ids(owner, model) if owner is not None else frozenset()
+        return lambda model: self.voices.prompt_codes(owner, model) if owner is not None else {}

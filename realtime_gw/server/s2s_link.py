@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from realtime_gw.config import GatewayConfig
@@ -45,7 +45,7 @@ from realtime_gw.models.remote.client import RemoteStage
 from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFault
 from realtime_gw.protocols import audio
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen, S2sSilence, S2sSpec
+from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen, S2sSilence, S2sSpec, VoiceCodes
 from realtime_gw.sessions.events import OpenS2s, S2sEffect, S2sFailed, S2sOpened, S2sRefused, unhandled
 from realtime_gw.sessions.live_s2s import DuplexModels
 from realtime_gw.sessions.s2s import ReplyRule, S2sBinding
@@ -76,7 +76,7 @@ def binding(
     config: GatewayConfig,
     model: str | None,
     seed: int | None = None,
-    own_voices: Callable[[str], frozenset[str]] | None = None,
+    own_voices: Callable[[str], Mapping[str, VoiceCodes]] | None = None,
 ) -> S2sBinding | None:
     """The stage a session of ``model`` is bound to (with the model's sampling ``seed``, and the custom
     voices of that model ``own_voices`` gives, by the stage's model name), or None (a cascaded session)."""
@@ -86,7 +86,7 @@ def binding(
     spec = worker.describe().s2s if worker is not None else None
     if spec is None or model not in (spec.model, config.s2s):
         return None
-    return S2sBinding(spec, rule, seed, own_voices(spec.model) if own_voices is not None else frozenset())
+    return S2sBinding(spec, rule, seed, own_voices(spec.model) if own_voices is not None else {})
 
 
 class EchoStream:
@@ -155,7 +155,7 @@ def unserved_model(worker: StageWorker | None, config: GatewayConfig, model: str
 
 
 def duplex_models(
-    worker: StageWorker | None, config: GatewayConfig, own_voices: Callable[[str], frozenset[str]] | None = None
+    worker: StageWorker | None, config: GatewayConfig, own_voices: Callable[[str], Mapping[str, VoiceCodes]] | None = None
 ) -> DuplexModels:
     """What a GPT-Live ``session.start`` may name: the stage's model (by the names ``binding`` takes,
     with the key's ``own_voices`` of it), and the speech-to-speech families this gateway does not serve."""

@@ -3,8 +3,8 @@
 Each belongs to the API key that made it (kept as a SHA-256 digest of the key, never the key) and is seen
 by that key only. With ``voices_dir`` set they persist there, one JSON file per voice (``voices/ID.json``:
 the voice object, its owner, its consent, and what its stage computed from the sample: the TTS stage's
-x-vector, or a speech-to-speech stage's voice prompt codes (``VoiceObject.model``), so a restart registers
-it again without the recording) and per consent (``consents/ID.json`` and the
+x-vector, so a restart registers it again without the recording, or a speech-to-speech stage's voice prompt
+codes (``VoiceObject.model``), which a conversation's opening carries to that stage) and per consent (``consents/ID.json`` and the
 recording as uploaded, ``consents/ID.audio``), files 0600 in directories 0700, each written to a temporary
 name and renamed into place. Voice samples are not kept. Without ``voices_dir`` they live in memory for
 the process's life (a voice sample is biometric data: the operator opts in to keeping it on disk).
@@ -27,6 +27,7 @@ import msgspec
 
 from realtime_gw.models.private_files import write_private
 from realtime_gw.protocols.voices import CONSENT_ID, VOICE_ID, ConsentObject, VoiceObject
+from realtime_gw.records.s2s import VoiceCodes
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +47,10 @@ class StoredVoice:
     codes: tuple[tuple[int, ...], ...] = ()
     card: int = 0
     """A speech-to-speech model's voice (``voice.model``): the codec codes its stage computed, and the
-    codec's card (registered again after a restart)."""
+    codec's card (its stage keeps nothing: an opening that names the voice carries them)."""
     usable: bool = False
-    """Registered with this process's stage (the TTS stage, or ``voice.model``'s; not stored: a restart
-    registers again)."""
+    """Registered with this process's TTS stage, or (``voice.model``) of the served stage's codec card (not
+    stored: checked again at start)."""
 
 
 @dataclass
@@ -111,6 +112,12 @@ class VoiceLibrary:
         return frozenset(v.voice.id for v in self.voices.values()
                          if v.owner == owner and v.usable and v.voice.model == model)  # fmt: skip
 
+    def prompt_codes(self, owner: str, model: str) -> dict[str, VoiceCodes]:
+        """The owner's voices of the speech-to-speech ``model``, each id's codes (an opening carries them;
+        one of another codec is named, so its stage refuses it saying why)."""
+        return {v.voice.id: VoiceCodes(v.codes, v.card) for v in self.voices.values()
+                if v.owner == owner and v.voice.model == model}  # fmt: skip
+
     def consents_of(self, owner: str) -> list[StoredConsent]:
         return sorted((c for c in self.consents.values() if c.owner == owner),
                       key=lambda c: (c.consent.created_at, c.consent.id))  # fmt: skip
@@ -164,7 +171,6 @@ class VoiceLibrary:
 
 
 def stored_voice_record(v: StoredVoice) -> dict[str, Any]:
-    """What a registration of ``v`` needs beyond its id and kind (see ``records.voice.VoiceRegistration``)."""
-    if v.voice.model is not None:
-        return {"codes": v.codes, "card": v.card}
+    """What a TTS stage's registration of ``v`` needs beyond its id and kind (see
+    ``records.voice.VoiceRegistration``)."""
     return {"description": v.voice.prompt or ""} if v.voice.type == "prompt" else {"vector": v.vector}

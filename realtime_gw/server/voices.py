@@ -4,16 +4,21 @@ A voice is made by the TTS stage itself: the server decodes and checks the uploa
 submits a ``VoiceRegistration`` to the TTS worker like any request; the backend computes what the voice
 needs once (a Base checkpoint's x-vector; a VoiceDesign checkpoint keeps the description) and answers
 with a ``VoiceAdded``, which the library keeps (``voice_library``). A TTS model that cannot make a kind
-refuses it before anything is computed (its ``BackendInfo.voice_kinds``). At start-up every stored voice
+refuses it before anything is computed (its ``BackendInfo.voice_kinds``). At start-up every stored TTS voice
 is registered again (``restore_voices``); ``voice: {"id": ...}`` in speech and realtime then names it,
 for the key that made it only.
 
 A create request whose ``model`` names the speech-to-speech stage's model (``personaplex``: a model
-whose voice is a voice prompt) makes that model's voice instead: the same consent and sample checks,
-then the ``VoiceRegistration`` goes to the speech-to-speech worker, which encodes the sample into the
-model's voice prompt (``models/s2s/voice_records.py``) and answers with its codes, kept like an
-x-vector. The voice object says its ``model``; ``audio.output.voice: {"id": ...}`` of that model's
-realtime sessions names it (the key's own only); ``GET ?model=`` lists one model's voices.
+whose voice is a voice prompt) makes that model's voice instead: the same consent and sample checks, and
+the sample brought to the prompt's loudness (-24 LUFS, in the same thread: a silent or sub-audible one is
+a 400), then the ``VoiceRegistration`` goes to the speech-to-speech worker, which only encodes it into
+the model's voice prompt (``models/s2s/voice_records.py``) and answers with its codes. The stage keeps
+nothing: the library keeps the codes, and an opening of that model's realtime sessions whose
+``audio.output.voice: {"id": ...}`` names the voice (the key's own only) carries them
+(``S2sOpen.custom_voice``), so any replica of the stage (Ray) opens it, across restarts. At start a
+stored voice of another codec card than the stage's is reported; a session naming it is refused saying
+why. Deleting such a voice is the library's alone. The voice object says its ``model``; ``GET ?model=``
+lists one model's voices.
 """
 
 from __future__ import annotations
@@ -170,9 +175,10 @@ async def _register(worker: StageWorker, record: VoiceRegistration | VoiceRemova
 
 
 async def restore_voices(gateway: Gateway) -> None:
-    """Register every stored voice of a kind this TTS model makes, and every voice of the speech-to-speech
-    model served (from what they computed before: nothing is computed again); others stay listed but
-    cannot be spoken (speech names why)."""
+    """Register every stored voice of a kind this TTS model makes (from what it computed before: nothing
+    is computed again); check that the speech-to-speech model's voices are of its codec (they need no
+    registration: an opening carries their codes). Others stay listed but cannot be spoken (speech and
+    the session name why)."""
     if not gateway.voices.voices:
         return
     kinds = gateway.workers.tts.describe().voice_kinds
@@ -181,6 +187,14 @@ async def restore_voices(gateway: Gateway) -> None:
         worker = _stage(gateway, v.voice.model)
         if worker is None or (v.voice.model is None and v.voice.type not in kinds):
             continue
+        if v.voice.model is not None:
+            spec = worker.describe().s2s
+            v.usable = spec is not None and v.card == spec.voice_card
+            if not v.usable:
+                log.warning("voices: %s was made by another codec (card %d) than %s's: sessions naming it are "
+                            "refused", v.voice.id, v.card, worker.name)  # fmt: skip
+            ok += v.usable
+            continue
         try:
             await _register(worker, VoiceRegistration(v.voice.id, v.voice.type, **stored_voice_record(v)))
         except (NoFreeSlot, WorkerFault) as e:
@@ -188,7 +202,7 @@ async def restore_voices(gateway: Gateway) -> None:
             continue
         v.usable = True
         ok += 1
-    log.info("voices: %d of %d stored voices registered with %s", ok, len(gateway.voices.voices),
+    log.info("voices: %d of %d stored voices usable (%s)", ok, len(gateway.voices.voices),
              gateway.workers.tts.name)  # fmt: skip
 
 
@@ -230,7 +244,9 @@ async def voices_endpoint(request: Request) -> Response:
             raise pv.VoiceInputError(f"No consent recording '{consent}' for this API key (create one with "
                                      "POST /v1/audio/voice_consents)", "consent")  # fmt: skip
         data = await _file(form, "audio_sample")
-        sample = await asyncio.to_thread(lambda: pv.check_sample(pv.decode_recording(data)))
+        # decoding, and for a voice prompt its loudness (a few hundred ms for a long sample): off the loop
+        check = pv.check_sample if model is None else pv.prompt_sample
+        sample = await asyncio.to_thread(lambda: check(pv.decode_recording(data)))
         prompt = None
         record = VoiceRegistration(voice_id, kind, sample=sample)
     worker = _stage(gateway, model)
@@ -263,8 +279,8 @@ async def voice_endpoint(request: Request) -> Response:
     if request.method == "GET":
         return _json(stored.voice)
     await asyncio.to_thread(gateway.voices.drop_voice, voice_id)
-    worker = _stage(gateway, stored.voice.model)
-    if stored.usable and worker is not None:
+    worker = _stage(gateway, None)  # a speech-to-speech stage keeps no voice: nothing to tell it
+    if stored.usable and stored.voice.model is None and worker is not None:
         try:
             await _register(worker, VoiceRemoval(voice_id))
         except (NoFreeSlot, WorkerFault) as e:  # it is no longer listed, so no key can name it

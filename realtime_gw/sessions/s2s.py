@@ -42,6 +42,7 @@ holds what does:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +50,7 @@ from msgspec import UNSET
 
 from realtime_gw.protocols import audio
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen, S2sSilence, S2sSpec
+from realtime_gw.records.s2s import S2sAudio, S2sFrame, S2sOpen, S2sSilence, S2sSpec, VoiceCodes
 from realtime_gw.records.voice import OUTPUT_RATE, TtsFrame
 from realtime_gw.sessions.conversation import ConversationError, SpokenSpan
 from realtime_gw.sessions.events import Effect, OpenS2s, ResponseAudio, ResponseFinished
@@ -79,8 +80,9 @@ class S2sBinding:
     rule: ReplyRule = field(default_factory=ReplyRule)
     seed: int | None = None
     """The model's sampling seed for this session (None: the stage's)."""
-    own_voices: frozenset[str] = frozenset()
-    """The session's API key's own voices of this model (``/v1/audio/voices``), named by id."""
+    own_voices: Mapping[str, VoiceCodes] = field(default_factory=dict)
+    """The session's API key's own voices of this model (``/v1/audio/voices``): each id's codes, which the
+    opening that names it carries (the stage keeps no custom voice)."""
 
     @property
     def capabilities(self) -> str:
@@ -102,7 +104,8 @@ class S2sBinding:
         """The opening of the session's stream: its seed, and the prompt its settings give."""
         persona = settings.instructions.strip() if self.takes_persona else ""
         voice = settings.voice if self.takes_voice and settings.voice != "default" else None
-        return S2sOpen(seed=self.seed, voice=voice, persona=persona or None)
+        custom = self.own_voices.get(voice) if voice is not None else None
+        return S2sOpen(seed=self.seed, voice=voice, persona=persona or None, custom_voice=custom)
 
 
 def refusal(b: S2sBinding, what: str, param: str | None, code: str = "unsupported_value") -> SessionError:

@@ -22,7 +22,9 @@ from realtime_gw.models.remote.metrics import REMOTE_DELIVERY
 from realtime_gw.models.remote.settings import stage_settings
 from realtime_gw.models.runtime import NoFreeSlot, Stream
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.records.s2s import S2sFrame, S2sOpen, S2sSilence
+from realtime_gw.protocols.voices import prompt_sample
+from realtime_gw.records.s2s import S2sFrame, S2sOpen, S2sSilence, VoiceCodes
+from realtime_gw.records.voice import VoiceAdded, VoiceRegistration
 from realtime_gw.server import s2s_link
 from realtime_gw.server.client_secret_endpoint import config_settings
 from realtime_gw.server.s2s_link import S2sLink
@@ -214,7 +216,7 @@ async def test_a_persona_crosses_the_wire_and_one_that_does_not_fit_keeps_the_op
     other.open(S2sOpen(seed=3))
     assert isinstance(await other.answer(), S2sOpened)
     gateway = SimpleNamespace(
-        config=PERSONAPLEX, workers=SimpleNamespace(s2s=stage), s2s_voices_of=lambda key: lambda model: frozenset()
+        config=PERSONAPLEX, workers=SimpleNamespace(s2s=stage), s2s_voices_of=lambda key: lambda model: {}
     )
     long = rt.SessionParams(model="personaplex", instructions="Extraordinary " * 10)
     with pytest.raises(SessionError, match="context holds"):  # a client secret's too: refused at mint
@@ -247,3 +249,26 @@ async def test_an_open_no_replica_answers_is_refused_in_time(
     refused = await session.answer()
     assert isinstance(refused, S2sRefused) and not refused.prompt and "no replica answered" in refused.reason
     assert session.link.stream is None
+
+
+async def test_a_custom_voice_made_on_one_replica_opens_on_another_and_after_a_restart(cluster: Cluster) -> None:
+    """The stage keeps no custom voice: a registration only encodes, and the opening that names the voice
+    carries its codes, so a replica that never saw it (or one restarted) opens it, checked by its own
+    ``admit`` (``RemoteStage.check`` asks any ready replica)."""
+    cluster.config = PERSONAPLEX
+    maker, other = s2s_actor(cluster, PERSONAPLEX), s2s_actor(cluster, PERSONAPLEX)
+    t = np.arange(24000) / 24000
+    sample = prompt_sample((0.2 * np.sin(2 * np.pi * 170 * t)).astype(np.float32))
+    made = (await front_end(cluster, maker, PERSONAPLEX)).submit(VoiceRegistration("voice_ann", "audio_sample", sample=sample))
+    [added] = [x async for x in made]
+    assert isinstance(added, VoiceAdded) and len(added.codes) == 13
+    request = S2sOpen(seed=1, voice="voice_ann", custom_voice=VoiceCodes(added.codes, added.card))
+    stage = await front_end(cluster, other, PERSONAPLEX)
+    assert "unknown voice" in (await stage.check(S2sOpen(voice="voice_ann")) or "")  # nothing kept by name
+    first = said(await steps(await stage.open_stream(request), 3))
+    foreign = msgspec.structs.replace(request, custom_voice=VoiceCodes(added.codes, added.card + 1))
+    assert "made by another codec" in (await stage.check(foreign) or "")
+    await other.kill()  # restarted: a fresh stage, the same voice
+    await wait_for(lambda: all(r.ready for r in stage.replicas), 10)
+    assert await stage.check(request) is None
+    assert same_steps(said(await steps(await stage.open_stream(request), 3)), first)

@@ -10,6 +10,7 @@ import pytest
 import soundfile
 from openai.types.audio import Voice, VoiceConsent
 
+from realtime_gw.protocols import loudness
 from realtime_gw.protocols import voices as pv
 
 
@@ -57,6 +58,22 @@ def test_recordings_decode_to_24k_mono_and_are_bounded() -> None:
         pv.decode_recording(_wav(121.0, 8000, fmt="FLAC"))
     with pytest.raises(pv.VoiceInputError, match="longer than 120 s"):
         pv.decode_recording(_wav(70.0, 96000, channels=2, fmt="FLAC"))  # within 120 s, over the sample bound
+
+
+def test_a_voice_prompt_sample_is_brought_to_minus_24_lufs_or_refused_as_inaudible() -> None:
+    """What a speech-to-speech stage encodes (``prompt_sample``, in the gateway's thread); a sample with
+    signal but nothing audible (a 1 Hz sine at -43 dBFS RMS: the K-weighting's high pass removes it) is
+    the client's error, not the stage's."""
+    t = np.arange(24000 * 4) / 24000
+    voice = (0.05 * np.sin(2 * np.pi * 170 * t)).astype(np.float32)
+    prompt = np.frombuffer(pv.prompt_sample(voice), "<f4")
+    assert prompt.shape == voice.shape and loudness.integrated_loudness(prompt, 24000) == pytest.approx(-24.0, abs=0.1)
+    rumble = (10 ** (-43 / 20) * np.sqrt(2) * np.sin(2 * np.pi * 1.0 * t)).astype(np.float32)
+    assert 20 * np.log10(np.sqrt(np.mean(rumble.astype(np.float64) ** 2))) == pytest.approx(-43, abs=0.1)
+    pv.check_sample(rumble)  # passes the generic checks
+    with pytest.raises(pv.VoiceInputError, match="audio_sample: the voice sample is silent or too quiet") as e:
+        pv.prompt_sample(rumble)
+    assert e.value.param == "audio_sample"
 
 
 def test_fields_are_checked() -> None:

@@ -36,16 +36,19 @@ from tests.server.webrtc.caller import Caller, call
 STEP_BYTES = 1920 * 2
 OTHER_KEY = "other-key"
 KEPT_VOICE = "voice_" + "7" * 24
+FOREIGN_VOICE = "voice_" + "8" * 24
 
 
 @pytest.fixture(scope="module")
 def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``--voices-dir`` holding a PersonaPlex voice a previous run made for ``test-key`` (its codes: the
-    tiny codec's card 64, 8 codebooks), which the gateway registers with the stage at start."""
+    """``--voices-dir`` holding PersonaPlex voices a previous run made for ``test-key``: one of the tiny
+    codec (card 64, 8 codebooks), and one of another codec (the published Mimi's card 2048)."""
     root = tmp_path_factory.mktemp("library")
     lib = VoiceLibrary.open(str(root), 10)
     kept = VoiceObject(id=KEPT_VOICE, created_at=1, name="Kept", type="audio_sample", model="personaplex")
     lib.put_voice(StoredVoice(kept, owner_of("test-key"), None, (), ((5, 9, 13, 17, 21, 25, 29, 33),) * 6, 64))
+    foreign = VoiceObject(id=FOREIGN_VOICE, created_at=2, name="Foreign", type="audio_sample", model="personaplex")
+    lib.put_voice(StoredVoice(foreign, owner_of("test-key"), None, (), ((5, 9, 13, 17, 21, 25, 29, 33),) * 6, 2048))
     return root
 
 
@@ -204,7 +207,7 @@ async def test_a_voice_made_from_a_sample_is_the_models_voice_prompt_for_its_key
     voice = Voice.model_validate(made.http_response.json())  # every field of the SDK's type, and ours
     assert voice.type == "audio_sample" and voice.name == "Ann" and made.http_response.json()["model"] == "personaplex"
     assert (library / "voices" / f"{voice.id}.json").stat().st_mode & 0o777 == 0o600  # its codes, for a restart
-    for key, want in ((client, [KEPT_VOICE, voice.id]), (other, [])):
+    for key, want in ((client, [KEPT_VOICE, FOREIGN_VOICE, voice.id]), (other, [])):
         page = await key.get("/audio/voices", cast_to=object, options={"params": {"model": "personaplex"}})
         assert [v["id"] for v in page["data"]] == want  # type: ignore[index]
     assert (await client.get("/audio/voices", cast_to=object, options={"params": {"model": ""}}))["data"] == []  # type: ignore[index]
@@ -214,6 +217,12 @@ async def test_a_voice_made_from_a_sample_is_the_models_voice_prompt_for_its_key
         await other.realtime.client_secrets.create(session={"type": "realtime", "model": "personaplex", "audio": {"output": {"voice": {"id": voice.id}}}})  # type: ignore[typeddict-item]
     with pytest.raises(openai.BadRequestError, match="audio samples only"):
         await client.audio.voices.create(name="x", prompt="A warm voice.", type="prompt", model="personaplex")
+    t = np.arange(16000 * 4) / 16000  # a 1 Hz sine at -43 dBFS RMS: nothing audible, the client's error
+    rumble = io.BytesIO()
+    soundfile.write(rumble, (10 ** (-43 / 20) * np.sqrt(2) * np.sin(2 * np.pi * t)).astype(np.float32), 16000, format="WAV")
+    with pytest.raises(openai.BadRequestError, match="silent or too quiet") as refused:
+        await client.audio.voices.create(audio_sample=("hum.wav", rumble.getvalue()), consent=consent.id, name="Hum", extra_body={"model": "personaplex"})
+    assert refused.value.param == "audio_sample"
     with pytest.raises(openai.BadRequestError, match="at most 6.8 s"):  # the tiny model's context
         await client.audio.voices.create(audio_sample=("long.wav", _sample_wav(8)), consent=consent.id, name="Long", extra_body={"model": "personaplex"})
     assert (await client.audio.voices.delete(voice.id)).deleted
@@ -265,9 +274,10 @@ async def test_a_webrtc_call_carries_its_persona_to_the_model(server: LiveServer
     assert pieces == ada
 
 
-async def test_a_voice_kept_from_a_previous_run_is_registered_at_start(server: LiveServer) -> None:
-    """Its codes go back to the stage (nothing encoded): a session of its key opens with it (the stage's
-    own check at submit knows it), another key's is refused."""
+async def test_a_voice_kept_from_a_previous_run_opens_with_its_codes(server: LiveServer) -> None:
+    """Nothing is encoded or registered at start: a session of its key opens with it (the opening carries
+    its codes; the stage's own check at submit counts them), another key's is refused, and a voice of
+    another codec is refused saying so."""
     client = AsyncOpenAI(base_url=server.http + "/v1", api_key="test-key", max_retries=0)
     kept = {"type": "realtime", "model": "personaplex", "audio": {"output": {"voice": {"id": KEPT_VOICE}}}}
     secret = await client.realtime.client_secrets.create(session=kept)  # type: ignore[arg-type]
@@ -277,3 +287,6 @@ async def test_a_voice_kept_from_a_previous_run_is_registered_at_start(server: L
         assert len(await asyncio.wait_for(first_reply(conn, 1), 15)) == STEP_BYTES
     with pytest.raises(openai.BadRequestError, match="voice"):
         await AsyncOpenAI(base_url=server.http + "/v1", api_key=OTHER_KEY, max_retries=0).realtime.client_secrets.create(session=kept)  # type: ignore[arg-type]
+    foreign = {"type": "realtime", "model": "personaplex", "audio": {"output": {"voice": {"id": FOREIGN_VOICE}}}}
+    with pytest.raises(openai.BadRequestError, match="made by another codec .card 2048.*make the voice again"):
+        await client.realtime.client_secrets.create(session=foreign)  # type: ignore[arg-type]

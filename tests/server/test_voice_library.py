@@ -7,13 +7,8 @@ import stat
 from pathlib import Path
 
 from realtime_gw.protocols.voices import ConsentObject, VoiceObject
-from realtime_gw.server.voice_library import (
-    StoredConsent,
-    StoredVoice,
-    VoiceLibrary,
-    owner_of,
-    stored_voice_record,
-)
+from realtime_gw.records.s2s import VoiceCodes
+from realtime_gw.server.voice_library import StoredConsent, StoredVoice, VoiceLibrary, owner_of
 
 
 def test_round_trip_and_scoping(tmp_path: Path) -> None:
@@ -55,5 +50,7 @@ def test_a_speech_to_speech_voice_keeps_its_codes_and_is_that_model_s_only(tmp_p
     assert lib.usable_ids(a) == {tts.id} and lib.usable_ids(a, "personaplex") == {s2s.id}
     got = VoiceLibrary.open(str(tmp_path), 10).voice(a, s2s.id)
     assert got is not None and got.voice == s2s and got.codes == ((1, 2), (3, 4)) and got.card == 2048
-    assert stored_voice_record(got) == {"codes": ((1, 2), (3, 4)), "card": 2048}
+    reopened = VoiceLibrary.open(str(tmp_path), 10)  # what an opening of the model carries, read back
+    assert reopened.prompt_codes(a, "personaplex") == {s2s.id: VoiceCodes(((1, 2), (3, 4)), 2048)}
+    assert reopened.prompt_codes(owner_of("key-b"), "personaplex") == {} and reopened.prompt_codes(a, "moshi") == {}
     assert stat.S_IMODE(os.stat(tmp_path / "voices" / f"{s2s.id}.json").st_mode) == 0o600

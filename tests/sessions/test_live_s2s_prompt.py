@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from realtime_gw.records.s2s import S2sOpen
+from realtime_gw.records.s2s import S2sOpen, VoiceCodes
 from realtime_gw.sessions.events import Limits, OpenS2s, S2sOpened
 from realtime_gw.sessions.live import LiveSession
 from realtime_gw.sessions.live_s2s import DuplexModels
@@ -65,10 +65,14 @@ def test_a_persona_past_the_budget_is_refused_at_start() -> None:
 
 
 def test_a_voice_the_key_made_for_the_model_is_its_voice_prompt() -> None:
-    """A voice of ``/v1/audio/voices`` made for the model (``S2sBinding.own_voices``), by its id."""
-    own = DuplexModels(S2sBinding(SPEC, ReplyRule(), 3, frozenset({"voice_" + "a" * 24})), frozenset({"personaplex"}))
+    """A voice of ``/v1/audio/voices`` made for the model (``S2sBinding.own_voices``), by its id: the
+    opening carries its codes (the stage keeps no custom voice)."""
+    codes = VoiceCodes(((1, 2, 3),) * 4, 64)
+    own = DuplexModels(S2sBinding(SPEC, ReplyRule(), 3, {"voice_" + "a" * 24: codes}), frozenset({"personaplex"}))
     s = LiveSession("sess_live_own", Limits(voices=frozenset({"default"})), 0.0, 600.0, 1.8e9, own)
     out = client(s, {"type": "session.start", "session": {"model": "personaplex", "audio": {"output": {"voice": {"id": "voice_" + "a" * 24}}}}}, 0.0)
-    assert [e.request.voice for e in out if isinstance(e, OpenS2s)] == ["voice_" + "a" * 24]
+    assert [(e.request.voice, e.request.custom_voice) for e in out if isinstance(e, OpenS2s)] == [("voice_" + "a" * 24, codes)]
+    stock = [e.request for e in start(audio={"output": {"voice": "NATF2"}})[1] if isinstance(e, OpenS2s)]
+    assert [(r.voice, r.custom_voice) for r in stock] == [("NATF2", None)]  # a stage's own voice: by name
     _, refused = start(audio={"output": {"voice": {"id": "voice_" + "a" * 24}}})  # another key's binding
     assert [e for e in refused if isinstance(e, OpenS2s)] == []

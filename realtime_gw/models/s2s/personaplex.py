@@ -13,7 +13,8 @@ names one (``S2sOpen.voice``) or gets ``--s2s-voice`` (unset: no voice prompt). 
 voices and the prompt's room (``max_prompt_frames``): a voice and persona longer than the context are
 refused at open with a clear error, as is an unknown voice. Voices are also made at run time from an
 uploaded sample (``voice_records``: a ``VoiceRegistration`` submitted to this stage, encoded here a few
-frames per step) and named by their id; a persona is tokenized once per text (the check at submit and
+frames per step, kept by the gateway, not here) and named by their id: an opening that names one carries
+its codes (``S2sOpen.custom_voice``), so every replica of the stage opens it alike; a persona is tokenized once per text (the check at submit and
 the opening share it).
 
 The prompt's silence and sine frames are the published Mimi's codes (``SILENCE_TOKENS``/``SINE_TOKENS``)
@@ -49,8 +50,8 @@ from realtime_gw.models.s2s.prompt import (
 )
 from realtime_gw.models.s2s.voice_records import VOICE_RECORDS, VoiceJob, VoiceRegistrar
 from realtime_gw.models.s2s.voices import VoicePrompts
-from realtime_gw.records.s2s import S2sOpen
-from realtime_gw.records.voice import VoiceRegistration, VoiceRemoval
+from realtime_gw.records.s2s import S2sOpen, VoiceCodes
+from realtime_gw.records.voice import VoiceRegistration
 
 PROMPT_CAPABILITIES = (*CAPABILITIES, "voice_prompt", "persona")
 
@@ -84,24 +85,30 @@ class PersonaPlexBackend(MoshiBackend):
         self.prompt_ms = 0.0
         """The last conversation's prompt prefill (ms, host clock, synchronised)."""
         self.spec = msgspec.structs.replace(
-            self.spec, voices=self.voices.names(), default_voice=voice, max_prompt_frames=ck.shape.context + 1
+            self.spec, voices=self.voices.names(), default_voice=voice, max_prompt_frames=ck.shape.context + 1,
+            voice_card=ck.shape.card,
         )
         self.info.update(voices=list(self.voices.names()), default_voice=voice,
                          prompt_codes="published" if published else "this codec's")  # fmt: skip
-        self.registrar = VoiceRegistrar(self.engine, ck.shape, self.voices, self.spec.max_prompt_frames)
+        self.registrar = VoiceRegistrar(self.engine, ck.shape, self.spec.max_prompt_frames)
         self._persona_tokens = functools.lru_cache(maxsize=64)(self._tokenize)
         """A persona's tokens, made once: the check at submit and the opening on the worker's thread
         (and a client secret's check) read the same (``lru_cache`` is safe across the two threads)."""
         self.prompt(S2sOpen())  # the default voice fits the context: a setting error at start otherwise
 
-    def prompt(self, request: S2sOpen) -> tuple[np.ndarray, VoiceEmbeddings | None]:
+    def prompt(self, request: S2sOpen, placeholder: bool = False) -> tuple[np.ndarray, VoiceEmbeddings | None]:
         """The frames of the conversation's prompt (``prompt.prompt_frames``) and its published voice, if
-        it is one; ValueError for an unknown voice or a prompt the context cannot hold."""
+        it is one; ValueError for an unknown voice, a custom voice of another codec or a prompt the context
+        cannot hold. ``placeholder``: a custom voice's codes as zeros (the check at submit counts frames)."""
         name = request.voice if request.voice is not None else self.default_voice
-        voice = self.voices.prompt(name) if name is not None else None
+        if request.custom_voice is not None:
+            voice: np.ndarray | VoiceEmbeddings | None = self._custom(name, request.custom_voice, placeholder)
+        else:
+            voice = self.voices.prompt(name) if name is not None else None
         published = voice if isinstance(voice, VoiceEmbeddings) else None
         if published is not None:  # its codes are in its embeddings: placeholders here
             voice = np.zeros((published.frames, len(self.silence)), np.int64)
+        assert not isinstance(voice, VoiceEmbeddings)
         persona = request.persona or ""
         tokens = self._persona_tokens(persona) if persona.strip() else ()
         frames = prompt_frames(voice, tokens, self.silence, self.sine)
@@ -113,28 +120,44 @@ class PersonaPlexBackend(MoshiBackend):
             )
         return frames, published
 
+    def _custom(self, name: str | None, voice: VoiceCodes, placeholder: bool) -> np.ndarray:
+        """A custom voice's codes (``S2sOpen.custom_voice``), checked against this codec."""
+        shape = self.checkpoint.shape
+        rows = {len(r) for r in voice.codes}
+        if voice.card != shape.card or rows != {shape.own_q}:
+            raise ValueError(
+                f"voice {name!r} was made by another codec (card {voice.card}, "
+                f"{'/'.join(map(str, sorted(rows))) or 'no'} codebooks; this model's: card {shape.card}, "
+                f"{shape.own_q} codebooks): make the voice again from its sample"
+            )
+        if placeholder:
+            return np.zeros((len(voice.codes), shape.own_q), np.int64)
+        codes = np.asarray(voice.codes, np.int64)
+        if int(codes.min()) < 0 or int(codes.max()) >= shape.card:
+            raise ValueError(f"voice {name!r}: its codes are outside the codec's card")
+        return codes
+
     def _tokenize(self, persona: str) -> tuple[int, ...]:
         return tuple(self.checkpoint.text.encode(system_text(persona), self.checkpoint.shape.text_card))
 
     def check(self, request: object) -> str | None:
-        """The stage's check at submit (``StagePlan.admit``, on the event loop: it only tokenizes and
-        reads the voice store): why a conversation's prompt cannot open, or a voice record cannot be
-        made (``voice_records``), or None."""
+        """The stage's check at submit (``StagePlan.admit``, on the event loop: it only tokenizes, reads
+        the voice store and counts a custom voice's frames): why a conversation's prompt cannot open, or a
+        voice cannot be made (``voice_records``), or None."""
         if isinstance(request, VOICE_RECORDS):
             why = self.registrar.check(request)
             return None if why is None else f"{self.name}: {why}"
         if not isinstance(request, S2sOpen):
             return None  # refused by ``open`` as any backend refuses a wrong request
         try:
-            self.prompt(request)
+            self.prompt(request, placeholder=True)
         except ValueError as e:
             return f"{self.name}: {e}"
         return None
 
-    def open(self, request: S2sOpen | VoiceRegistration | VoiceRemoval) -> MoshiState | VoiceJob:  # type: ignore[override]
+    def open(self, request: S2sOpen | VoiceRegistration) -> MoshiState | VoiceJob:  # type: ignore[override]
         if isinstance(request, VOICE_RECORDS):
-            # the sample's loudness, on this thread: the next step waits (its frames' lateness shows it)
-            return self.registrar.open(request)
+            return self.registrar.open(request)  # framing only: the gateway normalized the sample
         if not isinstance(request, S2sOpen):
             raise TypeError(f"expected S2sOpen, got {type(request).__name__}")
         try:

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 import soundfile
@@ -16,8 +17,10 @@ from realtime_gw.models.s2s.personaplex import PersonaPlexBackend
 from realtime_gw.models.s2s.prompt import SILENCE_FRAMES
 from realtime_gw.models.s2s.voice_records import VOICE_FRAMES_PER_STEP
 from realtime_gw.models.s2s.voices import CODES_SUFFIX, integrated_loudness, normalized, normalized_sample
-from realtime_gw.records.s2s import S2sFrame, S2sOpen
-from realtime_gw.records.voice import VoiceAdded, VoiceRegistration, VoiceRemoval
+from realtime_gw.protocols import loudness
+from realtime_gw.protocols.voices import prompt_sample
+from realtime_gw.records.s2s import S2sFrame, S2sOpen, VoiceCodes
+from realtime_gw.records.voice import VoiceAdded, VoiceRegistration
 from tests.models.s2s.conversations import FRAME, noise_frames, talk
 
 PERSONA = "You enjoy having a good conversation."
@@ -180,7 +183,7 @@ def test_a_prefill_makes_the_frames_of_its_iteration_late_by_its_time(backend: P
 
 
 def _registered(
-    backend: PersonaPlexBackend, record: VoiceRegistration | VoiceRemoval, live: Any = None, said: list[S2sFrame] | None = None
+    backend: PersonaPlexBackend, record: VoiceRegistration, live: Any = None, said: list[S2sFrame] | None = None
 ) -> tuple[list[Any], int]:
     """Step ``record`` on the stage (beside the ``live`` conversation, hearing noise seeded 1, what it
     says into ``said``) until it is answered: (its outputs, the steps it took)."""
@@ -199,54 +202,83 @@ def _registered(
     raise AssertionError("the voice record was never answered")
 
 
-def test_a_voice_made_while_conversations_talk_is_encoded_as_the_directory_s(backend: PersonaPlexBackend) -> None:
-    """A ``VoiceRegistration`` (``/v1/audio/voices`` with ``model: personaplex``): encoded a few frames a
-    step in the voices' own encoder, it gets the codes a sample of the voice directory gets at start,
-    the conversation live meanwhile says what it says alone, and the voice then opens a conversation."""
+def _voice_pcm(seconds: float = 1.5) -> np.ndarray:
     rng = np.random.default_rng(5)
-    t = np.arange(int(24000 * 1.5)) / 24000
-    pcm = (0.2 * np.sin(2 * np.pi * 170 * t) + 0.02 * rng.standard_normal(len(t))).astype(np.float32)
+    t = np.arange(int(24000 * seconds)) / 24000
+    return (0.2 * np.sin(2 * np.pi * 170 * t) + 0.02 * rng.standard_normal(len(t))).astype(np.float32)
+
+
+def test_a_voice_made_while_conversations_talk_is_encoded_as_the_directory_s(backend: PersonaPlexBackend) -> None:
+    """A ``VoiceRegistration`` (``/v1/audio/voices`` with ``model: personaplex``; its sample normalized by
+    the gateway): encoded a few frames a step in the voices' own encoder, it gets the codes a sample of
+    the voice directory gets at start, and the conversation live meanwhile says what it says alone."""
+    pcm = _voice_pcm()
+    sample = prompt_sample(pcm)  # the gateway's part
     talk_alone = S2sOpen(seed=21, persona=PERSONA)
     alone = _talk(backend, {"a": (talk_alone, 0, 5)}, 6)["a"]
     live = backend.open(talk_alone)
     said: list[S2sFrame] = []
     try:
-        outputs, steps = _registered(backend, VoiceRegistration("voice_ann", "audio_sample", sample=pcm.tobytes()), live, said)
+        outputs, steps = _registered(backend, VoiceRegistration("voice_ann", "audio_sample", sample=sample), live, said)
         said += [backend.step([(live, [noise_frames(1, 6)[i]])])[0].outputs[0] for i in range(steps, 6)]
     finally:
         backend.release(live)
-    assert [f.text_token for f in said] == [f.text_token for f in alone]
+    assert [f.text_token for f in said[:6]] == [f.text_token for f in alone]  # (a busy CPU: more steps)
     [added] = outputs
     assert isinstance(added, VoiceAdded) and added.voice_id == "voice_ann" and added.card == backend.checkpoint.shape.card
     frames = -(-len(pcm) // FRAME)
     assert -(-frames // VOICE_FRAMES_PER_STEP) <= steps <= frames and len(added.codes) == frames
     assert np.array_equal(np.array(added.codes), backend.engine.encode_voice(normalized(pcm)))  # slot 0's, at start
-    assert backend.spec.voices == ("ada", "bo")  # never listed: only the key that made it may name it
-    request = S2sOpen(seed=3, voice="voice_ann")
-    assert backend.check(request) is None
-    assert len(backend.prompt(request)[0]) == frames + 2 * SILENCE_FRAMES
-    assert "voice_ann" not in (backend.check(S2sOpen(voice="nobody")) or "")
-    # a restart registers the codes again: nothing is encoded; a removal forgets it
-    again, steps = _registered(backend, VoiceRegistration("voice_bis", "audio_sample", codes=added.codes, card=added.card))
-    assert steps == 1 and again[0].codes == added.codes
-    for voice_id in ("voice_ann", "voice_bis"):
-        assert _registered(backend, VoiceRemoval(voice_id)) == ([], 1)
-        assert "unknown voice" in (backend.check(S2sOpen(voice=voice_id)) or "")
+
+
+def test_the_stage_keeps_no_custom_voice_an_opening_carries_its_codes(voices: Path) -> None:
+    """Made on one stage, a voice opens on another (a second replica, or the stage restarted) from the
+    codes its opening carries; the maker itself keeps nothing, so a bare name is unknown to both."""
+    maker, other = (PersonaPlexBackend("tiny", slots=2, seed=7, voices_dir=str(voices)) for _ in range(2))
+    [added], _ = _registered(maker, VoiceRegistration("voice_ann", "audio_sample", sample=prompt_sample(_voice_pcm())))
+    assert maker.spec.voices == other.spec.voices == ("ada", "bo") and maker.spec.voice_card == added.card
+    for stage in (maker, other):
+        assert "unknown voice" in (stage.check(S2sOpen(voice="voice_ann")) or "")
+    request = S2sOpen(seed=3, voice="voice_ann", persona=PERSONA, custom_voice=VoiceCodes(added.codes, added.card))
+    assert other.check(request) is None
+    frames, _ = other.prompt(request)
+    assert np.array_equal(frames, maker.prompt(request)[0])
+    assert len(other.prompt(msgspec.structs.replace(request, persona=None))[0]) == len(added.codes) + 2 * SILENCE_FRAMES
+    said = {name: _talk(stage, {"a": (request, 0, 3)}, 4)["a"] for name, stage in (("maker", maker), ("other", other))}
+    assert [f.text_token for f in said["maker"]] == [f.text_token for f in said["other"]]
+
+
+def test_a_custom_voice_of_another_codec_or_past_the_context_is_refused(backend: PersonaPlexBackend) -> None:
+    shape = backend.checkpoint.shape
+    codes = ((1,) * shape.own_q,) * 3
+    foreign = backend.check(S2sOpen(voice="voice_x", custom_voice=VoiceCodes(codes, 2048)))
+    assert "voice 'voice_x' was made by another codec (card 2048" in (foreign or "") and "make the voice again" in (foreign or "")
+    narrow = backend.check(S2sOpen(voice="voice_x", custom_voice=VoiceCodes(((1, 2),) * 3, shape.card)))
+    assert "another codec" in (narrow or "")
+    long = VoiceCodes(((1,) * shape.own_q,) * (backend.spec.max_prompt_frames + 1), shape.card)
+    assert "use a shorter persona or voice sample" in (backend.check(S2sOpen(voice="voice_x", custom_voice=long)) or "")
+    bad = VoiceCodes(((shape.card,) * shape.own_q,) * 3, shape.card)
+    assert backend.check(S2sOpen(voice="voice_x", custom_voice=bad)) is None  # counted at submit, read at open
+    with pytest.raises(ValueError, match="outside the codec's card"):
+        backend.open(S2sOpen(voice="voice_x", custom_voice=bad))
 
 
 def test_a_voice_the_stage_cannot_make_is_refused_at_submit(backend: PersonaPlexBackend) -> None:
-    shape = backend.checkpoint.shape
     long = np.full(24000 * 8, 0.1, np.float32).tobytes()  # 8 s: the tiny context holds 6.8 s of voice
     assert "at most 6.8 s" in (backend.check(VoiceRegistration("voice_x", "audio_sample", sample=long)) or "")
     assert "audio samples only" in (backend.check(VoiceRegistration("voice_x", "prompt", description="warm")) or "")
-    codes = ((1,) * shape.own_q,) * 3
-    assert "another codec" in (backend.check(VoiceRegistration("voice_x", "audio_sample", codes=codes, card=7)) or "")
-    bad = ((shape.card,) * shape.own_q,)
-    assert "outside" in (backend.check(VoiceRegistration("voice_x", "audio_sample", codes=bad, card=shape.card)) or "")
-    quiet = np.full(2400, 1e-4, np.float32).tobytes()
-    assert "too quiet" in (backend.check(VoiceRegistration("voice_x", "audio_sample", sample=quiet)) or "")
-    with pytest.raises(ValueError, match="silent"):
-        backend.open(VoiceRegistration("voice_x", "audio_sample", sample=bytes(4 * 2400)))
+    assert "empty" in (backend.check(VoiceRegistration("voice_x", "audio_sample")) or "")
+
+
+def test_opening_a_registration_measures_nothing(backend: PersonaPlexBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage's thread only frames the sample (the gateway measured its loudness): no K-weighting,
+    whatever the sample, so the conversations' next step does not wait for it."""
+    monkeypatch.setattr(loudness, "k_weighted", lambda *a: pytest.fail("loudness measured on the stage"))
+    job = backend.open(VoiceRegistration("voice_x", "audio_sample", sample=bytes(4 * 24000)))
+    try:
+        assert job.pcm is not None and job.pcm.shape == (-(-24000 // FRAME), FRAME)
+    finally:
+        backend.release(job)
 
 
 def test_a_persona_is_tokenized_once_per_opening(backend: PersonaPlexBackend, monkeypatch: pytest.MonkeyPatch) -> None:
