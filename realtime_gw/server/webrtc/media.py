@@ -37,6 +37,7 @@ RATE = 48000
 FRAME_MS = 20
 FRAME_SAMPLES = RATE * FRAME_MS // 1000
 FRAME_BYTES = FRAME_SAMPLES * 2
+TIME_BASE = fractions.Fraction(1, RATE)
 SENT_REPORT_MS = 100
 """How often a playing response's sent position is reported (the session's playback ledger)."""
 MAX_CONCEALED_GAP_S = 1.0
@@ -103,6 +104,17 @@ class ReplyTrack(MediaStreamTrack):
 
     # -- what aiortc's sender calls ----------------------------------------------------------------------
     async def recv(self) -> AudioFrame:
+        pcm = await self.next_pcm()
+        frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+        frame.planes[0].update(pcm)
+        frame.pts = self._pts
+        frame.sample_rate = RATE
+        frame.time_base = TIME_BASE
+        return frame
+
+    async def next_pcm(self) -> bytes:
+        """The next 20 ms frame (48 kHz mono PCM16) once its slot comes: ``recv`` without the frame
+        object (the Opus sender in ``inline_codecs`` encodes these)."""
         if self.readyState != "live":
             raise MediaStreamError
         now = time.monotonic()
@@ -113,12 +125,7 @@ class ReplyTrack(MediaStreamTrack):
             due = self._start + self._pts / RATE
             self.ledger.frame_late(max(0.0, now - due))
             await asyncio.sleep(max(0.0, due - now))
-        frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
-        frame.planes[0].update(self._next_frame_bytes())
-        frame.pts = self._pts
-        frame.sample_rate = RATE
-        frame.time_base = fractions.Fraction(1, RATE)
-        return frame
+        return self._next_frame_bytes()
 
     def _next_frame_bytes(self) -> bytes:
         out = bytearray()
@@ -170,9 +177,7 @@ class CallerAudio:
         channels = len(frame.layout.channels)
         if samples.dtype != np.int16:  # planar/float layouts some decoders give
             samples = (np.clip(samples.astype(np.float32), -1.0, 1.0) * 32767).astype(np.int16)
-        mono = (
-            samples.reshape(-1, channels).mean(axis=1).astype("<i2") if channels > 1 else samples.reshape(-1)
-        )
+        mono = downmix(samples, channels)
         self.ledger.input_received(frame.samples / frame.sample_rate)
         if (missing := self._missing_samples(frame)) > 0:
             self.ledger.input_concealed(missing / frame.sample_rate)
@@ -190,6 +195,20 @@ class CallerAudio:
             return 0
         missing = round((frame.pts - expected) * pts_per_sample)
         return missing if missing <= MAX_CONCEALED_GAP_S * frame.sample_rate else 0
+
+
+def downmix(samples: np.ndarray, channels: int) -> np.ndarray:
+    """Interleaved int16 samples -> mono, the channels' mean truncated toward zero. Stereo (Opus) in
+    integers: the same samples as the float mean, without its float64 arrays."""
+    if channels == 1:
+        return samples.reshape(-1)
+    if channels == 2:
+        pairs = samples.reshape(-1, 2)
+        total = np.add(pairs[:, 0], pairs[:, 1], dtype=np.int32)
+        total += total < 0
+        total >>= 1
+        return total.astype("<i2")
+    return samples.reshape(-1, channels).mean(axis=1).astype("<i2")
 
 
 class InputConverter:

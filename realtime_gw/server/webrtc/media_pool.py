@@ -253,6 +253,7 @@ class MediaWorker:
         self.calls: dict[str, RemotePeer] = {}
         self.proc: asyncio.subprocess.Process | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.out: wire.Writer | None = None
         self.reading: asyncio.Task[None] | None = None
         self.stopping = False
 
@@ -281,17 +282,18 @@ class MediaWorker:
         finally:
             theirs.close()
         stream, self.writer = await asyncio.open_unix_connection(sock=ours)
+        self.out = wire.Writer(self.writer)
         self.reading = asyncio.create_task(self._read(wire.Reader(stream, wire.ToGateway)))
 
     def send(self, message: wire.ToWorker) -> None:
-        writer = self.writer
-        if writer is None or writer.is_closing():
+        out = self.out
+        if out is None or out.stream.is_closing():
             return
-        if writer.transport.get_write_buffer_size() > MAX_UNSENT_BYTES:
+        if out.unsent_bytes() > MAX_UNSENT_BYTES:
             log.error("media worker %d takes no messages; ending it and its calls", self.index)
             self.kill()
             return
-        writer.write(wire.frame(message))
+        out.send(message)
 
     async def _read(self, reader: wire.Reader) -> None:
         broken = False
@@ -327,6 +329,8 @@ class MediaWorker:
         self.stopping = True
         if self.writer is not None and not self.writer.is_closing():
             with contextlib.suppress(OSError, RuntimeError):
+                if self.out is not None:
+                    self.out.flush()
                 self.writer.write_eof()
         if self.proc is not None:
             proc = self.proc

@@ -107,11 +107,11 @@ class WorkerCall:
 class Worker:
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
+        self.out = wire.Writer(writer)
         self.calls: dict[str, WorkerCall] = {}
 
     def send(self, message: wire.ToGateway) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(wire.frame(message))
+        self.out.send(message)
 
     def handle(self, m: object) -> None:
         if isinstance(m, wire.Open):
@@ -143,6 +143,7 @@ class Worker:
         if calls:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), HANG_UP_TIMEOUT_S)
+        self.out.flush()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.writer.drain(), HANG_UP_TIMEOUT_S)
         self.writer.close()

@@ -19,6 +19,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from realtime_gw.server.webrtc.channel import LABEL, EventChannel
 from realtime_gw.server.webrtc.ice import HostCandidates
+from realtime_gw.server.webrtc.inline_codecs import decode_on_loop, encode_on_loop
 from realtime_gw.server.webrtc.media import CallerAudio, ReplyTrack
 from realtime_gw.server.webrtc.metrics import MediaLedger, RtpFigures, rtp_figures
 
@@ -76,7 +77,8 @@ class Peer:
             for transceiver in pc.getTransceivers():
                 if transceiver.kind == "audio":
                     set_prefetch(transceiver.receiver, input_prefetch_frames)
-            pc.addTrack(self.track)
+                    decode_on_loop(transceiver.receiver)
+            encode_on_loop(pc.addTrack(self.track), self.track)
             hosts.apply(pc)
             await pc.setLocalDescription(await pc.createAnswer())
             return str(pc.localDescription.sdp)
