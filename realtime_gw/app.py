@@ -18,6 +18,7 @@ from realtime_gw.models.registry import Workers, build_workers
 from realtime_gw.server import (
     live_ws,
     log_hygiene,
+    mcp_client,
     metrics,
     openpi_ws,
     ops,
@@ -82,6 +83,8 @@ def create_app(config: GatewayConfig, workers: Workers | None = None) -> Starlet
             else contextlib.nullcontext()
         )
         with reloading:
+            if config.mcp_allowed_urls:
+                mcp_client.load_package()
             await gateway.workers.start(warmup=config.warmup)
             await voices.restore_voices(gateway)
             loop_lag = asyncio.create_task(metrics.watch_event_loop(), name="event-loop-lag")

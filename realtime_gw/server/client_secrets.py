@@ -348,8 +348,9 @@ def reload_keys(secrets: ClientSecrets, previous: Sequence[str], key_file: str) 
 
 @contextlib.contextmanager
 def reloading_on_hangup(secrets: ClientSecrets, previous: Sequence[str], key_file: str) -> Iterator[None]:
-    """While inside (the gateway's lifespan), SIGHUP re-reads ``key_file`` (``reload_keys``). Only where
-    the running loop takes signals (the main thread, on Unix); elsewhere the file is read at start alone."""
+    """While inside (the gateway's lifespan), SIGHUP re-reads ``key_file`` (``reload_keys``), and it is
+    re-read on entering (a SIGHUP before could not be taken). Only where the running loop takes signals (the
+    main thread, on Unix); elsewhere the file is read at start alone."""
     loop = asyncio.get_running_loop()
     try:
         loop.add_signal_handler(signal.SIGHUP, reload_keys, secrets, previous, key_file)
@@ -357,6 +358,8 @@ def reloading_on_hangup(secrets: ClientSecrets, previous: Sequence[str], key_fil
         log.info("the client secret key file is read at start only here (no SIGHUP outside the main thread)")
         yield
         return
+    # once more now: a SIGHUP while the app was built (ignored then, see cli.serve) asked for what the file says now
+    reload_keys(secrets, previous, key_file)
     try:
         yield
     finally:

@@ -25,6 +25,14 @@ from realtime_gw.sessions.events import CallMcpTool, ListMcpTools, McpCallDone, 
 log = logging.getLogger(__name__)
 
 
+def load_package() -> None:
+    """Import the ``mcp`` package: at start, and only by a gateway that allows MCP servers (it is half of
+    the gateway's import time; done on the loop at a first request, it would stall every session ~0.5 s)."""
+    import mcp.client.session  # noqa: F401
+    import mcp.client.streamable_http  # noqa: F401
+    import mcp.shared.exceptions  # noqa: F401
+
+
 class McpRequests:
     """A connection's MCP requests in flight; calls by response, so a cancel stops them at once."""
 
@@ -57,7 +65,7 @@ class McpRequests:
 
     @asynccontextmanager
     async def _session(self, url: str, headers: dict[str, str]) -> Any:
-        # on first use: the package is half of the gateway's import time, and most gateways call no MCP server
+        # loaded by then (``load_package`` at start, where servers are allowed): no import on the loop
         from mcp.client.session import ClientSession
         from mcp.client.streamable_http import streamable_http_client
 

@@ -24,6 +24,7 @@ from realtime_gw.server.client_secrets import (
     configured_keys,
     key_id,
     reload_keys,
+    reloading_on_hangup,
 )
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 from tests.server.sealed_secrets import blob_of, value_of
@@ -138,6 +139,18 @@ def test_a_reload_swaps_the_keys_or_keeps_them(tmp_path: Path, caplog: pytest.Lo
     assert "reloaded" in said and "not reloaded" in said and "holds no key" in said
     assert OLD not in said and NEW not in said and "too-short" not in said
 
+
+
+async def test_the_file_is_read_again_when_the_signal_is_first_taken(tmp_path: Path) -> None:
+    """A SIGHUP while the app is built (models loading) is ignored, not taken: so the file is read again
+    when the handler goes in, and what a rotation wrote meanwhile applies."""
+    path = tmp_path / "keys"
+    path.write_text(OLD)
+    secrets = ClientSecrets(*configured_keys(None, [], str(path)))
+    path.write_text(f"{NEW}\n{OLD}\n")  # rotated while the gateway loaded
+    with reloading_on_hangup(secrets, [], str(path)):
+        assert blob_of(secrets.mint("", 600, None)[0])[1:9] == key_id(NEW)
+    assert signal.getsignal(signal.SIGHUP) in (signal.SIG_DFL, signal.default_int_handler)
 
 # -- live: one gateway through a whole rotation, its key file rewritten and re-read on SIGHUP ----------
 @pytest.fixture(scope="module")
