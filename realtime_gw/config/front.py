@@ -173,9 +173,10 @@ class SpeechSettings(WebrtcSettings, kw_only=True):
     """Text of one speech-stream utterance (from its first `input.text` to `input.done`); above it:
     `error` `string_above_max_length`, the piece dropped."""
     voices_dir: str | None = None
-    """Directory where custom voices (`/v1/audio/voices`: each voice's metadata and the x-vector the TTS
-    model computed, never the sample) and consent recordings persist across restarts, files 0600; created
-    if missing. Unset: they live in memory until the gateway stops."""
+    """Directory where custom voices (`/v1/audio/voices`: each voice's metadata and what its model computed:
+    a TTS voice's x-vector, never the sample; a speech-to-speech voice's codes, the sample compressed by the
+    model's codec) and consent recordings persist across restarts, files 0600; created if missing. Unset:
+    they live in memory until the gateway stops."""
     max_voices_per_key: int = 100
     """Custom voices one API key may keep, and as many consent recordings; more are refused until it
     deletes some."""

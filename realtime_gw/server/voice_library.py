@@ -6,8 +6,9 @@ the voice object, its owner, its consent, and what its stage computed from the s
 x-vector, so a restart registers it again without the recording, or a speech-to-speech stage's voice prompt
 codes (``VoiceObject.model``), which a conversation's opening carries to that stage) and per consent (``consents/ID.json`` and the
 recording as uploaded, ``consents/ID.audio``), files 0600 in directories 0700, each written to a temporary
-name and renamed into place. Voice samples are not kept. Without ``voices_dir`` they live in memory for
-the process's life (a voice sample is biometric data: the operator opts in to keeping it on disk).
+name and renamed into place. TTS voice samples are not kept; a speech-to-speech voice's codes are the
+sample compressed by that model's codec (they decode back to the voice). Without ``voices_dir`` they live in
+memory for the process's life (a voice sample is biometric data: the operator opts in to keeping it on disk).
 
 File I/O is synchronous and small (a JSON file; a consent recording up to 10 MiB): handlers run the
 writing calls in a thread.
