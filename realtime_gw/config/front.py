@@ -178,8 +178,8 @@ class SpeechSettings(WebrtcSettings, kw_only=True):
     model's codec) and consent recordings persist across restarts, files 0600; created if missing. Unset:
     they live in memory until the gateway stops."""
     max_voices_per_key: int = 100
-    """Custom voices one API key may keep, and as many consent recordings; more are refused until it
-    deletes some."""
+    """Custom voices one API key may keep (those being made count too), and as many consent recordings;
+    more are refused until it deletes some."""
 
 
 class TranscriptionSettings(SpeechSettings, kw_only=True):

@@ -90,3 +90,5 @@ class S2sSpec(msgspec.Struct, frozen=True):
     voice_card: int = 0
     """The codec card of its voice prompts' codes: a custom voice (``VoiceCodes``) of another card was made by
     another codec and is refused (0: the model takes no voice prompt)."""
+    voice_codebooks: int = 0
+    """The codes a frame of its voice prompts has (its codec's codebooks; 0: the model takes no voice prompt)."""

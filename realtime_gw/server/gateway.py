@@ -39,8 +39,9 @@ class Gateway:
         own = self.voices.usable_ids(owner_of(key)) if key is not None else frozenset()
         return accepted_voices(self.workers.tts.describe()) | own
 
-    def s2s_voices_of(self, key: str | None) -> Callable[[str], Mapping[str, VoiceCodes]]:
-        """The custom voices ``key`` made for a speech-to-speech model, by the model's name (``binding``):
-        each id's codes, which an opening that names it carries to the stage."""
+    def s2s_voices_of(self, key: str | None) -> Callable[[str], Mapping[str, VoiceCodes | str]]:
+        """The custom voices ``key`` made for a speech-to-speech model, by the model's name (``binding``),
+        as the library has them when called: each id's codes, which an opening that names it carries to
+        the stage, or why it cannot open there (``VoiceLibrary.prompt_codes``)."""
         owner = owner_of(key) if key is not None else None
         return lambda model: self.voices.prompt_codes(owner, model) if owner is not None else {}

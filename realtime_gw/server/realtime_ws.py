@@ -81,6 +81,7 @@ from realtime_gw.sessions.events import (
     VadUnavailable,
     unhandled,
 )
+from realtime_gw.sessions.given_config import apply_given
 from realtime_gw.sessions.realtime import RealtimeSession
 
 log = logging.getLogger(__name__)
@@ -438,8 +439,8 @@ def open_session(
     session = RealtimeSession("sess_" + secrets.token_hex(8), limits, time.monotonic(), duplex, transcription, s2s)
     if s2s is not None and s2s.spec is ECHO_SPEC:  # the user's own voice comes back: it does not interrupt it
         configs.insert(0, ECHO_DEFAULTS)
-    for config in configs:  # validated when minted / received; what fails here is dropped
-        session.handle(rt.SessionUpdateEvent(session=config), time.monotonic())
+    for config in configs:  # validated when minted / received: what no longer holds is said after session.created
+        apply_given(session, config, time.monotonic())
     return session
 
 

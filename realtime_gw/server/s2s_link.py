@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -76,17 +77,20 @@ def binding(
     config: GatewayConfig,
     model: str | None,
     seed: int | None = None,
-    own_voices: Callable[[str], Mapping[str, VoiceCodes]] | None = None,
+    own_voices: Callable[[str], Mapping[str, VoiceCodes | str]] | None = None,
 ) -> S2sBinding | None:
     """The stage a session of ``model`` is bound to (with the model's sampling ``seed``, and the custom
-    voices of that model ``own_voices`` gives, by the stage's model name), or None (a cascaded session)."""
+    voices of that model ``own_voices`` gives, by the stage's model name, looked up live: ``OwnVoices``),
+    or None (a cascaded session)."""
     rule = ReplyRule(config.s2s_reply_end_ms, config.s2s_silence_dbfs)
     if model == ECHO_MODEL:
         return S2sBinding(ECHO_SPEC, rule, seed)
     spec = worker.describe().s2s if worker is not None else None
     if spec is None or model not in (spec.model, config.s2s):
         return None
-    return S2sBinding(spec, rule, seed, own_voices(spec.model) if own_voices is not None else {})
+    if own_voices is None:
+        return S2sBinding(spec, rule, seed)
+    return S2sBinding(spec, rule, seed, functools.partial(own_voices, spec.model))
 
 
 class EchoStream:
@@ -155,7 +159,7 @@ def unserved_model(worker: StageWorker | None, config: GatewayConfig, model: str
 
 
 def duplex_models(
-    worker: StageWorker | None, config: GatewayConfig, own_voices: Callable[[str], Mapping[str, VoiceCodes]] | None = None
+    worker: StageWorker | None, config: GatewayConfig, own_voices: Callable[[str], Mapping[str, VoiceCodes | str]] | None = None
 ) -> DuplexModels:
     """What a GPT-Live ``session.start`` may name: the stage's model (by the names ``binding`` takes,
     with the key's ``own_voices`` of it), and the speech-to-speech families this gateway does not serve."""

@@ -10,16 +10,19 @@ name and renamed into place. TTS voice samples are not kept; a speech-to-speech 
 sample compressed by that model's codec (they decode back to the voice). Without ``voices_dir`` they live in
 memory for the process's life (a voice sample is biometric data: the operator opts in to keeping it on disk).
 
-File I/O is synchronous and small (a JSON file; a consent recording up to 10 MiB): handlers run the
-writing calls in a thread.
+File I/O is small (a JSON file; a consent recording up to 10 MiB) and runs in a thread; the library's
+dicts change on the event loop only (after the file is written; a removal before it is unlinked), where
+the handlers and sessions read them, so a read never sees one change half made.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import secrets
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +55,9 @@ class StoredVoice:
     usable: bool = False
     """Registered with this process's TTS stage, or (``voice.model``) of the served stage's codec card (not
     stored: checked again at start)."""
+    fault: str | None = None
+    """``voice.model``: why its stored codes cannot open on the served stage (another codec's card, codes
+    of another width or out of its range; checked at start, not stored): listed, and refused saying so."""
 
 
 @dataclass
@@ -66,6 +72,10 @@ class VoiceLibrary:
     max_per_key: int = 100
     voices: dict[str, StoredVoice] = field(default_factory=dict)
     consents: dict[str, StoredConsent] = field(default_factory=dict)
+    making: Counter[str] = field(default_factory=Counter)
+    """Voice creations under way, per owner: they count against ``max_per_key`` until answered."""
+    making_prompt: bool = False
+    """A speech-to-speech stage is making a voice (it holds a conversation slot until answered): one at a time."""
 
     @classmethod
     def open(cls, root: str | None, max_per_key: int) -> VoiceLibrary:
@@ -113,11 +123,16 @@ class VoiceLibrary:
         return frozenset(v.voice.id for v in self.voices.values()
                          if v.owner == owner and v.usable and v.voice.model == model)  # fmt: skip
 
-    def prompt_codes(self, owner: str, model: str) -> dict[str, VoiceCodes]:
-        """The owner's voices of the speech-to-speech ``model``, each id's codes (an opening carries them;
-        one of another codec is named, so its stage refuses it saying why)."""
-        return {v.voice.id: VoiceCodes(v.codes, v.card) for v in self.voices.values()
+    def prompt_codes(self, owner: str, model: str) -> dict[str, VoiceCodes | str]:
+        """The owner's voices of the speech-to-speech ``model`` now: each id's codes (an opening carries
+        them), or why they cannot open on its stage (``StoredVoice.fault``: a session naming it is refused
+        saying so)."""
+        return {v.voice.id: v.fault or VoiceCodes(v.codes, v.card) for v in self.voices.values()
                 if v.owner == owner and v.voice.model == model}  # fmt: skip
+
+    def creations(self, owner: str) -> int:
+        """The owner's voices, with those being made."""
+        return len(self.voices_of(owner)) + self.making[owner]
 
     def consents_of(self, owner: str) -> list[StoredConsent]:
         return sorted((c for c in self.consents.values() if c.owner == owner),
@@ -127,7 +142,7 @@ class VoiceLibrary:
         c = self.consents.get(consent_id)
         return c if c is not None and c.owner == owner else None
 
-    # -- writing (call from a thread) -------------------------------------------------------------------
+    # -- writing (on the event loop: the files in a thread) -----------------------------------------------
     @staticmethod
     def new_voice_id() -> str:
         return "voice_" + secrets.token_hex(12)
@@ -136,30 +151,30 @@ class VoiceLibrary:
     def new_consent_id() -> str:
         return "cons_" + secrets.token_hex(12)
 
-    def put_voice(self, v: StoredVoice) -> None:
+    async def put_voice(self, v: StoredVoice) -> None:
         assert VOICE_ID.fullmatch(v.voice.id)
-        self._write(f"voices/{v.voice.id}.json", json.dumps({
+        await asyncio.to_thread(self._write, f"voices/{v.voice.id}.json", json.dumps({
             "voice": msgspec.to_builtins(v.voice), "owner": v.owner, "consent": v.consent, "vector": list(v.vector),
             "codes": [list(row) for row in v.codes], "card": v.card,
         }).encode())  # fmt: skip
         self.voices[v.voice.id] = v
 
-    def drop_voice(self, voice_id: str) -> None:
-        self.voices.pop(voice_id, None)
-        self._unlink(f"voices/{voice_id}.json")
+    async def drop_voice(self, voice_id: str) -> None:
+        self.voices.pop(voice_id, None)  # named by no session from now on
+        await asyncio.to_thread(self._unlink, f"voices/{voice_id}.json")
 
-    def put_consent(self, c: StoredConsent, recording: bytes | None = None) -> None:
+    async def put_consent(self, c: StoredConsent, recording: bytes | None = None) -> None:
         assert CONSENT_ID.fullmatch(c.consent.id)
         if recording is not None:
-            self._write(f"consents/{c.consent.id}.audio", recording)
-        self._write(f"consents/{c.consent.id}.json", json.dumps(
+            await asyncio.to_thread(self._write, f"consents/{c.consent.id}.audio", recording)
+        await asyncio.to_thread(self._write, f"consents/{c.consent.id}.json", json.dumps(
             {"consent": msgspec.to_builtins(c.consent), "owner": c.owner}).encode())  # fmt: skip
         self.consents[c.consent.id] = c
 
-    def drop_consent(self, consent_id: str) -> None:
+    async def drop_consent(self, consent_id: str) -> None:
         self.consents.pop(consent_id, None)
-        self._unlink(f"consents/{consent_id}.json")
-        self._unlink(f"consents/{consent_id}.audio")
+        await asyncio.to_thread(self._unlink, f"consents/{consent_id}.json")
+        await asyncio.to_thread(self._unlink, f"consents/{consent_id}.audio")
 
     def _write(self, name: str, data: bytes) -> None:
         if self.root is None:

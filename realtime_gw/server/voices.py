@@ -16,9 +16,15 @@ the model's voice prompt (``models/s2s/voice_records.py``) and answers with its 
 nothing: the library keeps the codes, and an opening of that model's realtime sessions whose
 ``audio.output.voice: {"id": ...}`` names the voice (the key's own only) carries them
 (``S2sOpen.custom_voice``), so any replica of the stage (Ray) opens it, across restarts. At start a
-stored voice of another codec card than the stage's is reported; a session naming it is refused saying
-why. Deleting such a voice is the library's alone. The voice object says its ``model``; ``GET ?model=``
-lists one model's voices.
+stored voice the stage's codec cannot take (another card, codes of another width or out of range) is
+reported and stays listed; a session naming it is refused saying why. The stage makes one voice at a
+time (a registration holds a conversation slot until answered): a create request meanwhile is a 503
+``server_busy`` with ``Retry-After``. Deleting such a voice is the library's alone, and sessions look the
+key's voices up in the library when a stream opens: a conversation open with the voice keeps its prompt
+until it ends, but none opens with it again (an update that would re-open with it is refused as an
+unknown voice; a client secret naming it opens its session with the default voice, and an ``error``
+after ``session.created`` says why). Voices being made count against ``max_voices_per_key``. The voice
+object says its ``model``; ``GET ?model=`` lists one model's voices (the stage's by either name).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from starlette.responses import JSONResponse, Response
 
 from realtime_gw.models.runtime import NoFreeSlot, RequestRefused, StageWorker, WorkerFault
 from realtime_gw.protocols import voices as pv
+from realtime_gw.records.s2s import S2sSpec
 from realtime_gw.records.voice import VoiceAdded, VoiceRegistration, VoiceRemoval
 from realtime_gw.server import auth
 from realtime_gw.server.gateway import Gateway
@@ -52,6 +59,9 @@ log = logging.getLogger(__name__)
 KIND_WORDS = {"audio_sample": "clone voices from recordings", "prompt": "design voices from a prompt"}
 MAX_FORM_BYTES = pv.MAX_UPLOAD_BYTES + 64 * 1024
 """A create request's body: one recording and a few short fields."""
+PROMPT_RETRY_AFTER_S = 2
+"""``Retry-After`` of a create request refused while the speech-to-speech stage makes another voice (the
+``openai`` SDK retries a 503 after it)."""
 
 
 class _Refused(Exception):
@@ -163,6 +173,28 @@ def _stage(gateway: Gateway, model: str | None) -> StageWorker | None:
     return gateway.workers.s2s if bound is not None and bound.takes_voice else None
 
 
+def _listed_model(gateway: Gateway, model: str) -> str:
+    """The model whose voices ``GET ?model=`` lists: the speech-to-speech stage's by any name a session
+    may give it (``binding``: its own, or the family it is served as, e.g. ``personaplex``)."""
+    bound = binding(gateway.workers.s2s, gateway.config, model) if model else None
+    return bound.spec.model if bound is not None else model
+
+
+def prompt_fault(v: StoredVoice, spec: S2sSpec) -> str | None:
+    """Why a stored voice prompt cannot open on the stage ``spec`` describes, or None: codes of another
+    codec's card (``VoiceCodes.card``), rows of another width, or codes out of the card's range (a file
+    changed by hand, or a stage of another shape). Checked once at start, not at each opening."""
+    if v.card != spec.voice_card:
+        return (f"it was made by another codec (card {v.card}; this model's: card {spec.voice_card}): make the "
+                "voice again from its sample")  # fmt: skip
+    width = spec.voice_codebooks
+    if not v.codes or any(not row or (width and len(row) != width) or min(row) < 0 or max(row) >= v.card
+                          for row in v.codes):  # fmt: skip
+        return (f"its stored codes do not fit this model's codec ({width} codebooks of card {v.card} a frame): "
+                "make the voice again from its sample")  # fmt: skip
+    return None
+
+
 async def _register(worker: StageWorker, record: VoiceRegistration | VoiceRemoval) -> VoiceAdded | None:
     """The stage's answer to a voice record (None for a removal)."""
     stream = worker.submit(record)
@@ -189,10 +221,11 @@ async def restore_voices(gateway: Gateway) -> None:
             continue
         if v.voice.model is not None:
             spec = worker.describe().s2s
-            v.usable = spec is not None and v.card == spec.voice_card
-            if not v.usable:
-                log.warning("voices: %s was made by another codec (card %d) than %s's: sessions naming it are "
-                            "refused", v.voice.id, v.card, worker.name)  # fmt: skip
+            v.fault = "the stage describes no codec" if spec is None else prompt_fault(v, spec)
+            v.usable = v.fault is None
+            if v.fault is not None:
+                log.warning("voices: %s cannot open on %s (sessions naming it are refused): %s", v.voice.id,
+                            worker.name, v.fault)  # fmt: skip
             ok += v.usable
             continue
         try:
@@ -215,7 +248,8 @@ async def voices_endpoint(request: Request) -> Response:
         after, limit = _limit(request)
         voices = [v.voice for v in gateway.voices.voices_of(owner)]
         if "model" in request.query_params:  # one model's voices (the TTS stage's: ``model=``)
-            voices = [v for v in voices if (v.model or "") == request.query_params["model"]]
+            model = _listed_model(gateway, request.query_params["model"])
+            voices = [v for v in voices if (v.model or "") == model]
         return JSONResponse(pv.page(voices, after, limit))
     form = await _form(request)
     name = pv.check_name(_text(form, "name"))
@@ -230,9 +264,31 @@ async def voices_endpoint(request: Request) -> Response:
     if model is None and kind not in info.voice_kinds:
         raise pv.VoiceInputError(f"this server's TTS model ({info.name}) cannot {KIND_WORDS[kind]}", "type",
                                  "unsupported_voice_type")  # fmt: skip
-    if len(gateway.voices.voices_of(owner)) >= gateway.voices.max_per_key:
-        raise pv.VoiceInputError(f"this API key has {gateway.voices.max_per_key} voices, the most it may "
-                                 "keep; delete one first", None, "voice_limit_reached")  # fmt: skip
+    lib = gateway.voices
+    if lib.creations(owner) >= lib.max_per_key:  # the voices it is making count too
+        raise pv.VoiceInputError(f"this API key has {lib.max_per_key} voices (made or being made), the most it "
+                                 "may keep; delete one first", None, "voice_limit_reached")  # fmt: skip
+    if model is not None and lib.making_prompt:  # a registration holds a conversation slot until answered
+        busy = openai_error(503, f"Model '{model}' is busy making another voice; retry in a few seconds",
+                            code="server_busy")  # fmt: skip
+        busy.headers["Retry-After"] = str(PROMPT_RETRY_AFTER_S)
+        return busy
+    lib.making[owner] += 1
+    lib.making_prompt = lib.making_prompt or model is not None
+    try:
+        return await _make(gateway, owner, form, name, kind, model)
+    finally:
+        lib.making[owner] -= 1
+        if lib.making[owner] <= 0:
+            del lib.making[owner]
+        if model is not None:
+            lib.making_prompt = False
+
+
+async def _make(
+    gateway: Gateway, owner: str, form: FormData | dict[str, Any], name: str, kind: str, model: str | None
+) -> Response:
+    """Make the voice a create request asks for, on its stage, and keep it: the voice object, or an error."""
     voice_id = gateway.voices.new_voice_id()
     consent = None
     if kind == "prompt":
@@ -263,7 +319,7 @@ async def voices_endpoint(request: Request) -> Response:
     assert added is not None
     obj = pv.VoiceObject(id=voice_id, created_at=int(time.time()), name=name, type=kind, prompt=prompt, model=model)  # type: ignore[arg-type]
     stored = StoredVoice(obj, owner, consent, added.vector, added.codes, added.card, usable=True)
-    await asyncio.to_thread(gateway.voices.put_voice, stored)
+    await gateway.voices.put_voice(stored)
     log.info("voices: made %s (%s%s)", voice_id, kind, f", {model}" if model else "")
     return _json(obj)
 
@@ -278,7 +334,7 @@ async def voice_endpoint(request: Request) -> Response:
         return openai_error(404, f"No voice with id '{voice_id}'", param="voice_id", code="not_found")
     if request.method == "GET":
         return _json(stored.voice)
-    await asyncio.to_thread(gateway.voices.drop_voice, voice_id)
+    await gateway.voices.drop_voice(voice_id)
     worker = _stage(gateway, None)  # a speech-to-speech stage keeps no voice: nothing to tell it
     if stored.usable and stored.voice.model is None and worker is not None:
         try:
@@ -306,7 +362,7 @@ async def consents_endpoint(request: Request) -> Response:
     await asyncio.to_thread(pv.decode_recording, data, "recording")  # an audio file, or a 400
     obj = pv.ConsentObject(id=gateway.voices.new_consent_id(), created_at=int(time.time()), language=language,
                            name=name)  # fmt: skip
-    await asyncio.to_thread(gateway.voices.put_consent, StoredConsent(obj, owner), data)
+    await gateway.voices.put_consent(StoredConsent(obj, owner), data)
     return _json(obj)
 
 
@@ -322,9 +378,9 @@ async def consent_endpoint(request: Request) -> Response:
     if request.method == "GET":
         return _json(stored.consent)
     if request.method == "DELETE":
-        await asyncio.to_thread(gateway.voices.drop_consent, consent_id)
+        await gateway.voices.drop_consent(consent_id)
         return _json(pv.ConsentDeleted(id=consent_id))
     form = await _form(request)  # POST: a new name
     stored.consent.name = pv.check_name(_text(form, "name"))
-    await asyncio.to_thread(gateway.voices.put_consent, stored)
+    await gateway.voices.put_consent(stored)
     return _json(stored.consent)

@@ -106,6 +106,8 @@ class RealtimeSession:
         self.started = False
         """``start`` ran. A config given before (a client secret's, a call's ``session`` part) is
         applied silently (``session.created`` shows it); the MCP servers it names are listed at start."""
+        self.notices: list[rt.ServerEvent] = []
+        """Sent right after ``session.created``: what a config given before refused (``given_config``)."""
 
     # -- what the transport and tests read ---------------------------------------------------------
     @property
@@ -138,7 +140,7 @@ class RealtimeSession:
         if self.s2s is not None:
             return self.s2s.start(self.settings)
         created = self.ids.send(rt.SessionCreatedEvent(session=self._wire()))
-        return [created, *self.mcp.configure(self.settings.tools), *self._restart_vad()]
+        return [created, *map(self.ids.send, self.notices), *self.mcp.configure(self.settings.tools), *self._restart_vad()]
 
     def handle(self, event: object, now: float) -> list[Effect]:
         if self.closed:
@@ -172,6 +174,8 @@ class RealtimeSession:
         check_allowed(new.tools, self.limits.mcp_allowed_urls)  # before anything changes or connects
         self.mcp.check_choice(new.tool_choice, new.tools, "session.tool_choice")
         check_type_change(new, busy=self.responses.live is not None or bool(self.side.slots))
+        if self.s2s is not None and self.started:
+            self.s2s.check_prompt(new)
         old, self.settings = self.settings, new
         self.conversation.bounded = new.truncation == "disabled"
         if not self.conversation.bounded:
@@ -403,7 +407,9 @@ def _clear_output(s: RealtimeSession, ev: rt.OutputAudioBufferClearEvent, now: f
 def _s2s_opened(s: RealtimeSession, ev: S2sOpened, now: float) -> list[Effect]:
     assert s.s2s is not None
     reopened = s.s2s.opened(s.settings)  # a re-open: the session.updated of the update that asked for it
-    return reopened if reopened is not None else [s.ids.send(rt.SessionCreatedEvent(session=s._wire())), *s._restart_vad()]
+    if reopened is not None:
+        return reopened
+    return [s.ids.send(rt.SessionCreatedEvent(session=s._wire())), *map(s.ids.send, s.notices), *s._restart_vad()]
 
 
 def _s2s_refused(s: RealtimeSession, ev: S2sRefused, now: float) -> list[Effect]:

@@ -35,14 +35,17 @@ holds what does:
   (``max_prompt_frames``; it counts the persona's tokens) is refused there (``S2sRefused(prompt=True)``):
   the old stream goes on, an ``error`` names the budget and a ``session.updated`` shows the prompt
   still applied (the update's other settings stand). A persona with more words than the budget has
-  frames is refused here, before anything changes (each word is a token at least).
+  frames is refused here, before anything changes (each word is a token at least). A custom voice (the
+  key's own, ``OwnVoices``) is looked up in the gateway's library when a stream opens: one deleted since
+  is refused as an unknown voice by an update that would re-open with it, while the conversation open
+  with it keeps its prompt until it ends.
 - **Refusals.** What the model cannot take (instructions, tools, text input, ``response.create``,
   text-only output, another voice or speed) is refused with an error naming its capabilities.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +59,7 @@ from realtime_gw.sessions.conversation import ConversationError, SpokenSpan
 from realtime_gw.sessions.events import Effect, OpenS2s, ResponseAudio, ResponseFinished
 from realtime_gw.sessions.response_lifecycle import Phase, Responses
 from realtime_gw.sessions.response_state import LiveResponse
-from realtime_gw.sessions.settings import SessionError, SessionSettings
+from realtime_gw.sessions.settings import SessionError, SessionSettings, check_voice
 
 MAX_WAITING_FRAMES = 64
 """Steps kept while the previous response's audio is still leaving (~5 s; it leaves within the
@@ -72,6 +75,22 @@ class ReplyRule:
     silence_dbfs: float = -45.0
 
 
+OwnVoices = Callable[[], Mapping[str, VoiceCodes | str]]
+"""The session's API key's own voices of the model (``/v1/audio/voices``), read from the gateway's library
+in memory (no I/O) each time they are needed: each id's codes, which the opening that names it carries (the
+stage keeps no custom voice), or why the voice cannot open there (its stored codes do not fit the stage's
+codec: it is listed, and refused saying so). A voice deleted is gone from it at once."""
+
+
+def no_own_voices() -> Mapping[str, VoiceCodes | str]:
+    return {}
+
+
+def same_prompt(a: S2sOpen, b: S2sOpen) -> bool:
+    """Two openings give the model the same prompt (a voice's id names its codes: they never change)."""
+    return (a.voice, a.persona) == (b.voice, b.persona)
+
+
 @dataclass(frozen=True, slots=True)
 class S2sBinding:
     """What binds a session to the speech-to-speech stage: the stage's description and the rule."""
@@ -80,9 +99,8 @@ class S2sBinding:
     rule: ReplyRule = field(default_factory=ReplyRule)
     seed: int | None = None
     """The model's sampling seed for this session (None: the stage's)."""
-    own_voices: Mapping[str, VoiceCodes] = field(default_factory=dict)
-    """The session's API key's own voices of this model (``/v1/audio/voices``): each id's codes, which the
-    opening that names it carries (the stage keeps no custom voice)."""
+    own_voices: OwnVoices = no_own_voices
+    """The session's API key's own voices of this model, as the library has them now (``OwnVoices``)."""
 
     @property
     def capabilities(self) -> str:
@@ -98,13 +116,19 @@ class S2sBinding:
 
     def voices(self) -> frozenset[str]:
         """The names ``audio.output.voice`` may give (``default``: the stage's default voice)."""
-        return frozenset({*self.spec.voices, *self.own_voices, "default"}) if self.takes_voice else frozenset({"default"})
+        return frozenset({*self.spec.voices, *self.own_voices(), "default"}) if self.takes_voice else frozenset({"default"})
+
+    def unusable(self, voice: str) -> str | None:
+        """Why the key's own ``voice`` cannot open on the stage (another codec's codes), or None."""
+        own = self.own_voices().get(voice) if self.takes_voice else None
+        return own if isinstance(own, str) else None
 
     def request(self, settings: SessionSettings) -> S2sOpen:
         """The opening of the session's stream: its seed, and the prompt its settings give."""
         persona = settings.instructions.strip() if self.takes_persona else ""
         voice = settings.voice if self.takes_voice and settings.voice != "default" else None
-        custom = self.own_voices.get(voice) if voice is not None else None
+        own = self.own_voices().get(voice) if voice is not None else None
+        custom = own if isinstance(own, VoiceCodes) else None
         return S2sOpen(seed=self.seed, voice=voice, persona=persona or None, custom_voice=custom)
 
 
@@ -142,6 +166,9 @@ def check_update(b: S2sBinding, p: rt.SessionParams) -> None:
     voice = out.voice.id if isinstance(out.voice, rt.VoiceId) else out.voice  # type: ignore[union-attr]
     if voice not in (UNSET, None, "default") and not b.takes_voice:  # else checked as the model's voices
         raise refusal(b, f"voice '{voice}' (it speaks in its own voice)", "session.audio.output.voice")
+    if isinstance(voice, str) and (why := b.unusable(voice)) is not None:
+        raise SessionError(f"Voice '{voice}' cannot be used with model '{b.spec.model}': {why}", "invalid_value",
+                           "session.audio.output.voice")  # fmt: skip
     if out.speed not in (UNSET, None, 1.0):  # type: ignore[union-attr]
         raise refusal(b, "another speed", "session.audio.output.speed")
 
@@ -306,11 +333,22 @@ class SpeechToSpeech:
             self.queued_echoes += echo
             return []
         want = self.binding.request(settings)
-        if self.applied is None or want == self.applied[0]:
+        if self.applied is None or same_prompt(want, self.applied[0]):
             return echo
         self.reopening = (want, settings.instructions, settings.voice)
         self.echoes = echo
         return [OpenS2s(want, self.binding.spec.model, reopen=True)]
+
+    def check_prompt(self, settings: SessionSettings) -> None:
+        """Refuse, before anything changes, an update that would re-open the stream (a new persona) with a
+        custom voice its key has deleted since, as an unknown voice is refused: the conversation that is
+        open keeps the prompt it opened with until it ends, but no new one opens with the voice."""
+        want = self.binding.request(settings)
+        latest = self.reopening or self.applied
+        if want.voice is None or want.custom_voice is not None or want.voice in self.spec.voices:
+            return
+        if latest is None or not same_prompt(want, latest[0]):
+            check_voice(want.voice, self.binding.voices(), "session.audio.output.voice")
 
     def opened(self, settings: SessionSettings) -> list[Effect] | None:
         """The stream is open. None: the first opening; else a re-open, whose new conversation

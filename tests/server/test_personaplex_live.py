@@ -37,18 +37,28 @@ STEP_BYTES = 1920 * 2
 OTHER_KEY = "other-key"
 KEPT_VOICE = "voice_" + "7" * 24
 FOREIGN_VOICE = "voice_" + "8" * 24
+BAD_VOICE = "voice_" + "9" * 24
+MAX_VOICES = 5
+"""``--max-voices-per-key``: the other key starts one voice short of it (``library``)."""
 
 
 @pytest.fixture(scope="module")
 def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``--voices-dir`` holding PersonaPlex voices a previous run made for ``test-key``: one of the tiny
-    codec (card 64, 8 codebooks), and one of another codec (the published Mimi's card 2048)."""
+    codec (card 64, 8 codebooks), one of another codec (the published Mimi's card 2048), and one whose
+    codes are out of the tiny codec's range (a file changed by hand); and for the other key, TTS voices
+    one short of its bound."""
     root = tmp_path_factory.mktemp("library")
     lib = VoiceLibrary.open(str(root), 10)
     kept = VoiceObject(id=KEPT_VOICE, created_at=1, name="Kept", type="audio_sample", model="personaplex")
-    lib.put_voice(StoredVoice(kept, owner_of("test-key"), None, (), ((5, 9, 13, 17, 21, 25, 29, 33),) * 6, 64))
+    asyncio.run(lib.put_voice(StoredVoice(kept, owner_of("test-key"), None, (), ((5, 9, 13, 17, 21, 25, 29, 33),) * 6, 64)))
     foreign = VoiceObject(id=FOREIGN_VOICE, created_at=2, name="Foreign", type="audio_sample", model="personaplex")
-    lib.put_voice(StoredVoice(foreign, owner_of("test-key"), None, (), ((5, 9, 13, 17, 21, 25, 29, 33),) * 6, 2048))
+    asyncio.run(lib.put_voice(StoredVoice(foreign, owner_of("test-key"), None, (), ((5, 9, 13, 17, 21, 25, 29, 33),) * 6, 2048)))
+    bad = VoiceObject(id=BAD_VOICE, created_at=3, name="Bad", type="audio_sample", model="personaplex")
+    asyncio.run(lib.put_voice(StoredVoice(bad, owner_of("test-key"), None, (), ((5, 9, 13, 17, 21, 25, 29, 64),) * 6, 64)))
+    for i in range(MAX_VOICES - 1):
+        tts = VoiceObject(id=f"voice_{i:024d}", created_at=4 + i, name="t", type="audio_sample")
+        asyncio.run(lib.put_voice(StoredVoice(tts, owner_of(OTHER_KEY), None, (0.5,))))
     return root
 
 
@@ -60,7 +70,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, library: Path) -> Iterator[
     server = start_server(
         "--policy", "none", "--tts", "tone", "--api-key", "test-key", "--s2s", "personaplex",
         "--s2s-config", "tiny", "--s2s-slots", "2", "--s2s-voices-dir", str(voices), "--s2s-voice", "ada",
-        "--api-keys", OTHER_KEY, "--voices-dir", str(library),
+        "--api-keys", OTHER_KEY, "--voices-dir", str(library), "--max-voices-per-key", str(MAX_VOICES),
         "--no-cpu-backend-spare", name="personaplex",
     )  # fmt: skip
     yield server
@@ -207,7 +217,7 @@ async def test_a_voice_made_from_a_sample_is_the_models_voice_prompt_for_its_key
     voice = Voice.model_validate(made.http_response.json())  # every field of the SDK's type, and ours
     assert voice.type == "audio_sample" and voice.name == "Ann" and made.http_response.json()["model"] == "personaplex"
     assert (library / "voices" / f"{voice.id}.json").stat().st_mode & 0o777 == 0o600  # its codes, for a restart
-    for key, want in ((client, [KEPT_VOICE, FOREIGN_VOICE, voice.id]), (other, [])):
+    for key, want in ((client, [KEPT_VOICE, FOREIGN_VOICE, BAD_VOICE, voice.id]), (other, [])):
         page = await key.get("/audio/voices", cast_to=object, options={"params": {"model": "personaplex"}})
         assert [v["id"] for v in page["data"]] == want  # type: ignore[index]
     assert (await client.get("/audio/voices", cast_to=object, options={"params": {"model": ""}}))["data"] == []  # type: ignore[index]
@@ -225,9 +235,59 @@ async def test_a_voice_made_from_a_sample_is_the_models_voice_prompt_for_its_key
     assert refused.value.param == "audio_sample"
     with pytest.raises(openai.BadRequestError, match="at most 6.8 s"):  # the tiny model's context
         await client.audio.voices.create(audio_sample=("long.wav", _sample_wav(8)), consent=consent.id, name="Long", extra_body={"model": "personaplex"})
-    assert (await client.audio.voices.delete(voice.id)).deleted
+    await deleted_voice_in_use(server, client, voice.id)
+
+
+async def deleted_voice_in_use(server: LiveServer, client: AsyncOpenAI, voice_id: str) -> None:
+    """Deleting a voice: the session talking with it keeps its prompt, but a new persona (a re-open with
+    it) is refused as an unknown voice, and a client secret minted with it before opens its session with
+    the rest of its config and the default voice, an error saying why."""
+    named = {"type": "realtime", "model": "personaplex", "instructions": "You are Ann.", "audio": {"output": {"voice": {"id": voice_id}}}}
+    secret = await client.realtime.client_secrets.create(session=named)  # type: ignore[arg-type]
+    async with client.realtime.connect(model="personaplex") as conn:
+        assert (await recv(conn)).type == "session.created"
+        await conn.session.update(session={"type": "realtime", "audio": {"output": {"voice": {"id": voice_id}}}})
+        while (updated := await recv(conn)).type != "session.updated":
+            assert updated.type != "error", updated
+        assert (await client.audio.voices.delete(voice_id)).deleted
+        await conn.session.update(session={"type": "realtime", "instructions": "You are Bo."})
+        while (refused := await recv(conn)).type != "error":
+            assert refused.type != "session.updated", refused
+        assert refused.error.param == "session.audio.output.voice" and f"Unknown voice '{voice_id}'" in refused.error.message  # type: ignore[union-attr]
+        assert len(await asyncio.wait_for(first_reply(conn, 1), 15)) == STEP_BYTES  # it goes on, with its voice
     with pytest.raises(openai.BadRequestError, match="voice"):
-        await client.realtime.client_secrets.create(session={"type": "realtime", "model": "personaplex", "audio": {"output": {"voice": {"id": voice.id}}}})  # type: ignore[typeddict-item]
+        await client.realtime.client_secrets.create(session=named)  # type: ignore[arg-type]
+    async with AsyncOpenAI(base_url=server.http + "/v1", api_key=secret.value).realtime.connect(model="personaplex") as conn:
+        created = await recv(conn)
+        assert created.type == "session.created" and created.session.instructions == "You are Ann."  # type: ignore[union-attr]
+        assert created.session.audio.output.voice == "default"  # type: ignore[union-attr]
+        refused = await recv(conn)
+        assert refused.type == "error" and f"Unknown voice '{voice_id}'" in refused.error.message  # type: ignore[union-attr]
+
+
+async def test_the_stage_makes_one_voice_at_a_time_and_a_key_s_voices_being_made_count(server: LiveServer) -> None:
+    """A registration holds a conversation slot until answered: while the stage makes one voice, another
+    create is a 503 with Retry-After (the SDK retries it); a key's voices being made count against its
+    bound, so concurrent creates cannot pass it."""
+    other = AsyncOpenAI(base_url=server.http + "/v1", api_key=OTHER_KEY, max_retries=0)
+    client = AsyncOpenAI(base_url=server.http + "/v1", api_key="test-key", max_retries=0)
+    mine = await other.audio.voice_consents.create(recording=("me.wav", _sample_wav()), name="me", language="en-US")
+    theirs = await client.audio.voice_consents.create(recording=("me.wav", _sample_wav()), name="me", language="en-US")
+    making = asyncio.create_task(other.audio.voices.create(
+        audio_sample=("slow.wav", _sample_wav(5)), consent=mine.id, name="Slow", extra_body={"model": "personaplex"}))  # fmt: skip
+    for _ in range(500):  # until its registration holds a slot on the stage
+        if server.metric("realtime_gw_worker_active_requests", 'worker="s2s-personaplex"') == 1 or making.done():
+            break
+        await asyncio.sleep(0.01)
+    assert not making.done(), "the voice was made before the test could see it being made"
+    with pytest.raises(openai.BadRequestError, match="being made") as over:  # its last voice is being made
+        await other.audio.voices.create(audio_sample=("a.wav", _sample_wav()), consent=mine.id, name="A", extra_body={"model": "personaplex"})
+    assert over.value.code == "voice_limit_reached"
+    with pytest.raises(openai.InternalServerError, match="busy making another voice") as busy:
+        await client.audio.voices.create(audio_sample=("b.wav", _sample_wav()), consent=theirs.id, name="B", extra_body={"model": "personaplex"})
+    assert busy.value.status_code == 503 and busy.value.response.headers["retry-after"] == "2"
+    made = await asyncio.wait_for(making, 60)
+    assert (await other.audio.voices.delete(made.id)).deleted
 
 
 TRANSCRIPT_DELTAS = 4
@@ -290,3 +350,6 @@ async def test_a_voice_kept_from_a_previous_run_opens_with_its_codes(server: Liv
     foreign = {"type": "realtime", "model": "personaplex", "audio": {"output": {"voice": {"id": FOREIGN_VOICE}}}}
     with pytest.raises(openai.BadRequestError, match="made by another codec .card 2048.*make the voice again"):
         await client.realtime.client_secrets.create(session=foreign)  # type: ignore[arg-type]
+    bad = {"type": "realtime", "model": "personaplex", "audio": {"output": {"voice": {"id": BAD_VOICE}}}}
+    with pytest.raises(openai.BadRequestError, match="stored codes do not fit this model's codec"):  # checked at start
+        await client.realtime.client_secrets.create(session=bad)  # type: ignore[arg-type]

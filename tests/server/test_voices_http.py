@@ -1,5 +1,6 @@
 """``/v1/audio/voices`` and ``voice_consents`` in process, over the tone TTS (which makes no custom voices):
-the per-key bounds, the refusal of a kind the model cannot make, malformed bodies."""
+the per-key bounds, the refusal of a kind the model cannot make, malformed bodies; a speech-to-speech
+model's voices listed by either of its names, and the check of stored voice prompts at start."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from realtime_gw.config import GatewayConfig
+from realtime_gw.models.contract import BackendInfo
+from realtime_gw.protocols.voices import VoiceObject
+from realtime_gw.records.s2s import S2sSpec
 from realtime_gw.server import voices
-from realtime_gw.server.voice_library import VoiceLibrary
+from realtime_gw.server.voice_library import StoredVoice, VoiceLibrary, owner_of
 from tests.server import fakes
 
 AUTH = {"Authorization": "Bearer k"}
@@ -86,3 +91,38 @@ def test_bad_bodies() -> None:
     assert huge.status_code == 413
     missing = c.post("/v1/audio/voice_consents", headers=AUTH, data={"name": "c", "language": "en"})
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "recording"
+
+
+class _DescribedStage:
+    """A speech-to-speech stage as ``binding`` reads it (its description only): served as ``personaplex``
+    under another model name."""
+
+    def describe(self) -> BackendInfo:
+        caps = ("audio_in", "audio_out", "text_out", "voice_prompt", "persona")
+        return BackendInfo(name="s2s-personaplex", s2s=S2sSpec(model="personaplex-7b-v1", capabilities=caps))
+
+
+def test_a_models_voices_are_listed_by_the_name_it_is_served_as_too() -> None:
+    c = _client()
+    gw = c.app.state.gateway  # type: ignore[attr-defined]
+    gw.config = GatewayConfig(tts="tone", policy="none", s2s="personaplex")
+    gw.workers.s2s = _DescribedStage()
+    made = VoiceObject(id="voice_" + "6" * 24, created_at=1, name="p", type="audio_sample", model="personaplex-7b-v1")
+    gw.voices.voices[made.id] = StoredVoice(made, owner_of("k"))
+    for name in ("personaplex", "personaplex-7b-v1"):
+        listed = c.get("/v1/audio/voices", headers=AUTH, params={"model": name}).json()["data"]
+        assert [v["id"] for v in listed] == [made.id], name
+    assert c.get("/v1/audio/voices", headers=AUTH, params={"model": ""}).json()["data"] == []
+
+
+def test_a_stored_voice_prompt_that_does_not_fit_the_stage_is_found_at_start() -> None:
+    spec = S2sSpec(model="personaplex", voice_card=64, voice_codebooks=2)
+    obj = VoiceObject(id="voice_" + "7" * 24, created_at=1, name="p", type="audio_sample", model="personaplex")
+
+    def fault(codes: tuple[tuple[int, ...], ...], card: int = 64) -> str | None:
+        return voices.prompt_fault(StoredVoice(obj, "o", codes=codes, card=card), spec)
+
+    assert fault(((0, 63),) * 3) is None
+    assert "made by another codec (card 2048" in (fault(((0, 63),) * 3, 2048) or "")
+    for bad in (((0, 64),), ((-1, 0),), ((0, 1, 2),), ((0, 1), ()), ()):
+        assert "stored codes do not fit this model's codec (2 codebooks of card 64" in (fault(bad) or ""), bad

@@ -68,10 +68,17 @@ def test_a_voice_the_key_made_for_the_model_is_its_voice_prompt() -> None:
     """A voice of ``/v1/audio/voices`` made for the model (``S2sBinding.own_voices``), by its id: the
     opening carries its codes (the stage keeps no custom voice)."""
     codes = VoiceCodes(((1, 2, 3),) * 4, 64)
-    own = DuplexModels(S2sBinding(SPEC, ReplyRule(), 3, {"voice_" + "a" * 24: codes}), frozenset({"personaplex"}))
+    library = {"voice_" + "a" * 24: codes}
+    own = DuplexModels(S2sBinding(SPEC, ReplyRule(), 3, lambda: library), frozenset({"personaplex"}))
     s = LiveSession("sess_live_own", Limits(voices=frozenset({"default"})), 0.0, 600.0, 1.8e9, own)
-    out = client(s, {"type": "session.start", "session": {"model": "personaplex", "audio": {"output": {"voice": {"id": "voice_" + "a" * 24}}}}}, 0.0)
+    named = {"type": "session.start", "session": {"model": "personaplex", "audio": {"output": {"voice": {"id": "voice_" + "a" * 24}}}}}
+    out = client(s, named, 0.0)
     assert [(e.request.voice, e.request.custom_voice) for e in out if isinstance(e, OpenS2s)] == [("voice_" + "a" * 24, codes)]
+    library.clear()  # the key deleted it (the binding reads the library live): a later start is refused
+    gone = LiveSession("sess_live_gone", Limits(voices=frozenset({"default"})), 0.0, 600.0, 1.8e9, own)
+    refused_start = client(gone, named, 0.0)
+    assert [e for e in refused_start if isinstance(e, OpenS2s)] == []
+    assert "Unknown voice 'voice_" in sent(refused_start)[0].error.message
     stock = [e.request for e in start(audio={"output": {"voice": "NATF2"}})[1] if isinstance(e, OpenS2s)]
     assert [(r.voice, r.custom_voice) for r in stock] == [("NATF2", None)]  # a stage's own voice: by name
     _, refused = start(audio={"output": {"voice": {"id": "voice_" + "a" * 24}}})  # another key's binding

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 
 from realtime_gw.protocols import realtime as rt
-from realtime_gw.records.s2s import S2sFrame, S2sOpen, S2sSilence, S2sSpec
+from realtime_gw.records.s2s import S2sFrame, S2sOpen, S2sSilence, S2sSpec, VoiceCodes
 from realtime_gw.sessions.events import Close, Limits, OpenS2s, S2sOpened, S2sRefused
+from realtime_gw.sessions.given_config import apply_given
 from realtime_gw.sessions.realtime import RealtimeSession
 from realtime_gw.sessions.s2s import ReplyRule, S2sBinding
 from tests.sessions.realtime_helpers import client, errors, events, of, types
@@ -190,3 +191,69 @@ def test_moshi_still_refuses_instructions_and_voices() -> None:
     created.start(0.0)
     caps = events(created.handle(S2sOpened(), 0.0))[0].session.capabilities  # type: ignore[union-attr]
     assert "voices" not in caps
+
+
+OWN = "voice_" + "b" * 24
+OWN_CODES = VoiceCodes(((1, 2, 3),) * 4, 64)
+
+
+def with_library(library: dict[str, VoiceCodes | str]) -> RealtimeSession:
+    """A session whose key's own voices are ``library``, read live (as the gateway's library is)."""
+    limits = Limits(voices=frozenset({"default", "marin"}), model="personaplex")
+    return RealtimeSession("sess_own", limits, 0.0, s2s=S2sBinding(SPEC, ReplyRule(), 7, lambda: library))
+
+
+def test_a_voice_deleted_while_its_conversation_goes_on_opens_no_new_one() -> None:
+    """The conversation open with the voice keeps its prompt; an update that would re-open with it (a
+    new persona) is refused as an unknown voice, before anything changes; other updates go on."""
+    library: dict[str, VoiceCodes | str] = {OWN: OWN_CODES}
+    s = with_library(library)
+    assert errors(update(s, audio={"output": {"voice": {"id": OWN}}})) == []
+    [open_] = s.start(0.0)
+    assert isinstance(open_, OpenS2s) and open_.request.custom_voice == OWN_CODES
+    s.handle(S2sOpened(), 0.0)
+    del library[OWN]  # DELETE /v1/audio/voices/{id}
+    calm = update(s, audio={"input": {"turn_detection": None}})
+    assert errors(calm) == [] and of(calm, OpenS2s) == [] and types(calm) == ["session.updated"]
+    out = update(s, instructions="You are Ann.")
+    [e] = errors(out)
+    assert e.error.param == "session.audio.output.voice" and f"Unknown voice '{OWN}'" in e.error.message
+    assert of(out, OpenS2s) == [] and s.settings.instructions == "" and s.settings.voice == OWN
+    [named] = errors(update(s, audio={"output": {"voice": {"id": OWN}}}))  # naming it again: the same
+    assert f"Unknown voice '{OWN}'" in named.error.message
+    # another voice with the new persona re-opens as ever
+    moved = of(update(s, instructions="You are Ann.", audio={"output": {"voice": "NATM1"}}), OpenS2s)
+    assert [(o.request.voice, o.request.persona) for o in moved] == [("NATM1", "You are Ann.")]
+
+
+def test_an_own_voice_the_stage_cannot_take_is_listed_but_refused_saying_why() -> None:
+    s = with_library({OWN: "its stored codes do not fit this model's codec"})
+    opened(s)
+    out = update(s, audio={"output": {"voice": {"id": OWN}}})
+    [e] = errors(out)
+    assert e.error.param == "session.audio.output.voice" and "do not fit this model's codec" in e.error.message
+    assert of(out, OpenS2s) == []
+
+
+def test_a_given_config_naming_a_deleted_voice_keeps_the_rest_and_says_why() -> None:
+    """A client secret minted with the key's voice, used after the voice was deleted: the session opens
+    with the secret's persona and the default voice, and an error right after session.created says why."""
+    s = with_library({})
+    apply_given(s, rt.SessionParams(instructions="You are Ann.", audio=rt.AudioConfig(
+        output=rt.AudioOutputConfig(voice=rt.VoiceId(id=OWN)))), 0.0)  # fmt: skip
+    [open_] = s.start(0.0)
+    assert isinstance(open_, OpenS2s) and open_.request == S2sOpen(seed=7, voice=None, persona="You are Ann.")
+    raw = s.handle(S2sOpened(), 0.0)
+    out = events(raw)
+    assert types(raw) == ["session.created", "error"]
+    assert out[0].session.instructions == "You are Ann." and out[0].session.audio["output"]["voice"] == "default"  # type: ignore[union-attr]
+    assert out[1].error.param == "session.audio.output.voice" and f"Unknown voice '{OWN}'" in out[1].error.message  # type: ignore[union-attr]
+    assert out[1].event_id > out[0].event_id  # numbered as it is sent
+
+
+def test_a_given_config_refused_otherwise_is_dropped_with_its_error() -> None:
+    s = with_library({})
+    apply_given(s, rt.SessionParams(instructions=" ".join(["word"] * 41)), 0.0)
+    s.start(0.0)
+    raw = s.handle(S2sOpened(), 0.0)
+    assert types(raw) == ["session.created", "error"] and events(raw)[0].session.instructions == ""  # type: ignore[union-attr]

@@ -123,7 +123,8 @@ class MoshiEngine(MovableSlotEngine):
         return torch.stack(codes).cpu().numpy().astype(np.int64)
 
     def voice_encoder(self) -> StreamingMimiEncoder:
-        """A one-slot Mimi encoder of the voices' own (built at first use, sharing the codec): a voice
+        """A one-slot Mimi encoder of the voices' own (built at the first call, the stage's voice registrar's
+        construction; it shares the codec): a voice
         registered while conversations hold the slots is encoded there, a few frames per step, with
         the codes slot 0's encoder gives at start (``encode_voice``)."""
         if self._voice_encoder is None:

@@ -86,7 +86,7 @@ class PersonaPlexBackend(MoshiBackend):
         """The last conversation's prompt prefill (ms, host clock, synchronised)."""
         self.spec = msgspec.structs.replace(
             self.spec, voices=self.voices.names(), default_voice=voice, max_prompt_frames=ck.shape.context + 1,
-            voice_card=ck.shape.card,
+            voice_card=ck.shape.card, voice_codebooks=ck.shape.own_q,
         )
         self.info.update(voices=list(self.voices.names()), default_voice=voice,
                          prompt_codes="published" if published else "this codec's")  # fmt: skip
@@ -172,6 +172,10 @@ class PersonaPlexBackend(MoshiBackend):
         self.prompt_ms = elapsed * 1000  # in a lockstep iteration, before its step: its frames wait for it
         return state
 
+    def warmup(self) -> None:
+        super().warmup()
+        self.registrar.warm()  # the voices' encoder runs first here, not inside a live step
+
     def has_work(self, state: MoshiState | VoiceJob) -> bool:  # type: ignore[override]
         return isinstance(state, VoiceJob) or super().has_work(state)
 
@@ -183,7 +187,8 @@ class PersonaPlexBackend(MoshiBackend):
 
     def step(self, work: list[tuple[Any, list[Any]]]) -> list[StepResult]:
         """The conversations' step; before it, the voice records' (a few frames of a voice encoded: the
-        conversations' frames are late by their time, as measured against the tick)."""
+        conversations' frames are late by their time, as measured against the tick; an encoding that fails
+        answers its registration with the error, the conversations step on)."""
         jobs = [i for i, (state, _) in enumerate(work) if isinstance(state, VoiceJob)]
         if not jobs:
             return super().step(work)

@@ -6,10 +6,12 @@ A registration's sample is float32 mono at 24 kHz already brought to -24 LUFS by
 (``protocols.loudness.normalized``, in a thread beside the upload's decoding; a silent sample is refused
 there with a 400), as a sample of ``--s2s-voices-dir`` is at start. The stage only frames it and encodes it
 with its own Mimi into codes, one frame per 80 ms. Conversations hold the engine's encoder slots, so a voice
-is encoded in an encoder of its own (``MoshiEngine.voice_encoder``), a few frames per stage step (up to
+is encoded in an encoder of its own (``MoshiEngine.voice_encoder``, built with the stage and run once at
+warm-up, never first inside a live step), a few frames per stage step (up to
 ``VOICE_FRAMES_PER_STEP``, none started past ``VOICE_STEP_BUDGET_S``): a registration adds a bounded time
 to each step of the conversations live meanwhile (counted as their lateness) instead of one stall of the
-whole sample. One voice is encoded at a time; others wait their turn.
+whole sample. One voice is encoded at a time; others wait their turn. An encoding that fails fails its
+voice alone (an error on its registration's stream): the conversations of that step go on.
 
 The answer (``VoiceAdded``) carries the codes and the codec's card, and the stage keeps nothing: the
 server's library keeps them (``server/voice_library.py``, files 0600 with ``--voices-dir``) and an opening
@@ -21,6 +23,7 @@ anything is computed.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +45,8 @@ VOICE_STEP_BUDGET_S = 0.010
 registration adds to each step of the conversations, whatever the hardware encodes a frame in."""
 SAMPLE_RATE = 24000
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(eq=False)
 class VoiceJob:
@@ -52,6 +57,8 @@ class VoiceJob:
     """``(frames, hop)``: the sample still to encode (None: encoded)."""
     codes: list[np.ndarray] = field(default_factory=list)
     outputs: list[Any] = field(default_factory=list)
+    error: str | None = None
+    """Why the encoding failed (the registration is answered with it)."""
     released: bool = False
 
 
@@ -65,6 +72,8 @@ class VoiceRegistrar:
         self.max_voice_frames = max_prompt_frames - 2 * SILENCE_FRAMES
         """A voice prompt's most frames: the prompt's two silences still fit (with no persona)."""
         self._encoding: VoiceJob | None = None
+        self.encoder = engine.voice_encoder()
+        """The voices' own one-slot encoder, built here with the stage (``warm`` runs it once)."""
 
     def check(self, request: VoiceRegistration) -> str | None:
         """Why the stage cannot make this voice (checked at submit, on the event loop: only sizes), or None."""
@@ -93,16 +102,29 @@ class VoiceRegistrar:
     def step(self, jobs: list[VoiceJob]) -> list[StepResult]:
         """Each job's answer when it has one; the encoding job encodes its next frames."""
         if self._encoding is None or self._encoding.released:
-            self._encoding = next((j for j in jobs if j.pcm is not None), None)
-            if self._encoding is not None:
-                self._reset()
-        if self._encoding is not None:
-            self._encode(self._encoding)
+            self._encoding = next((j for j in jobs if j.pcm is not None and j.error is None), None)
+        if (current := self._encoding) is not None:
+            try:
+                if not current.codes:  # its first frames: from a reset encoder
+                    self._reset()
+                self._encode(current)
+            except Exception as e:  # this voice fails alone: the conversations' step goes on
+                log.exception("%s: encoding voice %s failed", self.engine.name, current.voice_id)
+                current.error, current.pcm, current.codes = f"encoding the voice failed: {e}", None, []
+                self._encoding = None
         results = []
         for job in jobs:
             done = job.pcm is None
-            results.append(StepResult(outputs=job.outputs if done else [], done=done))
+            results.append(StepResult(outputs=job.outputs if done else [], done=done, error=job.error))
         return results
+
+    @torch.no_grad()
+    def warm(self) -> None:
+        """One frame of silence through the voices' encoder (at the stage's warm-up), then reset."""
+        self._reset()
+        frame = torch.zeros(1, self.engine.hop, device=self.engine.device)
+        self.encoder.step(1, frame, torch.ones(1, dtype=torch.bool, device=self.engine.device))
+        self._reset()
 
     def release(self, job: VoiceJob) -> None:
         job.released = True
@@ -112,7 +134,7 @@ class VoiceRegistrar:
     @torch.no_grad()
     def _encode(self, job: VoiceJob) -> None:
         assert job.pcm is not None
-        encoder, device = self.engine.voice_encoder(), self.engine.device
+        encoder, device = self.encoder, self.engine.device
         active = torch.ones(1, dtype=torch.bool, device=device)
         start, began = len(job.codes), time.perf_counter()
         for frame in torch.from_numpy(job.pcm[start : start + VOICE_FRAMES_PER_STEP]).to(device):
@@ -125,7 +147,7 @@ class VoiceRegistrar:
             self._encoding = None
 
     def _reset(self) -> None:
-        self.engine.voice_encoder().reset(torch.zeros(1, dtype=torch.long, device=self.engine.device))
+        self.encoder.reset(torch.zeros(1, dtype=torch.long, device=self.engine.device))
 
     def _added(self, voice_id: str, codes: np.ndarray) -> VoiceAdded:
         return VoiceAdded(voice_id, codes=tuple(tuple(int(c) for c in row) for row in codes), card=self.shape.card)

@@ -291,3 +291,35 @@ def test_a_persona_is_tokenized_once_per_opening(backend: PersonaPlexBackend, mo
     assert backend.check(request) is None
     backend.release(backend.open(request))
     assert calls == ["<system> You are Dee, a lighthouse keeper. <system>"]
+
+
+def test_a_voice_whose_encoding_fails_fails_alone(backend: PersonaPlexBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error encoding a voice answers its registration with it; the conversation stepping beside it
+    says its frame as ever, and the next voice is encoded from a reset encoder."""
+    live = backend.open(S2sOpen(seed=21, persona=PERSONA))
+    job = backend.open(VoiceRegistration("voice_bad", "audio_sample", sample=prompt_sample(_voice_pcm())))
+    monkeypatch.setattr(backend.registrar, "_encode", lambda job: (_ for _ in ()).throw(RuntimeError("out of memory")))
+    try:
+        voice, talk = backend.step([(job, []), (live, [noise_frames(1, 1)[0]])])
+    finally:
+        backend.release(job)
+    monkeypatch.undo()
+    try:
+        assert voice.done and voice.error is not None and "encoding the voice failed: out of memory" in voice.error
+        assert talk.error is None and len(talk.outputs) == 1 and isinstance(talk.outputs[0], S2sFrame)
+        [added], _ = _registered(backend, VoiceRegistration("voice_ok", "audio_sample", sample=prompt_sample(_voice_pcm())), live)
+    finally:
+        backend.release(live)
+    assert np.array_equal(np.array(added.codes), backend.engine.encode_voice(normalized(_voice_pcm())))
+
+
+def test_the_voices_encoder_is_built_with_the_stage_and_run_at_warm_up(
+    backend: PersonaPlexBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encoder = backend.registrar.encoder
+    assert encoder is backend.engine._voice_encoder  # built with the stage, not at a live step
+    ran: list[int] = []
+    step = encoder.step
+    monkeypatch.setattr(encoder, "step", lambda *a: ran.append(1) or step(*a))
+    backend.warmup()
+    assert ran == [1]
