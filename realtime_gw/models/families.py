@@ -49,6 +49,8 @@ class StagePlan:
     lockstep_ms: float | None = None
     """Step every live request once per this many ms, all in one batched step (``models/lockstep.py``);
     None: a step whenever inputs are ready."""
+    lockstep_stop_when_idle: bool = False
+    """The lockstep steps only requests with input and stops while none has any (``Lockstep.stop_when_idle``)."""
 
     def build_backend(self) -> Backend[Any]:
         """The backend itself, here (tests, tools): ``backend``, or ``factory`` run in this process."""

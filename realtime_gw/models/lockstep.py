@@ -13,6 +13,13 @@ frames), the frames missed are skipped and counted, never run back to back to ca
 run every conversation faster than real time, and each of its listeners would hear a rush after the gap.
 The clock stops when the last conversation leaves; the next one starts it again.
 
+**The VAD steps on the same clock, to batch** (``stop_when_idle``, one 32 ms window per tick): calls
+deliver 20 ms of audio at a time, each at its own phase, so a worker that steps whenever a stream has input
+runs many network calls of one or two rows. On the clock, every stream's windows completed since the last
+tick go into one call; a window waits at most one tick for it (less when the step runs on time). Nothing
+is made up: only streams with input are stepped, and the clock stops whenever none has any, so the first
+window after a pause is scored at once.
+
 **A frame's lateness is against this clock.** The step of frame n has its frame to run in: its audio is
 due when the next step is (``due + frame``), and ``frame_lateness`` is how long after that it was ready.
 So a step that starts late (the last one ran over, the worker's thread was busy, a prompt's prefill ran
@@ -59,8 +66,13 @@ class Tick:
 class Lockstep:
     """The stage's clock: deadlines ``t0 + n * frame_s``, one step each."""
 
-    def __init__(self, frame_s: float = 0.08) -> None:
+    def __init__(self, frame_s: float = 0.08, stop_when_idle: bool = False) -> None:
         self.frame_s = frame_s
+        self.stop_when_idle = stop_when_idle
+        """The worker stops the clock whenever it has nothing to step, not only when no stream is live: a
+        stage that steps only the streams with input (VAD) batches on the clock while input flows, and the
+        first input after a pause is stepped at once (a pause is no missed ticks). The speech-to-speech
+        clock keeps running: its ticks step every conversation, input or not."""
         self.origin: float | None = None
         """t0: the first deadline of the current run (None: stopped, no conversation)."""
         self.frame = 0
@@ -100,6 +112,13 @@ class Lockstep:
         skipped = int(behind // self.frame_s)
         self.frame += skipped + 1
         return Tick(late_s=behind - skipped * self.frame_s, skipped=skipped, due=due)
+
+
+def went_idle(clock: Lockstep | None) -> None:
+    """Its worker has nothing to step: a ``stop_when_idle`` clock stops, so the next input is stepped at
+    once and the clock restarts there."""
+    if clock is not None and clock.stop_when_idle:
+        clock.stop()
 
 
 def frame_lateness(due: float, ready: float, frame_s: float) -> float:

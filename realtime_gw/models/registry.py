@@ -99,7 +99,7 @@ def serve(role: str, plan: StagePlan, config: GatewayConfig) -> StageWorker:
         step_timeout_s=config.worker_step_timeout_s,
         admit=plan.admit,
         pacing=pacing_of(role),
-        lockstep=Lockstep(plan.lockstep_ms / 1000) if plan.lockstep_ms else None,
+        lockstep=Lockstep(plan.lockstep_ms / 1000, plan.lockstep_stop_when_idle) if plan.lockstep_ms else None,
     )
 
 

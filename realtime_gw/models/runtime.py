@@ -6,8 +6,8 @@ batched ``step``), or hands it to a hosted backend's child process. All backend 
 that thread (or in that child) alone, one step at a time, so backends need no locks. The backend
 contract and the iteration records live in ``models/contract.py``.
 
-A worker with a ``Lockstep`` (the speech-to-speech stage) steps on its clock instead of whenever inputs
-are ready: at each tick every live stream is in the one batched step (``models/lockstep.py``).
+A worker with a ``Lockstep`` (speech-to-speech; the VAD, to batch) steps on its clock, not whenever inputs
+are ready: each tick, every live stream (VAD: with input) is in one batched step (``models/lockstep.py``).
 
 ``Stream.close_input`` delivers ``END_OF_INPUT`` as a final input item. Workers sharing a device may share
 its clock (``device_clock``): then each step waits for its turn on the device, earliest deadline first.
@@ -47,7 +47,7 @@ from realtime_gw.models.contract import (
     unreleased,
 )
 from realtime_gw.models.device_clock import DeviceClock
-from realtime_gw.models.lockstep import Lockstep, Tick
+from realtime_gw.models.lockstep import Lockstep, Tick, went_idle
 from realtime_gw.models.step_timing import StepRun
 from realtime_gw.models.stream import SlotFreed, Stream
 
@@ -253,6 +253,7 @@ class StageWorker:
                 self._slot_freed.notify()
             runnable = [s for s in self._active if s._runnable(self.backend)]
             if not (to_open or to_release or runnable or self._orphans):
+                went_idle(self.lockstep)
                 self._wake_event.clear()
                 await self._wake_event.wait()
                 continue

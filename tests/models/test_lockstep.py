@@ -8,7 +8,14 @@ from collections import deque
 
 import pytest
 
-from realtime_gw.models.lockstep import MAX_BEHIND_FRAMES, Lockstep, Taken, frame_lateness, take_frame
+from realtime_gw.models.lockstep import (
+    MAX_BEHIND_FRAMES,
+    Lockstep,
+    Taken,
+    frame_lateness,
+    take_frame,
+    went_idle,
+)
 from realtime_gw.records.s2s import S2sAudio, S2sSilence
 
 F = 0.08
@@ -47,6 +54,23 @@ def test_a_late_step_runs_at_once_and_the_next_stays_on_its_deadline() -> None:
     clock.start(0.0)
     # step 1 ran over its frame by 30 ms: step 2 starts 30 ms late, step 3 is on time again
     assert run(clock, [0.0, 0.11, 0.16]) == [(0.0, 0), (0.03, 0), (0.0, 0)]
+
+
+def test_a_batching_clock_stops_when_idle_and_the_next_input_steps_at_once() -> None:
+    vad = Lockstep(0.032, stop_when_idle=True)  # the VAD's window clock
+    vad.start(0.0)
+    vad.begin(0.0)
+    assert vad.wait_s(0.01) == pytest.approx(0.022)  # input flowing: the next step waits for its tick
+    went_idle(vad)  # a tick found no stream with input
+    assert not vad.running
+    assert vad.wait_s(5.0) == 0.0 and vad.due == 5.0  # the first window after the pause: at once...
+    assert run(vad, [5.0]) == [(0.0, 0)]  # ...and the pause is no missed ticks
+    assert vad.due == pytest.approx(5.032)
+    s2s = Lockstep(F)  # its ticks step every conversation, input or not: its clock keeps running
+    s2s.start(0.0)
+    went_idle(s2s)
+    assert s2s.running
+    went_idle(None)  # a worker with no clock
 
 
 def test_missed_frames_are_skipped_not_made_up_in_a_burst() -> None:

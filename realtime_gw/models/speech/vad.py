@@ -13,7 +13,10 @@ def from_config(config: GatewayConfig) -> StagePlan:
     per 32 ms window costs ~1 ms, and a process hop on every window of every session would cost more.
     With ``vad_device`` the torch build (``vad_silero_torch``), in-thread like the other torch stages: a
     slot (h, c row) per open stream up to the worker's admission limit, a round batching up to
-    ``vad_max_batch`` streams (one graph bucket each on CUDA)."""
+    ``vad_max_batch`` streams (one graph bucket each on CUDA). Either steps on a clock of ``vad_step_ms``
+    (``models/lockstep.py``), every stream's windows completed since the last step in one call."""
+    if config.vad_step_ms < 0:
+        raise ValueError(f"--vad-step-ms must be 0 or more, got {config.vad_step_ms:g}")
     if config.vad_device:
         from realtime_gw.models.speech.vad_silero_torch import TorchSileroVadBackend  # torch: only here
 
@@ -24,5 +27,10 @@ def from_config(config: GatewayConfig) -> StagePlan:
     else:
         silero, device = SileroVadBackend(), "cpu"
     return StagePlan(
-        backend=silero, device=device, max_batch=config.vad_max_batch, max_active=config.worker_max_active
+        backend=silero,
+        device=device,
+        max_batch=config.vad_max_batch,
+        max_active=config.worker_max_active,
+        lockstep_ms=config.vad_step_ms or None,
+        lockstep_stop_when_idle=True,
     )

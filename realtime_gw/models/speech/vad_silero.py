@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from prometheus_client import Counter
 
 from realtime_gw.models.contract import BackendInfo, warmup_seconds
 from realtime_gw.models.runtime import END_OF_INPUT, StepResult
@@ -40,6 +41,13 @@ MAX_WINDOWS_PER_STEP = 32
 """Windows (~1 s of audio) one stream is scored per step: a client that sends minutes of audio at
 once is worked off over several steps (``has_work``) instead of one long step that every other
 session's VAD waits behind."""
+
+VAD_ROUNDS = Counter(
+    "realtime_gw_vad_rounds_total",
+    "VAD network calls (a round: the next window of every stream that has one, in one batch)",
+    ["worker"],
+)
+VAD_WINDOWS = Counter("realtime_gw_vad_windows_total", "32 ms windows the VAD scored", ["worker"])
 
 
 def silero_data_path(name: str) -> Path:
@@ -148,6 +156,9 @@ class SileroVadStreams:
     def score(self, states: list[VadState], max_rounds: int = MAX_WINDOWS_PER_STEP) -> dict[int, list[float]]:
         """Scores up to ``max_rounds`` full windows of every state. Returns probs keyed by ``id(state)``."""
         rounds = take_rounds(states, max_rounds)
+        if rounds:  # windows per round: how well the worker's steps batch the streams
+            VAD_ROUNDS.labels(self.name).inc(len(rounds))
+            VAD_WINDOWS.labels(self.name).inc(sum(len(ready) for ready, _ in rounds))
         out: dict[int, list[float]] = {id(s): [] for s in states}
         for (ready, _), probs in zip(rounds, self.run_rounds(rounds), strict=True):
             for s, p in zip(ready, probs.tolist(), strict=True):
