@@ -31,6 +31,7 @@ import platform
 import random
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -157,20 +158,28 @@ def save(result: dict[str, Any], path: str | None) -> None:
             json.dump(result, f, indent=1)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run_cli(
+    doc: str | None, each: str, bench: Callable[[argparse.Namespace], Awaitable[dict[str, Any]]], argv: list[str] | None
+) -> dict[str, Any]:
+    """The command line of the lockstep benches: conversations on a stage, ``each`` (a mode, a path) run for
+    ``--seconds``; the result printed and saved to ``--json``."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="7b", choices=["7b", "tiny"])
     p.add_argument("--device", default="cuda")
     p.add_argument("--slots", type=int, default=32, help="live conversations (the stage's slots)")
-    p.add_argument("--seconds", type=float, default=20.0, help="per mode")
+    p.add_argument("--seconds", type=float, default=20.0, help=f"per {each}")
     p.add_argument("--jitter-ms", type=float, default=20.0, help="each client frame's random extra delay")
-    p.add_argument("--budget-s", type=float, default=300.0, help="stop starting modes after this")
+    p.add_argument("--budget-s", type=float, default=300.0, help=f"stop starting {each}s after this")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    result = asyncio.run(main_async(args))
+    result = asyncio.run(bench(args))
     print(json.dumps(result, indent=1))
     save(result, args.json)
     return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return run_cli(__doc__, "mode", main_async, argv)
 
 
 if __name__ == "__main__":

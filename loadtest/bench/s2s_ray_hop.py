@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from loadtest.bench.ray_hop import Worker, record_delivery
-from loadtest.bench.s2s_lockstep import FRAME_BYTES, FRAME_S, log, save, stats
+from loadtest.bench.s2s_lockstep import FRAME_BYTES, FRAME_S, log, run_cli, save, stats
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.registry import build_stage
 from realtime_gw.models.remote.client import RemoteStage
@@ -189,20 +189,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="7b", choices=["7b", "tiny"])
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--slots", type=int, default=32, help="live conversations (the stage's slots)")
-    p.add_argument("--seconds", type=float, default=20.0, help="per path")
-    p.add_argument("--jitter-ms", type=float, default=20.0, help="each client frame's random extra delay")
-    p.add_argument("--budget-s", type=float, default=300.0, help="stop starting paths after this")
-    p.add_argument("--json", default=None)
-    args = p.parse_args(argv)
-    result = asyncio.run(main_async(args))
-    print(json.dumps(result, indent=1))
-    save(result, args.json)
-    return result
-
+    return run_cli(__doc__, "path", main_async, argv)
 
 if __name__ == "__main__":
     main()
