@@ -164,7 +164,8 @@ class VadSettings(KyutaiSettings, kw_only=True):
     """The VAD steps at most once per this many ms while audio flows, every stream's windows completed
     since the last step in one batched call: calls send 20 ms at a time, each at its own phase, and
     stepping on every arrival runs many one-row calls (docs/benchmarks.md). A window waits at most this
-    long (the first after a pause not at all). 0 = step whenever any stream has new audio."""
+    long while the worker keeps up, however many streams (the first of a run after a pause: no tick at
+    all). 0 = step whenever any stream has new audio; at most 100."""
     vad_device: str | None = None
     """Silero VAD in torch on this device (`cuda`, `cuda:1`, `cpu`): every session's next window in one
     batched forward, CUDA graphs on CUDA (models/speech/vad_silero_torch.py). Unset = onnxruntime's CPU

@@ -73,6 +73,9 @@ class Lockstep:
         stage that steps only the streams with input (VAD) batches on the clock while input flows, and the
         first input after a pause is stepped at once (a pause is no missed ticks). The speech-to-speech
         clock keeps running: its ticks step every conversation, input or not."""
+        self.again = False
+        """A ``stop_when_idle`` clock's last step left streams with input out (the batch cap): the next step
+        runs at once, in the same tick (``cut_short``), not a tick later."""
         self.origin: float | None = None
         """t0: the first deadline of the current run (None: stopped, no conversation)."""
         self.frame = 0
@@ -94,20 +97,23 @@ class Lockstep:
 
     def stop(self) -> None:
         """No conversation is live."""
-        self.origin = None
+        self.origin, self.again = None, False
 
     def wait_s(self, now: float) -> float:
         """How long until the next step is due (0: due now or overdue; a stopped clock starts now)."""
         self.start(now)
         due = self.due
         assert due is not None
-        return max(0.0, due - now)
+        return 0.0 if self.again else max(0.0, due - now)
 
     def begin(self, now: float) -> Tick:
         """A step starts at ``now``: it is the step of the latest frame already due; the frames before it
         that were missed are skipped. The next step is due a frame after its deadline."""
         due = self.due
         assert due is not None, "the clock is stopped"
+        if self.again:  # the rest of the tick before (the batch cap): late by the step that ran before it
+            self.again = False
+            return Tick(late_s=max(0.0, now - (due - self.frame_s)), skipped=0, due=due - self.frame_s)
         behind = max(0.0, now - due)
         skipped = int(behind // self.frame_s)
         self.frame += skipped + 1
@@ -119,6 +125,14 @@ def went_idle(clock: Lockstep | None) -> None:
     once and the clock restarts there."""
     if clock is not None and clock.stop_when_idle:
         clock.stop()
+
+
+def cut_short(clock: Lockstep | None, cut: bool) -> None:
+    """A step of a ``stop_when_idle`` clock left streams with input out (``max_batch``): they step at once,
+    in the same tick, so a window waits at most a tick however many streams there are (while the worker
+    keeps up). A speech-to-speech clock steps every conversation each tick: nothing to carry."""
+    if clock is not None and clock.stop_when_idle:
+        clock.again = cut
 
 
 def frame_lateness(due: float, ready: float, frame_s: float) -> float:

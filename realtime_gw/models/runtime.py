@@ -47,7 +47,7 @@ from realtime_gw.models.contract import (
     unreleased,
 )
 from realtime_gw.models.device_clock import DeviceClock
-from realtime_gw.models.lockstep import Lockstep, Tick, went_idle
+from realtime_gw.models.lockstep import Lockstep, Tick, cut_short, went_idle
 from realtime_gw.models.step_timing import StepRun
 from realtime_gw.models.stream import SlotFreed, Stream
 
@@ -259,8 +259,7 @@ class StageWorker:
                 continue
             waiting = len(runnable) + len(to_open)
             if self.max_wait_s and waiting < self.max_batch and self._last_batch > 1 and not to_release:
-                # Give concurrent sessions a moment to join this step (bounded batching delay) — only
-                # when the last step was shared; a lone client never pays the window.
+                # bounded batching delay, only when the last step was shared: a lone client never pays it
                 self._wake_event.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake_event.wait(), self.max_wait_s)
@@ -268,6 +267,7 @@ class StageWorker:
                 runnable = [s for s in self._active if s._runnable(self.backend)]
             self._rr += 1
             batch = pick(runnable, self.max_batch, self._rr)
+            cut_short(self.lockstep, len(batch) < len(runnable))
             # Inputs are taken here, on the loop thread that pushes them; new requests get theirs back
             # below if they could not join this step.
             released = [s.state for s in to_release if s.state is not None] + self._orphans

@@ -7,6 +7,9 @@ from realtime_gw.config import GatewayConfig
 from realtime_gw.models.families import StagePlan
 from realtime_gw.models.speech.vad_silero import SileroVadBackend, SileroVadStreams
 
+MAX_STEP_MS = 100.0
+"""Longest ``vad_step_ms``: a speech onset (barge-in) or a turn's end may wait a whole step to be heard."""
+
 
 def from_config(config: GatewayConfig) -> StagePlan:
     """onnxruntime's CPU build by default, in-thread: it releases the GIL while it runs, one batched call
@@ -15,8 +18,8 @@ def from_config(config: GatewayConfig) -> StagePlan:
     slot (h, c row) per open stream up to the worker's admission limit, a round batching up to
     ``vad_max_batch`` streams (one graph bucket each on CUDA). Either steps on a clock of ``vad_step_ms``
     (``models/lockstep.py``), every stream's windows completed since the last step in one call."""
-    if config.vad_step_ms < 0:
-        raise ValueError(f"--vad-step-ms must be 0 or more, got {config.vad_step_ms:g}")
+    if not 0 <= config.vad_step_ms <= MAX_STEP_MS:  # a window waits up to a step: barge-in waits with it
+        raise ValueError(f"--vad-step-ms must be 0 to {MAX_STEP_MS:g}, got {config.vad_step_ms:g}")
     if config.vad_device:
         from realtime_gw.models.speech.vad_silero_torch import TorchSileroVadBackend  # torch: only here
 

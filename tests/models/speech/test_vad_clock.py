@@ -77,10 +77,33 @@ async def test_windows_of_one_tick_share_one_call_and_wait_at_most_a_tick(
     await wait_for(lambda: w.active_count == 0, timeout=5.0)
 
 
+async def test_streams_past_the_batch_cap_step_in_the_same_tick_not_the_next(
+    vad: Any, start_worker: Any, network_calls: list[int]
+) -> None:
+    """More streams with a window than ``max_batch``: the rest run right after, in the same tick (before,
+    they waited a whole tick per batch: speech onsets and barge-in late by several ticks)."""
+    clock = Lockstep(FRAME_S, stop_when_idle=True)
+    w = await start_worker(vad, max_batch=2, lockstep=clock)
+    streams = [w.submit(VadRequest(sample_rate=16000)) for _ in range(6)]
+    await wait_for(lambda: all(s.state is not None for s in streams) and not clock.running, timeout=5.0)
+    outputs = [asyncio.create_task(first_output(s)) for s in streams]
+    await asyncio.sleep(0)
+    pushed = time.monotonic()
+    for s in streams:
+        s.push(ONE_WINDOW)
+    arrived = await asyncio.gather(*outputs)
+    assert sorted(network_calls)[-1] <= 2 and sum(network_calls) == 6
+    assert max(arrived) - pushed < FRAME_S / 2, [round(a - pushed, 3) for a in arrived]
+    for s in streams:
+        s.close_input()
+    await wait_for(lambda: w.active_count == 0, timeout=5.0)
+
+
 def test_the_setting_builds_the_clock() -> None:
     default = build_stage("vad", GatewayConfig(warmup=False))
     assert default.lockstep is not None and default.lockstep.stop_when_idle
     assert default.lockstep.frame_s == pytest.approx(0.032)  # one Silero window
     assert build_stage("vad", GatewayConfig(warmup=False, vad_step_ms=0)).lockstep is None  # on every arrival
-    with pytest.raises(ConfigError, match="vad-step-ms"):
-        build_stage("vad", GatewayConfig(warmup=False, vad_step_ms=-1))
+    for wrong in (-1, 101):  # a window waits up to a step: turn ends and barge-in wait with it
+        with pytest.raises(ConfigError, match="vad-step-ms"):
+            build_stage("vad", GatewayConfig(warmup=False, vad_step_ms=wrong))
