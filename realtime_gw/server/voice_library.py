@@ -165,16 +165,16 @@ class VoiceLibrary:
 
     async def put_consent(self, c: StoredConsent, recording: bytes | None = None) -> None:
         assert CONSENT_ID.fullmatch(c.consent.id)
-        if recording is not None:
-            await asyncio.to_thread(self._write, f"consents/{c.consent.id}.audio", recording)
-        await asyncio.to_thread(self._write, f"consents/{c.consent.id}.json", json.dumps(
-            {"consent": msgspec.to_builtins(c.consent), "owner": c.owner}).encode())  # fmt: skip
+        files = [(f"consents/{c.consent.id}.audio", recording)] if recording is not None else []
+        files.append((f"consents/{c.consent.id}.json", json.dumps(
+            {"consent": msgspec.to_builtins(c.consent), "owner": c.owner}).encode()))  # fmt: skip
+        await asyncio.to_thread(lambda: [self._write(name, data) for name, data in files])  # one go: never half
         self.consents[c.consent.id] = c
 
     async def drop_consent(self, consent_id: str) -> None:
         self.consents.pop(consent_id, None)
-        await asyncio.to_thread(self._unlink, f"consents/{consent_id}.json")
-        await asyncio.to_thread(self._unlink, f"consents/{consent_id}.audio")
+        # in one go, the recording first: a recording without its .json would never be loaded, nor deletable
+        await asyncio.to_thread(lambda: [self._unlink(f"consents/{consent_id}.{ext}") for ext in ("audio", "json")])
 
     def _write(self, name: str, data: bytes) -> None:
         if self.root is None:

@@ -30,6 +30,7 @@ object says its ``model``; ``GET ?model=`` lists one model's voices (the stage's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -317,6 +318,11 @@ async def _make(
         log.warning("voices: %s failed to make a voice: %s", worker.name, e)
         return openai_error(500, f"Making the voice failed: {e}", code="server_error")
     assert added is not None
+    if consent is not None and gateway.voices.consent(owner, consent) is None:  # deleted while it was made
+        if model is None:  # the TTS stage holds what it made: it forgets it (a speech-to-speech one kept none)
+            with contextlib.suppress(NoFreeSlot, WorkerFault):
+                await _register(worker, VoiceRemoval(voice_id))
+        raise pv.VoiceInputError(f"The consent recording '{consent}' was deleted while the voice was made", "consent")
     obj = pv.VoiceObject(id=voice_id, created_at=int(time.time()), name=name, type=kind, prompt=prompt, model=model)  # type: ignore[arg-type]
     stored = StoredVoice(obj, owner, consent, added.vector, added.codes, added.card, usable=True)
     await gateway.voices.put_voice(stored)
@@ -381,6 +387,10 @@ async def consent_endpoint(request: Request) -> Response:
         await gateway.voices.drop_consent(consent_id)
         return _json(pv.ConsentDeleted(id=consent_id))
     form = await _form(request)  # POST: a new name
-    stored.consent.name = pv.check_name(_text(form, "name"))
+    name = pv.check_name(_text(form, "name"))
+    if gateway.voices.consent(owner, consent_id) is not stored:  # deleted while the form was read: not back
+        return openai_error(404, f"No consent recording with id '{consent_id}'", param="consent_id",
+                            code="not_found")  # fmt: skip
+    stored.consent.name = name
     await gateway.voices.put_consent(stored)
     return _json(stored.consent)

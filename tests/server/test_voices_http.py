@@ -5,8 +5,11 @@ model's voices listed by either of its names, and the check of stored voice prom
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
+import anyio
 import numpy as np
+import pytest
 import soundfile
 from starlette.applications import Starlette
 from starlette.routing import Route
@@ -126,3 +129,33 @@ def test_a_stored_voice_prompt_that_does_not_fit_the_stage_is_found_at_start() -
     assert "made by another codec (card 2048" in (fault(((0, 63),) * 3, 2048) or "")
     for bad in (((0, 64),), ((-1, 0),), ((0, 1, 2),), ((0, 1), ()), ()):
         assert "stored codes do not fit this model's codec (2 codebooks of card 64" in (fault(bad) or ""), bad
+
+
+def test_a_consent_deleted_while_its_rename_was_read_stays_deleted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rename reads its form after the lookup: a DELETE landing meanwhile is not undone (before, the
+    rename wrote the consent back, without its recording)."""
+    c = _client()
+    gw = c.app.state.gateway  # type: ignore[attr-defined]
+    consent = _consent(c).json()  # type: ignore[attr-defined]
+    read_form = voices._form
+
+    async def form_after_a_delete(request: object) -> object:
+        await gw.voices.drop_consent(consent["id"])
+        return await read_form(request)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(voices, "_form", form_after_a_delete)
+    renamed = c.post(f"/v1/audio/voice_consents/{consent['id']}", headers=AUTH, json={"name": "new"})
+    assert renamed.status_code == 404
+    assert gw.voices.consent(owner_of("k"), consent["id"]) is None
+
+
+def test_a_consent_is_written_and_removed_with_its_recording(tmp_path: Path) -> None:
+    lib = VoiceLibrary.open(str(tmp_path), 5)
+    c = _client()
+    gw = c.app.state.gateway  # type: ignore[attr-defined]
+    gw.voices = lib
+    consent = _consent(c).json()  # type: ignore[attr-defined]
+    files = sorted(p.name for p in (tmp_path / "consents").iterdir())
+    assert files == [f"{consent['id']}.audio", f"{consent['id']}.json"]
+    anyio.run(lib.drop_consent, consent["id"])
+    assert list((tmp_path / "consents").iterdir()) == []
