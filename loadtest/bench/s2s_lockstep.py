@@ -74,6 +74,28 @@ class Counting:
         return out
 
 
+async def converse(
+    stream: Any, i: int, slots: int, t0: float, seconds: float, jitter_ms: float, noise: list[bytes], arrivals: list[float]
+) -> None:
+    """Conversation ``i`` of ``slots``: an 80 ms frame of ``noise`` pushed on its own phase of the frame
+    (each up to ``jitter_ms`` late) until ``t0 + seconds``; each frame out of it timed into ``arrivals``."""
+    jitter = random.Random(i)
+
+    async def read() -> None:
+        async for _ in stream:
+            arrivals.append(time.monotonic())
+
+    reader = asyncio.create_task(read())
+    start = t0 + FRAME_S * i / slots
+    k = 0
+    while time.monotonic() < t0 + seconds:
+        await asyncio.sleep(max(0.0, start + k * FRAME_S + jitter.uniform(0, jitter_ms) / 1000 - time.monotonic()))
+        stream.push(S2sAudio(noise[k % len(noise)]))
+        k += 1
+    stream.cancel()
+    reader.cancel()
+
+
 async def run_mode(backend: MoshiBackend, counting: Counting, lockstep: bool, slots: int, seconds: float, jitter_ms: float) -> dict[str, Any]:
     backend.lockstep = lockstep
     worker = StageWorker(backend, max_batch=slots, max_active=slots, lockstep=Lockstep(FRAME_S) if lockstep else None)
@@ -87,22 +109,7 @@ async def run_mode(backend: MoshiBackend, counting: Counting, lockstep: bool, sl
     t0 = time.monotonic()
 
     async def client(i: int) -> None:
-        stream = worker.submit(S2sOpen(seed=i))
-        jitter = random.Random(i)
-
-        async def read() -> None:
-            async for _ in stream:
-                arrivals[i].append(time.monotonic())
-
-        reader = asyncio.create_task(read())
-        start = t0 + FRAME_S * i / slots
-        k = 0
-        while time.monotonic() < t0 + seconds:
-            await asyncio.sleep(max(0.0, start + k * FRAME_S + jitter.uniform(0, jitter_ms) / 1000 - time.monotonic()))
-            stream.push(S2sAudio(noise[k % len(noise)]))
-            k += 1
-        stream.cancel()
-        reader.cancel()
+        await converse(worker.submit(S2sOpen(seed=i)), i, slots, t0, seconds, jitter_ms, noise, arrivals[i])
 
     try:
         await asyncio.gather(*(client(i) for i in range(slots)))

@@ -29,7 +29,6 @@ import asyncio
 import gc
 import json
 import platform
-import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -37,14 +36,14 @@ from typing import Any
 import numpy as np
 
 from loadtest.bench.ray_hop import Worker, record_delivery
-from loadtest.bench.s2s_lockstep import FRAME_BYTES, FRAME_S, log, run_cli, save, stats
+from loadtest.bench.s2s_lockstep import FRAME_BYTES, FRAME_S, converse, log, run_cli, save, stats
 from realtime_gw.config import GatewayConfig
 from realtime_gw.models.registry import build_stage
 from realtime_gw.models.remote.client import RemoteStage
 from realtime_gw.models.remote.routing import stage_actors
 from realtime_gw.models.remote.settings import stage_settings
 from realtime_gw.models.runtime import Stream
-from realtime_gw.records.s2s import S2sAudio, S2sOpen
+from realtime_gw.records.s2s import S2sOpen
 from tests.server.ray_cluster import local_ray
 
 
@@ -82,23 +81,7 @@ async def run_path(
         t = time.perf_counter()
         stream = await open_stream(S2sOpen(seed=i))
         open_ms.append((time.perf_counter() - t) * 1000)
-        jitter = random.Random(i)
-
-        async def read() -> None:
-            async for _ in stream:
-                arrivals[i].append(time.monotonic())
-
-        reader = asyncio.create_task(read())
-        start = t0 + FRAME_S * i / slots
-        k = 0
-        while time.monotonic() < t0 + seconds:
-            await asyncio.sleep(
-                max(0.0, start + k * FRAME_S + jitter.uniform(0, jitter_ms) / 1000 - time.monotonic())
-            )
-            stream.push(S2sAudio(noise[k % len(noise)]))
-            k += 1
-        stream.cancel()
-        reader.cancel()
+        await converse(stream, i, slots, t0, seconds, jitter_ms, noise, arrivals[i])
 
     await asyncio.gather(*(client(i) for i in range(slots)))
     after = await counters()
