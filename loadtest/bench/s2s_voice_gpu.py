@@ -39,7 +39,7 @@ import torch
 from realtime_gw.models.s2s.checkpoint import random_checkpoint
 from realtime_gw.models.s2s.personaplex import PersonaPlexBackend
 from realtime_gw.models.s2s.voice_records import VOICE_FRAMES_PER_STEP, VOICE_STEP_BUDGET_S, VoiceJob
-from realtime_gw.models.s2s.voices import normalized
+from realtime_gw.protocols.loudness import normalized
 from realtime_gw.protocols.voices import prompt_sample
 from realtime_gw.records.s2s import S2sAudio, S2sOpen, VoiceCodes
 from realtime_gw.records.voice import VoiceAdded, VoiceRegistration

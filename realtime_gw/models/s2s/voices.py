@@ -32,9 +32,9 @@ import torch
 from realtime_gw.models.private_files import write_private
 from realtime_gw.models.s2s.config import MoshiShape
 from realtime_gw.models.s2s.prompt import VoiceEmbeddings
-from realtime_gw.protocols.loudness import RATE, integrated_loudness, normalized
+from realtime_gw.protocols.loudness import RATE, normalized
 
-__all__ = ["CODES_SUFFIX", "VoicePrompts", "integrated_loudness", "normalized", "normalized_sample"]
+__all__ = ["CODES_SUFFIX", "VoicePrompts", "normalized_sample"]
 
 log = logging.getLogger(__name__)
 

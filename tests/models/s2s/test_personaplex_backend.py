@@ -16,8 +16,9 @@ import soundfile
 from realtime_gw.models.s2s.personaplex import PersonaPlexBackend
 from realtime_gw.models.s2s.prompt import SILENCE_FRAMES
 from realtime_gw.models.s2s.voice_records import VOICE_FRAMES_PER_STEP
-from realtime_gw.models.s2s.voices import CODES_SUFFIX, integrated_loudness, normalized, normalized_sample
+from realtime_gw.models.s2s.voices import CODES_SUFFIX, normalized_sample
 from realtime_gw.protocols import loudness
+from realtime_gw.protocols.loudness import integrated_loudness, normalized
 from realtime_gw.protocols.voices import prompt_sample
 from realtime_gw.records.s2s import S2sFrame, S2sOpen, VoiceCodes
 from realtime_gw.records.voice import VoiceAdded, VoiceRegistration
