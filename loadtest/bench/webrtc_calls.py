@@ -378,6 +378,8 @@ def main() -> None:
                         help="a media-worker count stops at the first N with more calls failed or reply frames concealed")  # fmt: skip
     parser.add_argument("--stall", action="store_true", help="stall the gateways' process while measuring")
     parser.add_argument("--json", type=Path, help="rows written here after every cell")
+    parser.add_argument("--gateway-arg", action="append", default=[],
+                        help="one more gateway flag, repeatable (e.g. --gateway-arg=--no-warmup)")
     parser.add_argument("--budget-s", type=float, default=float("inf"), help="no cell starts that could end after it")
     args = parser.parse_args()
     deadline = time.monotonic() + args.budget_s
@@ -387,6 +389,7 @@ def main() -> None:
     )  # fmt: skip
     if args.stall:
         flags += ("--cpu-backends-in-process",)
+    flags += tuple(args.gateway_arg)
     meta = {"argv": vars(args) | {"json": str(args.json), "budget_s": args.budget_s}, "cores": os.cpu_count(),
             "machine": platform.processor() or platform.machine(), "python": platform.python_version(),
             "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "skipped": []}  # fmt: skip

@@ -98,6 +98,11 @@ class Qwen3Settings(PiperSettings, kw_only=True):
     """On CUDA: each frame's codec decoder runs behind the next frame's talker step (its own CUDA
     stream), overlapping it and the host's work between steps; a frame's audio leaves one step after its
     codes. Off: talker and decoder in one graph per step."""
+    tts_max_frames: int = 2048
+    """The longest reply one stream speaks, in frames (12.5 a second: 2048 = 164 s), prompt included;
+    longer text is cut there. Each slot holds this many positions of K/V from the start (0.6B: 112 KiB a
+    position, 224 MiB a slot at 2048), so slots x frames is the stage's memory: 320 slots at 2048 need
+    ~70 GiB, 1024 frames half that."""
 
 
 class AsrSettings(Qwen3Settings, kw_only=True):
@@ -430,6 +435,10 @@ class GatewayConfig(S2sSettings, kw_only=True, forbid_unknown_fields=True):
     """Every setting of the gateway, flat: ``config.<field>``. Its sections are the classes above."""
 
     def __post_init__(self) -> None:
+        if self.tts_max_frames < 64:
+            raise ConfigError(
+                f"tts_max_frames must be >= 64 (a reply's prompt and first words), got {self.tts_max_frames}"
+            )
         shapes = TTS_SHAPES.get(self.tts)
         if shapes and self.tts_config not in ("auto", *shapes):
             raise ConfigError(

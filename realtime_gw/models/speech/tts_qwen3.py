@@ -472,6 +472,7 @@ def from_config(config: GatewayConfig) -> StagePlan:
         compile_predictor=config.tts_compile,
         pipelined=None if config.tts_pipelined else False,
         fused_predictor=fused.resolve(config.tts_fused, config.tts_device),
+        max_positions=config.tts_max_frames,
     )
     return StagePlan(
         backend=qwen, device=config.tts_device, max_batch=slots, max_active=slots, admit=request_check(qwen)

@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -216,6 +217,17 @@ def test_registry_builds_qwen3_worker() -> None:
     worker = build_tts(config)
     assert worker.name == "tts-qwen3" and worker.max_active == 2 and worker.max_batch == 2
     assert worker.backend.engine.slots == 2 and worker.backend.info["random_init"] is False
+
+
+def test_max_frames_setting_sizes_each_slot() -> None:
+    from realtime_gw.config import load_config
+    from realtime_gw.models.registry import build_tts
+
+    overrides = {"tts": "qwen3", "tts_path": str(CKPT), "tts_max_batch": 2, "tts_max_frames": 96}
+    worker = build_tts(load_config(env={}, overrides=overrides))
+    assert worker.backend.engine.max_positions == 96 and worker.backend.info["max_frames"] == 96
+    with pytest.raises(msgspec.ValidationError, match="tts_max_frames must be >= 64"):
+        load_config(env={}, overrides={**overrides, "tts_max_frames": 10})
 
 
 # -- fast paths: prompt K/V cache, bf16 decoder ---------------------------------------------------------------
