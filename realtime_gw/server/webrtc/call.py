@@ -28,7 +28,7 @@ from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.outbox import Notice, Outbox
 from realtime_gw.server.realtime_ws import RealtimeConnection
 from realtime_gw.server.webrtc.channel import EventChannel
-from realtime_gw.server.webrtc.media import InputConverter, OutputConverter
+from realtime_gw.server.webrtc.media import InputConverter, session_rate
 from realtime_gw.server.webrtc.metrics import CALLS, MediaLedger, RtpFigures, record_rtp
 from realtime_gw.server.webrtc.peer import PlaybackListener
 from realtime_gw.sessions.events import Close, Effect, PlaybackStarted, PurgeAudio, Send
@@ -48,9 +48,10 @@ ACK_EVENT_PREFIX = "rtc_sent_"
 
 
 class ReplyOut(Protocol):
-    """The reply track as its owner drives it (``media.ReplyTrack``, or a worker's through a pipe)."""
+    """The reply track as its owner drives it, with audio in the session's output format
+    (``media.ReplyFeed``, or a worker's through a pipe: ``media_pool.RemoteTrack``)."""
 
-    def push(self, response_id: str, pcm48: bytes) -> None: ...
+    def push(self, response_id: str, audio: bytes, output_format: str) -> None: ...
 
     def complete(self, response_id: str) -> None: ...
 
@@ -61,7 +62,7 @@ class CallMedia(Protocol):
     """A call's media side: ``peer.Peer`` in this process, or ``media_pool.RemotePeer``."""
 
     channel: EventChannel
-    track: ReplyOut
+    reply: ReplyOut
     ledger: MediaLedger
     listener: PlaybackListener | None
 
@@ -69,6 +70,8 @@ class CallMedia(Protocol):
     def connected(self) -> bool: ...
 
     def caller_audio(self) -> AsyncIterator[tuple[bytes, int]]: ...
+
+    def want_input_rate(self, rate: int) -> None: ...
 
     async def close(self) -> RtpFigures | None: ...
 
@@ -79,9 +82,8 @@ class CallConnection(RealtimeConnection):
         self.outbox = Outbox(self.config.outbound_queue_frames, CALL_AUDIO_LEAD_MS)
         self.media = media
         self.channel = media.channel
-        self.track = media.track
+        self.reply = media.reply
         media.listener = self
-        self.reply_audio = OutputConverter()
         self.caller_audio = InputConverter()
         self._reports = 0
         self.sidebands: set[Any] = set()
@@ -89,9 +91,14 @@ class CallConnection(RealtimeConnection):
 
     # -- the caller's audio in -------------------------------------------------------------------------
     async def pump_input(self) -> None:
-        """The caller's decoded audio into the session, as appends (in its input format)."""
+        """The caller's decoded audio into the session, as appends (in its input format). The media side
+        resamples it to the session's rate (in a media worker: off this loop); what arrives at another
+        rate (frames on their way when the rate changed) is resampled here."""
+        settings = self.session.settings
+        self.media.want_input_rate(session_rate(settings.input_format, settings.input_rate))
         async for mono, rate in self.media.caller_audio():
             settings = self.session.settings
+            self.media.want_input_rate(session_rate(settings.input_format, settings.input_rate))
             pcm = self.caller_audio.convert(mono, rate, settings.input_format, settings.input_rate)
             self.input.lifetime.touch(time.monotonic())
             if pcm:
@@ -107,28 +114,26 @@ class CallConnection(RealtimeConnection):
         for e in effects:
             if isinstance(e, PurgeAudio):
                 if (
-                    self.track.purge(e.response_id)
+                    self.reply.purge(e.response_id)
                     and not closing
                     and not _says_cleared(effects, e.response_id)
                 ):
                     # Cancelling a response (barge-in) purges without a word: a call says it.
                     self._to_client(rt.OutputAudioBufferClearedEvent(response_id=e.response_id))
-                self.reply_audio.reset()
             elif isinstance(e, Close):
-                self.track.purge(None)
+                self.reply.purge(None)
 
     async def _write(self, event: rt.ServerEvent) -> None:
         match event:
             case rt.ResponseAudioDeltaEvent():
-                pcm48 = self.reply_audio.convert(event.delta, self.session.settings.output_format)
-                self.track.push(event.response_id, pcm48)
+                self.reply.push(event.response_id, event.delta, self.session.settings.output_format)
                 return
             case rt.PlaybackAcknowledgedEvent():
                 return
             case rt.ErrorEvent() if (event.error.event_id or "").startswith(ACK_EVENT_PREFIX):
                 return  # a report about a reply the session no longer tracks
             case rt.ResponseDoneEvent():
-                self.track.complete(event.response.id)
+                self.reply.complete(event.response.id)
         size = len(rt.encode_server_event(event))
         if size > self.channel.max_message_bytes:
             kind = type(event).__struct_config__.tag

@@ -8,7 +8,8 @@ barge-in) and, once the response is complete and its last frame sent, ``stopped`
 
 ``CallerAudio`` turns decoded frames of the caller's track (Opus 48 kHz stereo, G.711 8 kHz...) into
 mono PCM, and ``InputConverter`` that into the session's input format (soxr resampling), as
-``input_audio_buffer.append`` would carry it.
+``input_audio_buffer.append`` would carry it. ``ReplyFeed`` converts reply audio the other way, into the
+track. Both resample where the call's media runs (``peer.Peer``).
 
 ``ReplyTrack`` and ``CallerAudio`` count what they had to make up (``MediaLedger``): the track, reply
 frames it filled with silence because the reply's audio had not arrived in time (an underrun
@@ -211,15 +212,21 @@ def downmix(samples: np.ndarray, channels: int) -> np.ndarray:
     return samples.reshape(-1, channels).mean(axis=1).astype("<i2")
 
 
+def session_rate(input_format: str, input_rate: int) -> int:
+    """The rate of the session's input audio: ``input_rate`` for PCM, 8 kHz for G.711."""
+    return input_rate if input_format == "audio/pcm" else 8000
+
+
 class InputConverter:
     """The caller's mono PCM16 -> bytes in the session's input format (``audio/pcm`` at its rate, or
-    G.711 at 8 kHz). The resampler keeps its filter state across frames (no clicks)."""
+    G.711 at 8 kHz). The resampler keeps its filter state across frames (no clicks); audio already at
+    the session's rate (resampled where the media runs) passes through."""
 
     def __init__(self) -> None:
         self._resampler: audio.StreamingResampler | None = None
 
     def convert(self, mono: bytes, rate: int, input_format: str, input_rate: int) -> bytes:
-        out_rate = 8000 if input_format != "audio/pcm" else input_rate
+        out_rate = session_rate(input_format, input_rate)
         r = self._resampler
         if r is None or r.in_rate != rate or r.out_rate != out_rate:
             r = self._resampler = audio.StreamingResampler(rate, out_rate)
@@ -252,3 +259,23 @@ class OutputConverter:
     def reset(self) -> None:
         """After a purge: the next reply starts without the dropped one's filter tail."""
         self._resampler = None
+
+
+class ReplyFeed:
+    """What a call's connection pushes into its ``ReplyTrack``: reply audio in the session's output
+    format, converted to the track's 48 kHz here, where the media runs (in a media worker: off the
+    sessions' loop)."""
+
+    def __init__(self, track: ReplyTrack) -> None:
+        self.track = track
+        self._to_track = OutputConverter()
+
+    def push(self, response_id: str, audio: bytes, output_format: str) -> None:
+        self.track.push(response_id, self._to_track.convert(audio, output_format))
+
+    def complete(self, response_id: str) -> None:
+        self.track.complete(response_id)
+
+    def purge(self, response_id: str | None) -> bool:
+        self._to_track.reset()
+        return self.track.purge(response_id)

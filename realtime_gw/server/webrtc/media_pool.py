@@ -105,10 +105,10 @@ class RemoteTrack:
         self.purged: dict[str, None] = {}
         """An ordered set, oldest first."""
 
-    def push(self, response_id: str, pcm48: bytes) -> None:
-        if pcm48:
+    def push(self, response_id: str, audio: bytes, output_format: str) -> None:
+        if audio:
             self.purged.pop(response_id, None)
-            self.peer.send(wire.Push(self.peer.id, response_id, pcm48))
+            self.peer.send(wire.Push(self.peer.id, response_id, audio, output_format))
 
     def complete(self, response_id: str) -> None:
         self.peer.send(wire.Complete(self.peer.id, response_id))
@@ -143,7 +143,7 @@ class RemotePeer:
     def __init__(self, worker: MediaWorker, call_id: str, expect_channel: bool) -> None:
         self.worker, self.id = worker, call_id
         self.channel = RemoteChannel(expect_channel, self)
-        self.track = RemoteTrack(self)
+        self.reply = RemoteTrack(self)
         self.ledger = MediaLedger()
         self.listener: PlaybackListener | None = None
         self.answer = ""
@@ -151,6 +151,8 @@ class RemotePeer:
         self.answered: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.closed: asyncio.Future[RtpFigures | None] = asyncio.get_running_loop().create_future()
         self.input: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue(MAX_INPUT_FRAMES)
+        self.input_rate: int | None = None
+        """The rate the worker resamples the caller's audio to (the session's, once asked)."""
         self.starved = False
         """Its session took no audio for too long: the call is ending; its frames are dropped."""
         self._close_sent = False
@@ -161,6 +163,11 @@ class RemotePeer:
 
     def send(self, message: wire.ToWorker) -> None:
         self.worker.send(message)
+
+    def want_input_rate(self, rate: int) -> None:
+        if rate != self.input_rate:
+            self.input_rate = rate
+            self.send(wire.InputRate(self.id, rate))
 
     async def caller_audio(self) -> AsyncIterator[tuple[bytes, int]]:
         """The worker's frames; those that queued up while the session was busy go on as one append."""
@@ -220,7 +227,7 @@ class RemotePeer:
                 self.channel.remote_delivered(m.chars)
             case wire.Playback():
                 if self.listener is not None:
-                    self.track.report(m, self.listener)
+                    self.reply.report(m, self.listener)
             case wire.State():
                 self.state = m.connection
                 if m.connection in ("failed", "closed"):

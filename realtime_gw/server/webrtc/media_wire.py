@@ -1,10 +1,11 @@
 """What the gateway and a media worker say to each other about calls, over one Unix socket each.
 
 Frames are a 4-byte big-endian length and a msgpack-encoded message (a tagged msgspec struct); every
-message names its call. The gateway sends offers, reply audio and its control (``Push``, ``Complete``,
-``Purge``), and data channel text (``Send``); the worker answers, and sends the caller's decoded audio
-(``Input``), the data channel's life and messages, the track's playback reports, the connection's
-state, and the call's media figures (as they accrue and at its end).
+message names its call. The gateway sends offers, reply audio in the session's format and its control
+(``Push``, ``Complete``, ``Purge``), the session's input rate (``InputRate``), and data channel text
+(``Send``); the worker answers, and sends the caller's decoded audio at that rate (``Input``), the data
+channel's life and messages, the track's playback reports, the connection's state, and the call's media
+figures (as they accrue and at its end).
 """
 
 from __future__ import annotations
@@ -38,7 +39,15 @@ class Open(_Msg, tag="open"):
 
 class Push(_Msg, tag="push"):
     response_id: str
-    pcm48: bytes
+    audio: bytes
+    output_format: str
+    """The session's: the worker converts it for the track."""
+
+
+class InputRate(_Msg, tag="input_rate"):
+    """The rate the session takes the caller's audio at: the worker resamples ``Input`` to it."""
+
+    rate: int
 
 
 class Complete(_Msg, tag="complete"):
@@ -108,7 +117,7 @@ class Closed(_Msg, tag="closed"):
     rtp: RtpFigures | None
 
 
-ToWorker = Open | Push | Complete | Purge | Send | Close
+ToWorker = Open | Push | InputRate | Complete | Purge | Send | Close
 ToGateway = Answered | Input | ChannelOpened | Received | ChannelGone | Delivered | Playback | State | Figures | Closed
 
 _encoder = msgspec.msgpack.Encoder()

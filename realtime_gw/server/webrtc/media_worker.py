@@ -121,14 +121,16 @@ class Worker:
         call = self.calls.get(getattr(m, "call", ""))
         if call is None:
             return  # a call that has ended here; the gateway learns so from its Closed
-        track = call.peer.track
+        reply = call.peer.reply
         match m:
             case wire.Push():
-                track.push(m.response_id, m.pcm48)
+                reply.push(m.response_id, m.audio, m.output_format)
+            case wire.InputRate():
+                call.peer.want_input_rate(m.rate)
             case wire.Complete():
-                track.complete(m.response_id)
+                reply.complete(m.response_id)
             case wire.Purge():
-                track.purge(m.response_id)
+                reply.purge(m.response_id)
             case wire.Send():
                 call.outgoing.put_nowait(m.text)
             case wire.Close():

@@ -3,7 +3,10 @@
 
 It runs where the call's media runs: in the gateway's process, or in a media worker process
 (``media_worker.py``), which drives the same ``Peer`` from messages. Either way its owner learns of
-the track's playback through ``PlaybackListener`` and takes the caller's audio from ``caller_audio()``.
+the track's playback through ``PlaybackListener`` and takes the caller's audio from ``caller_audio()``,
+resampled here to the rate it asks for (``want_input_rate``); it pushes reply audio in the session's
+format into ``reply``, converted here for the track: the soxr work stays off the sessions' loop when the
+media runs in a worker.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from aiortc.mediastreams import MediaStreamError
 from realtime_gw.server.webrtc.channel import LABEL, EventChannel
 from realtime_gw.server.webrtc.ice import HostCandidates
 from realtime_gw.server.webrtc.inline_codecs import decode_on_loop, encode_on_loop
-from realtime_gw.server.webrtc.media import CallerAudio, ReplyTrack
+from realtime_gw.server.webrtc.media import CallerAudio, InputConverter, ReplyFeed, ReplyTrack
 from realtime_gw.server.webrtc.metrics import MediaLedger, RtpFigures, rtp_figures
 
 
@@ -43,7 +46,11 @@ class Peer:
         self.on_connection_state: Callable[[str], None] | None = None
         """Told every change of the peer connection's state (a media worker reports them)."""
         self.track = ReplyTrack(self._started, self._sent, self._stopped, ledger)
+        self.reply = ReplyFeed(self.track)
         self.caller = CallerAudio(ledger)
+        self.input_rate: int | None = None
+        """The rate the caller's audio is resampled to (the session's); None: as decoded."""
+        self._to_session = InputConverter()
         self._caller_track: asyncio.Future[MediaStreamTrack] = asyncio.get_running_loop().create_future()
         self._closing: asyncio.Future[RtpFigures | None] | None = None
 
@@ -90,8 +97,12 @@ class Peer:
     def connected(self) -> bool:
         return self.pc.connectionState == "connected"
 
+    def want_input_rate(self, rate: int) -> None:
+        self.input_rate = rate
+
     async def caller_audio(self) -> AsyncIterator[tuple[bytes, int]]:
-        """The caller's audio as (mono PCM16, its rate), gaps filled; ends with the call."""
+        """The caller's audio as (mono PCM16, its rate: ``input_rate`` once set), gaps filled; ends with
+        the call."""
         try:
             track = await self._caller_track
         except asyncio.CancelledError:
@@ -103,7 +114,10 @@ class Peer:
                 frame = await track.recv()
             except MediaStreamError:
                 return
-            yield self.caller.mono(frame), frame.sample_rate
+            mono, rate = self.caller.mono(frame), frame.sample_rate
+            if (target := self.input_rate) is not None and target != rate:
+                mono, rate = self._to_session.convert(mono, rate, "audio/pcm", target), target
+            yield mono, rate
 
     async def close(self) -> RtpFigures | None:
         """Stops the track and the connection; the call's RTP statistics (None if unavailable). Every

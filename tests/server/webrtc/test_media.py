@@ -10,7 +10,7 @@ import numpy as np
 from av import AudioFrame
 from prometheus_client import REGISTRY
 
-from realtime_gw.server.webrtc.media import FRAME_SAMPLES, CallerAudio, InputConverter, ReplyTrack
+from realtime_gw.server.webrtc.media import FRAME_SAMPLES, CallerAudio, InputConverter, ReplyFeed, ReplyTrack
 from realtime_gw.server.webrtc.metrics import MediaLedger
 
 
@@ -99,6 +99,41 @@ def test_a_media_workers_report_counts_here_as_if_counted_here() -> None:
     assert gateway.total.reply_frames == 2 and gateway.total.reply_underruns == 1
     assert sample("realtime_gw_call_frame_lateness_seconds_count") == lateness_before + 2
     assert sample("realtime_gw_call_reply_underrun_frames_total") == underruns_before + 1
+
+
+def test_the_media_side_resamples_both_ways_and_the_session_takes_its_rate_unchanged() -> None:
+    """Where the call's media runs (a media worker), the caller's 48 kHz audio becomes the session's rate
+    and reply audio in the session's format becomes the track's 48 kHz: the sessions' loop does no soxr
+    work for a call."""
+    from aiortc.mediastreams import MediaStreamError
+
+    from realtime_gw.server.webrtc.peer import Peer
+
+    class CallerTrack:
+        frames = [opus_frame(960 * i) for i in range(10)]  # 200 ms
+
+        async def recv(self) -> AudioFrame:
+            if not self.frames:
+                raise MediaStreamError
+            return self.frames.pop(0)
+
+    async def run() -> tuple[list[tuple[bytes, int]], int]:
+        peer = Peer(True, MediaLedger(publish=False))
+        peer.want_input_rate(24000)
+        peer._caller_track.set_result(CallerTrack())  # type: ignore[arg-type]
+        heard = [chunk async for chunk in peer.caller_audio()]
+        assert isinstance(peer.reply, ReplyFeed)
+        peer.reply.push("resp_1", b"\x01\x00" * 2400, "audio/pcm")  # 100 ms at 24 kHz
+        queued = peer.track._replies["resp_1"].queued
+        await peer.close()
+        return heard, queued
+
+    heard, queued = asyncio.run(run())
+    assert {rate for _, rate in heard} == {24000}
+    pcm = b"".join(mono for mono, _ in heard)
+    assert 0.17 * 24000 * 2 <= len(pcm) <= 0.2 * 24000 * 2  # 200 ms at 24 kHz, less the filter's delay
+    assert InputConverter().convert(pcm, 24000, "audio/pcm", 24000) == pcm  # the session's side: as is
+    assert 0.05 * 48000 * 2 <= queued <= 0.1 * 48000 * 2  # 100 ms at 48 kHz, less the filter's delay (~30 ms)
 
 
 def test_caller_frames_that_queued_up_go_to_the_session_as_one_append() -> None:

@@ -32,7 +32,9 @@ async def test_an_offer_a_media_worker_refuses_leaves_nothing_behind() -> None:
     try:
         for i in range(2):
             with pytest.raises(RuntimeError):
-                offer = pool.open(f"rtc_bad{i}", "v=0\r\nnot an offer\r\n", True, HostCandidates("127.0.0.1", None), 1)
+                offer = pool.open(
+                    f"rtc_bad{i}", "v=0\r\nnot an offer\r\n", True, HostCandidates("127.0.0.1", None), 1
+                )
                 await asyncio.wait_for(offer, 4.0)
         assert pool.workers[0].alive and pool.workers[0].calls == {}
     finally:
@@ -71,29 +73,29 @@ async def test_a_long_call_with_many_barge_ins_keeps_constant_state() -> None:
     replies = 20000  # 3 frames each: 20 minutes of reply audio, and as many purges as hours of talk
     for i in range(replies):
         rid = f"resp_{i}"
-        for side in (track, remote.track):
-            side.push(rid, bytes(FRAME_BYTES * 3))
+        track.push(rid, bytes(FRAME_BYTES * 3))
+        remote.reply.push(rid, bytes(FRAME_BYTES * 3 // 2), "audio/pcm")
         for frame in range(3):
             track._next_frame_bytes()
             if frame == 1 and i % 2:  # barge-in mid-reply: both sides purge; reports already sent trail
                 track.purge(rid)
-                assert remote.track.purge(rid)  # it was playing: its start was reported
+                assert remote.reply.purge(rid)  # it was playing: its start was reported
                 break
             for report in reports:
-                remote.track.report(report, heard)
+                remote.reply.report(report, heard)
             reports.clear()
         else:
-            for side in (track, remote.track):
+            for side in (track, remote.reply):
                 side.complete(rid)
             track._next_frame_bytes()
         for late in reports:  # a purged reply's reports, arriving after the purge: dropped
-            remote.track.report(late, heard)
+            remote.reply.report(late, heard)
         reports.clear()
-        assert len(remote.track.purged) <= PURGED_REMEMBERED and len(remote.track.playing) <= 1
+        assert len(remote.reply.purged) <= PURGED_REMEMBERED and len(remote.reply.playing) <= 1
         assert len(track._replies) <= 1 and len(track._queue) <= 1
     assert len(heard.started) == replies
     assert len(heard.stopped) == replies // 2  # the purged ones never stop
-    assert f"resp_{replies - 1}" in remote.track.purged and "resp_1" not in remote.track.purged
+    assert f"resp_{replies - 1}" in remote.reply.purged and "resp_1" not in remote.reply.purged
 
 
 async def test_a_session_that_takes_no_audio_is_warned_about_once(caplog: pytest.LogCaptureFixture) -> None:

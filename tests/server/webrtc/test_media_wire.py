@@ -41,7 +41,7 @@ async def test_a_turns_messages_go_in_one_write_and_are_read_one_by_one() -> Non
 
 async def test_frames_cut_anywhere_on_the_way_read_whole() -> None:
     stream, writer, theirs = await socket_pair()
-    messages = [wire.Push("rtc_a", f"resp_{i}", bytes(range(256)) * (i + 1)) for i in range(6)]
+    messages = [wire.Push("rtc_a", f"resp_{i}", bytes(range(256)) * (i + 1), "audio/pcm") for i in range(6)]
     data = b"".join(wire.frame(m) for m in messages)
     reader = wire.Reader(stream, wire.ToWorker)
 
