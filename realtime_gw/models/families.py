@@ -60,6 +60,14 @@ class StagePlan:
         return self.factory()
 
 
+OUT_OF_MEMORY_HINT = (
+    "out of device memory while building it, beside the stages built before it (what a stage preallocates "
+    "grows with its slots, `*_max_batch` / `*_slots`, and for Qwen3-TTS with `tts_max_frames`: lower them, "
+    "or give a stage another device): "
+)
+"""Said before a CUDA out-of-memory at start-up, which names only the stage that asked last."""
+
+
 @dataclass(frozen=True, slots=True)
 class Family:
     role: Role
@@ -75,7 +83,8 @@ class Family:
         except ConfigError:
             raise
         except (ValueError, KeyError, OSError, RuntimeError) as e:  # a setting the family cannot serve
-            raise ConfigError(f"--{self.role} {self.name}: {e}") from e
+            hint = OUT_OF_MEMORY_HINT if type(e).__name__ == "OutOfMemoryError" else ""
+            raise ConfigError(f"--{self.role} {self.name}: {hint}{e}") from e
 
 
 FAMILIES: tuple[Family, ...] = (

@@ -10,7 +10,7 @@ from typing import Any, get_args, get_type_hints
 import pytest
 
 from realtime_gw.config import ConfigError, GatewayConfig
-from realtime_gw.models.families import FAMILIES, TURN_FAMILY, Role, family, names
+from realtime_gw.models.families import FAMILIES, TURN_FAMILY, Family, Role, family, names
 from realtime_gw.models.registry import build_stage
 
 
@@ -78,3 +78,18 @@ def test_serve_with_a_config_the_family_cannot_serve_exits_with_the_message() ->
         "realtime-gw: bad configuration: tts_config '0.6b' is not a shape of tts 'codec': use one of tiny, full"
         in done.stderr
     )
+
+
+def _out_of_device_memory(config: GatewayConfig) -> Any:
+    import torch
+
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 44.00 MiB.")
+
+
+def test_running_out_of_device_memory_at_start_says_what_sizes_a_stage() -> None:
+    huge = Family("asr", "kyutai", f"{__name__}:_out_of_device_memory")
+    with pytest.raises(ConfigError) as caught:
+        huge.from_config(GatewayConfig(warmup=False))
+    message = str(caught.value)
+    assert message.startswith("--asr kyutai: out of device memory while building it")
+    assert "tts_max_frames" in message and message.endswith("CUDA out of memory. Tried to allocate 44.00 MiB.")
