@@ -85,7 +85,7 @@ class Qwen3Settings(PiperSettings, kw_only=True):
     tts_compile: bool = False
     """On CUDA: torch.compile the code predictor's 15 passes a frame (four compiles at start-up, ~20 s):
     a little faster per frame at small batches, no faster at large ones, and its bf16 rounding differs
-    from the uncompiled kernels' (docs/benchmarks.md)."""
+    from the uncompiled kernels' (docs/benchmarks.md). On, it replaces `tts_fused`'s kernels."""
     tts_fused: bool = True
     """On CUDA with Triton installed: a frame's decoder layers (the talker's stack and the code predictor's
     15 passes, sampling included) may run on fused Triton kernels (six a layer: norms, rotary, residuals
@@ -435,9 +435,9 @@ class GatewayConfig(S2sSettings, kw_only=True, forbid_unknown_fields=True):
     """Every setting of the gateway, flat: ``config.<field>``. Its sections are the classes above."""
 
     def __post_init__(self) -> None:
-        if self.tts_max_frames < 64:
+        if self.tts_max_frames < 256:
             raise ConfigError(
-                f"tts_max_frames must be >= 64 (a reply's prompt and first words), got {self.tts_max_frames}"
+                f"tts_max_frames must be >= 256 (a voice's prompt and a sentence), got {self.tts_max_frames}"
             )
         shapes = TTS_SHAPES.get(self.tts)
         if shapes and self.tts_config not in ("auto", *shapes):

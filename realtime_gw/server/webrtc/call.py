@@ -85,6 +85,9 @@ class CallConnection(RealtimeConnection):
         self.reply = media.reply
         media.listener = self
         self.caller_audio = InputConverter()
+        self.reply_formats: dict[str, str] = {}
+        """Each live response's output format, as the session had it when it opened the response (its
+        encoder's): a ``session.update`` mid-reply does not relabel audio already encoded."""
         self._reports = 0
         self.sidebands: set[Any] = set()
         """WebSockets watching the call (``sideband.py``): they get a copy of every event sent."""
@@ -112,7 +115,9 @@ class CallConnection(RealtimeConnection):
     def _run_effects(self, effects: list[Effect], closing: bool = False) -> None:
         super()._run_effects(effects, closing)
         for e in effects:
-            if isinstance(e, PurgeAudio):
+            if isinstance(e, Send) and isinstance(e.event, rt.ResponseCreatedEvent):
+                self.reply_formats[e.event.response.id] = self.session.settings.output_format
+            elif isinstance(e, PurgeAudio):
                 if (
                     self.reply.purge(e.response_id)
                     and not closing
@@ -126,13 +131,15 @@ class CallConnection(RealtimeConnection):
     async def _write(self, event: rt.ServerEvent) -> None:
         match event:
             case rt.ResponseAudioDeltaEvent():
-                self.reply.push(event.response_id, event.delta, self.session.settings.output_format)
+                fmt = self.reply_formats.get(event.response_id, self.session.settings.output_format)
+                self.reply.push(event.response_id, event.delta, fmt)
                 return
             case rt.PlaybackAcknowledgedEvent():
                 return
             case rt.ErrorEvent() if (event.error.event_id or "").startswith(ACK_EVENT_PREFIX):
                 return  # a report about a reply the session no longer tracks
             case rt.ResponseDoneEvent():
+                self.reply_formats.pop(event.response.id, None)
                 self.reply.complete(event.response.id)
         size = len(rt.encode_server_event(event))
         if size > self.channel.max_message_bytes:

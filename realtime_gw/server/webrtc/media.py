@@ -256,6 +256,11 @@ class OutputConverter:
             r = self._resampler = audio.StreamingResampler(rate, RATE)
         return r.push(pcm)
 
+    def flush(self) -> bytes:
+        """At a reply's end: the filter's withheld tail (48 kHz); the next reply starts afresh."""
+        r, self._resampler = self._resampler, None
+        return b"" if r is None else r.flush()
+
     def reset(self) -> None:
         """After a purge: the next reply starts without the dropped one's filter tail."""
         self._resampler = None
@@ -274,6 +279,8 @@ class ReplyFeed:
         self.track.push(response_id, self._to_track.convert(audio, output_format))
 
     def complete(self, response_id: str) -> None:
+        """The reply's last audio, the resampler's withheld tail included, goes out under its id."""
+        self.track.push(response_id, self._to_track.flush())
         self.track.complete(response_id)
 
     def purge(self, response_id: str | None) -> bool:

@@ -121,6 +121,14 @@ class Worker:
         call = self.calls.get(getattr(m, "call", ""))
         if call is None:
             return  # a call that has ended here; the gateway learns so from its Closed
+        try:
+            self._apply(call, m)
+        except Exception:  # one call's bad message (audio it cannot convert) ends that call, not the worker's
+            log.exception("media worker: call %s ended on its %s", call.id, type(m).__name__)
+            self.calls.pop(call.id, None)
+            asyncio.ensure_future(call.close())
+
+    def _apply(self, call: WorkerCall, m: object) -> None:
         reply = call.peer.reply
         match m:
             case wire.Push():

@@ -115,7 +115,7 @@ class Peer:
             except MediaStreamError:
                 return
             mono, rate = self.caller.mono(frame), frame.sample_rate
-            if (target := self.input_rate) is not None and target != rate:
+            if (target := self.input_rate) is not None:  # at an equal rate: passed through, nothing held
                 mono, rate = self._to_session.convert(mono, rate, "audio/pcm", target), target
             yield mono, rate
 

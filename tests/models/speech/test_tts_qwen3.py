@@ -223,10 +223,10 @@ def test_max_frames_setting_sizes_each_slot() -> None:
     from realtime_gw.config import load_config
     from realtime_gw.models.registry import build_tts
 
-    overrides = {"tts": "qwen3", "tts_path": str(CKPT), "tts_max_batch": 2, "tts_max_frames": 96}
+    overrides = {"tts": "qwen3", "tts_path": str(CKPT), "tts_max_batch": 2, "tts_max_frames": 300}
     worker = build_tts(load_config(env={}, overrides=overrides))
-    assert worker.backend.engine.max_positions == 96 and worker.backend.info["max_frames"] == 96
-    with pytest.raises(msgspec.ValidationError, match="tts_max_frames must be >= 64"):
+    assert worker.backend.engine.max_positions == 300 and worker.backend.info["max_frames"] == 300
+    with pytest.raises(msgspec.ValidationError, match="tts_max_frames must be >= 256"):
         load_config(env={}, overrides={**overrides, "tts_max_frames": 10})
 
 

@@ -136,6 +136,61 @@ def test_the_media_side_resamples_both_ways_and_the_session_takes_its_rate_uncha
     assert 0.05 * 48000 * 2 <= queued <= 0.1 * 48000 * 2  # 100 ms at 48 kHz, less the filter's delay (~30 ms)
 
 
+def test_the_session_rate_switched_away_and_back_brings_back_no_audio_from_before() -> None:
+    """A PCMU caller (8 kHz) whose session goes from 24 kHz PCM to G.711 (8 kHz: passed through) and back:
+    what the first resampler held is dropped at the switch, not heard after the return."""
+    from aiortc.mediastreams import MediaStreamError
+
+    from realtime_gw.server.webrtc.peer import Peer
+
+    def g711_frame(index: int, value: int) -> AudioFrame:
+        frame = AudioFrame.from_ndarray(np.full((1, 160), value, dtype=np.int16), format="s16", layout="mono")
+        frame.sample_rate, frame.pts, frame.time_base = 8000, 160 * index, fractions.Fraction(1, 8000)
+        return frame
+
+    plan = [(24000, 1000)] * 5 + [(8000, 0)] * 5 + [(24000, 0)] * 10  # (the session's rate, the caller's level)
+
+    async def run() -> list[tuple[bytes, int]]:
+        peer = Peer(True, MediaLedger(publish=False))
+
+        class CallerTrack:
+            index = 0
+
+            async def recv(self) -> AudioFrame:
+                if self.index == len(plan):
+                    raise MediaStreamError
+                rate, value = plan[self.index]
+                peer.want_input_rate(rate)
+                self.index += 1
+                return g711_frame(self.index - 1, value)
+
+        peer._caller_track.set_result(CallerTrack())  # type: ignore[arg-type]
+        heard = [chunk async for chunk in peer.caller_audio()]
+        await peer.close()
+        return heard
+
+    heard = asyncio.run(run())
+    assert [rate for _, rate in heard] == [rate for rate, _ in plan]
+    after_return = np.frombuffer(b"".join(mono for mono, _ in heard[10:]), dtype="<i2")
+    assert len(after_return) > 0 and np.abs(after_return).max() < 50  # silence: nothing of the 1000s
+
+
+def test_a_replys_end_leaves_with_it_none_held_back_for_the_next() -> None:
+    async def run() -> tuple[int, int]:
+        track = ReplyTrack(lambda rid: None, lambda rid, ms: None, lambda rid: None, MediaLedger(publish=False))
+        feed = ReplyFeed(track)
+        feed.push("resp_1", b"\x01\x00" * 2400, "audio/pcm")  # 100 ms at 24 kHz
+        feed.complete("resp_1")
+        feed.push("resp_2", b"\x01\x00" * 2400, "audio/pcm")
+        first, second = track._replies["resp_1"].queued, track._replies["resp_2"].queued
+        track.stop()
+        return first, second
+
+    first, second = asyncio.run(run())
+    assert abs(first - 9600) <= 8  # all 100 ms at 48 kHz, the filter's tail included
+    assert second < first  # the next reply starts afresh: its own tail is still held
+
+
 def test_caller_frames_that_queued_up_go_to_the_session_as_one_append() -> None:
     from realtime_gw.server.webrtc.media_pool import RemotePeer
 

@@ -9,13 +9,7 @@ import socket
 import pytest
 
 from realtime_gw.server.webrtc import media_wire as wire
-
-
-async def socket_pair() -> tuple[asyncio.StreamReader, asyncio.StreamWriter, socket.socket]:
-    """Our reading end as a stream, its writing end as a stream, and the raw peer (for odd writes)."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    stream, writer = await asyncio.open_unix_connection(sock=ours)
-    return stream, writer, theirs
+from tests.server.webrtc.wire_sockets import socket_pair
 
 
 async def test_a_turns_messages_go_in_one_write_and_are_read_one_by_one() -> None:
@@ -41,7 +35,10 @@ async def test_a_turns_messages_go_in_one_write_and_are_read_one_by_one() -> Non
 
 async def test_frames_cut_anywhere_on_the_way_read_whole() -> None:
     stream, writer, theirs = await socket_pair()
-    messages = [wire.Push("rtc_a", f"resp_{i}", bytes(range(256)) * (i + 1), "audio/pcm") for i in range(6)]
+    messages: list[wire.ToWorker] = [
+        wire.Push("rtc_a", f"resp_{i}", bytes(range(256)) * (i + 1), "audio/pcm") for i in range(6)
+    ]
+    messages.append(wire.InputRate("rtc_a", 8000))
     data = b"".join(wire.frame(m) for m in messages)
     reader = wire.Reader(stream, wire.ToWorker)
 
