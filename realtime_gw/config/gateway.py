@@ -86,14 +86,16 @@ class Qwen3Settings(PiperSettings, kw_only=True):
     """On CUDA: torch.compile the code predictor's 15 passes a frame (four compiles at start-up, ~20 s):
     a little faster per frame at small batches, no faster at large ones, and its bf16 rounding differs
     from the uncompiled kernels' (docs/benchmarks.md). On, it replaces `tts_fused`'s kernels."""
-    tts_fused: bool = True
+    tts_fused: bool = False
     """On CUDA with Triton installed: a frame's decoder layers (the talker's stack and the code predictor's
     15 passes, sampling included) may run on fused Triton kernels (six a layer: norms, rotary, residuals
     inside them) in the frame's CUDA graph; the same codes as the eager layers in float32. At warm-up,
     per batch bucket, the talker's layers and the code predictor each run fused only if their graph
     replays faster that way (timed; the log says what was kept), the kernels' tiles tuned per shape on
-    the device first (`loadtest/bench/fused_gpu.py` measures both paths; docs/benchmarks.md). Costs
-    seconds of warm-up (tuning and timing). Ignored on the CPU and without Triton."""
+    the device first (`loadtest/bench/fused_gpu.py` measures both paths). Off by default: faster alone
+    at small batches, but with the ASR and VAD sharing the GPU under full load its reply frames came later
+    (docs/benchmarks.md). Costs seconds of warm-up (tuning and timing). Ignored on the CPU and without
+    Triton."""
     tts_pipelined: bool = True
     """On CUDA: each frame's codec decoder runs behind the next frame's talker step (its own CUDA
     stream), overlapping it and the host's work between steps; a frame's audio leaves one step after its

@@ -471,7 +471,7 @@ def from_config(config: GatewayConfig) -> StagePlan:
         clones=parse_voice_specs(config.tts_voice_clone, "--tts-voice-clone"),
         compile_predictor=config.tts_compile,
         pipelined=None if config.tts_pipelined else False,
-        # an explicit --tts-compile takes the frame from the fused kernels (they are on by default)
+        # --tts-compile takes the frame from the fused kernels: one of the two paths, never both
         fused_predictor=fused.resolve(config.tts_fused and not config.tts_compile, config.tts_device),
         max_positions=config.tts_max_frames,
     )
