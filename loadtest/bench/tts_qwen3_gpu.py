@@ -214,6 +214,7 @@ async def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
     r["decoder"] = {"precision": prec, "fused_snake": fuse}
     r["compiled_code_predictor"] = args.compile_predictor
     r["pipelined"] = args.pipelined
+    r["fused"] = args.fused
     if dev.startswith("cuda"):
         try:
             r["check"] = graph_vs_eager(
@@ -235,6 +236,7 @@ async def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
         fuse_snake=fuse,
         compile_predictor=args.compile_predictor == "on" and dev.startswith("cuda"),
         pipelined=args.pipelined == "on",
+        fused_predictor=args.fused == "on" and dev.startswith("cuda"),
     )
     t = time.perf_counter()
     backend.warmup()
@@ -328,6 +330,12 @@ def main() -> None:
         default="on",
         choices=["on", "off"],
         help="decode each frame behind the next frame's talker step (served on CUDA; the gateway's --tts-pipelined)",
+    )
+    p.add_argument(
+        "--fused",
+        default="off",
+        choices=["on", "off"],
+        help="the fused Triton decoder layers at the buckets where they replay faster (the gateway's --tts-fused)",
     )
     p.add_argument(
         "--micro",
