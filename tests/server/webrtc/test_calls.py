@@ -262,14 +262,41 @@ async def test_the_echo_model_says_the_callers_tone_back_on_the_track(voice_serv
         assert resp.status_code == 201, resp.text
         created = await caller.wait_for(lambda e: e.type == "session.created", timeout=10)
         assert created.session.model == "gateway-echo"
-        said_at = time.monotonic()
-        caller.mic.say(ECHO_TONE)
-        await caller.wait_for(lambda e: e.type == "output_audio_buffer.stopped", timeout=10)
-        loud = caller.loud_after(said_at, threshold=2000)
-        assert loud and loud[0] - said_at < 0.5, loud[:1]  # loopback: well under half a second
-        heard = np.concatenate([s for t, s in caller.heard if loud[0] <= t <= loud[-1]]).astype(np.float32)
-        peak_hz = np.argmax(np.abs(np.fft.rfft(heard))) * 48000 / len(heard)
+        after_s, peak_hz = await echoed_tone(caller)
+        assert after_s < 0.5, after_s  # loopback: well under half a second
         assert abs(peak_hz - 440) < 15, peak_hz  # the caller's own tone
         assert "error" not in caller.types()
     finally:
         await caller.close()
+
+
+async def test_the_echo_comes_back_when_the_session_turns_to_g711_mid_call(gateway: LiveServer) -> None:
+    """The session's audio formats change mid-call (PCM 24 kHz to G.711): the caller's audio reaches it at
+    its new rate (resampled where the media runs) and its replies are converted from the format they were
+    made in; the tone still comes back, with the media on the gateway's loop and in a worker."""
+    caller = Caller(parse=validate)
+    try:
+        resp = await call(gateway, caller, multipart=True, session={"type": "realtime", "model": "gateway-echo"})
+        assert resp.status_code == 201, resp.text
+        await caller.wait_for(lambda e: e.type == "session.created", timeout=10)
+        g711 = {"format": {"type": "audio/pcmu"}}
+        caller.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": g711, "output": g711}}})
+        updated = await caller.wait_for(lambda e: e.type == "session.updated", timeout=10)
+        assert updated.session.audio.input.format.type == updated.session.audio.output.format.type == "audio/pcmu"
+        _, peak_hz = await echoed_tone(caller)
+        assert abs(peak_hz - 440) < 15, peak_hz
+        assert "error" not in caller.types()
+    finally:
+        await caller.close()
+
+
+async def echoed_tone(caller: Caller) -> tuple[float, float]:
+    """The caller says ``ECHO_TONE`` and hears it back: seconds until the first loud frame, and the peak
+    frequency of what came back (Hz)."""
+    said_at = time.monotonic()
+    caller.mic.say(ECHO_TONE)
+    await caller.wait_for(lambda e: e.type == "output_audio_buffer.stopped", timeout=10, after=len(caller.events))
+    loud = caller.loud_after(said_at, threshold=2000)
+    assert loud, "nothing loud came back"
+    heard = np.concatenate([s for t, s in caller.heard if loud[0] <= t <= loud[-1]]).astype(np.float32)
+    return loud[0] - said_at, float(np.argmax(np.abs(np.fft.rfft(heard))) * 48000 / len(heard))
