@@ -236,7 +236,8 @@ async def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
         fuse_snake=fuse,
         compile_predictor=args.compile_predictor == "on" and dev.startswith("cuda"),
         pipelined=args.pipelined == "on",
-        fused_predictor=args.fused == "on" and dev.startswith("cuda"),
+        # as the gateway: compiling takes the frame from the fused kernels
+        fused_predictor=args.fused == "on" and args.compile_predictor == "off" and dev.startswith("cuda"),
     )
     t = time.perf_counter()
     backend.warmup()

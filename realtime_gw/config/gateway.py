@@ -101,8 +101,8 @@ class Qwen3Settings(PiperSettings, kw_only=True):
     stream), overlapping it and the host's work between steps; a frame's audio leaves one step after its
     codes. Off: talker and decoder in one graph per step."""
     tts_max_frames: int = 2048
-    """The longest reply one stream speaks, in frames (12.5 a second: 2048 = 164 s), prompt included;
-    longer text is cut there. Each slot holds this many positions of K/V from the start (0.6B: 112 KiB a
+    """The longest reply one stream speaks, in frames (12.5 a second: 2048 = 164 s; at least 256), prompt
+    included; longer text is cut there. Each slot holds this many positions of K/V from the start (0.6B: 112 KiB a
     position, 224 MiB a slot at 2048), so slots x frames is the stage's memory: 320 slots at 2048 need
     ~70 GiB, 1024 frames half that."""
 

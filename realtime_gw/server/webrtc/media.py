@@ -257,32 +257,34 @@ class OutputConverter:
         return r.push(pcm)
 
     def flush(self) -> bytes:
-        """At a reply's end: the filter's withheld tail (48 kHz); the next reply starts afresh."""
+        """At a reply's end: the filter's withheld tail (48 kHz)."""
         r, self._resampler = self._resampler, None
         return b"" if r is None else r.flush()
-
-    def reset(self) -> None:
-        """After a purge: the next reply starts without the dropped one's filter tail."""
-        self._resampler = None
 
 
 class ReplyFeed:
     """What a call's connection pushes into its ``ReplyTrack``: reply audio in the session's output
     format, converted to the track's 48 kHz here, where the media runs (in a media worker: off the
-    sessions' loop)."""
+    sessions' loop). Each response has its own converter: another response's end or purge (an
+    out-of-band one finishing mid-reply) never takes or cuts this one's filter state."""
 
     def __init__(self, track: ReplyTrack) -> None:
         self.track = track
-        self._to_track = OutputConverter()
+        self._to_track: dict[str, OutputConverter] = {}
 
     def push(self, response_id: str, audio: bytes, output_format: str) -> None:
-        self.track.push(response_id, self._to_track.convert(audio, output_format))
+        converter = self._to_track.setdefault(response_id, OutputConverter())
+        self.track.push(response_id, converter.convert(audio, output_format))
 
     def complete(self, response_id: str) -> None:
         """The reply's last audio, the resampler's withheld tail included, goes out under its id."""
-        self.track.push(response_id, self._to_track.flush())
+        if (converter := self._to_track.pop(response_id, None)) is not None:
+            self.track.push(response_id, converter.flush())
         self.track.complete(response_id)
 
     def purge(self, response_id: str | None) -> bool:
-        self._to_track.reset()
+        if response_id is None:
+            self._to_track.clear()
+        else:
+            self._to_track.pop(response_id, None)
         return self.track.purge(response_id)

@@ -109,6 +109,8 @@ class Worker:
         self.writer = writer
         self.out = wire.Writer(writer)
         self.calls: dict[str, WorkerCall] = {}
+        self.closing: set[asyncio.Task[None]] = set()
+        """Calls being closed (held here: the loop keeps only weak references to tasks)."""
 
     def send(self, message: wire.ToGateway) -> None:
         self.out.send(message)
@@ -126,7 +128,12 @@ class Worker:
         except Exception:  # one call's bad message (audio it cannot convert) ends that call, not the worker's
             log.exception("media worker: call %s ended on its %s", call.id, type(m).__name__)
             self.calls.pop(call.id, None)
-            asyncio.ensure_future(call.close())
+            self.close_call(call)
+
+    def close_call(self, call: WorkerCall) -> None:
+        task = asyncio.ensure_future(call.close())
+        self.closing.add(task)
+        task.add_done_callback(self.closing.discard)
 
     def _apply(self, call: WorkerCall, m: object) -> None:
         reply = call.peer.reply
@@ -142,7 +149,7 @@ class Worker:
             case wire.Send():
                 call.outgoing.put_nowait(m.text)
             case wire.Close():
-                asyncio.ensure_future(call.close())
+                self.close_call(call)
             case _:
                 log.warning("media worker: unexpected %s", type(m).__name__)
 

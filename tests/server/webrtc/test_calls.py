@@ -290,6 +290,30 @@ async def test_the_echo_comes_back_when_the_session_turns_to_g711_mid_call(gatew
         await caller.close()
 
 
+async def test_a_reply_under_way_stays_whole_when_the_output_format_changes(voice_server: LiveServer) -> None:
+    """A ``session.update`` to G.711 output while a reply plays: the reply's audio was encoded in the
+    format its response opened with, and is converted for the track as such (heard as words, not as PCM
+    read as mu-law)."""
+    caller = Caller(parse=validate)
+    try:
+        resp = await call(voice_server, caller)
+        assert resp.status_code == 201, resp.text
+        await caller.wait_for(lambda e: e.type == "session.created")
+        ask(caller, LONG_TEXT)
+        await caller.wait_for(lambda e: e.type == "output_audio_buffer.started", timeout=60)
+        pcmu = {"format": {"type": "audio/pcmu"}}
+        caller.send({"type": "session.update", "session": {"type": "realtime", "audio": {"output": pcmu}}})
+        stopped = await caller.wait_for(lambda e: e.type == "output_audio_buffer.stopped", timeout=60)
+        updated_at = caller.at(lambda e: e.type == "session.updated")
+        assert updated_at < caller.at(lambda e: e is stopped)  # the change came while the reply played
+        t0 = caller.at(lambda e: e.type == "output_audio_buffer.started")
+        await asyncio.sleep(0.3)  # the receiver's jitter buffer
+        heard = await asyncio.to_thread(transcribe, caller.heard_between(updated_at, caller.at(lambda e: e is stopped) + 0.3), 48000)
+        assert updated_at - t0 < 2.0 and wer(said(caller), heard) <= 0.6, heard  # the rest of the reply, in words
+    finally:
+        await caller.close()
+
+
 async def echoed_tone(caller: Caller) -> tuple[float, float]:
     """The caller says ``ECHO_TONE`` and hears it back: seconds until the first loud frame, and the peak
     frequency of what came back (Hz)."""

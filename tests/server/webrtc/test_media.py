@@ -191,6 +191,33 @@ def test_a_replys_end_leaves_with_it_none_held_back_for_the_next() -> None:
     assert second < first  # the next reply starts afresh: its own tail is still held
 
 
+def test_another_responses_end_or_purge_leaves_a_playing_replys_audio_alone() -> None:
+    """An out-of-band response (text only) ends, or another is purged, while a reply plays: the reply's
+    held audio stays its own (no ``started``/``stopped`` for the other, no lost samples)."""
+
+    async def run() -> tuple[list[str], int]:
+        events: list[str] = []
+        track = ReplyTrack(
+            lambda rid: events.append(f"started {rid}"), lambda rid, ms: None,
+            lambda rid: events.append(f"stopped {rid}"), MediaLedger(publish=False),
+        )  # fmt: skip
+        feed = ReplyFeed(track)
+        feed.push("resp_main", b"\x01\x00" * 2400, "audio/pcm")
+        feed.complete("resp_side")  # text only: no audio of its own
+        feed.purge("resp_other")
+        feed.push("resp_main", b"\x01\x00" * 2400, "audio/pcm")
+        feed.complete("resp_main")
+        queued = track._replies["resp_main"].queued
+        for _ in range(12):  # 240 ms: all of it sent
+            await track.recv()
+        track.stop()
+        return events, queued
+
+    events, queued = asyncio.run(run())
+    assert abs(queued - 2 * 9600) <= 8  # 200 ms at 48 kHz, none of it given to another response
+    assert events == ["started resp_main", "stopped resp_main"]
+
+
 def test_caller_frames_that_queued_up_go_to_the_session_as_one_append() -> None:
     from realtime_gw.server.webrtc.media_pool import RemotePeer
 
