@@ -102,9 +102,9 @@ class Qwen3Settings(PiperSettings, kw_only=True):
     codes. Off: talker and decoder in one graph per step."""
     tts_max_frames: int = 2048
     """The longest reply one stream speaks, in frames (12.5 a second: 2048 = 164 s; at least 256), prompt
-    included; longer text is cut there. Each slot holds this many positions of K/V from the start (0.6B: 112 KiB a
-    position, 224 MiB a slot at 2048), so slots x frames is the stage's memory: 320 slots at 2048 need
-    ~70 GiB, 1024 frames half that."""
+    included; longer text is cut there. Each slot holds this many positions of K/V from the start (0.6B:
+    112 KiB a position, 224 MiB a slot at 2048), so slots x frames is the stage's memory: 320 slots at 2048
+    need ~70 GiB, 1024 frames half that."""
 
 
 class AsrSettings(Qwen3Settings, kw_only=True):
