@@ -139,8 +139,11 @@ class RealtimeSession:
         self.started = True
         if self.s2s is not None:
             return self.s2s.start(self.settings)
-        created = self.ids.send(rt.SessionCreatedEvent(session=self._wire()))
-        return [created, *map(self.ids.send, self.notices), *self.mcp.configure(self.settings.tools), *self._restart_vad()]
+        return [*self._created(), *self.mcp.configure(self.settings.tools), *self._restart_vad()]
+
+    def _created(self) -> list[Effect]:
+        """``session.created`` and the notices about the config it was given."""
+        return [self.ids.send(rt.SessionCreatedEvent(session=self._wire())), *map(self.ids.send, self.notices)]
 
     def handle(self, event: object, now: float) -> list[Effect]:
         if self.closed:
@@ -409,7 +412,7 @@ def _s2s_opened(s: RealtimeSession, ev: S2sOpened, now: float) -> list[Effect]:
     reopened = s.s2s.opened(s.settings)  # a re-open: the session.updated of the update that asked for it
     if reopened is not None:
         return reopened
-    return [s.ids.send(rt.SessionCreatedEvent(session=s._wire())), *map(s.ids.send, s.notices), *s._restart_vad()]
+    return [*s._created(), *s._restart_vad()]
 
 
 def _s2s_refused(s: RealtimeSession, ev: S2sRefused, now: float) -> list[Effect]:
