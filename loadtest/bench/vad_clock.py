@@ -23,21 +23,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+from loadtest.bench.gateway_metrics import by_label, scrape
 from loadtest.bench.log import append_run
 from loadtest.bench.webrtc_calls import measure
 from realtime_gw.testing.gateway import LiveServer, start_server, stop_server
 
-VAD = 'worker="vad-silero"'
+VAD = "vad-silero"
 KINDS = ("webrtc", "websocket")
 
 
 def vad_figures(server: LiveServer) -> dict[str, float]:
+    """The VAD worker's counters, from one scrape of ``/metrics``."""
+    sample = scrape(server.port)
+
+    def vad(name: str) -> float:
+        return by_label(sample, name, "worker").get(VAD, 0.0)
+
     return {
-        "steps": server.metric("realtime_gw_worker_batch_size_count", VAD),
-        "stepped": server.metric("realtime_gw_worker_batch_size_sum", VAD),
-        "step_s": server.metric("realtime_gw_worker_step_seconds_sum", VAD),
-        "rounds": server.metric("realtime_gw_vad_rounds_total", VAD),
-        "windows": server.metric("realtime_gw_vad_windows_total", VAD),
+        "steps": vad("realtime_gw_worker_batch_size_count"),
+        "stepped": vad("realtime_gw_worker_batch_size_sum"),
+        "step_s": vad("realtime_gw_worker_step_seconds_sum"),
+        "rounds": vad("realtime_gw_vad_rounds_total"),
+        "windows": vad("realtime_gw_vad_windows_total"),
     }
 
 
