@@ -144,8 +144,9 @@ class KyutaiSettings(PocketsphinxSettings, kw_only=True):
     """Slots, the streams transcribed at once, all advanced one 80 ms frame per step
     (loadtest/bench/asr_kyutai_gpu.py measures how many keep up with real time on a GPU)."""
     asr_flush_s: float | None = None
-    """Seconds of silence run after a turn's audio to flush the text, which lags the audio by the model's
-    delay; unset = the reference's (delay + 1 s). Down to the delay (0.5 s for 1b): the transcript sooner,
+    """Seconds of silence after a turn's speech to flush the text, which lags the audio by the model's
+    delay; unset = the reference's (delay + 1 s). The silence server VAD heard before it ended the turn
+    counts toward it; the rest is run at once. Down to the delay (0.5 s for 1b): the transcript sooner,
     the last word possibly cut."""
     asr_catchup_steps: int = 0
     """Once a turn's input has ended, extra sub-steps per worker step that advance only the ending streams

@@ -167,11 +167,21 @@ class AsrRequest:
 @dataclass(slots=True)
 class AsrStreamRequest:
     """A transcription decoded while the user speaks: PCM16 chunks are pushed to the stream as they
-    arrive, ``END_OF_INPUT`` when the turn is committed."""
+    arrive, ``END_OF_INPUT`` when the turn is committed (a ``TrailingSilence`` just before it, when the
+    turn's end was heard)."""
 
     sample_rate: int
     word_times: bool = False
     """Ask for each word's start and end in the final result (backends that can: ``BackendInfo.word_times``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrailingSilence:
+    """Pushed to an ASR stream before ``END_OF_INPUT``: the audio pushed so far ends with at least this
+    much silence (server VAD's wait for the end of the turn). A recogniser whose text lags the audio
+    counts it toward the silence it runs after the turn to flush its text."""
+
+    seconds: float
 
 
 @dataclass(slots=True)

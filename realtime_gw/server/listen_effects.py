@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from realtime_gw.models.runtime import NoFreeSlot, StageWorker, Stream, WorkerFault
-from realtime_gw.records.voice import AsrRequest, AsrStreamRequest, TurnRequest
+from realtime_gw.records.voice import AsrRequest, AsrStreamRequest, TrailingSilence, TurnRequest
 from realtime_gw.sessions.events import (
     AskTurn,
     AsrUnavailable,
@@ -139,12 +139,15 @@ class Listening:
             if not turn.final.done():
                 turn.final.set_result(None)
 
-    async def end(self, item_id: str) -> TranscriptionDone | None:
-        """The turn was committed: its stream's outcome (None: it has no stream; transcribe in one shot)."""
+    async def end(self, item_id: str, silence_s: float = 0.0) -> TranscriptionDone | None:
+        """The turn was committed (its audio ending in ``silence_s`` of silence): its stream's outcome
+        (None: it has no stream; transcribe in one shot)."""
         self._deferred.pop(item_id, None)  # committed before its stream could open: one shot, in turn
         turn = self.streams.pop(item_id, None)
         if turn is None:
             return None
+        if silence_s > 0:
+            turn.stream.push(TrailingSilence(silence_s))
         turn.stream.close_input()
         try:
             return await turn.final
@@ -166,7 +169,7 @@ class Listening:
         self, e: Transcribe, earlier: asyncio.Future[None] | None, mine: asyncio.Future[None]
     ) -> None:
         try:
-            if e.streamed and (done := await self.end(e.item_id)) is not None:
+            if e.streamed and (done := await self.end(e.item_id, e.silence_s)) is not None:
                 await self.post(done)
                 return
             await self.post(await self._one_shot(e, earlier))

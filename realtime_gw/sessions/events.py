@@ -230,6 +230,9 @@ class Transcribe:
     streamed: bool = False
     """The ASR stream of ``item_id`` (``StartAsr``) heard this audio: end it and take its transcript
     (the transcript is ready within a worker step). Without a usable stream: ``pcm`` in one shot."""
+    silence_s: float = 0.0
+    """The streamed audio ends with this much silence (server VAD's wait): the stream is told
+    (``TrailingSilence``), so a recogniser that flushes its text runs that much less."""
 
 
 @dataclass(slots=True)

@@ -222,8 +222,9 @@ class RealtimeSession:
         self.turns.reset()
         return [*self.transcriber.cancel(), self.ids.send(rt.InputAudioBufferClearedEvent())]
 
-    def _commit(self, item_id: str, start_ms: float, end_ms: float) -> list[Effect]:
-        """Input audio becomes a user item; its transcript is on its way. Raises before any change."""
+    def _commit(self, item_id: str, start_ms: float, end_ms: float, silence_ms: float = 0.0) -> list[Effect]:
+        """Input audio becomes a user item; its transcript is on its way (``silence_ms``: the VAD heard
+        the audio end in that much silence). Raises before any change."""
         self.conversation.check_add(item_id)
         pcm = self.buffer.take(start_ms, end_ms)
         previous = self.conversation.last_id()
@@ -235,7 +236,7 @@ class RealtimeSession:
             self.ids.send(rt.InputAudioBufferCommittedEvent(item_id=item_id, previous_item_id=previous)),
             self.ids.send(rt.ConversationItemAdded(item=item, previous_item_id=previous)),
             self.ids.send(rt.ConversationItemDone(item=item, previous_item_id=previous)),
-            *self.transcriber.end(item_id, pcm, self.buffer.rate),
+            *self.transcriber.end(item_id, pcm, self.buffer.rate, silence_ms / 1000),
         ]
 
     def _on_vad(self, ev: VadResult, now: float) -> list[Effect]:
@@ -276,7 +277,7 @@ class RealtimeSession:
         if not isinstance(step, UserTurn):
             return [step]
         try:
-            out = self._commit(step.item_id, step.start_ms, step.end_ms)
+            out = self._commit(step.item_id, step.start_ms, step.end_ms, step.silence_ms)
         except _RULE_BREAKS as e:
             return [self.error(str(e), e.code, e.param)]
         return out + self.responses.answer(self.settings) if step.respond and self.settings.answers else out

@@ -86,9 +86,9 @@ class Transcriber:
             s.streamed = False
         return []
 
-    def end(self, item_id: str, pcm: bytes, rate: int) -> list[Effect]:
-        """The turn was committed as ``item_id`` with ``pcm``: its stream ends, or (no stream heard
-        it) the audio is transcribed in one shot."""
+    def end(self, item_id: str, pcm: bytes, rate: int, silence_s: float = 0.0) -> list[Effect]:
+        """The turn was committed as ``item_id`` with ``pcm`` (ending in ``silence_s`` of silence, as
+        the VAD heard it): its stream ends, or (no stream heard it) the audio is transcribed in one shot."""
         s = self.live
         if s is None or s.item_id != item_id:
             return [*self.cancel(), Transcribe(item_id, pcm, rate)]
@@ -96,7 +96,7 @@ class Transcriber:
         if not s.streamed:
             return [Transcribe(item_id, pcm, rate)]
         self.ending[item_id] = s
-        return [Transcribe(item_id, pcm, rate, streamed=True)]
+        return [Transcribe(item_id, pcm, rate, streamed=True, silence_s=silence_s)]
 
     def cancel(self) -> list[Effect]:
         """The turn in progress will not be committed (cleared, dropped, replaced)."""

@@ -57,6 +57,8 @@ class UserTurn:
     end_ms: float
     respond: bool
     """Answer it (``create_response``): now, or after the live response."""
+    silence_ms: float = 0.0
+    """The silence the audio ends with, heard by the VAD before it ended the turn."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +230,8 @@ class Turns:
         if decision is Decision.DROP:
             out.append(Backchannel(start, d.commit_ms))  # not a user turn
         else:
-            out.append(UserTurn(item_id, start, d.commit_ms, respond=td.create_response))
+            silence = max(d.commit_ms - d.end_ms, 0.0)
+            out.append(UserTurn(item_id, start, d.commit_ms, respond=td.create_response, silence_ms=silence))
         return [*out, TurnEnded()]
 
     def verdict(self, s: SessionSettings, ev: TurnVerdict, now: float) -> list[Effect | Decided]:

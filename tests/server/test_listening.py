@@ -144,3 +144,33 @@ async def test_audio_committed_far_faster_than_it_is_decoded_is_refused_past_a_b
     assert posted == [TranscriptionDone(f"item_{turns}", None, reason)]
     for t in waiting:
         t.cancel()
+
+
+async def test_a_turns_trailing_silence_shortens_the_kyutai_flush() -> None:
+    """Server VAD committed the turn after 0.5 s of silence: the stream is told, so the transcript of the
+    speech and its silence is that of the speech alone (the reference's tokens, the same flush after the
+    speech), not of the silence flushed again."""
+    import torch
+
+    from realtime_gw.models.speech.asr_kyutai import KyutaiAsrBackend
+    from realtime_gw.models.speech.kyutai.checkpoint import random_checkpoint
+    from tests.models.speech.kyutai_streams import speechlike
+
+    worker = StageWorker(KyutaiAsrBackend(checkpoint=random_checkpoint("tiny", "cpu", torch.float32)), max_batch=1)
+    await worker.start(warmup=False)
+    box = OneDecoder()
+    box.listening = Listening(worker, None, box.post, box.spawn)
+    speech = speechlike(9, 8).tobytes()
+    quiet = bytes(2 * 12000)
+    try:
+        turns = (("told", speech + quiet, 0.5), ("alone", speech, 0.0), ("untold", speech + quiet, 0.0))
+        for item_id, pcm, silence_s in turns:
+            box.listening.run(StartAsr(item_id, 24000))
+            box.listening.run(FeedAsr(item_id, pcm))
+            await box.listening.transcribe(Transcribe(item_id, pcm, 24000, streamed=True, silence_s=silence_s))
+        assert box.done("told").error is None and box.done("told").text
+        assert box.done("told").text == box.done("alone").text
+        assert box.done("untold").text != box.done("told").text  # the silence flushed again: more tokens
+    finally:
+        box.listening.close()
+        await worker.stop()

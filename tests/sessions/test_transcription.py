@@ -75,6 +75,7 @@ def test_server_vad_turn_streams_while_speaking_and_commits_under_the_announced_
     assert kinds(stopped)[:2] == ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed"]
     (tr,) = of(stopped, Transcribe)
     assert tr.streamed and tr.item_id == start.item_id and tr.pcm
+    assert tr.silence_s == (1792 - 1280) / 1000  # speech ended at 1280 ms; 500 ms of silence, whole windows
     assert not of(stopped, StartResponse), "the response waits for the transcript"
     done = s.handle(TranscriptionDone(start.item_id, "what is the weather like in paris"), 1.0)
     assert deltas(done) == [" in paris"]  # only what the deltas had not said
@@ -99,6 +100,7 @@ def test_manual_turns_stream_from_the_first_append_and_clear_cancels() -> None:
     committed = s.handle(decode('{"type":"input_audio_buffer.commit"}'), 0.0)
     (tr,) = of(committed, Transcribe)
     assert tr.streamed and tr.item_id == again.item_id and len(tr.pcm) == 300 * MS
+    assert tr.silence_s == 0.0  # the client's commit says nothing of silence
     assert sent(committed)[0].item_id == again.item_id  # type: ignore[attr-defined]
     assert of(s.close(), CancelAsr) == [CancelAsr(again.item_id)]  # its transcript is moot now
 

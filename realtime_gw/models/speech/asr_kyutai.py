@@ -11,7 +11,10 @@ reference's feature extractor pads it: the last partial frame filled with silenc
 ``audio_delay_seconds + 1`` s after the audio (``audio_silence_prefix_seconds`` of silence also precede
 it). A stream takes exactly the reference ``generate``'s steps: ``frames(prefix + audio + flush) - 1``
 (its first token, at position 0, needs no audio), so it yields the same tokens (tests compare them);
-``flush_s`` shortens the tail for a sooner transcript.
+``flush_s`` shortens the tail for a sooner transcript. The flush is silence after the speech: a stream
+told that its audio already ends in silence (``TrailingSilence``: server VAD waited that long for the
+turn's end) runs that much less of it, so audio that ends in digital silence gives the reference's tokens
+for the audio before that silence.
 A one-shot ``AsrRequest`` (the whole utterance as ``pcm``) runs the same way, its audio pushed at open.
 
 Catch-up. Once its input has ended, a stream's remaining frames (queued audio, then the flush's silence)
@@ -55,7 +58,7 @@ from realtime_gw.models.speech.kyutai.checkpoint import KyutaiCheckpoint, load
 from realtime_gw.models.speech.kyutai.config import FRAME_SAMPLES, SAMPLE_RATE
 from realtime_gw.models.speech.kyutai.engine import KyutaiAsrEngine
 from realtime_gw.protocols.audio import Reframer, StreamingResampler
-from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest
+from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest, TrailingSilence
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +80,8 @@ class KyutaiAsrState:
     """The tokens that are text (no padding or start id): decoded only when one arrives."""
     text: str = ""
     steps: int = 0
+    silent_samples: int = 0
+    """24 kHz samples of silence the audio ends with (``TrailingSilence``): counted toward the flush."""
     total_steps: int | None = None
     """Known at END_OF_INPUT: the steps the reference takes for this audio."""
     sent: str = ""
@@ -196,6 +201,10 @@ class KyutaiAsrBackend(AsrBackendBase):
             elif state.total_steps == 0:  # no audio at all: nothing to transcribe
                 state.done = True
                 results[i] = StepResult(outputs=[AsrResult("", final=True)], done=True)
+            elif state.total_steps is not None and state.steps >= state.total_steps and not state.frames:
+                # A silence longer than the flush: the stream had already stepped past where it ends.
+                state.done = True
+                results[i] = StepResult(outputs=[AsrResult(state.text, final=True)], done=True)
             elif state.frames or self._flushing(state):
                 run.append((i, state))
             else:
@@ -289,14 +298,17 @@ class KyutaiAsrBackend(AsrBackendBase):
                 rest = state.reframer.flush()
                 if rest:  # the partial last frame, filled with silence (the flush's first samples)
                     state.frames.append(rest + bytes(2 * FRAME_SAMPLES - len(rest)))
-                frames = (state.samples + self.flush_samples) // FRAME_SAMPLES
+                flush = max(self.flush_samples - state.silent_samples, 0)
+                frames = (state.samples + flush) // FRAME_SAMPLES
                 state.total_steps = max(frames - 1, 0) if audio > 0 else 0
+            elif isinstance(item, TrailingSilence):
+                state.silent_samples = max(round(item.seconds * SAMPLE_RATE), 0)
             elif isinstance(item, (bytes, bytearray, memoryview)):
                 if len(item) % 2:
                     raise ValueError(f"PCM16 chunks must have an even number of bytes, got {len(item)}")
                 self._add_audio(state, state.resampler.push(bytes(item)))
             else:
-                raise TypeError(f"expected PCM16 bytes or END_OF_INPUT, got {type(item).__name__}")
+                raise TypeError(f"expected PCM16 bytes, TrailingSilence or END_OF_INPUT, got {type(item).__name__}")
 
     def _flushing(self, state: KyutaiAsrState) -> bool:
         return state.total_steps is not None and state.steps < state.total_steps

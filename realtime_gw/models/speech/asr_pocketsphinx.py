@@ -33,7 +33,7 @@ from realtime_gw.models.families import StagePlan
 from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot, StepResult
 from realtime_gw.models.speech.asr_base import AsrBackendBase, check_pcm, noise_clip, utterance_bound
 from realtime_gw.protocols.audio import resample
-from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest, WordTime
+from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest, TrailingSilence, WordTime
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,8 @@ class PocketsphinxAsrBackend(AsrBackendBase):
             if item is END_OF_INPUT:
                 state.pending += state.dither(state.resampler.flush())
                 state.ended = True
+            elif isinstance(item, TrailingSilence):
+                continue  # no text lag to flush: the decode ends with the audio
             elif isinstance(item, (bytes, bytearray, memoryview)):
                 if state.ended:
                     raise ValueError("audio pushed after END_OF_INPUT")

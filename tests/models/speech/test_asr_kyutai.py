@@ -19,7 +19,7 @@ from realtime_gw.models.speech.kyutai.checkpoint import KyutaiCheckpoint, load, 
 from realtime_gw.models.speech.kyutai.config import FRAME_SAMPLES
 from realtime_gw.models.speech.kyutai.engine import KyutaiAsrEngine
 from realtime_gw.models.tokenizers import HfTokenizer
-from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest
+from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest, TrailingSilence
 from tests.models.speech.kyutai_streams import reference_tokens, speechlike
 
 FRAMES = 14
@@ -157,12 +157,12 @@ def _save_word_tokenizer(path: Path) -> None:
 
 # -- the backend ---------------------------------------------------------------------------------------
 def _run(
-    backend: KyutaiAsrBackend, pcm: np.ndarray, rate: int = 24000, chunk: int = 700
+    backend: KyutaiAsrBackend, pcm: np.ndarray, rate: int = 24000, chunk: int = 700, tail: tuple[Any, ...] = ()
 ) -> tuple[list[Any], list[int]]:
-    """Drive a stream directly (no worker): PCM in odd-sized chunks, then END_OF_INPUT."""
+    """Drive a stream directly (no worker): PCM in odd-sized chunks, ``tail``, then END_OF_INPUT."""
     state = backend.open(AsrStreamRequest(sample_rate=rate))
     data = pcm.astype("<i2").tobytes()
-    chunks = [data[i : i + 2 * chunk] for i in range(0, len(data), 2 * chunk)] + [END_OF_INPUT]
+    chunks = [data[i : i + 2 * chunk] for i in range(0, len(data), 2 * chunk)] + [*tail, END_OF_INPUT]
     outputs: list[Any] = []
     while True:
         result = backend.step([(state, chunks[:1])])[0]
@@ -222,6 +222,30 @@ def test_shorter_flush_gives_the_reference_tokens_sooner(ck: KyutaiCheckpoint) -
     assert tokens == ref[: len(tokens)] and outputs[-1].final
     with pytest.raises(ValueError, match="flush_s"):
         KyutaiAsrBackend(checkpoint=ck, slots=1, flush_s=-1)
+
+
+def test_trailing_silence_counts_toward_the_flush(ck: KyutaiCheckpoint) -> None:
+    """A turn that ends in 0.5 s of silence, said so (``TrailingSilence``), runs the flush less that much:
+    the reference's tokens for the audio before the silence, in fewer steps than the whole audio takes. A
+    silence longer than the flush runs none of it: the transcript comes in the step that takes the end."""
+    pcm = speechlike(9, 8)
+    quiet = np.zeros(FRAME_SAMPLES * 25 // 4, np.int16)  # 0.5 s
+    ref = reference_tokens(ck, pcm)
+    told = _run(KyutaiAsrBackend(checkpoint=ck, slots=1), np.concatenate([pcm, quiet]), tail=(TrailingSilence(0.5),))
+    assert told[1] == ref and told[0][-1].final
+    untold = _run(KyutaiAsrBackend(checkpoint=ck, slots=1), np.concatenate([pcm, quiet]))[1]
+    assert len(untold) == len(ref) + len(quiet) // FRAME_SAMPLES
+    long_quiet = np.zeros(FRAME_SAMPLES * (ck.timing.flush_samples // FRAME_SAMPLES + 2), np.int16)  # whole frames
+    audio = np.concatenate([pcm, long_quiet])
+    backend = KyutaiAsrBackend(checkpoint=ck, slots=1)
+    state = backend.open(AsrStreamRequest(sample_rate=24000))
+    data = audio.tobytes()
+    for i in range(0, len(data), 2 * FRAME_SAMPLES):  # a frame per step: the stream keeps up
+        assert not backend.step([(state, [data[i : i + 2 * FRAME_SAMPLES]])])[0].done
+    [last] = backend.step([(state, [TrailingSilence(len(long_quiet) / 24000), END_OF_INPUT])])
+    assert last.done and last.outputs[-1].final, "no flush left to run: the transcript at once"
+    assert state.tokens == reference_tokens(ck, audio)[: len(state.tokens)]
+    backend.release(state)
 
 
 def test_full_backend_refuses_and_release_frees(ck: KyutaiCheckpoint) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot
 from realtime_gw.protocols.audio import resample
-from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest
+from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest, TrailingSilence
 from realtime_gw.testing.audio import wer
 
 
@@ -18,9 +18,9 @@ def chunks(pcm: bytes, rate: int, ms: int) -> list[bytes]:
     return [pcm[i : i + n] for i in range(0, len(pcm), n)]
 
 
-def decode_stream(asr: Any, pcm: bytes, rate: int, chunk_ms: int) -> list[AsrResult]:
-    """Drive the backend directly, one step per pushed chunk, then END_OF_INPUT (and steps while it
-    has work, as the worker does)."""
+def decode_stream(asr: Any, pcm: bytes, rate: int, chunk_ms: int, tail: tuple[Any, ...] = ()) -> list[AsrResult]:
+    """Drive the backend directly, one step per pushed chunk, then ``tail`` and END_OF_INPUT (and steps
+    while it has work, as the worker does)."""
     state = asr.open(AsrStreamRequest(sample_rate=rate))
     outputs: list[AsrResult] = []
     try:
@@ -28,7 +28,7 @@ def decode_stream(asr: Any, pcm: bytes, rate: int, chunk_ms: int) -> list[AsrRes
             result = asr.step([(state, [chunk])])[0]
             assert not result.done and result.error is None
             outputs += result.outputs
-        [result] = asr.step([(state, [END_OF_INPUT])])
+        [result] = asr.step([(state, [*tail, END_OF_INPUT])])
         while not result.done:  # a stream behind by over a second catches up over several steps
             assert result.error is None and asr.has_work(state)
             outputs += result.outputs
@@ -66,6 +66,8 @@ def test_streaming_decode_equals_the_whole_utterance_decode(
         assert first_word in partials[len(partials) // 2].text.split()
     assert wer(speech_text, whole.text) <= 0.25
     assert wer(speech_text, one_shot(asr, pcm, rate)) <= 0.25
+    told = decode_stream(asr, pcm, rate, 100, tail=(TrailingSilence(0.5),))[-1]
+    assert told.text == whole.text  # no text lag to flush: the trailing silence changes nothing
 
 
 async def test_streams_joining_and_leaving_mid_utterance(
