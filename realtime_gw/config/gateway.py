@@ -145,9 +145,10 @@ class KyutaiSettings(PocketsphinxSettings, kw_only=True):
     (loadtest/bench/asr_kyutai_gpu.py measures how many keep up with real time on a GPU)."""
     asr_flush_s: float | None = None
     """Seconds of silence after a turn's speech to flush the text, which lags the audio by the model's
-    delay; unset = the reference's (delay + 1 s). The silence server VAD heard before it ended the turn
-    counts toward it; the rest is run at once. Down to the delay (0.5 s for 1b): the transcript sooner,
-    the last word possibly cut."""
+    delay; the silence server VAD heard before it ended the turn counts toward it, the rest is run at
+    once. Unset = the reference's (delay + 1 s), but after a heard silence no more than Kyutai's Unmute
+    runs after a pause (the delay in whole frames plus one: 0.64 s for 1b). Down to the delay (0.5 s for
+    1b): the transcript sooner, the last word possibly cut."""
     asr_catchup_steps: int = 0
     """Once a turn's input has ended, extra sub-steps per worker step that advance only the ending streams
     (one frame each, moved into the lowest slots so that their batch is small), so the flush does not wait

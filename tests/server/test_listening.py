@@ -156,7 +156,9 @@ async def test_a_turns_trailing_silence_shortens_the_kyutai_flush() -> None:
     from realtime_gw.models.speech.kyutai.checkpoint import random_checkpoint
     from tests.models.speech.kyutai_streams import speechlike
 
-    worker = StageWorker(KyutaiAsrBackend(checkpoint=random_checkpoint("tiny", "cpu", torch.float32)), max_batch=1)
+    ck = random_checkpoint("tiny", "cpu", torch.float32)
+    reference_flush = ck.timing.flush_samples / 24000  # so that the told turn's tokens are the reference's
+    worker = StageWorker(KyutaiAsrBackend(checkpoint=ck, flush_s=reference_flush), max_batch=1)
     await worker.start(warmup=False)
     box = OneDecoder()
     box.listening = Listening(worker, None, box.post, box.spawn)

@@ -14,7 +14,9 @@ it). A stream takes exactly the reference ``generate``'s steps: ``frames(prefix 
 ``flush_s`` shortens the tail for a sooner transcript. The flush is silence after the speech: a stream
 told that its audio already ends in silence (``TrailingSilence``: server VAD waited that long for the
 turn's end) runs that much less of it, so audio that ends in digital silence gives the reference's tokens
-for the audio before that silence.
+for the audio before that silence. With ``flush_s`` unset, such a stream runs at most what Kyutai's own
+voice service (Unmute) runs after it detects a pause: the delay in whole frames plus one (0.64 s for the
+1b model's 0.5 s), not the reference's extra second, which pads a file's end.
 A one-shot ``AsrRequest`` (the whole utterance as ``pcm``) runs the same way, its audio pushed at open.
 
 Catch-up. Once its input has ended, a stream's remaining frames (queued audio, then the flush's silence)
@@ -109,9 +111,10 @@ class KyutaiAsrBackend(AsrBackendBase):
         catchup_budget_s: float | None = 0.05,
     ) -> None:
         """``checkpoint``: already loaded weights (tests and benchmarks share one load); else load here.
-        ``flush_s``: silence run after the audio at ``END_OF_INPUT``; None = the reference's
-        ``audio_delay_seconds + 1``. Shorter (down to the delay) gives the transcript sooner; the tokens
-        are then the reference's first ones (the LM is causal), the last words may be cut.
+        ``flush_s``: silence after the speech at ``END_OF_INPUT`` (``TrailingSilence`` counts toward it);
+        None = the reference's ``audio_delay_seconds + 1``, or after a heard silence no more than
+        ``StreamTiming.pause_flush_samples``. Shorter (down to the delay) gives the transcript sooner; the
+        tokens are then the reference's first ones (the LM is causal), the last words may be cut.
         ``catchup_steps`` / ``catchup_budget_s``: ending streams' catch-up (module docstring): its sub-steps
         per worker step (0 = off), and the worker step's time after which no sub-step starts (None = no
         time bound)."""
@@ -137,7 +140,9 @@ class KyutaiAsrBackend(AsrBackendBase):
         self.timing = ck.timing
         if flush_s is not None and flush_s < 0:
             raise ValueError(f"flush_s must be >= 0, got {flush_s}")
-        self.flush_samples = self.timing.flush_samples if flush_s is None else int(flush_s * SAMPLE_RATE)
+        self.flush_samples = self.timing.flush_samples if flush_s is None else round(flush_s * SAMPLE_RATE)
+        self.pause_flush_samples = self.timing.pause_flush_samples if flush_s is None else None
+        """Unset ``flush_s``: a turn whose end was heard in silence runs no more flush than this."""
         cfg = ck.model.config
         # ids that are never text: the text start and padding ids, and ids the tokenizer does not have
         self._skip = {int(cfg.bos_token_id), int(cfg.pad_token_id)}
@@ -156,6 +161,7 @@ class KyutaiAsrBackend(AsrBackendBase):
             "lm_window_frames": self.engine.lm.window,
             "audio_delay_s": self.timing.audio_delay_s,
             "flush_s": self.flush_samples / SAMPLE_RATE,
+            "pause_flush_s": None if self.pause_flush_samples is None else self.pause_flush_samples / SAMPLE_RATE,
             "cuda_graphs": self.engine.use_graphs,
             "catchup": {"steps": catchup_steps, "budget_s": catchup_budget_s},
         }
@@ -298,8 +304,7 @@ class KyutaiAsrBackend(AsrBackendBase):
                 rest = state.reframer.flush()
                 if rest:  # the partial last frame, filled with silence (the flush's first samples)
                     state.frames.append(rest + bytes(2 * FRAME_SAMPLES - len(rest)))
-                flush = max(self.flush_samples - state.silent_samples, 0)
-                frames = (state.samples + flush) // FRAME_SAMPLES
+                frames = (state.samples + self._flush(state.silent_samples)) // FRAME_SAMPLES
                 state.total_steps = max(frames - 1, 0) if audio > 0 else 0
             elif isinstance(item, TrailingSilence):
                 state.silent_samples = max(round(item.seconds * SAMPLE_RATE), 0)
@@ -309,6 +314,13 @@ class KyutaiAsrBackend(AsrBackendBase):
                 self._add_audio(state, state.resampler.push(bytes(item)))
             else:
                 raise TypeError(f"expected PCM16 bytes, TrailingSilence or END_OF_INPUT, got {type(item).__name__}")
+
+    def _flush(self, silent: int) -> int:
+        """Silence to run after audio that ends in ``silent`` samples of it (``TrailingSilence``)."""
+        flush = max(self.flush_samples - silent, 0)
+        if silent and self.pause_flush_samples is not None:
+            flush = min(flush, self.pause_flush_samples)
+        return flush
 
     def _flushing(self, state: KyutaiAsrState) -> bool:
         return state.total_steps is not None and state.steps < state.total_steps

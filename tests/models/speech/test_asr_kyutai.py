@@ -16,7 +16,7 @@ import torch
 from realtime_gw.models.runtime import END_OF_INPUT, NoFreeSlot
 from realtime_gw.models.speech.asr_kyutai import KyutaiAsrBackend
 from realtime_gw.models.speech.kyutai.checkpoint import KyutaiCheckpoint, load, random_checkpoint
-from realtime_gw.models.speech.kyutai.config import FRAME_SAMPLES
+from realtime_gw.models.speech.kyutai.config import FRAME_SAMPLES, StreamTiming
 from realtime_gw.models.speech.kyutai.engine import KyutaiAsrEngine
 from realtime_gw.models.tokenizers import HfTokenizer
 from realtime_gw.records.voice import AsrRequest, AsrResult, AsrStreamRequest, TrailingSilence
@@ -226,15 +226,21 @@ def test_shorter_flush_gives_the_reference_tokens_sooner(ck: KyutaiCheckpoint) -
 
 def test_trailing_silence_counts_toward_the_flush(ck: KyutaiCheckpoint) -> None:
     """A turn that ends in 0.5 s of silence, said so (``TrailingSilence``), runs the flush less that much:
-    the reference's tokens for the audio before the silence, in fewer steps than the whole audio takes. A
-    silence longer than the flush runs none of it: the transcript comes in the step that takes the end."""
+    with the reference's flush, the reference's tokens for the audio before the silence, in fewer steps
+    than the whole audio takes. A silence longer than the flush runs none of it: the transcript comes in
+    the step that takes the end."""
     pcm = speechlike(9, 8)
     quiet = np.zeros(FRAME_SAMPLES * 25 // 4, np.int16)  # 0.5 s
     ref = reference_tokens(ck, pcm)
-    told = _run(KyutaiAsrBackend(checkpoint=ck, slots=1), np.concatenate([pcm, quiet]), tail=(TrailingSilence(0.5),))
+    reference_flush = ck.timing.flush_samples / 24000
+
+    def run(told: float) -> tuple[list[Any], list[int]]:
+        backend = KyutaiAsrBackend(checkpoint=ck, slots=1, flush_s=reference_flush)
+        return _run(backend, np.concatenate([pcm, quiet]), tail=(TrailingSilence(told),) if told else ())
+
+    told = run(0.5)
     assert told[1] == ref and told[0][-1].final
-    untold = _run(KyutaiAsrBackend(checkpoint=ck, slots=1), np.concatenate([pcm, quiet]))[1]
-    assert len(untold) == len(ref) + len(quiet) // FRAME_SAMPLES
+    assert len(run(0.0)[1]) == len(ref) + len(quiet) // FRAME_SAMPLES
     long_quiet = np.zeros(FRAME_SAMPLES * (ck.timing.flush_samples // FRAME_SAMPLES + 2), np.int16)  # whole frames
     audio = np.concatenate([pcm, long_quiet])
     backend = KyutaiAsrBackend(checkpoint=ck, slots=1)
@@ -246,6 +252,21 @@ def test_trailing_silence_counts_toward_the_flush(ck: KyutaiCheckpoint) -> None:
     assert last.done and last.outputs[-1].final, "no flush left to run: the transcript at once"
     assert state.tokens == reference_tokens(ck, audio)[: len(state.tokens)]
     backend.release(state)
+
+
+def test_a_heard_pause_runs_unmutes_flush_by_default(ck: KyutaiCheckpoint) -> None:
+    """``flush_s`` unset: after a heard silence the flush is at most the delay in whole frames plus one, as
+    Kyutai's Unmute runs after a pause (8 frames for the 1b model's 0.5 s delay), not the reference's
+    delay + 1 s; the tokens are the reference's first ones."""
+    assert StreamTiming(audio_delay_s=0.5).pause_flush_samples == 8 * FRAME_SAMPLES
+    backend = KyutaiAsrBackend(checkpoint=ck, slots=1)
+    assert backend.pause_flush_samples == 3 * FRAME_SAMPLES  # tiny: 0.16 s delay -> 2 frames, plus one
+    audio = np.concatenate([speechlike(9, 8), np.zeros(12000, np.int16)])
+    outputs, tokens = _run(backend, audio, tail=(TrailingSilence(0.5),))
+    assert len(tokens) == (len(audio) + 3 * FRAME_SAMPLES) // FRAME_SAMPLES
+    assert tokens == reference_tokens(ck, audio)[: len(tokens)] and outputs[-1].final
+    untold = _run(KyutaiAsrBackend(checkpoint=ck, slots=1), audio)[1]  # no heard end: the reference's flush
+    assert len(untold) == (len(audio) + ck.timing.flush_samples) // FRAME_SAMPLES
 
 
 def test_full_backend_refuses_and_release_frees(ck: KyutaiCheckpoint) -> None:
