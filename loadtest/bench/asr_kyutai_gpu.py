@@ -195,7 +195,7 @@ def catchup_direct(ck: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     backend.warmup()
     rows = []
     for flush_s in args.flush_s:
-        backend.flush_samples = backend.timing.flush_samples if flush_s is None else int(flush_s * 24000)
+        backend.set_flush(flush_s)
         runs: dict[int, dict[str, Any]] = {}
         for _ in range(args.repeats):
             for substeps in args.catchup_steps:
@@ -421,8 +421,7 @@ def bench_e2e(ck: Any, args: argparse.Namespace, out: dict[str, Any]) -> None:
     out["e2e_catchup_budget_ms"] = args.catchup_budget_ms
     out["e2e"] = []
     for flush_s in args.flush_s:
-        default = backend.timing.flush_samples
-        backend.flush_samples = default if flush_s is None else int(flush_s * 24000)
+        backend.set_flush(flush_s)
         for n in args.e2e:
             for arrivals in args.arrivals:
                 for substeps in args.catchup_steps:

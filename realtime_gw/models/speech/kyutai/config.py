@@ -21,7 +21,6 @@ delay) is flushed. A checkpoint directory's ``preprocessor_config.json`` overrid
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +49,7 @@ class StreamTiming:
     def pause_flush_samples(self) -> int:
         """Silence run once a turn's end was heard, as Kyutai's Unmute runs it after a detected pause: the
         delay in whole frames, plus one."""
-        return (math.ceil(self.audio_delay_s * SAMPLE_RATE / FRAME_SAMPLES) + 1) * FRAME_SAMPLES
+        return (-(-round(self.audio_delay_s * SAMPLE_RATE) // FRAME_SAMPLES) + 1) * FRAME_SAMPLES
 
     @classmethod
     def from_dir(cls, path: str | Path, default: StreamTiming) -> StreamTiming:
