@@ -46,8 +46,8 @@ async def test_no_free_decoder_is_reported_to_the_session() -> None:
 
 @dataclass
 class OneDecoder:
-    """A session's listening on a real pocketsphinx worker with one decoder (patience 10 ms: well under
-    a decode), and what it posted to the session."""
+    """A session's listening and what it posted to the session; the ``one_decoder`` fixture runs it on a
+    real pocketsphinx worker with one decoder (patience 10 ms: well under a decode)."""
 
     listening: Listening = cast(Any, None)
     posted: list[Any] = field(default_factory=list)

@@ -317,8 +317,8 @@ class KyutaiAsrBackend(AsrBackendBase):
         if flush_s is not None and flush_s < 0:
             raise ValueError(f"flush_s must be >= 0, got {flush_s}")
         self.flush_samples = self.timing.flush_samples if flush_s is None else round(flush_s * SAMPLE_RATE)
+        # unset flush_s: a turn whose end was heard in silence runs no more flush than this
         self.pause_flush_samples = self.timing.pause_flush_samples if flush_s is None else None
-        """Unset ``flush_s``: a turn whose end was heard in silence runs no more flush than this."""
 
     def _flush(self, silent: int) -> int:
         """Silence to run after audio that ends in ``silent`` samples of it (``TrailingSilence``)."""
