@@ -28,7 +28,7 @@ from realtime_gw.server.gateway import Gateway
 from realtime_gw.server.outbox import Notice, Outbox
 from realtime_gw.server.realtime_ws import RealtimeConnection
 from realtime_gw.server.webrtc.channel import EventChannel
-from realtime_gw.server.webrtc.media import InputConverter, session_rate
+from realtime_gw.server.webrtc.media import InputConverter
 from realtime_gw.server.webrtc.metrics import CALLS, MediaLedger, RtpFigures, record_rtp
 from realtime_gw.server.webrtc.peer import PlaybackListener
 from realtime_gw.sessions.events import Close, Effect, PlaybackStarted, PurgeAudio, Send
@@ -97,11 +97,10 @@ class CallConnection(RealtimeConnection):
         """The caller's decoded audio into the session, as appends (in its input format). The media side
         resamples it to the session's rate (in a media worker: off this loop); what arrives at another
         rate (frames on their way when the rate changed) is resampled here."""
-        settings = self.session.settings
-        self.media.want_input_rate(session_rate(settings.input_format, settings.input_rate))
+        self.media.want_input_rate(self.session.settings.input_rate)
         async for mono, rate in self.media.caller_audio():
             settings = self.session.settings
-            self.media.want_input_rate(session_rate(settings.input_format, settings.input_rate))
+            self.media.want_input_rate(settings.input_rate)
             pcm = self.caller_audio.convert(mono, rate, settings.input_format, settings.input_rate)
             self.input.lifetime.touch(time.monotonic())
             if pcm:

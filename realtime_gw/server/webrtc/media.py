@@ -212,24 +212,19 @@ def downmix(samples: np.ndarray, channels: int) -> np.ndarray:
     return samples.reshape(-1, channels).mean(axis=1).astype("<i2")
 
 
-def session_rate(input_format: str, input_rate: int) -> int:
-    """The rate of the session's input audio: ``input_rate`` for PCM, 8 kHz for G.711."""
-    return input_rate if input_format == "audio/pcm" else 8000
-
-
 class InputConverter:
-    """The caller's mono PCM16 -> bytes in the session's input format (``audio/pcm`` at its rate, or
-    G.711 at 8 kHz). The resampler keeps its filter state across frames (no clicks); audio already at
-    the session's rate (resampled where the media runs) passes through."""
+    """The caller's mono PCM16 -> bytes in the session's input format at its rate (``audio/pcm`` at 16 or
+    24 kHz, G.711 at 8 kHz: the session's settings pair them, ``audio.input_rate``). The resampler keeps
+    its filter state across frames (no clicks); audio already at the session's rate (resampled where the
+    media runs) passes through."""
 
     def __init__(self) -> None:
         self._resampler: audio.StreamingResampler | None = None
 
     def convert(self, mono: bytes, rate: int, input_format: str, input_rate: int) -> bytes:
-        out_rate = session_rate(input_format, input_rate)
         r = self._resampler
-        if r is None or r.in_rate != rate or r.out_rate != out_rate:
-            r = self._resampler = audio.StreamingResampler(rate, out_rate)
+        if r is None or r.in_rate != rate or r.out_rate != input_rate:
+            r = self._resampler = audio.StreamingResampler(rate, input_rate)
         pcm = r.push(mono)
         if input_format == "audio/pcmu":
             return audio.ulaw_encode(pcm)
